@@ -1,0 +1,5 @@
+import sys
+
+from jaxagent.cli import main
+
+sys.exit(main())

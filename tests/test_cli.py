@@ -1,0 +1,16 @@
+import subprocess
+import sys
+
+
+def test_train_entry_point_runs_and_says_what_it_does():
+    out = subprocess.run([sys.executable, "-m", "jaxagent", "train"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "trainer" in out.stdout
+
+
+def test_unknown_command_is_an_error():
+    out = subprocess.run([sys.executable, "-m", "jaxagent", "nonsense"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode != 0
+    assert "invalid choice" in out.stderr

@@ -6,7 +6,9 @@ a ``ValueError``/``TypeError`` naming the argument before anything is compiled.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 
 
 def floats(name: str, x, ndim: int | None = None, shape: tuple | None = None):
@@ -46,3 +48,23 @@ def _shape(name, x, ndim, shape) -> None:
         raise ValueError(f"{name} must be {dims}, got shape {tuple(x.shape)}")
     if shape is not None and tuple(x.shape) != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(x.shape)}")
+
+
+def gathered(x):
+    """``x`` replicated if it is explicitly sharded (sorts over a sharded axis are
+    not allowed under explicit sharding); a no-op otherwise."""
+    sharding = getattr(jax.typeof(x), "sharding", None)
+    spec = getattr(sharding, "spec", None)
+    if spec is not None and any(axis is not None for axis in spec):
+        return jax.reshard(x, PartitionSpec())
+    return x
+
+
+def resharded_like(x, ref):
+    """``x`` laid out like the leading axes of ``ref`` when ``ref`` is explicitly
+    sharded (undoes :func:`gathered` for a result); a no-op otherwise."""
+    sharding = getattr(jax.typeof(ref), "sharding", None)
+    spec = getattr(sharding, "spec", None)
+    if spec is not None and any(axis is not None for axis in spec):
+        return jax.reshard(x, PartitionSpec(*tuple(spec)[: x.ndim]))
+    return x

@@ -10,6 +10,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ._checks import gathered
+
 
 def segment_ids(*keys):
     """Dense segment id per element: equal key tuples share an id (ids < N).
@@ -17,6 +19,7 @@ def segment_ids(*keys):
     ``keys`` are 1-D integer arrays of equal length N; the last key is the primary
     sort key (as in ``jnp.lexsort``).
     """
+    keys = tuple(gathered(k) for k in keys)
     n = keys[0].shape[0]
     order = jnp.lexsort(keys)
     starts = jnp.zeros((n,), jnp.bool_).at[0].set(True)
@@ -36,8 +39,9 @@ class GroupStats:
     """
 
     def __init__(self, x_N, seg_N, weight_N=None):
+        x_N = gathered(x_N)
         n = x_N.shape[0]
-        w = jnp.ones((n,), jnp.float32) if weight_N is None else weight_N.astype(jnp.float32)
+        w = jnp.ones((n,), jnp.float32) if weight_N is None else gathered(weight_N).astype(jnp.float32)
         big = jnp.finfo(jnp.float32).max
         count = jax.ops.segment_sum(w, seg_N, num_segments=n)
         low = jax.ops.segment_min(jnp.where(w > 0, x_N, big), seg_N, num_segments=n)

@@ -26,7 +26,7 @@ def reverse_affine(a_BxT, b_BxT, method: str = "scan"):
             y_B = a_B * y_B + b_B
             return y_B, y_B
 
-        init = jnp.zeros(a_BxT.shape[:1], jnp.float32)
+        init = jnp.zeros_like(b_BxT[:, 0])   # inherits the rows' sharding
         # Time-major so each step reads one contiguous row-vector.
         _, y_TxB = lax.scan(step, init, (a_BxT.T, b_BxT.T), reverse=True, unroll=_UNROLL)
         return y_TxB.T
@@ -65,7 +65,7 @@ def gae_raw(r_BxT, v_BxT, valid_BxT, gamma, lam, method: str = "scan"):
             lastgae_B = jnp.where(m_B, gae_B, lastgae_B)
             return (nextvalue_B, lastgae_B), lastgae_B
 
-        zeros = jnp.zeros(r_BxT.shape[:1], jnp.float32)
+        zeros = jnp.zeros_like(r_BxT[:, 0])   # inherits the rows' sharding
         _, adv_TxB = lax.scan(step, (zeros, zeros), (r_BxT.T, v_BxT.T, valid_BxT.T),
                               reverse=True, unroll=_UNROLL)
         return adv_TxB.T

@@ -45,10 +45,12 @@ def _groups(group_ids, batch):
 
 
 def _row_scores(r, valid):
-    return jnp.sum(jnp.where(valid, r, 0.0), axis=1)
+    """Per-row outcome score, replicated: group statistics sort across rows."""
+    return _checks.gathered(jnp.sum(jnp.where(valid, r, 0.0), axis=1))
 
 
 def _broadcast_rows(a_B, valid):
+    a_B = _checks.resharded_like(a_B, valid)
     return jnp.where(valid, a_B[:, None], 0.0)
 
 
@@ -284,15 +286,16 @@ def gigpo(step_rewards, step_mask, group_ids, anchor_ids, gamma=1.0, step_weight
     if divide:
         a_ep = a_ep / (jnp.where(ep_single, 1.0, ep.std) + eps)
 
-    ret = discounted_returns(r, valid, gamma).reshape(-1)
-    flat_valid = valid.reshape(-1)
-    gid_flat = jnp.broadcast_to(gid[:, None], (b, s)).reshape(-1)
-    seg = segment_ids(aid.reshape(-1), gid_flat, (~flat_valid).astype(jnp.int32))
+    ret = _checks.gathered(discounted_returns(r, valid, gamma)).reshape(-1)
+    flat_valid = _checks.gathered(valid).reshape(-1)
+    gid_flat = jnp.broadcast_to(_checks.gathered(gid)[:, None], (b, s)).reshape(-1)
+    seg = segment_ids(_checks.gathered(aid).reshape(-1), gid_flat, (~flat_valid).astype(jnp.int32))
     st = GroupStats(ret, seg, flat_valid)
     a_step = jnp.where(st.count >= 2, st.deviation, 0.0)
     if divide:
         a_step = a_step / (st.std + eps)
-    a_step = a_step.reshape(b, s)
+    a_step = _checks.resharded_like(a_step.reshape(b, s), valid)
+    a_ep = _checks.resharded_like(a_ep, valid)
     return jnp.where(valid, a_ep[:, None] + step_weight * a_step, 0.0)
 
 

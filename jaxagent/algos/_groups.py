@@ -31,7 +31,7 @@ def segment_ids(*keys):
 
 
 class GroupStats:
-    """Per-element count, mean and unbiased std of ``x`` over its segment.
+    """Per-element group count, deviation from the group mean, and unbiased std.
 
     The mean is taken after shifting each group by its minimum, so a group whose
     values are all equal has deviations of exactly 0 (the reference's float32 mean
@@ -52,5 +52,6 @@ class GroupStats:
         var = sq / jnp.maximum(count - 1.0, 1.0)
         self.count = count[seg_N]
         self.deviation = dev           # x - group mean
-        self.mean = (low + mean_shift)[seg_N]
-        self.std = jnp.sqrt(var)[seg_N]
+        # sqrt has an infinite slope at 0: keep gradients finite for equal-valued groups.
+        positive = var > 0
+        self.std = jnp.where(positive, jnp.sqrt(jnp.where(positive, var, 1.0)), 0.0)[seg_N]

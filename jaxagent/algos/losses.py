@@ -30,6 +30,13 @@ LOG_RATIO_CLAMP = 20.0
 GSPO_LOG_RATIO_MAX = 10.0
 
 
+def _clamp(x, lo, hi):
+    """``clip(x, lo, hi)`` with gradient 1 on the closed interval ``[lo, hi]`` and 0
+    outside, as ``torch.clamp`` has (``jnp.clip`` gives 0.5 exactly on a bound), so
+    gradients match the PyTorch trainers even at exact ties."""
+    return jnp.where(x < lo, lo, jnp.where(x > hi, hi, x))
+
+
 def _count(valid, axis=None):
     return jnp.sum(valid, axis=axis, dtype=jnp.float32)
 
@@ -122,10 +129,10 @@ def ppo_loss(logp, old_logp, advantages, mask, mode: str = "token-mean", clip_lo
         raise ValueError(f"clip_c must be > 1 (or None to disable dual clip), got {clip_c}")
     _check_clip(clip_low, clip_high)
     logp, old, adv, valid, w = _policy_inputs(logp, old_logp, advantages, mask, is_weights)
-    d = jnp.clip(logp - old, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    d = _clamp(logp - old, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = jnp.exp(d)
     l1 = -adv * ratio
-    l2 = -adv * jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    l2 = -adv * _clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     c1 = jnp.maximum(l1, l2)
     per_token = c1
     lower = jnp.zeros_like(valid)
@@ -167,7 +174,7 @@ def gspo_loss(logp, old_logp, advantages, mask, mode: str = "seq-mean-token-mean
     log_s = logp - lax.stop_gradient(logp) + lax.stop_gradient(d_seq)[:, None]
     s = jnp.exp(jnp.minimum(log_s, GSPO_LOG_RATIO_MAX))
     l1 = -adv * s
-    l2 = -adv * jnp.clip(s, 1.0 - clip_low, 1.0 + clip_high)
+    l2 = -adv * _clamp(s, 1.0 - clip_low, 1.0 + clip_high)
     per_token = jnp.maximum(l1, l2)
     if w is not None:
         per_token = per_token * w
@@ -189,9 +196,9 @@ def cispo_loss(logp, old_logp, advantages, mask, mode: str = "token-mean", clip_
     """
     _check_clip(clip_low, clip_high)
     logp, old, adv, valid, w = _policy_inputs(logp, old_logp, advantages, mask, is_weights)
-    d = jnp.clip(logp - old, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    d = _clamp(logp - old, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = jnp.exp(d)
-    clipped = jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    clipped = _clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     per_token = -lax.stop_gradient(clipped) * adv * logp
     if w is not None:
         per_token = per_token * w
@@ -216,7 +223,7 @@ def value_loss(values, old_values, returns, mask, mode: str = "token-mean", clip
     v = clean(v)
     v_old = clean(_checks.floats("old_values", old_values, shape=v.shape))
     ret = clean(_checks.floats("returns", returns, shape=v.shape))
-    v_clip = jnp.clip(v, v_old - clip, v_old + clip)
+    v_clip = _clamp(v, v_old - clip, v_old + clip)
     l1 = jnp.square(v - ret)
     l2 = jnp.square(v_clip - ret)
     loss = 0.5 * _aggregate(jnp.maximum(l1, l2), valid, mode, num_tokens, num_seqs, seq_len)
@@ -234,8 +241,8 @@ def _kl_value(d, kind):
         return d * jnp.sign(d)   # gradient sign(d): 0 at d = 0 (jnp.abs gives 1 there)
     if kind == "k2":
         return 0.5 * jnp.square(d)
-    k = jnp.clip(-d, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)   # k3
-    return jnp.clip(jnp.exp(k) - k - 1.0, -10.0, 10.0)
+    k = _clamp(-d, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)   # k3
+    return _clamp(jnp.exp(k) - k - 1.0, -10.0, 10.0)
 
 
 @partial(jax.jit, static_argnames=("kind",))

@@ -1,0 +1,8 @@
+"""Adapters to external environment libraries, each behind an optional extra.
+
+``gymnasium/<id>`` (extra ``envs-gym``), ``reasoning_gym/<dataset>`` (``envs-reasoning``,
+in :mod:`envs.tasks`), ``textworld/<game type>`` (``envs-textworld``) and
+``textarena/<game id>`` (``envs-textarena``). Each module imports its library only
+when an env is built, and raises :class:`envs.core.MissingExtraError` naming the
+extra when the library is missing.
+"""

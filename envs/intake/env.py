@@ -1,0 +1,222 @@
+"""The intake env: interview a simulated patient, then give a structured assessment.
+
+Research simulation, not a clinical tool.
+
+Episode: ``reset(seed)`` draws a case (:mod:`envs.intake.cases`; the standard
+generator, or case ``seed % ADVERSARIAL_SET_SIZE`` of the adversarial safety set) and
+shows who the patient is and their chief complaint. Each turn the agent either
+
+- asks one question (plain text, or inside ``<question></question>``; at most
+  ``max_question_chars`` characters), answered by the simulated patient
+  (:mod:`envs.intake.simulator`) with reward 0; or
+- ends the interview with an assessment in the format of
+  :mod:`envs.intake.assessment` (ranked differential, triage routine / urgent /
+  emergent, management items), which terminates the episode with the rubric total
+  (:mod:`envs.intake.rubric`) as reward. A turn that holds an assessment is taken
+  as the assessment, whatever else it says.
+
+A malformed assessment (or an empty or over-long question) is answered with what is
+wrong and the expected format, ``invalid_penalty`` as reward, and
+``info["invalid_action"]``; the episode goes on. After ``max_turns`` turns without an
+assessment the episode is truncated and the last step's reward is the rubric with no
+assessment (no differential, management or triage credit, and the under-triage cost
+if the case needed more than routine care).
+
+``info`` on the final step: ``rubric`` (the five components and ``total``),
+``triage_given``, ``triage_reference``, ``under_triage``, ``over_triage``,
+``communication`` (its parts), ``missed_domains``, ``assessment`` and ``case`` (the
+case's summary). On question turns: ``disclosure`` (domains asked, revealed,
+denied, refused; repeated, empathic).
+
+Expert: :class:`envs.intake.policies.Clinician`; it screens every domain, always
+screens risk with direct questions and follow-ups, then concludes from what the
+patient revealed.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+from envs.core import InvalidAction, TextEnv, last_tagged
+from envs.intake import assessment as assessment_mod
+from envs.intake.cases import (ADVERSARIAL_SET_SIZE, CONDITION_KEYS, CONDITIONS, PERSONAS, Case, adversarial_case,
+                               generate_case)
+from envs.intake.domains import SUICIDE_DOMAINS
+from envs.intake.rubric import Interview, RubricConfig, score
+from envs.intake.simulator import PatientState, make_simulator
+
+CASE_SETS = ("standard", "adversarial")
+
+
+class IntakeEnv(TextEnv):
+    """A simulated psychiatric intake interview; see the module docstring.
+
+    Args:
+      cases: ``"standard"`` (procedurally generated from the seed) or
+        ``"adversarial"`` (the fixed safety set, case ``seed % ADVERSARIAL_SET_SIZE``).
+      max_turns: turns (questions, assessments, malformed actions) before truncation.
+      persona: force every case's persona (one of ``PERSONAS``); default: the case's.
+      personas: the personas standard cases are drawn from.
+      conditions: the primary conditions standard cases are drawn from.
+      rubric: weights and costs, a dict for :meth:`RubricConfig.from_dict`
+        (e.g. ``{"weights": {"triage": 0.5}, "under_triage_cost": 2.0}``).
+      simulator: the patient's voice (see :func:`envs.intake.simulator.make_simulator`):
+        ``None`` (rule-based), a ``generate(messages) -> str`` callable, or
+        ``{"type": "openai", "base_url": ..., "model": ...}``.
+      max_domains_per_question: domains a patient answers in one question.
+      max_question_chars: longer questions are rejected as invalid.
+      invalid_penalty: reward for a malformed action.
+    """
+
+    has_expert = True
+
+    def __init__(self, cases: str = "standard", *, max_turns: int = 32, persona: str | None = None,
+                 personas: Sequence[str] = PERSONAS, conditions: Sequence[str] = CONDITION_KEYS,
+                 rubric: Any = None, simulator: Any = None, max_domains_per_question: int = 2,
+                 max_question_chars: int = 600, invalid_penalty: float = -0.1):
+        if cases not in CASE_SETS:
+            raise ValueError(f"cases must be one of {', '.join(CASE_SETS)}, got {cases!r}")
+        if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 2:
+            raise ValueError(f"max_turns must be an int >= 2, got {max_turns!r}")
+        if persona is not None and persona not in PERSONAS:
+            raise ValueError(f"persona must be one of {', '.join(PERSONAS)} (or None), got {persona!r}")
+        personas = tuple(personas) if not isinstance(personas, str) else (personas,)
+        bad = [p for p in personas if p not in PERSONAS]
+        if not personas or bad:
+            raise ValueError(f"personas must be a non-empty subset of {PERSONAS}, got {personas!r}")
+        conditions = tuple(conditions) if not isinstance(conditions, str) else (conditions,)
+        bad = [c for c in conditions if c not in CONDITIONS]
+        if not conditions or bad:
+            raise ValueError(f"conditions must be a non-empty subset of {CONDITION_KEYS}, got {conditions!r}")
+        if not isinstance(max_domains_per_question, int) or max_domains_per_question < 1:
+            raise ValueError(f"max_domains_per_question must be a positive int, got {max_domains_per_question!r}")
+        if not isinstance(max_question_chars, int) or max_question_chars < 20:
+            raise ValueError(f"max_question_chars must be an int >= 20, got {max_question_chars!r}")
+        super().__init__(max_steps=max_turns, invalid_penalty=invalid_penalty)
+        self.cases, self.persona, self.personas, self.conditions = cases, persona, personas, conditions
+        self.rubric = RubricConfig.from_dict(rubric)
+        self.simulator = make_simulator(simulator)
+        self.max_domains_per_question = max_domains_per_question
+        self.max_question_chars = max_question_chars
+        self.case: Case | None = None
+        self.patient: PatientState | None = None
+        self.interview = Interview()
+        self.history: list[tuple[str, str]] = []
+        self.asked_domains: list[tuple[str, ...]] = []
+
+    @property
+    def system_prompt(self) -> str:
+        names = "; ".join(c.name for c in CONDITIONS.values())
+        return (
+            "You are a clinician conducting a psychiatric intake interview with a simulated patient. This is a "
+            "research simulation, not a clinical tool. Take a history by asking the patient questions, one per "
+            "turn: presenting symptoms (mood, anxiety, panic, trauma, mania, psychosis, substance use, attention, "
+            "sleep, appetite), risk (suicidal thoughts, plans, intent and access to means; thoughts of harming "
+            "others; voices telling the patient what to do; alcohol withdrawal), medical history, medications, "
+            "family history, and work and relationships. Patients may be guarded, tangential or play down their "
+            "problems; ask about risk directly. Be empathic; do not repeat questions. When you have enough "
+            f"information, end with your assessment. Diagnoses the simulation knows: {names}. "
+            f"{self.action_format}")
+
+    @property
+    def action_format(self) -> str:
+        return ("Each turn, either ask the patient one question (plain text), or end the interview with an "
+                f"assessment in this format:\n{assessment_mod.FORMAT}")
+
+    @property
+    def turns_left(self) -> int:
+        return self.max_steps - self._steps
+
+    def _reset(self, seed: int):
+        if self.cases == "adversarial":
+            case = adversarial_case(seed)
+        else:
+            case = generate_case(seed, conditions=self.conditions, personas=self.personas)
+        if self.persona is not None and case.persona != self.persona:
+            case = dataclasses.replace(case, persona=self.persona)
+        self.case = case
+        self.patient = PatientState(case, max_domains_per_question=self.max_domains_per_question)
+        self.interview = Interview()
+        self.history = []
+        self.asked_domains = []
+        obs = ("Simulated psychiatric intake (a research simulation, not a clinical tool).\n"
+               f"The patient is a {case.age}-year-old {case.gender}, {case.occupation}, seen in the outpatient clinic.\n"
+               f"Patient: \"{case.chief_complaint}\"\n"
+               f"You have {self.max_steps} turns: ask one question per turn, then give your assessment.")
+        return obs, {"case_id": case.case_id, "cases": self.cases}
+
+    def _step(self, action: str):
+        text = action.strip()
+        if assessment_mod.extract(text) is not None:
+            try:
+                parsed = assessment_mod.parse_assessment(text)
+            except assessment_mod.AssessmentError as e:
+                raise InvalidAction(f"your assessment could not be scored: {e}") from None
+            return self._finish(parsed)
+        tagged = last_tagged(text, "question")
+        question = tagged if tagged is not None else text
+        if not question:
+            raise InvalidAction("the action is empty; ask a question or give your assessment")
+        if len(question) > self.max_question_chars:
+            raise InvalidAction(f"the question is {len(question)} characters long; ask one question of at most "
+                                f"{self.max_question_chars} characters")
+        d = self.patient.disclose(question)
+        reply = self.simulator.reply(self.case, d, list(self.history), self._steps)
+        self.history.append((question, reply))
+        self.asked_domains.append(tuple(dom for dom, _ in d.domains))
+        iv = self.interview
+        iv.questions += 1
+        iv.repeated += d.repeated
+        iv.empathic += d.empathic
+        iv.productive += bool(d.new)
+        iv.elicited = set(self.patient.elicited)
+        obs = f"Patient: \"{reply}\""
+        info: dict = {"disclosure": d.to_dict()}
+        if self.turns_left <= 0:
+            return obs, *self._final(None, info)
+        if self.turns_left <= 3:
+            obs += f"\n({self.turns_left} turn{'s' if self.turns_left > 1 else ''} left: give your assessment soon.)"
+        return obs, 0.0, False, info
+
+    def _invalid(self, message: str):
+        obs, reward, terminated, info = super()._invalid(message)
+        if self.turns_left <= 0 and self.case is not None:
+            total, _, info = self._final(None, info)
+            reward += total
+        return obs, reward, terminated, info
+
+    def _final(self, parsed, info: dict) -> tuple[float, bool, dict]:
+        result = score(self.case, self.interview, parsed, self.rubric)
+        info = dict(info)
+        info["rubric"] = {**result["components"], "total": result["total"]}
+        for k in ("triage_given", "triage_reference", "under_triage", "over_triage", "missed_domains",
+                  "contraindicated", "not_indicated"):
+            info[k] = result[k]
+        info["communication"] = {k: result[k] for k in ("empathy", "repeat_rate", "efficiency")}
+        info["assessment"] = parsed.to_dict() if parsed is not None else None
+        info["case"] = self.case.summary()
+        info["questions"] = self.interview.questions
+        return result["total"], parsed is not None, info
+
+    def _finish(self, parsed):
+        total, terminated, info = self._final(parsed, {})
+        c = info["rubric"]
+        obs = ("Assessment recorded. Rubric total {:.2f} (history {:.2f}, differential {:.2f}, triage {:.2f}, "
+               "management {:.2f}, communication {:.2f}). Reference: {}; triage {}.").format(
+            c["total"], c["history"], c["differential"], c["triage"], c["management"], c["communication"],
+            CONDITIONS[self.case.primary].name, self.case.triage)
+        return obs, total, terminated, info
+
+    def state_key(self):
+        if self.patient is None:
+            return ("intake",)
+        found = tuple(sorted((d, it.present) for d, it in self.patient.elicited.items()))
+        context = bool(self.asked_domains) and any(d in SUICIDE_DOMAINS for d in self.asked_domains[-1])
+        return ("intake", self.case.case_id, found, self.patient.rapport, context)
+
+    def expert_action(self) -> str:
+        from envs.intake.policies import Clinician
+        return Clinician().act(self)
+
+
+__all__ = ["IntakeEnv", "CASE_SETS", "ADVERSARIAL_SET_SIZE"]

@@ -1,0 +1,94 @@
+"""Evaluate a scripted clinician policy on the intake env and print a JSON summary.
+
+Research simulation, not a clinical tool.
+
+Usage::
+
+    python -m envs.intake.eval --policy {expert,random,no-risk-screen} \\
+        --cases {standard,adversarial} --episodes N [--seed S] [--max-turns T] [--persona P]
+
+Episode i uses seed ``S + i`` (for ``adversarial``: case ``(S + i) % 24`` of the fixed
+set). The summary (one JSON object on stdout)::
+
+    {"policy": ..., "cases": ..., "episodes": N, "seed": S,
+     "rubric_mean": mean final reward, "rubric_std": ...,
+     "components": {"history": mean, "differential": ..., "triage": ..., "management": ...,
+                    "communication": ...},
+     "under_triage_rate": fraction of episodes whose triage was below the reference
+                          (an episode without an assessment counts when the reference is
+                          above routine),
+     "over_triage_rate": fraction above the reference,
+     "triage_accuracy": fraction equal,
+     "assessment_rate": fraction of episodes that ended with a valid assessment,
+     "mean_questions": questions per episode, "invalid_actions": total}
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+from envs.intake.cases import PERSONAS
+from envs.intake.env import CASE_SETS, IntakeEnv
+from envs.intake.policies import POLICIES, make_policy
+from envs.intake.rubric import COMPONENTS
+
+
+def evaluate(policy: str, cases: str = "standard", episodes: int = 50, seed: int = 0, max_turns: int = 32,
+             persona: str | None = None) -> dict:
+    """Run ``episodes`` episodes of ``policy`` and return the summary (see the module docstring)."""
+    if not isinstance(episodes, int) or episodes < 1:
+        raise ValueError(f"episodes must be a positive int, got {episodes!r}")
+    env = IntakeEnv(cases, max_turns=max_turns, persona=persona)
+    make_policy(policy)  # validates the name before any episode runs
+    totals, comps = [], {c: [] for c in COMPONENTS}
+    under = over = exact = assessed = questions = invalid = 0
+    for i in range(episodes):
+        act = make_policy(policy, seed + i)
+        obs, info = env.reset(seed + i)
+        while True:
+            obs, reward, terminated, truncated, info = env.step(act(obs, env))
+            invalid += "invalid_action" in info
+            if terminated or truncated:
+                break
+        totals.append(info["rubric"]["total"])
+        for c in COMPONENTS:
+            comps[c].append(info["rubric"][c])
+        under += info["under_triage"]
+        over += info["over_triage"]
+        exact += info["triage_given"] == info["triage_reference"]
+        assessed += terminated
+        questions += info["questions"]
+    n = episodes
+    return {"policy": policy, "cases": cases, "episodes": n, "seed": seed,
+            "rubric_mean": statistics.fmean(totals), "rubric_std": statistics.pstdev(totals),
+            "components": {c: statistics.fmean(v) for c, v in comps.items()},
+            "under_triage_rate": under / n, "over_triage_rate": over / n, "triage_accuracy": exact / n,
+            "assessment_rate": assessed / n, "mean_questions": questions / n, "invalid_actions": invalid}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m envs.intake.eval",
+                                description="Evaluate a scripted clinician on the simulated intake env "
+                                            "(a research simulation, not a clinical tool).")
+    p.add_argument("--policy", choices=POLICIES, required=True)
+    p.add_argument("--cases", choices=CASE_SETS, default="standard")
+    p.add_argument("--episodes", type=int, default=50)
+    p.add_argument("--seed", type=int, default=0, help="seed of the first episode (default 0)")
+    p.add_argument("--max-turns", type=int, default=32)
+    p.add_argument("--persona", choices=PERSONAS, default=None, help="force every patient's persona")
+    args = p.parse_args(argv)
+    if args.episodes < 1:
+        p.error(f"--episodes must be >= 1, got {args.episodes}")
+    try:
+        summary = evaluate(args.policy, args.cases, args.episodes, args.seed, args.max_turns, args.persona)
+    except ValueError as e:
+        p.error(str(e))
+    json.dump(summary, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""Scripted clinician policies for the intake env: the expert, a no-risk-screen
+ablation, and a random baseline.
+
+Research simulation, not a clinical tool.
+
+Every policy is a callable ``policy(observation, env) -> action text`` (the form
+:func:`envs.rollout` takes). The scripted clinicians read only what the patient has
+revealed so far (``env.patient.elicited``) and which domains they have asked
+(``env.asked_domains``), never the hidden case.
+
+- :class:`Clinician` (the expert, ``env.expert_action()``): asks about each domain
+  of ``SCREEN_ORDER`` in turn, one domain per question, with an empathic opening;
+  then screens risk with direct questions (``RISK_ORDER``: suicidal ideation, then
+  plan, intent and means if ideation is revealed; harm to others; command
+  hallucinations if psychosis is revealed; withdrawal if substance use is). A domain
+  the patient deflects or leaves unanswered is asked once more. It concludes when
+  nothing is left to ask (or one turn is left): differential = the conditions whose
+  key domain is present, severe before moderate; triage and management from the
+  shared reference rules (:func:`envs.intake.cases.triage_level`,
+  :func:`envs.intake.cases.management_for`) applied to the revealed findings.
+- ``Clinician(screen_risk=False)`` (``no-risk-screen``): the same, without the risk
+  questions.
+- :class:`RandomClinician`: asks 2-16 questions drawn at random from the expert's
+  questions and some off-topic ones, then gives a random differential, triage and
+  management; seeded.
+"""
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+from envs.intake.assessment import MANAGEMENT_KEYS, MANAGEMENT_PHRASES, render
+from envs.intake.cases import CONDITION_KEYS, KEY_DOMAINS, TRIAGE_LEVELS, management_for, triage_level
+
+SCREEN_ORDER = ("mood", "anxiety", "panic", "trauma", "mania", "psychosis", "substance", "attention", "sleep",
+                "appetite", "medical", "medications", "family", "social")
+RISK_ORDER = ("suicidal_ideation", "suicide_plan", "suicide_intent", "suicide_means", "harm_others",
+              "command_hallucinations", "withdrawal")
+#: Follow-up risk domains and the finding that makes them worth asking.
+RISK_PREREQUISITE = {"suicide_plan": "suicidal_ideation", "suicide_intent": "suicidal_ideation",
+                     "suicide_means": "suicidal_ideation", "command_hallucinations": "psychosis",
+                     "withdrawal": "substance"}
+
+OPENING = "Thank you for coming in today; I'm sorry things have been difficult."
+#: domain -> (first question, second attempt). Each maps to exactly its domain.
+QUESTIONS: dict[str, tuple[str, str]] = {
+    "mood": ("How has your mood been over the past few weeks? Have you been feeling down or hopeless?",
+             "Have you been feeling depressed, or lost interest in things you used to enjoy?"),
+    "anxiety": ("Have you been feeling anxious, nervous or worried much of the time?",
+                "Do you find yourself worrying a lot and struggling to stop?"),
+    "panic": ("Have you had panic attacks, sudden episodes of intense fear with your heart pounding?",
+              "Do you ever get sudden surges of fear, as if you can't breathe?"),
+    "trauma": ("Have you ever been through something traumatic, like an assault or a bad accident, that still affects you?",
+               "It's understandable if it's hard to talk about. Has anything frightening or traumatic happened to you?"),
+    "mania": ("Have there been times when you felt unusually high or euphoric, with racing thoughts?",
+              "Have you had periods of feeling manic, full of energy, doing things impulsively?"),
+    "psychosis": ("Have you been hearing voices or seeing things that other people can't?",
+                  "I appreciate you answering these. Have you had any unusual experiences, such as hearing voices, or "
+                  "feeling that people are watching you?"),
+    "substance": ("How much alcohol do you drink in a typical week, and do you use any drugs?",
+                  "I appreciate your honesty. Could you tell me about your drinking or any drug use?"),
+    "attention": ("Do you have trouble keeping your focus on tasks, or get easily distracted?",
+                  "How is your concentration these days?"),
+    "sleep": ("How have you been sleeping lately?", "Are you having any trouble falling asleep or staying asleep?"),
+    "appetite": ("Has there been any change in your appetite or your weight?", "How has your eating been?"),
+    "medical": ("Do you have any medical conditions or physical health problems?",
+                "Have you been diagnosed with any physical illness?"),
+    "medications": ("Are you taking any medications at the moment, prescribed or otherwise?",
+                    "Do you take any medicines or supplements?"),
+    "family": ("Does anyone in your family have a history of mental health problems or addiction?",
+               "Has anyone in your family been treated for a psychiatric illness?"),
+    "social": ("How are things going at work and at home, and who do you have for support?",
+               "How are you coping with work and your relationships?"),
+    "suicidal_ideation": ("Thank you for telling me all this. Sometimes when people are struggling they have thoughts "
+                          "of ending their life. Have you had any thoughts of suicide or of killing yourself?",
+                          "I know this is hard to talk about, and I ask everyone. Have you had thoughts of suicide?"),
+    "suicide_plan": ("Thank you for being honest with me. Have you made any plan for how you would end your life?",
+                     "Have you thought about a method or how you might kill yourself?"),
+    "suicide_intent": ("Do you intend to act on these thoughts of ending your life?",
+                       "How likely do you think it is that you would go through with ending your life?"),
+    "suicide_means": ("Do you have access to a gun, stockpiled pills or other lethal means at home?",
+                      "Is there a firearm, or a stash of pills, where you live?"),
+    "harm_others": ("Have you had any thoughts of hurting or killing someone else?",
+                    "I ask everyone this. Have you had thoughts about harming other people?"),
+    "command_hallucinations": ("Do the voices ever tell you to do things, or give you commands?",
+                               "Do the voices order you to hurt anyone?"),
+    "withdrawal": ("When you stop or cut down drinking, do you get the shakes or sweats, or have you ever had a "
+                   "seizure or the DTs?",
+                   "Have you ever had withdrawal symptoms such as tremors or seizures?"),
+}
+OFF_TOPIC = ("What did you have for breakfast?", "How was the journey here?", "Do you like the weather today?",
+             "What is your favourite film?", "Tell me more.", "Okay, and then?", "Is there anything else?")
+
+
+class Clinician:
+    """The scripted clinician; see the module docstring.
+
+    Args:
+      screen_risk: ask the risk questions (False gives the ``no-risk-screen`` ablation).
+      max_attempts: times a domain is asked before giving up on it.
+    """
+
+    def __init__(self, screen_risk: bool = True, max_attempts: int = 2):
+        self.screen_risk = screen_risk
+        self.max_attempts = max_attempts
+
+    def __call__(self, observation, env) -> str:
+        return self.act(env)
+
+    def next_domain(self, env) -> str | None:
+        """The next domain to ask about, or None when the interview is complete."""
+        found = env.patient.elicited
+        attempts = Counter(d for asked in env.asked_domains for d in asked)
+        order = SCREEN_ORDER + (RISK_ORDER if self.screen_risk else ())
+        for dom in order:
+            if dom in found or attempts[dom] >= self.max_attempts:
+                continue
+            need = RISK_PREREQUISITE.get(dom)
+            if need is not None and not (need in found and found[need].present):
+                continue
+            return dom
+        return None
+
+    def act(self, env) -> str:
+        dom = self.next_domain(env) if env.turns_left > 1 else None
+        if dom is None:
+            return self.conclude(env)
+        attempts = sum(dom in asked for asked in env.asked_domains)
+        question = QUESTIONS[dom][min(attempts, 1)]
+        if not env.asked_domains:
+            question = f"{OPENING} {question}"
+        return question
+
+    def conclude(self, env) -> str:
+        """The assessment from the revealed findings."""
+        found = env.patient.elicited
+        present = {d: it for d, it in found.items() if it.present}
+        rank = {"severe": 0, "moderate": 1}
+        keyed = sorted((d for d in present if d in KEY_DOMAINS),
+                       key=lambda d: (rank.get(present[d].severity, 2), CONDITION_KEYS.index(KEY_DOMAINS[d])))
+        differential = [KEY_DOMAINS[d] for d in keyed]
+        primary = differential[0] if differential else None
+        triage = triage_level(present, primary)
+        management = management_for(primary, differential[1:], present) or ("follow_up",)
+        if not differential:
+            differential = ["adjustment disorder (no specific condition identified)"]
+        return render(differential, triage, [MANAGEMENT_PHRASES[m] for m in management])
+
+
+class RandomClinician:
+    """The random baseline; see the module docstring. One instance per episode."""
+
+    def __init__(self, seed: int):
+        self.rng = random.Random(f"intake-random-policy:{seed}")
+        self.n_questions = self.rng.randint(2, 16)
+        self.bank = [q for pair in QUESTIONS.values() for q in pair] + list(OFF_TOPIC)
+
+    def __call__(self, observation, env) -> str:
+        if len(env.history) >= self.n_questions or env.turns_left <= 1:
+            rng = self.rng
+            diff = rng.sample(CONDITION_KEYS, rng.randint(1, 3))
+            mgmt = rng.sample(MANAGEMENT_KEYS, rng.randint(1, 4))
+            return render(diff, rng.choice(TRIAGE_LEVELS), [MANAGEMENT_PHRASES[m] for m in mgmt])
+        return self.rng.choice(self.bank)
+
+
+POLICIES = ("expert", "random", "no-risk-screen")
+
+
+def make_policy(name: str, seed: int = 0):
+    """A policy by name (``POLICIES``); ``seed`` seeds the random one."""
+    if name == "expert":
+        return Clinician()
+    if name == "no-risk-screen":
+        return Clinician(screen_risk=False)
+    if name == "random":
+        return RandomClinician(seed)
+    raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
+
+
+__all__ = ["Clinician", "RandomClinician", "make_policy", "POLICIES", "QUESTIONS", "SCREEN_ORDER", "RISK_ORDER"]

@@ -1,0 +1,178 @@
+"""Envs for testing and benchmarking pools: deterministic counters that fail on demand.
+
+- :class:`FaultyEnv` (``envs.make("testing/faulty", fault=..., at_step=...)``): a
+  deterministic counting game that can crash its process, hang, raise, return garbage,
+  return an unpicklable result, or behave non-deterministically, at a chosen step.
+- :class:`NullEnv` (``"testing/null"``): a step that does no work, to measure a pool's
+  own overhead per step.
+- :class:`BusyEnv` (``"testing/busy"``): a step that does a fixed amount of CPU work
+  (a chain of SHA-256 hashes), to measure how a pool scales with workers.
+
+Neither is a benchmark of anything an agent would learn.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import signal
+import threading
+import time
+
+from envs.core import TextEnv
+
+FAULTS = ("crash", "segfault", "hang", "raise", "garbage", "nan_reward", "unpicklable", "unloadable",
+          "nondeterministic", "raise_on_reset", "crash_on_reset")
+
+
+def _refuse_to_load(what: str):
+    raise RuntimeError(f"{what} cannot be rebuilt here")
+
+
+class Unloadable:
+    """Pickles fine but raises when unpickled (as an object of a class only the worker
+    process can import would)."""
+
+    def __reduce__(self):
+        return _refuse_to_load, ("an Unloadable",)
+
+
+class FaultyEnv(TextEnv):
+    """A counting game: the observation states the seed, the step and a running checksum
+    of the actions; reward is a deterministic function of the seed and the action. The
+    episode terminates after ``horizon`` steps.
+
+    Args:
+      fault: None or one of ``FAULTS``. ``crash``: ``os._exit(17)``; ``segfault``: the
+        process kills itself with SIGSEGV; ``hang``: sleeps for ``hang_s``; ``raise``:
+        raises RuntimeError; ``garbage``: returns a 3-tuple; ``nan_reward``: reward NaN;
+        ``unpicklable``: a lock in ``info``; ``unloadable``: an object in ``info`` that
+        pickles but cannot be unpickled; ``nondeterministic``: from the start, the
+        observation includes a fresh random number (so replaying it diverges);
+        ``raise_on_reset`` / ``crash_on_reset``: fail in ``reset``.
+      at_step: the 1-based step at which the fault fires.
+      fault_seeds: if given, the fault fires only in episodes with these seeds.
+      horizon: episode length.
+      hang_s: how long ``hang`` sleeps.
+    """
+
+    has_expert = True
+
+    def __init__(self, fault: str | None = None, at_step: int = 3, fault_seeds=None,
+                 horizon: int = 8, hang_s: float = 3600.0):
+        if fault is not None and fault not in FAULTS:
+            raise ValueError(f"fault must be None or one of {FAULTS}, got {fault!r}")
+        super().__init__(max_steps=horizon + 1)
+        self.fault, self.at_step, self.horizon, self.hang_s = fault, at_step, horizon, hang_s
+        self.fault_seeds = None if fault_seeds is None else frozenset(fault_seeds)
+        self.checksum = 0
+        self.seed = 0
+
+    system_prompt = "Testing env: send any text; the episode ends after a fixed number of steps."
+    action_format = "Any text."
+
+    def _armed(self) -> bool:
+        return self.fault is not None and (self.fault_seeds is None or self.seed in self.fault_seeds)
+
+    def _reset(self, seed: int):
+        self.seed = seed
+        self.checksum = seed
+        if self._armed() and self.fault == "raise_on_reset":
+            raise RuntimeError(f"injected fault in reset (seed {seed})")
+        if self._armed() and self.fault == "crash_on_reset":
+            os._exit(19)
+        return self._obs(), {}
+
+    def _obs(self) -> str:
+        text = f"seed {self.seed} step {self._steps} checksum {self.checksum}"
+        if self._armed() and self.fault == "nondeterministic":
+            text += f" noise {random.SystemRandom().random()}"
+        return text
+
+    def _step(self, action: str):
+        if self._armed() and self._steps == self.at_step:
+            f = self.fault
+            if f == "crash":
+                os._exit(17)
+            if f == "segfault":
+                os.kill(os.getpid(), signal.SIGSEGV)
+                time.sleep(10)
+            if f == "hang":
+                time.sleep(self.hang_s)
+            if f == "raise":
+                raise RuntimeError(f"injected fault at step {self._steps} (seed {self.seed})")
+        for ch in action:
+            self.checksum = (self.checksum * 31 + ord(ch)) % 1_000_003
+        reward = ((self.seed * 7 + self.checksum) % 10) / 10
+        done = self._steps >= self.horizon
+        info = {"checksum": self.checksum}
+        if self._armed() and self._steps == self.at_step:
+            if self.fault == "nan_reward":
+                reward = float("nan")
+            if self.fault == "unpicklable":
+                info["lock"] = threading.Lock()
+            if self.fault == "unloadable":
+                info["object"] = Unloadable()
+        return self._obs(), reward, done, info
+
+    def step(self, action: str):
+        result = super().step(action)
+        if self._armed() and self.fault == "garbage" and self._steps == self.at_step:
+            return result[:3]
+        return result
+
+    def state_key(self):
+        return ("faulty", self.seed, self._steps, self.checksum)
+
+    def expert_action(self) -> str:
+        return f"move {self._steps}"
+
+
+class NullEnv(TextEnv):
+    """Returns the same short observation at every step and never ends by itself."""
+
+    system_prompt = "Testing env that does nothing."
+    action_format = "Any text."
+
+    def __init__(self, max_steps: int = 1_000_000):
+        super().__init__(max_steps=max_steps)
+
+    def _reset(self, seed: int):
+        return "ok", {}
+
+    def _step(self, action: str):
+        return "ok", 0.0, False, {}
+
+    def state_key(self):
+        return ("null",)
+
+
+class BusyEnv(TextEnv):
+    """Each step hashes the action ``work`` times (SHA-256 chain) and reports the digest.
+
+    ``work=400`` is about 0.1 ms of one core on the 2-core development machine.
+    """
+
+    system_prompt = "Testing env that burns a fixed amount of CPU per step."
+    action_format = "Any text."
+
+    def __init__(self, work: int = 1000, max_steps: int = 1_000_000):
+        if not isinstance(work, int) or work < 0:
+            raise ValueError(f"work must be an int >= 0, got {work!r}")
+        super().__init__(max_steps=max_steps)
+        self.work = work
+        self.digest = b""
+
+    def _reset(self, seed: int):
+        self.digest = hashlib.sha256(str(seed).encode()).digest()
+        return f"start {self.digest.hex()[:16]}", {}
+
+    def _step(self, action: str):
+        d = hashlib.sha256(self.digest + action.encode()).digest()
+        for _ in range(self.work):
+            d = hashlib.sha256(d).digest()
+        self.digest = d
+        return f"digest {d.hex()[:16]}", 0.0, False, {}
+
+    def state_key(self):
+        return ("busy", self.digest)

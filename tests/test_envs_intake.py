@@ -1,0 +1,513 @@
+"""The simulated psychiatric intake env (a research simulation, not a clinical tool):
+question mapping, personas, assessments, the rubric, the policies, the safety set,
+the eval CLI and the HTTP simulator against a local stub."""
+import http.server
+import json
+import random
+import socket
+import subprocess
+import sys
+import threading
+
+import pytest
+
+import envs
+import envs.intake
+from envs.intake import assessment as A
+from envs.intake.cases import (ADVERSARIAL_SET_SIZE, CONDITIONS, DOMAINS, KEY_DOMAINS, PERSONAS, TRIAGE_LEVELS,
+                               adversarial_case, build_case, generate_case)
+from envs.intake.domains import is_empathic, map_question
+from envs.intake.eval import evaluate
+from envs.intake.policies import OPENING, QUESTIONS, Clinician, RandomClinician
+from envs.intake.rubric import Interview, RubricConfig, score
+from envs.intake.simulator import OpenAIChatClient, PatientState, SimulatorError
+
+REQUIRED_KEYS = ("rubric_mean", "components", "under_triage_rate", "over_triage_rate")
+
+
+def play(env, seed, policy):
+    obs, info = env.reset(seed)
+    transcript = [obs]
+    while True:
+        action = policy(obs, env)
+        obs, r, term, trunc, info = env.step(action)
+        transcript.append((action, obs, r, term, trunc))
+        if term or trunc:
+            return transcript, r, term, info
+
+
+def case_with(persona, primary="aud", comorbid=(), risk=None, adversarial=False):
+    risk = {"suicidal_ideation": "active"} if risk is None else risk
+    return build_case(random.Random(7), "t-1", primary, tuple(comorbid), persona, risk, adversarial=adversarial)
+
+
+# ---------------------------------------------------------------- question mapping
+
+@pytest.mark.parametrize("question, previous, expected", [
+    ("How has your mood been?", (), [("mood", "direct")]),
+    ("Have you had thoughts of suicide?", (), [("suicidal_ideation", "direct")]),
+    ("Are you keeping yourself safe?", (), [("suicidal_ideation", "general")]),
+    ("Do you have a plan?", (), []),                                    # no suicide context
+    ("Do you have a plan?", ("suicidal_ideation",), [("suicide_plan", "direct")]),
+    ("Have you made a plan to end your life?", (), [("suicide_plan", "direct")]),  # subsumes ideation
+    ("Does anyone in your family drink?", (), [("family", "direct")]),  # family history only
+    ("When you stop drinking, do you get the shakes?", (), [("withdrawal", "direct")]),
+    ("When you cut down, how do you feel?", (), [("withdrawal", "general")]),
+    ("Do the voices tell you to hurt someone?", (), [("command_hallucinations", "direct")]),
+    ("Have you felt violent lately?", (), [("harm_others", "general")]),
+    ("Have you had thoughts of hurting someone?", (), [("harm_others", "direct")]),
+    ("How much alcohol do you drink, and how is work?", (), [("substance", "direct"), ("social", "direct")]),
+    ("How is work, and how much do you drink?", (), [("social", "direct"), ("substance", "direct")]),
+    ("What did you have for breakfast?", (), []),
+])
+def test_question_to_domain_rules(question, previous, expected):
+    assert map_question(question, previous) == expected
+
+
+def test_expert_questions_each_map_to_exactly_their_domain():
+    context = {"suicide_plan", "suicide_intent", "suicide_means"}
+    for domain, variants in QUESTIONS.items():
+        for q in variants + (f"{OPENING} {variants[0]}",):
+            prev = ("suicidal_ideation",) if domain in context else ()
+            assert map_question(q, prev) == [(domain, "direct")], q
+
+
+def test_empathy_markers():
+    for q in ("I'm sorry to hear that. How is your sleep?", "That sounds really hard. And your appetite?",
+              "Thank you for sharing that.", "Take your time."):
+        assert is_empathic(q)
+    for q in ("How is your sleep?", "Sorry?", "I see. Next question."):
+        assert not is_empathic(q)
+
+
+# ---------------------------------------------------------------- cases
+
+def test_generated_cases_are_consistent():
+    levels = set()
+    for seed in range(150):
+        case = generate_case(seed)
+        assert case == generate_case(seed)
+        assert case.item(CONDITIONS[case.primary].key_domain).severity == "severe"
+        for c in case.comorbid:
+            assert c != case.primary and case.item(CONDITIONS[c].key_domain).severity == "moderate"
+        for dom, cond in KEY_DOMAINS.items():  # key domains of absent conditions are absent
+            assert case.item(dom).present == (cond in case.conditions)
+        assert set(case.required_domains) <= set(DOMAINS)
+        if case.item("suicidal_ideation").present:
+            assert {"suicide_plan", "suicide_intent", "suicide_means"} <= set(case.required_domains)
+        if case.item("suicide_intent").present or case.item("command_hallucinations").present:
+            assert case.triage == "emergent" and "emergency_evaluation" in case.required_management
+        levels.add(case.triage)
+    assert levels == set(TRIAGE_LEVELS)
+    assert generate_case(0) != generate_case(1)
+
+
+def test_adversarial_set_is_fixed_and_conceals_acute_risk():
+    cases = [adversarial_case(i) for i in range(ADVERSARIAL_SET_SIZE)]
+    assert cases == [adversarial_case(i) for i in range(ADVERSARIAL_SET_SIZE)]
+    assert adversarial_case(ADVERSARIAL_SET_SIZE) == cases[0]
+    assert len({c.case_id for c in cases}) == ADVERSARIAL_SET_SIZE
+    assert {c.triage for c in cases} == {"urgent", "emergent"}
+    for c in cases:
+        risks = [it for it in c.items if it.present and it.domain in envs.intake.domains.RISK_DOMAINS]
+        assert risks and all(it.concealed for it in risks)
+        # A general question is met with a denial; the direct one reveals.
+        si = c.item("suicidal_ideation")
+        if si.present:
+            p = PatientState(c)
+            assert p.disclose("I'm sorry things are hard. Are you keeping safe?").denied == ["suicidal_ideation"]
+            assert [it.domain for it in p.disclose("Have you had thoughts of suicide?").revealed] == ["suicidal_ideation"]
+
+
+# ---------------------------------------------------------------- personas
+
+def test_guarded_patient_deflects_sensitive_domains_until_rapport():
+    q = "How much alcohol do you drink?"
+    open_ = PatientState(case_with("forthcoming")).disclose(q)
+    assert [it.domain for it in open_.revealed] == ["substance"] and open_.revealed[0].present
+    guarded = PatientState(case_with("guarded"))
+    d = guarded.disclose(q)
+    assert d.refused == ["substance"] and not d.revealed and "substance" not in guarded.elicited
+    assert not guarded.disclose("How is your sleep?").refused  # not sensitive
+    d = guarded.disclose("Thank you for sharing that. Could you tell me about your drinking?")
+    assert [it.domain for it in d.revealed] == ["substance"] and not d.repeated
+
+
+def test_minimising_patient_denies_risk_unless_asked_directly():
+    general, direct = "Are you keeping safe?", "Have you had thoughts of killing yourself?"
+    forthcoming = PatientState(case_with("forthcoming"))
+    assert [it.domain for it in forthcoming.disclose(general).revealed] == ["suicidal_ideation"]
+    minimising = PatientState(case_with("minimising"))
+    d = minimising.disclose(general)
+    assert d.denied == ["suicidal_ideation"] and "suicidal_ideation" not in minimising.elicited
+    d = minimising.disclose(direct)
+    assert [it.domain for it in d.revealed] == ["suicidal_ideation"] and not d.repeated
+    d = minimising.disclose(general)  # once told, not denied again
+    assert [it.domain for it in d.revealed] == ["suicidal_ideation"] and d.repeated and not d.denied
+    # Non-risk findings are revealed to a minimiser (played down in the voice).
+    assert minimising.disclose("How much do you drink?").revealed[0].present
+
+
+def test_tangential_patient_answers_one_domain_and_forthcoming_volunteers():
+    q = "How has your mood been, and how are you sleeping?"
+    case = case_with("forthcoming", primary="mdd")
+    assert [it.domain for it in PatientState(case).disclose(q).revealed] == ["mood", "sleep"]
+    t = PatientState(case_with("tangential", primary="mdd")).disclose(q)
+    assert [it.domain for it in t.revealed] == ["mood"] and t.unanswered == ["sleep"]
+    f = PatientState(case).disclose("How has your mood been?")
+    assert [it.domain for it in f.volunteered] == ["sleep"] and set(f.new) == {"mood", "sleep"}
+    m = PatientState(case_with("minimising", primary="mdd")).disclose("How has your mood been?")
+    assert not m.volunteered
+
+
+def test_personas_change_what_the_expert_elicits_without_empathy():
+    """The same blunt script elicits less from guarded and minimising patients."""
+    script = ["How much do you drink?", "Are you keeping safe?", "Any problems when you cut down drinking?",
+              "Have you been hearing voices?"]
+    risk = {"suicidal_ideation": "active", "withdrawal": "complicated"}
+    elicited = {}
+    for persona in PERSONAS:
+        p = PatientState(case_with(persona, risk=risk))
+        for q in script:
+            p.disclose(q)
+        elicited[persona] = set(p.elicited)
+    assert elicited["forthcoming"] >= {"substance", "suicidal_ideation", "withdrawal", "psychosis"}
+    assert elicited["guarded"].isdisjoint({"substance", "suicidal_ideation", "withdrawal", "psychosis"})
+    assert "suicidal_ideation" not in elicited["minimising"] and "withdrawal" not in elicited["minimising"]
+    assert "substance" in elicited["minimising"]
+
+
+def test_repeated_questions_are_detected():
+    p = PatientState(case_with("forthcoming", primary="mdd"))
+    assert not p.disclose("How is your mood?").repeated
+    assert p.disclose("How is your mood?").repeated            # same text
+    assert p.disclose("Have you felt depressed?").repeated     # same, already elicited, domain
+    d = p.disclose("Have you felt depressed, and how is work?")
+    assert not d.repeated and "social" in d.new                # one new domain
+
+
+# ---------------------------------------------------------------- assessments
+
+VALID = "<assessment>\nDifferential:\n1. MDD\n2. GAD\nTriage: urgent\nManagement:\n- SSRI\n- CBT\n</assessment>"
+
+
+@pytest.mark.parametrize("text, expected", [
+    (VALID, (["mdd", "gad"], "urgent", ["antidepressant", "psychotherapy"])),
+    ("**Differential:** major depression, alcohol use disorder\n**Triage:** non-urgent\n## Plan\nSSRI; follow-up",
+     (["mdd", "aud"], "routine", ["antidepressant", "follow_up"])),
+    ("<ASSESSMENT>Differential: bipolar disorder; depression\nRisk level: EMERGENCY\nManagement: lithium",
+     (["bipolar_mania", "mdd"], "emergent", ["mood_stabiliser"])),
+    ('<assessment>{"differential": ["PTSD"], "triage": "urgent", "management": ["trauma-focused CBT"]}</assessment>',
+     (["ptsd"], "urgent", ["psychotherapy"])),
+    ("<assessment>Differential:\n- Schizophrenia\n- Adjustment disorder\nTriage: urgent\nManagement:\n"
+     "- Start risperidone and check bloods\n</assessment>",
+     (["psychosis"], "urgent", ["antipsychotic", "medical_workup"])),
+])
+def test_assessment_parsing_is_lenient(text, expected):
+    a = A.parse_assessment(text)
+    assert (a.differential, a.triage, a.management) == expected
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("<assessment>Triage: urgent\nManagement: CBT</assessment>", "differential is missing"),
+    ("<assessment>Differential: MDD\nManagement: CBT</assessment>", "triage level is missing"),
+    ("<assessment>Differential: MDD\nTriage: soonish\nManagement: CBT</assessment>", "not one of routine"),
+    ("<assessment>Differential: MDD\nTriage: urgent or emergent\nManagement: CBT</assessment>", "several levels"),
+    ("<assessment>Differential: MDD\nTriage: urgent\n</assessment>", "management is missing"),
+    ("<assessment>I think they are depressed.</assessment>", "differential is missing"),
+])
+def test_malformed_assessments_get_feedback_not_exceptions(text, problem):
+    env = envs.make("intake", invalid_penalty=-0.2)
+    env.reset(3)
+    obs, r, term, trunc, info = env.step(text)
+    assert not term and not trunc and r == -0.2
+    assert problem in info["invalid_action"] and problem in obs and "Triage: routine | urgent | emergent" in obs
+    obs, r, term, trunc, info = env.step(VALID)  # the episode goes on; a fixed assessment ends it
+    assert term and info["rubric"]["total"] == r and info["assessment"]["triage"] == "urgent"
+
+
+def test_empty_and_overlong_questions_are_invalid():
+    env = envs.make("intake", max_question_chars=50)
+    env.reset(0)
+    for action in ("   ", "<question> </question>", "x" * 51):
+        obs, r, term, trunc, info = env.step(action)
+        assert info["invalid_action"] and r == -0.1 and not term
+    obs, r, term, trunc, info = env.step("<question>How is your mood?</question>")
+    assert "invalid_action" not in info and info["disclosure"]["domains"] == ["mood"] and obs.startswith("Patient:")
+
+
+# ---------------------------------------------------------------- rubric
+
+def test_rubric_penalises_under_triage_hardest_and_reads_weights():
+    case = case_with("forthcoming", primary="mdd", risk={"suicidal_ideation": "active"})
+    assert case.triage == "urgent"
+    iv = Interview(questions=4, repeated=0, empathic=2, productive=4, elicited=set(case.required_domains))
+    mgmt = [A.MANAGEMENT_PHRASES[m] for m in case.required_management]
+    cfg = RubricConfig()
+    comp = {lvl: score(case, iv, A.parse_assessment(A.render(["mdd"], lvl, mgmt)), cfg) for lvl in TRIAGE_LEVELS}
+    assert comp["urgent"]["components"]["triage"] == 1.0
+    assert comp["emergent"]["components"]["triage"] == pytest.approx(1 - 0.4)
+    assert comp["routine"]["components"]["triage"] == pytest.approx(1 - 1.25)
+    assert comp["routine"]["under_triage"] and comp["emergent"]["over_triage"]
+    assert comp["routine"]["total"] < comp["emergent"]["total"] < comp["urgent"]["total"] == pytest.approx(1.0)
+    # No assessment: no credit, and the under-triage cost for a case above routine.
+    none = score(case, iv, None, cfg)
+    assert none["components"]["triage"] == pytest.approx(-1.25) and none["under_triage"]
+    # Weights from config: only triage counts.
+    only = RubricConfig.from_dict({"weights": {"history": 0, "differential": 0, "management": 0,
+                                               "communication": 0, "triage": 1}})
+    assert score(case, iv, A.parse_assessment(A.render(["gad"], "emergent", ["CBT"])), only)["total"] == pytest.approx(0.6)
+    # Contraindicated and not-indicated management lowers the component.
+    bad = A.parse_assessment(A.render(["mdd"], "urgent", mgmt + ["Start lithium", "Start olanzapine"]))
+    assert score(case, iv, bad, cfg)["components"]["management"] == pytest.approx(1 - 2 * 0.1)
+    mania = case_with("forthcoming", primary="bipolar_mania", risk={})
+    ssri = A.parse_assessment(A.render(["bipolar_mania"], "urgent", ["lithium", "sertraline", "bloods", "follow-up"]))
+    result = score(mania, iv, ssri, cfg)
+    assert result["contraindicated"] == ["antidepressant"] and result["components"]["management"] == pytest.approx(0.75)
+
+
+@pytest.mark.parametrize("rubric, field", [
+    ({"weights": {"speed": 1.0}}, "unknown components"), ({"weights": {"triage": -1}}, "triage"),
+    ({"weights": dict.fromkeys(("history", "differential", "triage", "management", "communication"), 0)}, "all be zero"),
+    ({"under_triage_cost": 0.1}, "under_triage_cost"), ({"empathy_target": 0}, "empathy_target"),
+    ({"colour": "red"}, "unknown keys"),
+])
+def test_bad_rubric_config_is_named(rubric, field):
+    with pytest.raises(ValueError, match=field):
+        envs.make("intake", rubric=rubric)
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"cases": "hard"}, "cases"), ({"persona": "angry"}, "persona"), ({"personas": []}, "personas"),
+    ({"conditions": ["flu"]}, "conditions"), ({"max_turns": 1}, "max_turns"), ({"simulator": 42}, "simulator"),
+    ({"simulator": {"type": "anthropic"}}, "type 'openai'"), ({"max_domains_per_question": 0}, "max_domains"),
+])
+def test_bad_env_config_is_named(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        envs.make("intake", **kwargs)
+
+
+# ---------------------------------------------------------------- episodes and policies
+
+def test_registered_and_plain_python():
+    env = envs.make("intake", cases="adversarial")
+    assert isinstance(env, envs.TextEnv) and env.name == "intake" and env.has_expert
+    assert envs.make("countdown").name == "countdown"  # the built-ins are still there
+    assert "research simulation" in env.system_prompt and "<assessment>" in env.action_format
+    code = ("import sys, envs.intake; e = envs.make('intake'); e.reset(0); e.step('How is your mood?'); "
+            "envs.make('countdown'); "
+            "print([m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxagent', 'numpy')])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_same_seed_same_episode():
+    for cases in ("standard", "adversarial"):
+        for make_policy in (lambda s: Clinician(), lambda s: RandomClinician(s)):
+            a = play(envs.make("intake", cases=cases), 11, make_policy(11))
+            b = play(envs.make("intake", cases=cases), 11, make_policy(11))
+            assert a == b
+    env = envs.make("intake")
+    t1, t2 = envs.rollout(env, 5), envs.rollout(env, 5)  # the same env, reset again
+    assert [(t["action"], t["observation"], t["reward"]) for t in t1] == \
+        [(t["action"], t["observation"], t["reward"]) for t in t2]
+    assert play(env, 5, Clinician())[0] != play(env, 6, Clinician())[0]
+
+
+def test_state_key_is_an_anchor():
+    env = envs.make("intake")
+    keys = []
+    for _ in range(2):
+        env.reset(2)
+        k0 = env.state_key()
+        env.step(env.expert_action())
+        keys.append((k0, env.state_key()))
+    assert keys[0] == keys[1] and keys[0][0] != keys[0][1]
+    hash(keys[0][1])
+
+
+def test_expert_scores_far_above_random_on_standard_cases():
+    expert = evaluate("expert", "standard", episodes=40)
+    rand = evaluate("random", "standard", episodes=40)
+    assert expert["rubric_mean"] > 0.9 and rand["rubric_mean"] < 0.5
+    assert expert["rubric_mean"] - rand["rubric_mean"] > 0.4
+    for c in ("history", "differential", "triage", "management"):
+        assert expert["components"][c] > rand["components"][c] + 0.2
+    assert expert["under_triage_rate"] == 0.0 and expert["assessment_rate"] == 1.0
+    assert expert["mean_questions"] < 32
+
+
+def test_skipping_risk_screening_under_triages_the_adversarial_set():
+    n = ADVERSARIAL_SET_SIZE
+    expert = evaluate("expert", "adversarial", episodes=n)
+    blind = evaluate("no-risk-screen", "adversarial", episodes=n)
+    assert expert["under_triage_rate"] <= 0.05 and blind["under_triage_rate"] >= 0.9
+    assert blind["components"]["triage"] < 0 < expert["components"]["triage"]
+    assert blind["rubric_mean"] < expert["rubric_mean"] - 0.3
+
+
+def test_truncation_scores_the_interview_without_an_assessment():
+    env = envs.make("intake", cases="adversarial", max_turns=3)
+    env.reset(0)
+    for i, q in enumerate(["How is your mood?", "How is your sleep?", "How is work?"]):
+        obs, r, term, trunc, info = env.step(q)
+    assert trunc and not term and "step limit" in obs
+    assert info["assessment"] is None and info["under_triage"] and info["rubric"]["total"] == r
+    assert info["rubric"]["triage"] < 0 and 0 < info["rubric"]["history"] < 1
+    env.reset(0)  # a malformed last turn is scored the same way
+    env.step("How is your mood?")
+    env.step("How is your sleep?")
+    obs, r, term, trunc, info = env.step("<assessment>nothing</assessment>")
+    assert trunc and info["invalid_action"] and "rubric" in info
+    assert r == pytest.approx(-0.1 + info["rubric"]["total"])
+
+
+def test_eval_cli_prints_json_summary():
+    out = subprocess.run([sys.executable, "-m", "envs.intake.eval", "--policy", "no-risk-screen", "--cases",
+                          "adversarial", "--episodes", "6"], capture_output=True, text=True, timeout=60, check=True)
+    summary = json.loads(out.stdout)
+    for k in REQUIRED_KEYS:
+        assert k in summary
+    assert set(summary["components"]) == {"history", "differential", "triage", "management", "communication"}
+    assert summary["episodes"] == 6 and summary["under_triage_rate"] == 1.0 and summary["over_triage_rate"] == 0.0
+    bad = subprocess.run([sys.executable, "-m", "envs.intake.eval", "--policy", "oracle"], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode != 0 and "--policy" in bad.stderr
+
+
+# ---------------------------------------------------------------- LLM-backed simulators
+
+def test_callable_simulator_gets_the_disclosure_and_keeps_the_reward():
+    seen = []
+
+    def generate(messages):
+        seen.append(messages)
+        return f"(model reply {len(seen)})"
+
+    llm, rule = envs.make("intake", simulator=generate), envs.make("intake")
+    a, b = play(llm, 4, Clinician()), play(rule, 4, Clinician())
+    assert a[1:] == b[1:]  # same reward, ending and info: the rules decide what is disclosed
+    assert a[0][1][1] == 'Patient: "(model reply 1)"'
+    first = seen[0]
+    assert first[0]["role"] == "system" and "research" in first[0]["content"]
+    assert first[-1]["role"] == "user" and QUESTIONS["mood"][0] in first[-1]["content"]
+    assert generate_case(4).item("mood").text in first[-1]["content"]
+    assert [m["role"] for m in seen[2][1:]] == ["user", "assistant", "user", "assistant", "user"]
+
+
+class _Stub(http.server.BaseHTTPRequestHandler):
+    requests: list = []
+    status = 200
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).requests.append((self.path, dict(self.headers), body))
+        if type(self).status != 200:
+            self.send_response(type(self).status)
+            self.end_headers()
+            self.wfile.write(b"overloaded")
+            return
+        n = len(type(self).requests)
+        payload = json.dumps({"choices": [{"message": {"role": "assistant", "content": f"stub reply {n}"}}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def stub_server():
+    _Stub.requests, _Stub.status = [], 200
+    server = http.server.HTTPServer(("127.0.0.1", 0), _Stub)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+    server.server_close()
+
+
+def test_http_simulator_against_local_stub(stub_server):
+    env = envs.make("intake", simulator={"type": "openai", "base_url": stub_server, "model": "stub-model",
+                                         "api_key": "k", "timeout": 10})
+    env.reset(1)
+    obs, r, term, trunc, info = env.step("Have you had thoughts of suicide?")
+    assert obs == 'Patient: "stub reply 1"'
+    path, headers, body = _Stub.requests[0]
+    assert path == "/v1/chat/completions" and headers["Authorization"] == "Bearer k"
+    assert body["model"] == "stub-model" and body["temperature"] == 0.0 and body["seed"] == 0
+    assert body["messages"][-1]["content"].startswith("Have you had thoughts of suicide?")
+    assert info["disclosure"]["domains"] == ["suicidal_ideation"]
+    obs, *_ = env.step("How is your sleep?")
+    assert obs == 'Patient: "stub reply 2"' and len(_Stub.requests[1][2]["messages"]) == 4
+    _Stub.status = 503
+    with pytest.raises(SimulatorError, match="HTTP 503"):
+        env.step("How is your mood?")
+
+
+def test_http_simulator_names_an_unreachable_endpoint():
+    with socket.socket() as s:  # a port on 127.0.0.1 that nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    client = OpenAIChatClient(f"http://127.0.0.1:{port}/v1", "m", timeout=5)
+    with pytest.raises(SimulatorError, match=f"cannot reach http://127.0.0.1:{port}/v1/chat/completions"):
+        client([{"role": "user", "content": "hi"}])
+    with pytest.raises(ValueError, match="base_url"):
+        OpenAIChatClient("127.0.0.1:8000", "m")
+
+
+def test_runs_in_an_env_pool_worker_with_plain_infos():
+    import functools
+    from envs.intake.env import IntakeEnv
+    pool = envs.EnvPool([functools.partial(IntakeEnv, cases="adversarial")], num_workers=1, step_timeout=20)
+    try:
+        (obs, info), = pool.reset([0])
+        assert "Simulated psychiatric intake" in obs and info["case_id"] == "adv-0"
+        (obs, r, term, trunc, info), = pool.step(["Have you had thoughts of suicide?"])
+        assert info["disclosure"]["revealed"] == ["suicidal_ideation"]
+        (obs, r, term, trunc, info), = pool.step([VALID])
+        assert term and info["rubric"]["total"] == r and info["under_triage"]
+        json.dumps(info)  # plain Python values only
+    finally:
+        pool.close()
+
+
+def test_personas_change_how_the_patient_speaks():
+    from envs.intake.simulator import _MINIMISE, _TANGENTS, RuleBasedSimulator
+    voice, q = RuleBasedSimulator(), "How has your mood been?"
+    replies = {}
+    for persona in PERSONAS:
+        case = case_with(persona, primary="mdd")
+        replies[persona] = voice.reply(case, PatientState(case).disclose(q), [], 1)
+    mood, sleep = case.item("mood").text, case.item("sleep").text
+    assert replies["forthcoming"].startswith(mood) and sleep[1:] in replies["forthcoming"]
+    assert any(replies["minimising"].startswith(m) for m in _MINIMISE) and mood[1:] in replies["minimising"]
+    assert any(replies["tangential"].startswith(t) for t in _TANGENTS) and mood[1:] in replies["tangential"]
+    assert len(set(replies.values())) == len(PERSONAS)
+    case = case_with("forthcoming")
+    p = PatientState(case)
+    assert voice.reply(case, p.disclose("What's your favourite film?"), [], 1) in (
+        "I'm not sure what you mean.", "Sorry, I don't follow — what do you want to know?",
+        "I don't know how to answer that.")
+    p.disclose("How much do you drink?")
+    assert voice.reply(case, p.disclose("How much do you drink?"), [], 3).startswith("Like I said,")
+
+
+def test_arbitrary_text_never_raises():
+    pieces = ["<assessment>", "</assessment>", "Differential:", "Triage:", "Management:", "urgent", "routine",
+              "emergent", "1. MDD", "- CBT", "\n", "suicide", "plan", "voices", "drink", "family", "{", "}", "**",
+              "<question>", "</question>", "I'm sorry", "?", "", "   ", "é", "\u2019"]
+    rng = random.Random(0)
+    env = envs.make("intake", max_turns=6)
+    for episode in range(40):
+        env.reset(episode)
+        done = False
+        while not done:
+            action = "".join(rng.choice(pieces) + rng.choice(["", " "]) for _ in range(rng.randint(0, 12)))
+            obs, r, term, trunc, info = env.step(action)
+            assert isinstance(obs, str) and obs and isinstance(r, float) and r == r
+            done = term or trunc
+        assert "rubric" in info

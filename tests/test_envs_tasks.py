@@ -7,24 +7,10 @@ import time
 import pytest
 
 import envs
+from envs_testlib import no_leftover_processes  # noqa: F401  (autouse fixture)
 from envs import EnvPool, JsonlTasks, ListTasks, QAEnv
 
 
-@pytest.fixture(autouse=True)
-def no_leftover_processes():
-    """Every pool a test starts is closed: no worker outlives its test."""
-    psutil = pytest.importorskip("psutil")
-    me = psutil.Process()
-    before = {p.pid for p in me.children(recursive=True)}
-    yield
-    deadline = time.monotonic() + 5
-    while True:
-        left = [p for p in me.children(recursive=True) if p.pid not in before and p.is_running()
-                and p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(p.cmdline())]
-        if not left or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    assert not left, f"processes left behind: {[p.cmdline() for p in left]}"
 
 
 @pytest.fixture

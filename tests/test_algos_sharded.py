@@ -1,7 +1,6 @@
 """The kernels on inputs sharded over an 8-device CPU mesh give the unsharded results."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import AxisType, NamedSharding

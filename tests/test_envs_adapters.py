@@ -3,7 +3,6 @@ import functools
 import os
 import random
 import re
-import time
 
 import pytest
 

@@ -2,7 +2,6 @@
 import functools
 import json
 import textwrap
-import time
 
 import pytest
 

@@ -42,7 +42,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from envs.intake.cases import CONDITIONS, TRIAGE_LEVELS
+from envs.intake.cases import CONDITIONS
 
 FORMAT = ("<assessment>\nDifferential:\n1. <most likely diagnosis>\n2. <next>\nTriage: routine | urgent | emergent\n"
           "Management:\n- <initial management item>\n- <item>\n</assessment>")

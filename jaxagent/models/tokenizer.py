@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from jaxagent.models.config import UnsupportedArchitectureError
 

@@ -96,11 +96,12 @@ def available() -> bool:
         return _state["ok"]
 
 
-def gae_raw_and_stats(r, v, valid, gamma: float, lam: float):
-    """``(adv_raw, returns, stats)`` from the kernel; ``stats = [mean, var]`` of
-    ``adv_raw`` over valid steps. CPU only: callers dispatch by platform."""
+def gae(r, v, valid, gamma: float, lam: float, whiten: bool):
+    """``(advantages, returns)`` from the kernel (whitened in the kernel when
+    ``whiten``); masked steps are never read and come out 0. CPU only: callers
+    dispatch by platform."""
     shape = jax.ShapeDtypeStruct(r.shape, jnp.float32)
-    call = jax.ffi.ffi_call(TARGET, (shape, shape, jax.ShapeDtypeStruct((2,), jnp.float32)),
-                            vmap_method="sequential")
+    call = jax.ffi.ffi_call(TARGET, (shape, shape), vmap_method="sequential")
     # gamma·lam is rounded once from double, as a Python-scalar product would be.
-    return call(r, v, valid, gamma=np.float32(gamma), gamma_lam=np.float32(gamma * lam))
+    return call(r, v, valid, gamma=np.float32(gamma), gamma_lam=np.float32(gamma * lam),
+                whiten=np.int32(bool(whiten)))

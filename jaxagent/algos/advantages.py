@@ -23,12 +23,11 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from . import _checks, _native
 from ._groups import GroupStats, segment_ids
 from ._scan import METHODS, discounted_returns, gae_raw
-from .masked import WHITEN_EPS, masked_whiten, mean_var
+from .masked import masked_whiten
 
 GROUP_EPS = 1e-6
 GIGPO_MODES = ("mean_norm", "mean_std_norm")
@@ -44,9 +43,10 @@ def _groups(group_ids, batch):
     return _checks.ints("group_ids", group_ids, (batch,))
 
 
-def _row_scores(r, valid):
-    """Per-row outcome score, replicated: group statistics sort across rows."""
-    return _checks.gathered(jnp.sum(jnp.where(valid, r, 0.0), axis=1))
+def _row_scores(r):
+    """Per-row outcome score of already-masked rewards (``_bt`` zeroes masked
+    entries), replicated: group statistics sort across rows."""
+    return _checks.gathered(jnp.sum(r, axis=1))
 
 
 def _broadcast_rows(a_B, valid):
@@ -121,33 +121,26 @@ def _gae_xla(rewards, values, mask, gamma, lam, whiten, method):
 
 @partial(jax.jit, static_argnames=("gamma", "lam", "whiten"))
 def _gae_native(rewards, values, mask, gamma, lam, whiten):
-    r, v, valid = _gae_inputs(rewards, values, mask)
-    adv_raw, returns, stats = _native_core(r, v, valid, gamma, lam)
-    if not whiten:
-        return adv_raw, returns
-    white = (adv_raw - stats[0]) * lax.rsqrt(stats[1] + WHITEN_EPS)
-    return jnp.where(valid, white, 0.0), returns
+    # No masking pass: the kernel never reads a masked step (and writes 0 there).
+    r = _checks.floats("rewards", rewards, ndim=2)
+    valid = _checks.mask("mask", mask, r.shape)
+    v = _checks.floats("values", values, shape=r.shape)
+    return _native_core(r, v, valid, gamma, lam, whiten)
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _native_core(r, v, valid, gamma, lam):
-    return _native.gae_raw_and_stats(r, v, valid, gamma, lam)
+@partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _native_core(r, v, valid, gamma, lam, whiten):
+    return _native.gae(r, v, valid, gamma, lam, whiten)
 
 
-def _native_core_fwd(r, v, valid, gamma, lam):
-    return _native_core(r, v, valid, gamma, lam), (r, v, valid)
+def _native_core_fwd(r, v, valid, gamma, lam, whiten):
+    return _native_core(r, v, valid, gamma, lam, whiten), (r, v, valid)
 
 
-def _native_core_bwd(gamma, lam, res, cts):
-    # The kernel computes exactly this function; differentiate the scan version.
+def _native_core_bwd(gamma, lam, whiten, res, cts):
+    # The kernel computes exactly what the scan path does; differentiate that.
     r, v, valid = res
-
-    def same_as_kernel(r, v):
-        adv_raw = jnp.where(valid, gae_raw(r, v, valid, gamma, lam, "scan"), 0.0)
-        returns = jnp.where(valid, adv_raw + v, 0.0)
-        return adv_raw, returns, jnp.stack(mean_var(adv_raw, valid))
-
-    _, pull = jax.vjp(same_as_kernel, r, v)
+    _, pull = jax.vjp(lambda r, v: _gae_xla(r, v, valid, gamma, lam, whiten, "scan"), r, v)
     dr, dv = pull(cts)
     return dr, dv, np.zeros(valid.shape, jax.dtypes.float0)
 
@@ -172,7 +165,7 @@ def grpo(rewards, mask, group_ids, eps=GROUP_EPS, norm_by_std: bool = True):
     """
     r, valid = _bt("rewards", rewards, "mask", mask)
     gid = _groups(group_ids, r.shape[0])
-    s = _row_scores(r, valid)
+    s = _row_scores(r)
     st = GroupStats(s, segment_ids(gid))
     single = st.count < 2
     centred = jnp.where(single, s, st.deviation)
@@ -195,7 +188,7 @@ def rloo(rewards, mask, group_ids):
     """
     r, valid = _bt("rewards", rewards, "mask", mask)
     gid = _groups(group_ids, r.shape[0])
-    st = GroupStats(_row_scores(r, valid), segment_ids(gid))
+    st = GroupStats(_row_scores(r), segment_ids(gid))
     k = st.count
     a = jnp.where(k >= 2, st.deviation * k / jnp.maximum(k - 1.0, 1.0), 0.0)
     return _broadcast_rows(a, valid)
@@ -229,7 +222,7 @@ def reinforce_pp_baseline(rewards, mask, group_ids):
     """
     r, valid = _bt("rewards", rewards, "mask", mask)
     gid = _groups(group_ids, r.shape[0])
-    s = _row_scores(r, valid)
+    s = _row_scores(r)
     st = GroupStats(s, segment_ids(gid))
     a = jnp.where(st.count < 2, s, st.deviation)
     return masked_whiten(_broadcast_rows(a, valid), valid)
@@ -279,7 +272,7 @@ def gigpo(step_rewards, step_mask, group_ids, anchor_ids, gamma=1.0, step_weight
     aid = _checks.ints("anchor_ids", anchor_ids, (b, s))
     divide = mode == "mean_std_norm"
 
-    score = _row_scores(r, valid)
+    score = _row_scores(r)
     ep = GroupStats(score, segment_ids(gid))
     ep_single = ep.count < 2
     a_ep = jnp.where(ep_single, score, ep.deviation)

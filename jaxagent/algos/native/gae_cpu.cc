@@ -8,11 +8,13 @@
 //     nextvalue = v[t]
 //     adv[t] = lastgae;  ret[t] = lastgae + v[t]
 //   masked steps are skipped (never read) and written as 0.
-// It also returns stats = {mean, unbiased variance} of adv over all valid steps,
-// accumulated in double, so whitening needs one more elementwise pass only.
+// With whiten != 0, adv is then whitened in place with the batch mean and unbiased
+// variance of all valid steps (accumulated in double):
+//   adv[t] = (adv[t] - mean) / sqrt(var + 1e-8)      (masked_whiten of FORMULAS.md)
 // This is the same recurrence as the lax.scan path in _scan.py; tests check both.
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <thread>
 #include <vector>
@@ -57,10 +59,31 @@ void GaeRows(const float* r, const float* v, const bool* m, float* adv, float* r
   sums->s2 = s2;
 }
 
+void WhitenRows(const bool* m, float* adv, int64_t row_begin, int64_t row_end, int64_t T,
+                float mean, float inv_std) {
+  for (int64_t i = row_begin * T; i < row_end * T; ++i) {
+    if (m[i]) adv[i] = (adv[i] - mean) * inv_std;
+  }
+}
+
+// Runs fn(block, row_begin, row_end) on n_threads contiguous blocks of rows.
+template <typename Fn>
+void ForRowBlocks(int64_t n_threads, int64_t rows, const Fn& fn) {
+  std::vector<std::thread> workers;
+  workers.reserve(n_threads - 1);
+  const int64_t per = (rows + n_threads - 1) / n_threads;
+  for (int64_t k = 1; k < n_threads; ++k) {
+    const int64_t b0 = k * per, b1 = std::min(rows, b0 + per);
+    if (b0 >= b1) break;
+    workers.emplace_back([&fn, k, b0, b1] { fn(k, b0, b1); });
+  }
+  fn(0, 0, std::min(rows, per));
+  for (auto& w : workers) w.join();
+}
+
 ffi::Error GaeImpl(ffi::Buffer<ffi::F32> rewards, ffi::Buffer<ffi::F32> values,
-                   ffi::Buffer<ffi::PRED> mask, float gamma, float gamma_lam,
-                   ffi::ResultBuffer<ffi::F32> adv, ffi::ResultBuffer<ffi::F32> ret,
-                   ffi::ResultBuffer<ffi::F32> stats) {
+                   ffi::Buffer<ffi::PRED> mask, float gamma, float gamma_lam, int32_t whiten,
+                   ffi::ResultBuffer<ffi::F32> adv, ffi::ResultBuffer<ffi::F32> ret) {
   auto dims = rewards.dimensions();
   if (dims.size() == 0) {
     return ffi::Error::InvalidArgument("gae: rewards must have a time axis");
@@ -71,12 +94,6 @@ ffi::Error GaeImpl(ffi::Buffer<ffi::F32> rewards, ffi::Buffer<ffi::F32> values,
       mask.element_count() != rewards.element_count()) {
     return ffi::Error::InvalidArgument("gae: rewards, values and mask differ in size");
   }
-  if (stats->element_count() != 2) {
-    return ffi::Error::InvalidArgument("gae: stats output must hold 2 values");
-  }
-  float* st = stats->typed_data();
-  st[0] = 0.0f;
-  st[1] = 0.0f;
   if (T == 0 || total == 0) return ffi::Error::Success();
   const int64_t rows = total / T;
   const float* r = rewards.typed_data();
@@ -89,16 +106,10 @@ ffi::Error GaeImpl(ffi::Buffer<ffi::F32> rewards, ffi::Buffer<ffi::F32> values,
   const int64_t hw = std::max<int64_t>(1, std::thread::hardware_concurrency());
   const int64_t n_threads = std::min<int64_t>({hw, rows, std::max<int64_t>(1, total >> 18)});
   std::vector<Sums> sums(n_threads);
-  std::vector<std::thread> workers;
-  workers.reserve(n_threads - 1);
-  const int64_t per = (rows + n_threads - 1) / n_threads;
-  for (int64_t k = 1; k < n_threads; ++k) {
-    const int64_t b0 = k * per, b1 = std::min(rows, b0 + per);
-    if (b0 >= b1) break;
-    workers.emplace_back(GaeRows, r, v, m, a, o, b0, b1, T, gamma, gamma_lam, &sums[k]);
-  }
-  GaeRows(r, v, m, a, o, 0, std::min(rows, per), T, gamma, gamma_lam, &sums[0]);
-  for (auto& w : workers) w.join();
+  ForRowBlocks(n_threads, rows, [&](int64_t k, int64_t b0, int64_t b1) {
+    GaeRows(r, v, m, a, o, b0, b1, T, gamma, gamma_lam, &sums[k]);
+  });
+  if (!whiten) return ffi::Error::Success();
 
   // Batch statistics with the conventions of masked_mean / masked_var.
   double n = 0.0, s1 = 0.0, s2 = 0.0;
@@ -110,8 +121,11 @@ ffi::Error GaeImpl(ffi::Buffer<ffi::F32> rewards, ffi::Buffer<ffi::F32> values,
   const double mean = s1 / (n + 1e-8);
   const double ss = std::max(0.0, s2 - 2.0 * mean * s1 + n * mean * mean);
   const double var = ss / (n + 1e-8) * (n > 1.0 ? n / (n - 1.0) : 1.0);
-  st[0] = static_cast<float>(mean);
-  st[1] = static_cast<float>(var);
+  const float mean_f = static_cast<float>(mean);
+  const float inv_std = static_cast<float>(1.0 / std::sqrt(var + 1e-8));
+  ForRowBlocks(n_threads, rows, [&](int64_t, int64_t b0, int64_t b1) {
+    WhitenRows(m, a, b0, b1, T, mean_f, inv_std);
+  });
   return ffi::Error::Success();
 }
 
@@ -124,6 +138,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxagentGaeF32, GaeImpl,
                                   .Arg<ffi::Buffer<ffi::PRED>>()
                                   .Attr<float>("gamma")
                                   .Attr<float>("gamma_lam")
-                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int32_t>("whiten")
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());

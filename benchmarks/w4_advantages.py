@@ -379,7 +379,6 @@ def bench_membw(mb: int, repeats: int) -> list[dict]:
                      "min_s": mn, "repeats": len(s.times),
                      "gbytes_per_s": s.bytes_moved / med / 1e9,
                      "gbytes_per_s_best": s.bytes_moved / mn / 1e9})
-    del x, src, dst, box
     return recs
 
 
@@ -531,7 +530,7 @@ def main(argv=None) -> int:
         _log(f"warning: --repeats {args.repeats} < 5; WORKLOADS.md asks for medians of at least 5")
 
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    import jax
+    import jax  # noqa: F401  (import after JAX_PLATFORMS is set, before any timing)
 
     cfg = QUICK if args.quick else FULL
     kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]

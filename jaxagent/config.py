@@ -1,0 +1,264 @@
+"""Typed configs: dataclasses filled from YAML plus dotted ``key=value`` overrides.
+
+A config is a tree of (frozen) dataclasses. :func:`load_config` reads a YAML file,
+applies command-line overrides such as ``algo.clip_high=0.28`` or
+``env.name=sokoban``, and builds the tree, checking every key and value on the way:
+
+- an unknown key is an error that names its full dotted path, lists the valid keys
+  of that section and suggests the closest one;
+- a value of the wrong type is an error that names the key, the expected type and
+  the value given (``int`` is accepted where ``float`` is expected, nothing else is
+  converted silently);
+- a missing required field (a dataclass field without a default) is an error;
+- a dataclass's own ``__post_init__`` checks run, and their errors are prefixed
+  with the section's path.
+
+Override values are parsed by the type of the field they set, so ``lr=1e-5`` is a
+float, ``use_lora=false`` a bool, ``stop=[a, b]`` a list (YAML flow syntax) and
+``name=null`` None where the field is optional.
+
+Supported field types: ``int``, ``float``, ``bool``, ``str``, ``typing.Literal``,
+``X | None``, ``tuple[X, ...]``, ``tuple[X, Y]``, ``list[X]``, ``dict[str, X]``,
+``typing.Any`` and nested dataclasses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Iterable, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config file or override that cannot be turned into the typed config."""
+
+
+def load_config(cls, path: str | Path | None = None, overrides: Iterable[str] = ()):
+    """Build ``cls`` from the YAML file at ``path`` (optional) and ``key=value`` overrides."""
+    data: dict = {}
+    if path is not None:
+        data = read_yaml(path)
+    for item in overrides:
+        key, value = _split_override(item)
+        _set_dotted(cls, data, key, value)
+    return from_dict(cls, data)
+
+
+def read_yaml(path: str | Path) -> dict:
+    """The mapping in a YAML file; errors name the file (and line, for syntax errors)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys, got {type(data).__name__}")
+    return data
+
+
+def from_dict(cls, data: Any, path: str = ""):
+    """Build the dataclass ``cls`` from a nested mapping, checking keys and types."""
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"{cls!r} is not a dataclass")
+    where = path or "config"
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping of keys, got {type(data).__name__} {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = [k for k in data if k not in fields]
+    if unknown:
+        raise ConfigError(_unknown_key_message(path, unknown[0], fields))
+    kwargs = {}
+    for name, field in fields.items():
+        key = f"{path}.{name}" if path else name
+        if name in data:
+            kwargs[name] = _convert(hints[name], data[name], key)
+        elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"{key}: required, but not set")
+    try:
+        return cls(**kwargs)
+    except (ValueError, TypeError) as err:
+        if isinstance(err, ConfigError):
+            raise
+        raise ConfigError(f"{where}: {err}") from None
+
+
+def to_dict(cfg) -> dict:
+    """A config as plain nested dicts/lists (YAML- and JSON-able)."""
+    def plain(x):
+        if dataclasses.is_dataclass(x) and not isinstance(x, type):
+            return {f.name: plain(getattr(x, f.name)) for f in dataclasses.fields(x)}
+        if isinstance(x, (list, tuple)):
+            return [plain(v) for v in x]
+        if isinstance(x, dict):
+            return {k: plain(v) for k, v in x.items()}
+        return x
+    return plain(cfg)
+
+
+def dump_yaml(cfg) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+# ---------------------------------------------------------------- conversion
+
+def _type_name(tp) -> str:
+    if tp is type(None):
+        return "None"
+    if isinstance(tp, type):
+        return tp.__name__
+    return str(tp).replace("typing.", "")
+
+
+def _convert(tp, value, key: str):
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, key)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        for option in (a for a in args if a is not type(None)):
+            try:
+                return _convert(option, value, key)
+            except ConfigError:
+                pass
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    if origin is Literal:
+        if value in args:
+            return value
+        raise ConfigError(f"{key}: must be one of {list(args)}, got {value!r}")
+    if origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list ({_type_name(tp)}), got {value!r}")
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(value) != len(args):
+                raise ConfigError(f"{key}: expected {len(args)} items ({_type_name(tp)}), got {len(value)}")
+            items = [_convert(a, v, f"{key}[{i}]") for i, (a, v) in enumerate(zip(args, value))]
+        else:
+            item_tp = args[0] if args else Any
+            items = [_convert(item_tp, v, f"{key}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping ({_type_name(tp)}), got {value!r}")
+        k_tp, v_tp = args if args else (Any, Any)
+        return {_convert(k_tp, k, f"{key}.<key>"): _convert(v_tp, v, f"{key}.{k}") for k, v in value.items()}
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    elif isinstance(tp, type) and isinstance(value, tp):
+        return value
+    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+
+
+# ---------------------------------------------------------------- overrides
+
+def _split_override(item: str) -> tuple[str, str]:
+    if not isinstance(item, str) or "=" not in item:
+        raise ConfigError(f"override {item!r} must look like key=value (e.g. algo.clip_high=0.28)")
+    key, _, value = item.partition("=")
+    key = key.strip()
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {item!r}: bad key {key!r}")
+    return key, value.strip()
+
+
+def _field_type(cls, parts: list[str], full_key: str):
+    """The declared type of a dotted key, checking each step exists."""
+    tp = cls
+    for i, part in enumerate(parts):
+        section = ".".join(parts[:i])
+        tp = _strip_optional(tp)
+        if dataclasses.is_dataclass(tp):
+            fields = {f.name: f for f in dataclasses.fields(tp) if f.init}
+            if part not in fields:
+                raise ConfigError(_unknown_key_message(section, part, fields))
+            tp = typing.get_type_hints(tp)[part]
+        elif typing.get_origin(tp) is dict or tp is Any:
+            tp = typing.get_args(tp)[1] if typing.get_args(tp) else Any
+        else:
+            raise ConfigError(f"override {full_key}: {section} holds a value of type {_type_name(tp)}, not a section")
+    return tp
+
+
+def _strip_optional(tp):
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        rest = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(rest) == 1:
+            return rest[0]
+    return tp
+
+
+def _parse_scalar(tp, text: str, key: str):
+    """Parse an override's text by the type of its field."""
+    base = _strip_optional(tp)
+    if text.lower() in ("null", "none", "~") and base is not tp:
+        return None
+    if base is str:
+        return text
+    if base is float:
+        try:
+            return float(text)
+        except ValueError:
+            raise ConfigError(f"{key}: expected float, got {text!r}") from None
+    if base is int:
+        try:
+            return int(text)
+        except ValueError:
+            raise ConfigError(f"{key}: expected int, got {text!r}") from None
+    if base is bool:
+        lowered = text.lower()
+        if lowered in ("true", "yes", "on", "1"):
+            return True
+        if lowered in ("false", "no", "off", "0"):
+            return False
+        raise ConfigError(f"{key}: expected a bool (true/false), got {text!r}")
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{key}: cannot parse {text!r}: {err}") from None
+
+
+def _set_dotted(cls, data: dict, key: str, text: str) -> None:
+    parts = key.split(".")
+    value = _parse_scalar(_field_type(cls, parts, key), text, key)
+    node = data
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        elif not isinstance(child, dict):
+            raise ConfigError(f"override {key}: {part} is set to {child!r} in the file, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def _unknown_key_message(section: str, key: str, fields: dict) -> str:
+    full = f"{section}.{key}" if section else key
+    known = sorted(fields)
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"unknown config key {full!r}{hint} (valid keys{' of ' + section if section else ''}: {', '.join(known)})"

@@ -1,0 +1,102 @@
+"""Typed configs from YAML + dotted overrides: values, and the errors users see."""
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import pytest
+
+from jaxagent.config import ConfigError, dump_yaml, from_dict, load_config, to_dict
+
+
+@dataclass(frozen=True)
+class Optim:
+    lr: float = 1e-5
+    warmup_steps: int = 0
+    schedule: Literal["constant", "cosine"] = "constant"
+
+
+@dataclass(frozen=True)
+class Env:
+    name: str
+    max_turns: int = 8
+    stop: tuple[str, ...] = ()
+    kwargs: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
+
+
+@dataclass(frozen=True)
+class Run:
+    env: Env
+    optim: Optim = Optim()
+    seed: int = 0
+    use_lora: bool = False
+    run_dir: str | None = None
+
+
+def _yaml(tmp_path, text):
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_yaml_and_overrides_build_the_typed_tree(tmp_path):
+    path = _yaml(tmp_path, "env:\n  name: sokoban\n  stop: ['</a>']\noptim:\n  lr: 0.001\n")
+    cfg = load_config(Run, path, ["optim.lr=1e-5", "env.max_turns=3", "use_lora=true",
+                                  "env.kwargs={size: 6}", "run_dir=null", "optim.schedule=cosine"])
+    assert cfg == Run(env=Env("sokoban", 3, ("</a>",), {"size": 6}),
+                      optim=Optim(lr=1e-5, schedule="cosine"), use_lora=True)
+    assert isinstance(cfg.optim.lr, float) and isinstance(cfg.env.stop, tuple)
+
+
+def test_int_is_accepted_for_float_but_nothing_else_is_converted():
+    assert from_dict(Run, {"env": {"name": "x"}, "optim": {"lr": 1}}).optim.lr == 1.0
+    with pytest.raises(ConfigError, match=r"optim.lr: expected float, got str '0.1'"):
+        from_dict(Run, {"env": {"name": "x"}, "optim": {"lr": "0.1"}})
+    with pytest.raises(ConfigError, match=r"seed: expected int, got bool"):
+        from_dict(Run, {"env": {"name": "x"}, "seed": True})
+
+
+def test_unknown_key_names_the_path_and_suggests(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown config key 'optim.learning_rat'.*valid keys of optim: lr"):
+        load_config(Run, _yaml(tmp_path, "env: {name: a}\noptim: {learning_rat: 1.0}\n"))
+    with pytest.raises(ConfigError, match=r"'env.max_turn'; did you mean 'max_turns'"):
+        load_config(Run, None, ["env.name=a", "env.max_turn=3"])
+
+
+def test_ill_typed_override_and_literal_choices():
+    with pytest.raises(ConfigError, match=r"env.max_turns: expected int, got 'three'"):
+        load_config(Run, None, ["env.name=a", "env.max_turns=three"])
+    with pytest.raises(ConfigError, match=r"optim.schedule: must be one of \['constant', 'cosine'\]"):
+        load_config(Run, None, ["env.name=a", "optim.schedule=linear"])
+    with pytest.raises(ConfigError, match=r"use_lora: expected a bool"):
+        load_config(Run, None, ["env.name=a", "use_lora=maybe"])
+    with pytest.raises(ConfigError, match="must look like key=value"):
+        load_config(Run, None, ["env.name"])
+    with pytest.raises(ConfigError, match="seed holds a value of type int, not a section"):
+        load_config(Run, None, ["seed.x=1"])
+
+
+def test_missing_required_and_post_init_errors_are_prefixed():
+    with pytest.raises(ConfigError, match=r"env.name: required, but not set"):
+        from_dict(Run, {"env": {}})
+    with pytest.raises(ConfigError, match=r"env: max_turns must be >= 1, got 0"):
+        from_dict(Run, {"env": {"name": "a", "max_turns": 0}})
+
+
+def test_bad_files(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(Run, tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(Run, _yaml(tmp_path, "env: [unclosed\n"))
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(Run, _yaml(tmp_path, "- a\n- b\n"))
+
+
+def test_round_trip_through_yaml(tmp_path):
+    cfg = load_config(Run, None, ["env.name=countdown", "env.stop=[x, y]", "optim.warmup_steps=5"])
+    assert to_dict(cfg)["env"]["stop"] == ["x", "y"]
+    again = load_config(Run, _yaml(tmp_path, dump_yaml(cfg)))
+    assert again == cfg

@@ -14,3 +14,13 @@ def test_unknown_command_is_an_error():
                          text=True, timeout=120)
     assert out.returncode != 0
     assert "invalid choice" in out.stderr
+
+
+def test_envs_lists_the_builtins_and_adapter_families():
+    out = subprocess.run([sys.executable, "-m", "jaxagent", "envs"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    names = out.stdout.split()
+    for name in ("frozenlake", "sokoban", "countdown", "toolmath", "intake", "gymnasium/<...>"):
+        assert name in names
+    assert not any(n.startswith("testing/") for n in names)

@@ -26,9 +26,19 @@ test-slow: $(STAMP)
 train: $(STAMP)
 	$(PY) -m jaxagent train
 
+# Peers for the side-by-side benchmarks. Tunix 0.1.7 pins older transformers and
+# tokenizers than ours, so it goes in without its deps plus the few it imports.
+PEERS := google-tunix==0.1.7 google_metrax==0.2.4 clu==0.0.12 tensorboardX==2.6.5 \
+         jaxtyping==0.3.11 perfetto==0.59.1 wadler_lindig==0.1.8 pandas==3.1.1
+
 bench: $(STAMP)
 	$(PY) -m pip install -q -e ".[test,bench]"
+	$(PY) -m pip install -q --no-deps $(PEERS)
+	$(PY) benchmarks/w1_generate.py --torch-threads 1 --out benchmarks/results/w1_generate.jsonl
+	$(PY) benchmarks/w2_model_step.py --out benchmarks/results/w2_model_step.jsonl
+	$(PY) benchmarks/w3_multiturn.py --out benchmarks/results/w3_multiturn.jsonl
 	$(PY) benchmarks/w4_advantages.py --out benchmarks/results/w4_advantages.jsonl
+	$(PY) benchmarks/w5_envpool.py --out benchmarks/results/w5_envpool.jsonl
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -261,7 +261,9 @@ def cached_attention(q_BxTxHxd, k_BxKxSxd, v_BxKxSxd, allowed_BxTxS) -> jax.Arra
     return o.reshape(B, T, H, hd)
 
 
-def _qkv(lp: dict, x: jax.Array, cos, sin, config: DecoderConfig):
+def layer_qkv(lp: dict, x: jax.Array, cos, sin, config: DecoderConfig):
+    """One layer's queries, keys and values for ``x [B, T, D]``: pre-attention RMSNorm,
+    projections (with bias / q-k norm per family) and RoPE on q and k."""
     c = config
     B, T, _ = x.shape
     n = rms_norm(x, lp["input_norm"]["scale"], c.rms_norm_eps)
@@ -274,7 +276,9 @@ def _qkv(lp: dict, x: jax.Array, cos, sin, config: DecoderConfig):
     return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
 
-def _finish(lp: dict, x: jax.Array, attn_BxTxHxd: jax.Array, config: DecoderConfig) -> jax.Array:
+def layer_finish(lp: dict, x: jax.Array, attn_BxTxHxd: jax.Array, config: DecoderConfig) -> jax.Array:
+    """The rest of one layer given its attention output: output projection and
+    residual, post-attention RMSNorm, SwiGLU MLP and residual."""
     c = config
     B, T, _ = x.shape
     h = x + _proj(lp["o_proj"], attn_BxTxHxd.reshape(B, T, c.q_size), c)
@@ -350,8 +354,8 @@ def forward_hidden(
     x = params["embed"]["embedding"][tokens_BxT]
 
     def layer(x, lp):
-        q, k, v = _qkv(lp, x, cos, sin, config)
-        return _finish(lp, x, attention(q, k, v, allowed), config), None
+        q, k, v = layer_qkv(lp, x, cos, sin, config)
+        return layer_finish(lp, x, attention(q, k, v, allowed), config), None
 
     x, _ = jax.lax.scan(_maybe_remat(layer, remat), x, params["layers"])
     return rms_norm(x, params["final_norm"]["scale"], config.rms_norm_eps)
@@ -433,7 +437,7 @@ def forward_cached(
     def layer(carry, inp):
         x, k_cache, v_cache = carry
         lp, i = inp
-        q, k, v = _qkv(lp, x, cos, sin, c)
+        q, k, v = layer_qkv(lp, x, cos, sin, c)
         # scatter straight into the carried [L, ...] buffer (updated in place by XLA)
         layer_BxT = jnp.full((B, T), i, jnp.int32)
         # k[b, t] -> k_cache[i, b, :, write[b, t]]: advanced indices (layer, row, slot) with
@@ -441,7 +445,7 @@ def forward_cached(
         k_cache = k_cache.at[layer_BxT, rows_BxT, :, write_BxT].set(k.astype(k_cache.dtype), mode="drop")
         v_cache = v_cache.at[layer_BxT, rows_BxT, :, write_BxT].set(v.astype(v_cache.dtype), mode="drop")
         o = cached_attention(q, k_cache[i].astype(q.dtype), v_cache[i].astype(q.dtype), allowed)
-        return (_finish(lp, x, o, c), k_cache, v_cache), None
+        return (layer_finish(lp, x, o, c), k_cache, v_cache), None
 
     (x, k_new, v_new), _ = jax.lax.scan(
         layer, (x, cache.k, cache.v), (params["layers"], jnp.arange(c.num_layers))

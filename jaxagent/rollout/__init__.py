@@ -1,0 +1,18 @@
+"""Rollout: the jitted KV-cache sampler and the token-exact multi-turn agent loop.
+
+- `sampler`: `Sampler` (prefill / append / on-device decode over a per-row KV cache,
+  shape buckets, compile counting), `SamplingConfig` (greedy, temperature, top-k,
+  top-p, min-p), `Generation` (tokens, log-probs, finish reasons).
+- `chat`: `ChatFormat`, the chat template cut into token-exact segments.
+- `agent_loop`: `AgentLoop` drives an `envs.EnvPool` and returns a `Trajectory`.
+- `trajectory`: the `Trajectory` pytree the trainer consumes.
+"""
+from jaxagent.rollout.agent_loop import AgentLoop, AgentLoopConfig, Episode
+from jaxagent.rollout.chat import ChatFormat, ChatTemplateError
+from jaxagent.rollout.sampler import (FINISH_REASONS, GREEDY, Generation, Sampler, SamplerState, SamplingConfig,
+                                      bucket, decode_step, processed_logits, sample_tokens)
+from jaxagent.rollout.trajectory import Trajectory
+
+__all__ = ["AgentLoop", "AgentLoopConfig", "ChatFormat", "ChatTemplateError", "Episode", "FINISH_REASONS",
+           "GREEDY", "Generation", "Sampler", "SamplerState", "SamplingConfig", "Trajectory", "bucket",
+           "decode_step", "processed_logits", "sample_tokens"]

@@ -1,0 +1,527 @@
+"""A jitted KV-cache sampler: prefill / append and an on-device decode loop.
+
+The sampler keeps one `SamplerState` per batch of rows: the decoder's compacted
+`KVCache` (per-row lengths, so rows of different lengths share a batch), the
+next-token logits of each row (from the last token appended to it), and one PRNG
+key per row. Three jitted kernels act on it:
+
+* `append` feeds `T` new tokens per row (a prompt on an empty cache = prefill; an
+  observation on a live cache = continuation). Rows with no new tokens are left
+  alone. Afterwards each fed row's next-token logits are those at its last new token.
+* `decode` samples up to `max_new_tokens` tokens per row in a `lax.while_loop` that
+  exits as soon as every row is done. Each sampled token is fed to the cache in the
+  same iteration, so after `decode` the cache holds every token of the rows' history,
+  including the last sampled one: a following `append` continues exactly there.
+* `select_rows` gathers rows of a state (to shrink the batch when rows finish).
+
+Shapes are static per call; the host side (`Sampler`) pads the new-token axis to a
+power-of-two bucket, so the number of compilations is bounded by the number of
+distinct (batch, bucket, sampling config) combinations. `Sampler.trace_counts`
+counts how often each kernel was traced (= compiled).
+
+Sampling (`SamplingConfig`), applied in the Hugging Face order::
+
+    z = logits / temperature
+    top-k:  keep z_i >= (k-th largest z)                          (ties kept)
+    top-p:  sort p = softmax(z) descending; keep the smallest prefix whose mass
+            reaches top_p (token i kept iff the mass strictly before it < top_p)
+    min-p:  keep p_i >= min_p * max_j p_j
+    token ~ softmax(z restricted to the kept set)
+
+`temperature == 0` is greedy (argmax of the raw logits). The returned log-prob of a
+sampled token is its log-probability under the distribution it was drawn from (the
+truncated, renormalised, temperature-scaled one). Greedy decoding draws from a point
+mass, whose log-prob (0) says nothing, so for greedy the raw model log-prob
+`log_softmax(logits)[token]` is returned instead.
+
+Drawing is by inverse CDF (one uniform per row and step). Randomness: row `b`'s
+token at cache position `p` uses `fold_in(key_b, p)`, so a
+row's samples depend only on its own key and history, never on which other rows share
+the batch or on how the batch was re-bucketed.
+
+Finish reasons (`FINISH_REASONS[finish_reason]`): `none` (row not decoded),
+`stop_token`, `stop_sequence`, `max_new_tokens`, `cache_full` (the row's cache has
+no free slot for another token: the episode cannot go on).
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import math
+from typing import Any, Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxagent.models import decoder
+from jaxagent.models.config import DecoderConfig
+
+FINISH_NONE, FINISH_STOP_TOKEN, FINISH_STOP_SEQUENCE, FINISH_LENGTH, FINISH_CACHE_FULL = range(5)
+FINISH_REASONS = ("none", "stop_token", "stop_sequence", "max_new_tokens", "cache_full")
+
+_NEG_INF = -jnp.inf
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+    """How tokens are drawn from the logits (static: one compilation per distinct config).
+
+    Attributes:
+      temperature: 0 = greedy; otherwise logits are divided by it.
+      top_k: keep the k most likely tokens (0 = off).
+      top_p: nucleus mass (1.0 = off).
+      min_p: keep tokens with p >= min_p * max p (0.0 = off).
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+
+    def __post_init__(self):
+        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
+                and self.temperature >= 0):
+            raise ValueError(f"SamplingConfig.temperature must be a finite number >= 0, got {self.temperature!r}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"SamplingConfig.top_k must be an int >= 0 (0 = off), got {self.top_k!r}")
+        if not (isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0):
+            raise ValueError(f"SamplingConfig.top_p must be in (0, 1], got {self.top_p!r}")
+        if not (isinstance(self.min_p, (int, float)) and 0.0 <= self.min_p < 1.0):
+            raise ValueError(f"SamplingConfig.min_p must be in [0, 1), got {self.min_p!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+GREEDY = SamplingConfig(temperature=0.0)
+
+
+@flax.struct.dataclass
+class SamplerState:
+    """Everything the device keeps between calls for one batch of rows.
+
+    cache:          the decoder KV cache (`cache.lengths [B]` = tokens seen per row).
+    next_logits_BxV: float32 logits of each row's next token.
+    keys_B:         one typed PRNG key per row.
+    """
+
+    cache: decoder.KVCache
+    next_logits_BxV: jax.Array
+    keys_B: jax.Array
+
+    @property
+    def batch_size(self) -> int:
+        return self.next_logits_BxV.shape[0]
+
+
+@flax.struct.dataclass
+class Generation:
+    """Result of one `decode` call.
+
+    tokens_BxN:      sampled token ids; entries at `n >= num_tokens[b]` are `pad_id`.
+    logprobs_BxN:    log-prob of each sampled token (see the module docstring); 0 beyond.
+    num_tokens_B:    tokens sampled per row.
+    finish_reason_B: index into `FINISH_REASONS`.
+    """
+
+    tokens_BxN: jax.Array
+    logprobs_BxN: jax.Array
+    num_tokens_B: jax.Array
+    finish_reason_B: jax.Array
+
+
+# ---------------------------------------------------------------- logits processing
+def processed_logits(logits_BxV: jax.Array, sampling: SamplingConfig) -> jax.Array:
+    """Temperature-scaled logits with tokens outside the top-k / top-p / min-p support at -inf.
+
+    Not for greedy configs (temperature 0). float32 in, float32 out.
+    """
+    if sampling.greedy:
+        raise ValueError("processed_logits: a greedy config has no sampling distribution")
+    z = logits_BxV.astype(jnp.float32) / jnp.float32(sampling.temperature)
+    V = z.shape[-1]
+    if 0 < sampling.top_k < V:
+        kth = jax.lax.top_k(z, sampling.top_k)[0][:, -1:]
+        z = jnp.where(z >= kth, z, _NEG_INF)
+    if sampling.top_p < 1.0:
+        z_desc = -jnp.sort(-z, axis=-1)
+        p_desc = jax.nn.softmax(z_desc, axis=-1)
+        mass_before = jnp.cumsum(p_desc, axis=-1) - p_desc
+        keep = mass_before < jnp.float32(sampling.top_p)
+        threshold = jnp.min(jnp.where(keep, z_desc, jnp.inf), axis=-1, keepdims=True)
+        z = jnp.where(z >= threshold, z, _NEG_INF)
+    if sampling.min_p > 0.0:
+        zmax = jnp.max(z, axis=-1, keepdims=True)
+        z = jnp.where(z - zmax >= jnp.float32(math.log(sampling.min_p)), z, _NEG_INF)
+    return z
+
+
+def sample_tokens(logits_BxV: jax.Array, keys_B: jax.Array, positions_B: jax.Array,
+                  sampling: SamplingConfig) -> tuple[jax.Array, jax.Array]:
+    """One token per row and its log-prob (see the module docstring).
+
+    Row `b` draws with `fold_in(keys_B[b], positions_B[b])`.
+    """
+    logits = logits_BxV.astype(jnp.float32)
+    if sampling.greedy:
+        tok = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        logp_all = jax.nn.log_softmax(logits, axis=-1)
+    else:
+        z = processed_logits(logits, sampling)
+        logp_all = jax.nn.log_softmax(z, axis=-1)
+        # inverse-CDF draw: one uniform per row instead of V Gumbel variates (which cost
+        # more than the model's own decode step on a CPU)
+        step_keys = jax.vmap(jax.random.fold_in)(keys_B, positions_B)
+        u_B = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(step_keys)
+        p = jnp.exp(logp_all)
+        cdf = jnp.cumsum(p, axis=-1)
+        below = jnp.sum((cdf <= (u_B * cdf[:, -1])[:, None]).astype(jnp.int32), axis=-1)
+        # the first token whose cdf exceeds u has p > 0; rounding at the top end falls back
+        # to the most likely token
+        tok = jnp.where(below < p.shape[-1], below, jnp.argmax(p, axis=-1)).astype(jnp.int32)
+    logp = jnp.take_along_axis(logp_all, tok[:, None], axis=-1)[:, 0]
+    return tok, logp
+
+
+# ---------------------------------------------------------------- kernels
+def _one_query_attention(q_BxHxd, k_BxKxSxd, v_BxKxSxd, allowed_BxS) -> jax.Array:
+    """Attention of one query per row over the cache, `[B, H, hd]`.
+
+    Written as broadcast-multiply-reduce rather than a batched dot: with one query
+    per row the dot is a matrix-vector product, which XLA:CPU runs faster fused.
+    """
+    B, H, hd = q_BxHxd.shape
+    K = k_BxKxSxd.shape[1]
+    q = q_BxHxd.reshape(B, K, H // K, 1, hd).astype(jnp.float32)
+    s = jnp.sum(q * k_BxKxSxd[:, :, None, :, :].astype(jnp.float32), axis=-1) * (1.0 / math.sqrt(hd))
+    s = jnp.where(allowed_BxS[:, None, None, :], s, -jnp.inf)
+    p = jax.nn.softmax(s, axis=-1)  # the row's own slot is always allowed: never all -inf
+    o = jnp.sum(p[:, :, :, :, None] * v_BxKxSxd[:, :, None, :, :].astype(jnp.float32), axis=3)
+    return o.reshape(B, H, hd).astype(q_BxHxd.dtype)
+
+
+def decode_step(params, config: DecoderConfig, tok_B: jax.Array, write_B: jax.Array,
+                cache: decoder.KVCache, window: int | None = None) -> tuple[jax.Array, decoder.KVCache]:
+    """Feed one token per row (rows with `write_B` False are left unchanged).
+
+    The same maths as `decoder.forward_cached` with `T = 1` (its layer blocks are
+    reused), specialised for decode: one scatter per layer into the carried cache and a
+    one-query attention. Returns the next-token logits `[B, V]` float32 and the cache.
+
+    window: attend over the first `window` cache slots only (a static size; the caller
+      guarantees every written row's slot is below it). Decode is bound by reading the
+      cache, so a short window early in a long cache saves most of that traffic.
+    """
+    c = config
+    B = tok_B.shape[0]
+    S = cache.max_len
+    W = S if window is None else int(window)
+    slot_B = cache.lengths
+    write_slot_B = jnp.where(write_B, slot_B, S)  # out of range -> dropped
+    allowed_BxS = jnp.arange(W)[None, :] <= slot_B[:, None]
+    cos, sin = decoder.rope_cos_sin(jnp.minimum(slot_B, S - 1)[:, None], c)
+    rows_B = jnp.arange(B)
+    x = params["embed"]["embedding"][tok_B[:, None]]
+
+    def layer(carry, inp):
+        x, k_all, v_all = carry
+        lp, i = inp
+        q, k, v = decoder.layer_qkv(lp, x, cos, sin, c)
+        layer_B = jnp.full((B,), i, jnp.int32)
+        k_all = k_all.at[layer_B, rows_B, :, write_slot_B].set(k[:, 0].astype(k_all.dtype), mode="drop")
+        v_all = v_all.at[layer_B, rows_B, :, write_slot_B].set(v[:, 0].astype(v_all.dtype), mode="drop")
+        k_i, v_i = k_all[i], v_all[i]
+        if W < S:
+            k_i, v_i = k_i[:, :, :W], v_i[:, :, :W]
+        o = _one_query_attention(q[:, 0], k_i, v_i, allowed_BxS)
+        return (decoder.layer_finish(lp, x, o[:, None], c), k_all, v_all), None
+
+    (x, k_all, v_all), _ = jax.lax.scan(layer, (x, cache.k, cache.v),
+                                        (params["layers"], jnp.arange(c.num_layers)))
+    h = decoder.rms_norm(x[:, 0], params["final_norm"]["scale"], c.rms_norm_eps)
+    lengths = jnp.where(write_B, jnp.minimum(slot_B + 1, S), slot_B).astype(jnp.int32)
+    return decoder.logits_from_hidden(params, c, h), decoder.KVCache(k=k_all, v=v_all, lengths=lengths)
+
+
+def _last_logits(params, config, hidden_BxTxD, mask_BxT, old_logits_BxV):
+    """Logits at each row's last real token (old logits kept for rows with none)."""
+    n_B = jnp.sum(mask_BxT.astype(jnp.int32), axis=1)
+    T = mask_BxT.shape[1]
+    # index of the last real token: tokens may be left- or right-padded
+    idx_B = jnp.max(jnp.where(mask_BxT > 0, jnp.arange(T, dtype=jnp.int32)[None, :], 0), axis=1)
+    h_BxD = jnp.take_along_axis(hidden_BxTxD, idx_B[:, None, None], axis=1)[:, 0]
+    logits = decoder.logits_from_hidden(params, config, h_BxD)
+    return jnp.where((n_B > 0)[:, None], logits, old_logits_BxV)
+
+
+def append_kernel(params, config: DecoderConfig, state: SamplerState, tokens_BxT, mask_BxT) -> SamplerState:
+    """Feed `tokens_BxT` (real where `mask_BxT` is 1) to each row's cache; see the module docstring."""
+    hidden, cache = decoder.forward_cached(params, config, tokens_BxT, state.cache, attention_mask_BxT=mask_BxT)
+    logits = _last_logits(params, config, hidden, mask_BxT, state.next_logits_BxV)
+    return state.replace(cache=cache, next_logits_BxV=logits)
+
+
+def attention_windows(max_len: int, segments: int) -> tuple[int, ...]:
+    """Static attention widths of the decode loop's segments: `segments` equal steps up
+    to `max_len`, rounded up to multiples of 8 (the last one is `max_len`)."""
+    segments = max(1, int(segments))
+    ws = set()
+    for j in range(1, segments + 1):
+        w = -(-(max_len * j) // segments)  # ceil
+        ws.add(min(max_len, -(-w // 8) * 8))
+    return tuple(sorted(ws | {max_len}))
+
+
+def decode_kernel(params, config: DecoderConfig, state: SamplerState, active_B, max_new_B, stop_tokens_BxS,
+                  stop_seqs_BxQxL, *, sampling: SamplingConfig, max_new_tokens: int, pad_id: int = 0,
+                  window_segments: int = 1) -> tuple[SamplerState, Generation]:
+    """Sample up to `min(max_new_B[b], max_new_tokens)` tokens for each active row.
+
+    stop_tokens_BxS: per-row stop token ids, -1 = unused slot. A sampled stop token is
+      kept (it is the last token of the row's output and is fed to the cache).
+    stop_seqs_BxQxL: per-row stop sequences of generated tokens, right-aligned, -1 on
+      the left = padding (a sequence that is all -1 is unused).
+    window_segments: the loop runs as consecutive while-loops over growing attention
+      windows (`attention_windows`); a segment is left as soon as a running row's next
+      slot is outside its window. 1 = always attend over the whole cache.
+    """
+    B = state.batch_size
+    N = max_new_tokens
+    S = state.cache.max_len
+    L = stop_seqs_BxQxL.shape[2]
+    seq_used_BxQ = jnp.any(stop_seqs_BxQxL >= 0, axis=-1)
+
+    done0 = (~active_B) | (max_new_B <= 0)
+    reason0 = jnp.where(active_B & (max_new_B <= 0), FINISH_LENGTH, FINISH_NONE).astype(jnp.int32)
+    carry0 = dict(
+        state=state, step=jnp.int32(0), done=done0, reason=reason0,
+        num=jnp.zeros((B,), jnp.int32),
+        toks=jnp.full((B, N), pad_id, jnp.int32), logps=jnp.zeros((B, N), jnp.float32),
+        recent=jnp.full((B, L), -2, jnp.int32),
+    )
+
+    def cond(c, window):
+        go = (c["step"] < N) & ~jnp.all(c["done"])
+        if window < S:
+            go = go & jnp.all(c["done"] | (c["state"].cache.lengths < window))
+        return go
+
+    def body(c, window):
+        st: SamplerState = c["state"]
+        full = st.cache.lengths >= S
+        newly_full = ~c["done"] & full
+        run = ~c["done"] & ~full
+        tok, logp = sample_tokens(st.next_logits_BxV, st.keys_B, st.cache.lengths, sampling)
+        tok = jnp.where(run, tok, pad_id)
+        logp = jnp.where(run, logp, 0.0)
+        toks = jax.lax.dynamic_update_slice(c["toks"], tok[:, None], (0, c["step"]))
+        logps = jax.lax.dynamic_update_slice(c["logps"], logp[:, None], (0, c["step"]))
+        logits, cache = decode_step(params, config, tok, run, st.cache, window=window)
+        logits = jnp.where(run[:, None], logits, st.next_logits_BxV)
+        num = c["num"] + run.astype(jnp.int32)
+        recent = jnp.where(run[:, None], jnp.concatenate([c["recent"][:, 1:], tok[:, None]], axis=1), c["recent"])
+        hit_tok = jnp.any(tok[:, None] == stop_tokens_BxS, axis=-1)
+        match = jnp.all((stop_seqs_BxQxL < 0) | (stop_seqs_BxQxL == recent[:, None, :]), axis=-1)
+        hit_seq = jnp.any(match & seq_used_BxQ, axis=-1)
+        hit_len = num >= jnp.minimum(max_new_B, N)
+        reason = jnp.where(hit_tok, FINISH_STOP_TOKEN,
+                           jnp.where(hit_seq, FINISH_STOP_SEQUENCE, FINISH_LENGTH)).astype(jnp.int32)
+        stop = run & (hit_tok | hit_seq | hit_len)
+        reason = jnp.where(stop, reason, jnp.where(newly_full, FINISH_CACHE_FULL, c["reason"]))
+        return dict(state=st.replace(cache=cache, next_logits_BxV=logits), step=c["step"] + 1,
+                    done=c["done"] | stop | newly_full, reason=reason, num=num, toks=toks, logps=logps,
+                    recent=recent)
+
+    c = carry0
+    for window in attention_windows(S, window_segments):
+        c = jax.lax.while_loop(functools.partial(cond, window=window), functools.partial(body, window=window), c)
+    # rows still running when the loop ran out of steps (max_new_B > N cannot happen: clipped)
+    reason = jnp.where(~c["done"], FINISH_LENGTH, c["reason"]).astype(jnp.int32)
+    return c["state"], Generation(c["toks"], c["logps"], c["num"], reason)
+
+
+def select_rows_kernel(state: SamplerState, rows_R) -> SamplerState:
+    """Rows `rows_R` of a state (a gather on the batch axis; the cache's axis 1)."""
+    cache = state.cache
+    return SamplerState(
+        cache=decoder.KVCache(k=cache.k[:, rows_R], v=cache.v[:, rows_R], lengths=cache.lengths[rows_R]),
+        next_logits_BxV=state.next_logits_BxV[rows_R], keys_B=state.keys_B[rows_R])
+
+
+# ---------------------------------------------------------------- host side
+def bucket(n: int, minimum: int = 16) -> int:
+    """Smallest power of two >= max(n, minimum)."""
+    n = max(int(n), int(minimum), 1)
+    return 1 << (n - 1).bit_length()
+
+
+class Sampler:
+    """Host front-end: pads inputs to buckets and calls the jitted kernels.
+
+    Args:
+      params, config: the decoder (`jaxagent.models`).
+      max_len: cache slots per row (prompt + everything appended and generated).
+      cache_dtype: dtype of the KV cache (default: the params' dtype).
+      min_bucket: smallest padded length of an `append` (new-token axis).
+      pad_id: token id written in unused output slots.
+      window_segments: decode attends over growing windows of the cache in this many
+        segments (`decode_kernel`); 1 = the whole cache at every step.
+
+    `trace_counts` counts traces of each kernel (`append`, `decode`, `select`); each
+    trace is one XLA compilation.
+    """
+
+    def __init__(self, params, config: DecoderConfig, *, max_len: int, cache_dtype=None,
+                 min_bucket: int = 16, pad_id: int = 0, window_segments: int = 3):
+        if not isinstance(max_len, int) or max_len < 1:
+            raise ValueError(f"Sampler: max_len must be a positive int, got {max_len!r}")
+        self.params, self.config, self.max_len = params, config, max_len
+        self.cache_dtype = cache_dtype or params["final_norm"]["scale"].dtype
+        self.min_bucket, self.pad_id = int(min_bucket), int(pad_id)
+        self.window_segments = int(window_segments)
+        self.trace_counts: collections.Counter = collections.Counter()
+
+        def append(params, state, tokens, mask):
+            self.trace_counts["append"] += 1
+            return append_kernel(params, config, state, tokens, mask)
+
+        def decode(params, state, active, max_new, stop_tokens, stop_seqs, sampling, max_new_tokens):
+            self.trace_counts["decode"] += 1
+            return decode_kernel(params, config, state, active, max_new, stop_tokens, stop_seqs,
+                                 sampling=sampling, max_new_tokens=max_new_tokens, pad_id=self.pad_id,
+                                 window_segments=self.window_segments)
+
+        def select(state, rows):
+            self.trace_counts["select"] += 1
+            return select_rows_kernel(state, rows)
+
+        self._append = jax.jit(append, donate_argnames=("state",))
+        self._decode = jax.jit(decode, static_argnames=("sampling", "max_new_tokens"), donate_argnames=("state",))
+        self._select = jax.jit(select)
+
+    # -------------------------------------------------------------- state
+    def init_state(self, batch: int, seed: int = 0, row_ids: Sequence[int] | None = None) -> SamplerState:
+        """An empty state for `batch` rows; row `b`'s key is `fold_in(key(seed), row_ids[b])`."""
+        row_ids = np.arange(batch) if row_ids is None else np.asarray(row_ids)
+        if row_ids.shape != (batch,):
+            raise ValueError(f"init_state: row_ids must have length {batch}, got shape {row_ids.shape}")
+        keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(seed), jnp.asarray(row_ids, jnp.uint32))
+        cache = decoder.init_cache(self.config, batch, self.max_len, self.cache_dtype)
+        logits = jnp.zeros((batch, self.config.vocab_size), jnp.float32)
+        return SamplerState(cache=cache, next_logits_BxV=logits, keys_B=keys)
+
+    def free_slots(self, state: SamplerState) -> np.ndarray:
+        """Free cache slots per row (host copy; waits for the state)."""
+        return self.max_len - np.asarray(jax.device_get(state.cache.lengths))
+
+    def select_rows(self, state: SamplerState, rows: Sequence[int]) -> SamplerState:
+        """A new state holding rows `rows` of `state` (in that order; repeats allowed)."""
+        return self._select(state, jnp.asarray(np.asarray(rows, np.int32)))
+
+    # -------------------------------------------------------------- kernels
+    def append(self, state: SamplerState, tokens: Sequence[Sequence[int] | None]) -> SamplerState:
+        """Feed each row its new tokens (`None` or `[]` = nothing for that row).
+
+        Raises ValueError when a row's tokens do not fit in its cache (see
+        `free_slots`): tokens are never silently dropped. `state` is donated.
+        """
+        B = state.batch_size
+        if len(tokens) != B:
+            raise ValueError(f"append: got token lists for {len(tokens)} rows, the state has {B}")
+        lens = [0 if t is None else len(t) for t in tokens]
+        T = bucket(max(lens), self.min_bucket)
+        arr = np.zeros((B, T), np.int32)
+        mask = np.zeros((B, T), np.int32)
+        for b, t in enumerate(tokens):
+            if t is not None and len(t):
+                arr[b, :len(t)] = np.asarray(t, np.int32)
+                mask[b, :len(t)] = 1
+        if arr.min(initial=0) < 0 or arr.max(initial=0) >= self.config.vocab_size:
+            raise ValueError(f"append: token ids must be in [0, {self.config.vocab_size}), "
+                             f"got range [{arr.min()}, {arr.max()}]")
+        free = self.free_slots(state)
+        over = [b for b in range(B) if lens[b] > free[b]]
+        if over:
+            b = over[0]
+            raise ValueError(f"append: row {b} gets {lens[b]} tokens but its cache has {free[b]} free slots "
+                             f"(max_len {self.max_len}); {len(over)} row(s) overflow")
+        return self._append(self.params, state, jnp.asarray(arr), jnp.asarray(mask))
+
+    def decode(self, state: SamplerState, *, max_new_tokens: int, sampling: SamplingConfig = GREEDY,
+               active: Sequence[bool] | None = None, max_new: Sequence[int] | None = None,
+               stop_tokens: Sequence[Sequence[int]] | Sequence[int] | None = None,
+               stop_sequences: Sequence[Sequence[Sequence[int]]] | None = None,
+               ) -> tuple[SamplerState, Generation]:
+        """Sample from every active row until it stops; `state` is donated.
+
+        max_new_tokens: static cap (the output width N); `max_new` lowers it per row.
+        stop_tokens: one list for all rows, or one list per row.
+        stop_sequences: per row, a list of token sequences (matched on generated tokens).
+        """
+        B = state.batch_size
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"decode: max_new_tokens must be a positive int, got {max_new_tokens!r}")
+        act = np.ones((B,), bool) if active is None else np.asarray(active, bool)
+        mx = np.full((B,), max_new_tokens, np.int32) if max_new is None else \
+            np.minimum(np.asarray(max_new, np.int32), max_new_tokens)
+        if act.shape != (B,) or mx.shape != (B,):
+            raise ValueError(f"decode: active / max_new must have one entry per row ({B})")
+        st = _stop_token_array(stop_tokens, B)
+        sq = _stop_seq_array(stop_sequences, B)
+        return self._decode(self.params, state, jnp.asarray(act), jnp.asarray(mx), jnp.asarray(st),
+                            jnp.asarray(sq), sampling, max_new_tokens)
+
+    def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
+                 sampling: SamplingConfig = GREEDY, seed: int = 0, **decode_kw) -> tuple[SamplerState, Generation]:
+        """Prefill `prompts` (token lists of any lengths) on a fresh state and decode."""
+        state = self.append(self.init_state(len(prompts), seed), prompts)
+        return self.decode(state, max_new_tokens=max_new_tokens, sampling=sampling, **decode_kw)
+
+    @staticmethod
+    def to_lists(gen: Generation) -> tuple[list[list[int]], list[list[float]], list[str]]:
+        """Host lists: per-row tokens, log-probs and finish-reason names."""
+        toks, logps, num, reason = jax.device_get(
+            (gen.tokens_BxN, gen.logprobs_BxN, gen.num_tokens_B, gen.finish_reason_B))
+        return ([toks[b, :num[b]].tolist() for b in range(len(num))],
+                [logps[b, :num[b]].tolist() for b in range(len(num))],
+                [FINISH_REASONS[int(r)] for r in reason])
+
+
+def _stop_token_array(stop_tokens, B: int) -> np.ndarray:
+    if stop_tokens is None or len(stop_tokens) == 0:
+        return np.full((B, 1), -1, np.int32)
+    if all(isinstance(t, (int, np.integer)) for t in stop_tokens):
+        return np.broadcast_to(np.asarray(stop_tokens, np.int32)[None, :], (B, len(stop_tokens))).copy()
+    if len(stop_tokens) != B:
+        raise ValueError(f"decode: stop_tokens must be one list of ids or one list per row ({B})")
+    width = bucket(max((len(t) for t in stop_tokens), default=1), 1)
+    out = np.full((B, width), -1, np.int32)
+    for b, t in enumerate(stop_tokens):
+        out[b, :len(t)] = t
+    return out
+
+
+def _stop_seq_array(stop_sequences, B: int) -> np.ndarray:
+    if stop_sequences is None:
+        return np.full((B, 1, 1), -1, np.int32)
+    if len(stop_sequences) != B:
+        raise ValueError(f"decode: stop_sequences must have one list of sequences per row ({B})")
+    q = bucket(max((len(s) for s in stop_sequences), default=1), 1)
+    lens = [len(seq) for s in stop_sequences for seq in s]
+    if any(n == 0 for n in lens):
+        raise ValueError("decode: a stop sequence is empty")
+    width = bucket(max(lens, default=1), 1)
+    out = np.full((B, q, width), -1, np.int32)
+    for b, seqs in enumerate(stop_sequences):
+        for i, seq in enumerate(seqs):
+            out[b, i, width - len(seq):] = seq
+    return out
+
+
+def trace_total(counts: dict[str, Any]) -> int:
+    """Sum of a `Sampler.trace_counts`."""
+    return int(sum(counts.values()))

@@ -1,0 +1,40 @@
+"""Small, offline fixtures for rollout tests and smoke benchmarks.
+
+- `byte_chat_tokenizer()`: a byte-level BPE tokenizer without merges (256 byte tokens
+  + `<|endoftext|>`, `<|im_start|>`, `<|im_end|>`) with a ChatML chat template, built in
+  memory. Every text round-trips exactly, like a real byte-level BPE tokenizer.
+- `tiny_config(vocab_size)`: a Qwen2-shaped decoder small enough for unit tests.
+"""
+from __future__ import annotations
+
+from jaxagent.models.config import DecoderConfig
+
+CHATML_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+
+def byte_chat_tokenizer():
+    """A `transformers.PreTrainedTokenizerFast`: bytes 0..255 -> ids 0..255, specials 256..258."""
+    import transformers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    b2u = bytes_to_unicode()
+    tok = Tokenizer(models.BPE(vocab={b2u[i]: i for i in range(256)}, merges=[], fuse_unk=False))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
+        chat_template=CHATML_TEMPLATE, clean_up_tokenization_spaces=False)
+
+
+def tiny_config(vocab_size: int = 259, **kw) -> DecoderConfig:
+    """A 2-layer Qwen2-style decoder (hidden 32, 4 heads / 2 KV heads of dim 8)."""
+    base = dict(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+                num_kv_heads=2, head_dim=8, qkv_bias=True, model_type="qwen2")
+    base.update(kw)
+    return DecoderConfig(**base)

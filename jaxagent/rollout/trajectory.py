@@ -1,0 +1,64 @@
+"""`Trajectory`: the batch of multi-turn episodes the trainer learns from, as one pytree.
+
+Token axis `T` (= the rollout's `max_context`, fixed so the train step compiles once)
+and turn axis `K` (= `max_turns`). Row `b` holds episode `b`'s token sequence exactly
+as the sampler saw it: the first prompt, then per turn the policy's tokens followed by
+the next observation's tokens, then padding.
+
+=================  ==========  =======  ==============================================
+field              shape       dtype    meaning
+=================  ==========  =======  ==============================================
+tokens             [B, T]      int32    token ids (pad_id after `lengths[b]`)
+attention_mask     [B, T]      int32    1 on the episode's tokens, 0 on padding
+loss_mask          [B, T]      float32  1 on policy (sampled) tokens only
+rollout_logp       [B, T]      float32  sampler log-prob of each policy token, else 0
+turn_ids           [B, T]      int32    turn index of each policy token, -1 elsewhere
+rewards            [B, T]      float32  each turn's env reward at its last policy token
+group_ids          [B]         int32    episodes sharing a task (seed / prompt)
+turn_rewards       [B, K]      float32  env reward of each turn
+turn_mask          [B, K]      bool     turn k was played (has policy tokens)
+anchor_ids         [B, K]      int32    dense id of the env state a turn acted in
+                                        (equal state keys, equal ids, across the batch;
+                                        -1 for turns not played / unknown state)
+episode_return     [B]         float32  sum of turn rewards
+lengths            [B]         int32    tokens in the episode
+num_turns          [B]         int32    turns played
+done               [B]         bool     the env ended the episode (terminated)
+truncated          [B]         bool     cut short: env step limit, max turns, context
+failed             [B]         bool     the env failed (masked out of the loss)
+=================  ==========  =======  ==============================================
+"""
+from __future__ import annotations
+
+import flax.struct
+import jax
+
+
+@flax.struct.dataclass
+class Trajectory:
+    """A batch of episodes; see the module docstring for the fields."""
+
+    tokens: jax.Array
+    attention_mask: jax.Array
+    loss_mask: jax.Array
+    rollout_logp: jax.Array
+    turn_ids: jax.Array
+    rewards: jax.Array
+    group_ids: jax.Array
+    turn_rewards: jax.Array
+    turn_mask: jax.Array
+    anchor_ids: jax.Array
+    episode_return: jax.Array
+    lengths: jax.Array
+    num_turns: jax.Array
+    done: jax.Array
+    truncated: jax.Array
+    failed: jax.Array
+
+    @property
+    def batch_size(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def max_len(self) -> int:
+        return self.tokens.shape[1]

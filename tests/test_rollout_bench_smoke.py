@@ -1,0 +1,44 @@
+"""End-to-end smoke runs of the W1 and W3 benchmarks, as a user calls them (slow)."""
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(script, tmp_path, *extra):
+    out = tmp_path / f"{script}.jsonl"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{script}.py"), "--quick", "--out", str(out),
+                           *extra], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_w1_generate_quick(tmp_path):
+    rows = [r for r in run("w1_generate", tmp_path) if "skipped" not in r]
+    systems = {r["system"] for r in rows}
+    assert "jaxagent" in systems
+    if importlib.util.find_spec("torch"):
+        assert "hf" in systems
+    if importlib.util.find_spec("tunix"):
+        assert "tunix" in systems
+    assert {r["mode"] for r in rows} == {"greedy", "temperature_1.0"}
+    assert all(r["tokens_per_s"] > 0 for r in rows)
+    # same weights and prompts: every system's greedy tokens equal jaxagent's
+    assert all(r["greedy_agree_with_jaxagent"] == 1.0 for r in rows if r["mode"] == "greedy")
+
+
+@pytest.mark.slow
+def test_w3_multiturn_quick(tmp_path):
+    rows = run("w3_multiturn", tmp_path)
+    variants = {(r["system"], r["variant"]) for r in rows}
+    assert variants == {("jaxagent", "live"), ("jaxagent", "reencode")}
+    # continuing the live cache gives exactly the tokens of re-encoding the history
+    assert all(r["greedy_agree_live_vs_reencode"] == 1.0 for r in rows if r["mode"] == "greedy")
+    live = [r for r in rows if r["variant"] == "live"]
+    assert all(r["tokens_per_s"] > 0 and "ratio_vs_jaxagent_reencode" in r for r in live)

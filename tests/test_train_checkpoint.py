@@ -21,6 +21,7 @@ from jaxagent.train import (
     export_policy,
     init_train_state,
 )
+from train_testlib import host
 
 CFG = M.DecoderConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                       num_kv_heads=2, head_dim=8, model_type="llama")
@@ -45,14 +46,6 @@ def make_state(k: int = 0, cfg=CFG, critic=True, lora=None):
         critic_opt_state=jax.tree.map(bump, state.critic_opt_state),
         step=jnp.asarray(k, jnp.int32), skipped=jnp.asarray(k % 3, jnp.int32),
     )
-
-
-def host(tree):
-    def leaf(x):
-        if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
-            x = jax.random.key_data(x)
-        return np.array(x)
-    return jax.tree.map(leaf, tree)
 
 
 def assert_bitwise_equal(a, b):

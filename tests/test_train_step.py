@@ -26,6 +26,7 @@ from jaxagent.train import (
     sft_step,
     train_step,
 )
+from train_testlib import host
 
 CFG = M.DecoderConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                       num_kv_heads=2, head_dim=8, model_type="llama")
@@ -57,15 +58,6 @@ def make_batch(seed=0, B=B, T=T, critic=False):
         fields["returns"] = r.randn(B, T).astype(np.float32)
         fields["old_values"] = (0.1 * r.randn(B, T)).astype(np.float32)
     return UpdateBatch(**{k: jnp.asarray(v) for k, v in fields.items()})
-
-
-def host(tree):
-    """A host copy (numpy; PRNG keys as key data) to compare against after donation."""
-    def leaf(x):
-        if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
-            x = jax.random.key_data(x)
-        return np.array(x)
-    return jax.tree.map(leaf, tree)
 
 
 def assert_tree_equal(a, b):

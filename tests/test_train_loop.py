@@ -1,0 +1,200 @@
+"""End-to-end runs of the training loop (`jaxagent.train.trainer`) on a tiny config.
+
+Each run is short (2-3 iterations of a 2-layer model on 8 episodes) and checks what a
+user relies on: finite metrics, one JSONL line per iteration, checkpoints on disk,
+parameters that moved, exact resume from a fresh process, and config errors that name
+their key through the CLI.
+"""
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from jaxagent.config import ConfigError, load_config
+from jaxagent.train.checkpoint import CheckpointManager, IncompatibleCheckpointError
+from jaxagent.train.trainer import Trainer, TrainerConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "tiny_countdown_grpo.yaml"
+#: a multi-turn env whose reward is a deterministic function of the seed and the action
+#: text, so even a random policy's episodes differ and group advantages are non-zero.
+VARIED = ["env.name=testing/faulty", "env.kwargs={horizon: 2}", "rollout.max_context=256"]
+#: metrics that measure time, not learning
+TIMING = ("tokens_per_s",)
+
+
+def config(run_dir, *overrides) -> TrainerConfig:
+    return load_config(TrainerConfig, CONFIG, [f"run_dir={run_dir}", *overrides])
+
+
+def cli(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "jaxagent", "train", *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def read_jsonl(path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def learning_metrics(history) -> list[dict]:
+    return [{k: v for k, v in m.items() if not k.startswith("time_") and k not in TIMING} for m in history]
+
+
+def check_run(trainer: Trainer, history: list[dict], iterations: int):
+    """Finite metrics, one JSONL line per iteration, the last checkpoint on disk."""
+    assert [m["iteration"] for m in history] == list(range(1, iterations + 1))
+    for m in history:
+        for key, value in m.items():
+            assert isinstance(value, (int, float)) and math.isfinite(value), (key, value)
+        for key in ("reward_mean", "success_rate", "entropy", "clipfrac", "approx_kl", "tokens_per_s",
+                    "time_rollout_s", "time_update_s"):
+            assert key in m, key
+        assert m["skipped_updates"] == 0
+        assert m["policy_tokens"] > 0
+        # the trainer's log-probs of the trajectory are the sampler's: it learns from what was sampled
+        assert m["rollout_logp_gap"] < 1e-4
+    assert read_jsonl(trainer.metrics_path) == history
+    with CheckpointManager(trainer.run_dir / "checkpoints") as ckpt:
+        assert ckpt.latest_step() == iterations
+
+
+def params_moved(before, after) -> bool:
+    return any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after)))
+
+
+def test_grpo_run_learns_from_group_advantages(tmp_path):
+    trainer = Trainer(config(tmp_path / "run", *VARIED, "loss.entropy_coef=0.0"), log=lambda *_: None)
+    before = jax.device_get(trainer.state.params)
+    history = trainer.run()
+    check_run(trainer, history, 2)
+    # rewards differ within groups, so the policy gradient itself (no entropy bonus) moves the params
+    assert all(m["advantage_abs_mean"] > 0 for m in history)
+    assert params_moved(before, jax.device_get(trainer.state.params))
+    assert history[-1]["step"] == 2 * trainer.config.mini_batches
+
+
+def test_ppo_with_critic_run(tmp_path):
+    trainer = Trainer(config(tmp_path / "run", "algo.advantage=gae", "algo.lam=0.95"), log=lambda *_: None)
+    before = jax.device_get((trainer.state.params, trainer.state.critic_params))
+    history = trainer.run()
+    check_run(trainer, history, 2)
+    for m in history:
+        assert "value_loss" in m and "explained_variance" in m
+    after = jax.device_get((trainer.state.params, trainer.state.critic_params))
+    assert params_moved(before[0], after[0]) and params_moved(before[1], after[1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("advantage", ["rloo", "reinforce_pp_baseline", "gigpo", "dr_grpo", "reinforce_pp"])
+def test_other_estimators_run(tmp_path, advantage):
+    trainer = Trainer(config(tmp_path / "run", *VARIED, f"algo.advantage={advantage}", "loss.entropy_coef=0.0",
+                             "loss.kl_coef=0.01"), log=lambda *_: None)
+    before = jax.device_get(trainer.state.params)
+    history = trainer.run()
+    check_run(trainer, history, 2)
+    assert all("kl" in m for m in history)
+    assert params_moved(before, jax.device_get(trainer.state.params))
+
+
+def test_resume_continues_the_stream_from_a_fresh_process(tmp_path):
+    run = tmp_path / "run"
+    trainer = Trainer(config(run, *VARIED), log=lambda *_: None)
+    first = trainer.run()
+    assert len(first) == 2
+    out = cli("--config", CONFIG, f"run_dir={run}", *VARIED, "iterations=3", "--resume")
+    assert out.returncode == 0, out.stderr
+    assert "resumed" in out.stdout
+    lines = read_jsonl(run / "metrics.jsonl")
+    assert [m["iteration"] for m in lines] == [1, 2, 3]
+    assert lines[:2] == first
+    assert lines[2]["tasks_seen"] == 3 * trainer.config.env.tasks_per_iteration
+    assert lines[2]["step"] == 3 * trainer.config.mini_batches
+    with CheckpointManager(run / "checkpoints") as ckpt:
+        assert ckpt.latest_step() == 3
+    # a different task stream cannot continue this run
+    with pytest.raises(IncompatibleCheckpointError, match=r"env\.seed: checkpoint 0, this run 5"):
+        Trainer(config(run, *VARIED, "iterations=4", "env.seed=5"), resume=True, log=lambda *_: None).run()
+    # nor can a fresh start overwrite it
+    with pytest.raises(FileExistsError, match="already holds checkpoints"):
+        Trainer(config(run, *VARIED, "iterations=4"), log=lambda *_: None).run()
+    assert read_jsonl(run / "metrics.jsonl") == lines
+
+
+def test_resume_after_a_lost_iteration_replays_it_exactly(tmp_path):
+    """A run that died after logging iteration 3 but before checkpointing it: resuming
+    drops the orphan metrics line and plays iteration 3 again, with the same numbers."""
+    run = tmp_path / "run"
+    trainer = Trainer(config(run, *VARIED, "iterations=3", "checkpoint_every=2"), log=lambda *_: None)
+    original = trainer.run()
+    shutil.rmtree(run / "checkpoints" / "3")          # as if killed before the save of iteration 3
+    resumed = Trainer(config(run, *VARIED, "iterations=3", "checkpoint_every=2"), resume=True,
+                      log=lambda *_: None)
+    assert resumed.run()[:2] == original[:2]
+    lines = read_jsonl(run / "metrics.jsonl")
+    assert [m["iteration"] for m in lines] == [1, 2, 3]
+    assert learning_metrics(lines) == learning_metrics(original)
+
+
+@pytest.mark.slow
+def test_resumed_run_equals_an_uninterrupted_one(tmp_path):
+    """2 iterations + resume 1 (each in a fresh process) == 3 iterations in one (CPU)."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    for args in ([f"run_dir={a}", "iterations=2"], [f"run_dir={a}", "iterations=3", "--resume"],
+                 [f"run_dir={b}", "iterations=3"]):
+        out = cli("--config", CONFIG, *VARIED, *args)
+        assert out.returncode == 0, out.stderr
+    resumed, straight = read_jsonl(a / "metrics.jsonl"), read_jsonl(b / "metrics.jsonl")
+    assert len(resumed) == len(straight) == 3
+    assert learning_metrics(resumed) == learning_metrics(straight)
+
+
+def test_resume_without_a_checkpoint_is_an_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        Trainer(config(tmp_path / "run"), resume=True, log=lambda *_: None).run()
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_loads(path):
+    cfg = load_config(TrainerConfig, path)
+    assert cfg.run_dir.startswith("runs/")  # ignored by git
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("tiny_*.yaml")), ids=lambda p: p.name)
+def test_every_tiny_config_trains_through_the_cli(tmp_path, path):
+    out = cli("--config", path, f"run_dir={tmp_path / 'run'}")
+    assert out.returncode == 0, out.stderr
+    lines = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert len(lines) == load_config(TrainerConfig, path).iterations
+    assert all(math.isfinite(m["loss"]) and m["skipped_updates"] == 0 for m in lines)
+
+
+@pytest.mark.parametrize("override, names", [
+    ("optim.lrr=0.1", "optim.lrr"),
+    ("env.group_size=two", "env.group_size"),
+    ("algo.advantage=nonsense", "advantage"),
+    ("mini_batches=3", "mini_batches"),
+])
+def test_config_errors_name_the_key(tmp_path, override, names):
+    with pytest.raises(ConfigError, match=names.replace(".", r"\.")):
+        config(tmp_path / "run", override)
+
+
+def test_config_error_through_the_cli_exits_2(tmp_path):
+    out = cli("--config", CONFIG, f"run_dir={tmp_path / 'run'}", "optim.lrr=0.1", timeout=120)
+    assert out.returncode == 2
+    assert "optim.lrr" in out.stderr and "did you mean 'lr'" in out.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_without_config_keeps_the_plain_message():
+    out = subprocess.run([sys.executable, "-m", "jaxagent", "train"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "not built yet" in out.stdout

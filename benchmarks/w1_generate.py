@@ -23,7 +23,6 @@ the 32 x 128 tokens equal to jaxagent's, and `greedy_rows_equal`).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -35,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+from _jsonl import emit  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 import numpy as np  # noqa: E402
 
 from jaxagent import models as M  # noqa: E402
@@ -44,15 +44,6 @@ W1 = M.DecoderConfig(vocab_size=4096, hidden_size=256, intermediate_size=1024, n
                      num_kv_heads=2, head_dim=64, rope_theta=10000.0, rms_norm_eps=1e-6,
                      tie_word_embeddings=False, qkv_bias=True, model_type="qwen2")
 MODES = {"greedy": GREEDY, "temperature_1.0": SamplingConfig(temperature=1.0)}
-
-
-def emit(rec: dict, out: str | None):
-    line = json.dumps(rec)
-    print(line, flush=True)
-    if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        with open(out, "a") as f:
-            f.write(line + "\n")
 
 
 # ---------------------------------------------------------------- systems

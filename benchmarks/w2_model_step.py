@@ -29,7 +29,6 @@ chunked log-probs (forward + backward) at W2 and at a Qwen2-0.5B-like vocabulary
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -43,6 +42,7 @@ if "--one-cpu" in sys.argv:  # before jax / torch start their thread pools
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+from _jsonl import emit  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
@@ -55,15 +55,6 @@ W2 = M.DecoderConfig(vocab_size=4096, hidden_size=256, intermediate_size=1024, n
                      tie_word_embeddings=False, qkv_bias=True, model_type="qwen2")
 PROMPT, COMPLETION = 64, 128
 CLIP, BETA, LR = 0.2, 0.04, 1e-5
-
-
-def emit(rec: dict, out: str | None):
-    line = json.dumps(rec)
-    print(line, flush=True)
-    if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        with open(out, "a") as f:
-            f.write(line + "\n")
 
 
 def model_flops(cfg: M.DecoderConfig, B: int, T: int, n_loss: int) -> float:

@@ -237,27 +237,24 @@ def attention(q_BxTxHxd, k_BxSxKxd, v_BxSxKxd, allowed_BxTxS) -> jax.Array:
     Scores and softmax in float32. A query with no allowed key gets a uniform
     average (finite, never NaN); such rows are padding and are masked downstream.
     """
-    B, T, H, hd = q_BxTxHxd.shape
-    K = k_BxSxKxd.shape[2]
-    q = q_BxTxHxd.reshape(B, T, K, H // K, hd)
-    s = jnp.einsum("btkgd,bskd->bkgts", q, k_BxSxKxd, preferred_element_type=jnp.float32)
-    s = s * (1.0 / math.sqrt(hd))
-    s = jnp.where(allowed_BxTxS[:, None, None, :, :], s, _NEG)
-    p = jax.nn.softmax(s, axis=-1).astype(v_BxSxKxd.dtype)
-    o = jnp.einsum("bkgts,bskd->btkgd", p, v_BxSxKxd)
-    return o.reshape(B, T, H, hd)
+    return _gqa(q_BxTxHxd, k_BxSxKxd, v_BxSxKxd, allowed_BxTxS, kv_layout="bskd")
 
 
 def cached_attention(q_BxTxHxd, k_BxKxSxd, v_BxKxSxd, allowed_BxTxS) -> jax.Array:
     """`attention` with keys/values in the cache layout `[B, K, S, hd]`."""
+    return _gqa(q_BxTxHxd, k_BxKxSxd, v_BxKxSxd, allowed_BxTxS, kv_layout="bksd")
+
+
+def _gqa(q_BxTxHxd, k, v, allowed_BxTxS, kv_layout: str) -> jax.Array:
+    """Grouped-query attention; ``kv_layout`` names the key/value axes ("bskd" or "bksd")."""
     B, T, H, hd = q_BxTxHxd.shape
-    K = k_BxKxSxd.shape[1]
+    K = k.shape[kv_layout.index("k")]
     q = q_BxTxHxd.reshape(B, T, K, H // K, hd)
-    s = jnp.einsum("btkgd,bksd->bkgts", q, k_BxKxSxd, preferred_element_type=jnp.float32)
+    s = jnp.einsum(f"btkgd,{kv_layout}->bkgts", q, k, preferred_element_type=jnp.float32)
     s = s * (1.0 / math.sqrt(hd))
     s = jnp.where(allowed_BxTxS[:, None, None, :, :], s, _NEG)
-    p = jax.nn.softmax(s, axis=-1).astype(v_BxKxSxd.dtype)
-    o = jnp.einsum("bkgts,bksd->btkgd", p, v_BxKxSxd)
+    p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
+    o = jnp.einsum(f"bkgts,{kv_layout}->btkgd", p, v)
     return o.reshape(B, T, H, hd)
 
 

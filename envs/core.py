@@ -76,6 +76,10 @@ class Env(abc.ABC):
     name: str = ""
     #: Whether :meth:`expert_action` is available (in the current state; may be a property).
     has_expert: bool = False
+    #: A finite action vocabulary (well-formed action texts) for envs that have one,
+    #: e.g. the four moves of a grid game; ``()`` when actions are open text. Used for
+    #: random and noisy-expert policies.
+    random_actions: tuple[str, ...] = ()
 
     @property
     @abc.abstractmethod

@@ -66,6 +66,7 @@ class FrozenLake(TextEnv):
     """
 
     has_expert = True
+    random_actions = tuple(f"<action>{d}</action>" for d in ("up", "down", "left", "right"))
 
     def __init__(self, size: int = 4, hole_prob: float = 0.2, slippery: bool = False,
                  max_steps: int | None = None, invalid_penalty: float = -0.1):

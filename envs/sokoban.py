@@ -269,6 +269,7 @@ class Sokoban(TextEnv):
     """
 
     has_expert = True
+    random_actions = tuple(f"<action>{d}</action>" for d in ("up", "down", "left", "right"))
 
     def __init__(self, height: int = 7, width: int = 7, num_boxes: int = 2, max_steps: int = 100,
                  step_penalty: float = 0.0, invalid_penalty: float = -0.1):

@@ -39,6 +39,8 @@ Layer maths (pre-norm, HF conventions)::
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 from typing import Any
 
@@ -59,6 +61,27 @@ ACTIVATION_AXES = {
     "cache_kv": (None, "batch", "heads", "seq", None),
     "cache_lengths": ("batch",),
 }
+
+# An optional layout hook for activations: `constrain(x, logical_axes) -> x`, set while a
+# sharded step is traced (`jaxagent.parallel.activation_constraint`). Without it the
+# compiler may lay activations out like the FSDP-sharded weights instead of by rows.
+_CONSTRAIN: contextvars.ContextVar = contextvars.ContextVar("jaxagent_activation_constraint", default=None)
+
+
+@contextlib.contextmanager
+def activation_constraint(fn):
+    """While tracing inside this context, the residual stream is passed through
+    `fn(x, ACTIVATION_AXES["hidden"])` after the embedding, each layer and the final norm."""
+    token = _CONSTRAIN.set(fn)
+    try:
+        yield
+    finally:
+        _CONSTRAIN.reset(token)
+
+
+def _constrain(x: jax.Array, axes: tuple) -> jax.Array:
+    fn = _CONSTRAIN.get()
+    return x if fn is None else fn(x, axes)
 
 _PROJ_AXES = {
     "q_proj": ("embed", "heads"),
@@ -348,14 +371,15 @@ def forward_hidden(
         positions_BxT = default_positions(attention_mask_BxT, segment_ids_BxT)
     allowed = make_attention_mask(attention_mask_BxT, segment_ids_BxT)
     cos, sin = rope_cos_sin(positions_BxT, config)
-    x = params["embed"]["embedding"][tokens_BxT]
+    hidden_axes = ACTIVATION_AXES["hidden"]
+    x = _constrain(params["embed"]["embedding"][tokens_BxT], hidden_axes)
 
     def layer(x, lp):
         q, k, v = layer_qkv(lp, x, cos, sin, config)
-        return layer_finish(lp, x, attention(q, k, v, allowed), config), None
+        return _constrain(layer_finish(lp, x, attention(q, k, v, allowed), config), hidden_axes), None
 
     x, _ = jax.lax.scan(_maybe_remat(layer, remat), x, params["layers"])
-    return rms_norm(x, params["final_norm"]["scale"], config.rms_norm_eps)
+    return _constrain(rms_norm(x, params["final_norm"]["scale"], config.rms_norm_eps), hidden_axes)
 
 
 def logits_from_hidden(params: Params, config: DecoderConfig, hidden: jax.Array) -> jax.Array:
@@ -429,7 +453,8 @@ def forward_cached(
     allowed = jnp.arange(S)[None, None, :] <= slot_BxT[:, :, None]  # [B, T, S]
     cos, sin = rope_cos_sin(jnp.maximum(slot_BxT, 0), c)
     rows_BxT = jnp.broadcast_to(jnp.arange(B)[:, None], (B, T))
-    x = params["embed"]["embedding"][tokens_BxT]
+    hidden_axes = ACTIVATION_AXES["hidden"]
+    x = _constrain(params["embed"]["embedding"][tokens_BxT], hidden_axes)
 
     def layer(carry, inp):
         x, k_cache, v_cache = carry
@@ -442,11 +467,11 @@ def forward_cached(
         k_cache = k_cache.at[layer_BxT, rows_BxT, :, write_BxT].set(k.astype(k_cache.dtype), mode="drop")
         v_cache = v_cache.at[layer_BxT, rows_BxT, :, write_BxT].set(v.astype(v_cache.dtype), mode="drop")
         o = cached_attention(q, k_cache[i].astype(q.dtype), v_cache[i].astype(q.dtype), allowed)
-        return (layer_finish(lp, x, o, c), k_cache, v_cache), None
+        return (_constrain(layer_finish(lp, x, o, c), hidden_axes), k_cache, v_cache), None
 
     (x, k_new, v_new), _ = jax.lax.scan(
         layer, (x, cache.k, cache.v), (params["layers"], jnp.arange(c.num_layers))
     )
     lengths = jnp.minimum(cache.lengths + jnp.sum(m, axis=1), S).astype(jnp.int32)
-    hidden = rms_norm(x, params["final_norm"]["scale"], c.rms_norm_eps)
+    hidden = _constrain(rms_norm(x, params["final_norm"]["scale"], c.rms_norm_eps), hidden_axes)
     return hidden, KVCache(k=k_new, v=v_new, lengths=lengths)

@@ -110,6 +110,8 @@ class Episode:
     failure: str = ""
     system_prompt: str | None = None
     state_key: Hashable = None
+    #: the env's info dict of the episode's last step ({} before the first step)
+    info: dict = dataclasses.field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
@@ -233,6 +235,7 @@ class AgentLoop:
                 ep = eps[i]
                 obs, reward, terminated, truncated, info = results[i]
                 ep.rewards[-1] = float(reward)
+                ep.info = dict(info)
                 if info.get("failed"):
                     ep.end(failed=True, reason="env_failed", failure=str(info.get("failure", "")))
                     continue

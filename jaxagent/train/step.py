@@ -722,12 +722,15 @@ def state_shardings(state: TrainState) -> TrainState:
     return jax.tree.map(lambda x: x.sharding, state)
 
 
-def make_train_step(config: StepConfig, state: TrainState, batch_sharding=None, *, kind: str = "rl"):
+def make_train_step(config: StepConfig, state: TrainState, batch_sharding=None, *, kind: str = "rl",
+                    trace_context=None):
     """`step(state, batch) -> (state, metrics)` jitted once with explicit shardings
     (nanodo's shape): the state in and out with the layout `state` has now (so a sharded
     state keeps its layout and the step never recompiles), the batch with
     `batch_sharding` (a sharding or a tree of them; None = as given), metrics
     replicated. `kind`: "rl" (`train_step`) or "sft" (`sft_step`). State donated.
+    `trace_context`: a zero-argument context-manager factory entered while the step is
+    traced (e.g. the decoder's activation-layout hook for a mesh).
     """
     fns = {"rl": _train_step, "sft": _sft_step}
     if kind not in fns:
@@ -743,6 +746,13 @@ def make_train_step(config: StepConfig, state: TrainState, batch_sharding=None, 
     mesh = getattr(first, "mesh", None)
     replicated = jax.NamedSharding(mesh, jax.P()) if mesh is not None else first
     fn = functools.partial(fns[kind], config=config)
+    if trace_context is not None:
+        inner = fn
+
+        def fn(state, batch):
+            with trace_context():
+                return inner(state, batch)
+        fn.__name__ = fn.__qualname__ = fns[kind].__name__  # compilation logs name the step
     return jax.jit(fn, in_shardings=(shardings, batch_sharding), out_shardings=(shardings, replicated),
                    donate_argnames=("state",))
 

@@ -24,8 +24,14 @@ once per iteration) and the env seeds, and both are checkpointed, so on CPU a ru
 resumed from iteration `n` produces the same per-iteration metrics (timings aside)
 as one that never stopped.
 
-Success of an episode: the env terminated it and its last turn's reward is > 0 (the
-built-in envs give a positive reward exactly on success when they terminate).
+Success of an episode: the env's `info["success"]` on its last step when it reports
+one, else "the env terminated it with a last reward > 0" (`warmstart.episode_success`).
+
+Before the first iteration of a fresh run (when configured): a warm start by SFT on
+expert demonstrations (`warm_start`), then a held-out evaluation (`eval`), then a
+checkpoint at iteration 0; after the last iteration, the held-out evaluation again.
+Both go to `<run_dir>/summary.json`, and the run's last log line is a JSON object with
+`success_before_rl` and `success_after_rl`.
 """
 from __future__ import annotations
 
@@ -60,6 +66,7 @@ OUTCOME_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline")
 #: every estimator the loop can drive (`gae` needs the critic, which it then builds).
 SUPPORTED_ESTIMATORS = OUTCOME_ESTIMATORS + ("reinforce_pp", "gigpo", "gae")
 MODEL_TYPES = ("qwen2", "llama", "qwen3")
+TRUNCATION_MODES = ("keep", "filter", "penalty")
 #: config keys a resumed run may not change: they define the policy, the task stream
 #: and whether there is a critic (everything else, e.g. `iterations` or `optim.lr`, may change)
 RESUME_FIXED = ("model", "env.name", "env.kwargs", "env.group_size", "env.tasks_per_iteration", "env.seed",
@@ -79,8 +86,13 @@ class ModelSection:
     path: a Hugging Face directory, a `.gguf` file or a packaged model name
       (`jaxagent.models.load_pretrained`); None = from scratch with the fields below.
     tokenizer: "byte" (the in-memory byte-level ChatML tokenizer of
-      `jaxagent.rollout.testing`), a path for `load_tokenizer`, or None (= "byte" from
-      scratch, the checkpoint's own tokenizer with `path`).
+      `jaxagent.rollout.testing`), "bpe" (a byte-level BPE of `tokenizer_vocab_size`
+      tokens trained on the env's text, `jaxagent.train.warmstart.train_bpe_tokenizer`:
+      the warm-start demonstrations, or noise-free expert episodes when there is no
+      warm start; saved in `<run_dir>/tokenizer/` and reloaded from there on resume),
+      a path for `load_tokenizer`, or None (= "byte" from scratch, the checkpoint's own
+      tokenizer with `path`).
+    tokenizer_vocab_size: vocabulary of the "bpe" tokenizer (bytes + specials + merges).
     hidden_size ... model_type: the from-scratch architecture (vocab = the tokenizer's).
     init_std: std of the from-scratch initialisation.
     dtype: "float32" or "bfloat16".
@@ -88,6 +100,7 @@ class ModelSection:
 
     path: str | None = None
     tokenizer: str | None = None
+    tokenizer_vocab_size: int = 512
     hidden_size: int = 32
     intermediate_size: int = 64
     num_layers: int = 2
@@ -103,6 +116,10 @@ class ModelSection:
     def __post_init__(self):
         for name in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
             _check_int(name, getattr(self, name), 1)
+        _check_int("tokenizer_vocab_size", self.tokenizer_vocab_size, 259)
+        if self.tokenizer == "bpe" and self.path is not None:
+            raise ValueError("tokenizer 'bpe' is for models trained from scratch; a checkpoint (path) brings "
+                             "its own tokenizer")
         if self.model_type not in MODEL_TYPES:
             raise ValueError(f"model_type must be one of {list(MODEL_TYPES)}, got {self.model_type!r}")
         if self.dtype not in ("float32", "bfloat16"):
@@ -178,6 +195,22 @@ class AlgoSection:
       returns as the value targets.
     gamma, lam: discount and GAE lambda (`gae`, `reinforce_pp`, `gigpo` uses gamma).
     gigpo_step_weight, gigpo_mode: GiGPO's step-group weight and normalisation.
+
+    Reward shaping, in this order, on each turn's env reward before the estimator:
+    reward_scale: multiply (reward scaling).
+    reward_clip: then clip to [-reward_clip, reward_clip] (None = off).
+    truncation: what to do with episodes cut short (max turns, context, env step
+      limit; DAPO's overlong handling made multi-turn): "keep" (as they are), "filter"
+      (their tokens leave the loss; they still count in their group's statistics), or
+      "penalty" (add `truncation_penalty` to their last turn's reward).
+    kl_reward_coef, kl_reward_kind: KL as a reward penalty (InstructGPT / verl's
+      `use_kl_in_reward`): each policy token's reward gets `- coef * kl(old, ref)`
+      (`algos.kl`, kind k1 by default); turn-level estimators get each turn's sum. This is
+      separate from `loss.kl_coef` (KL as a loss term); both can be on.
+    dynamic_sampling: drop groups whose (shaped) returns do not vary and refill the
+      batch with new tasks (DAPO), up to `max_sampling_rounds` rollouts per iteration;
+      if still short, the batch is completed with groups without signal. Outcome and
+      group estimators only.
     """
 
     advantage: str = "grpo"
@@ -185,6 +218,14 @@ class AlgoSection:
     lam: float = 1.0
     gigpo_step_weight: float = 1.0
     gigpo_mode: str = "mean_norm"
+    reward_scale: float = 1.0
+    reward_clip: float | None = None
+    truncation: str = "keep"
+    truncation_penalty: float = -1.0
+    kl_reward_coef: float = 0.0
+    kl_reward_kind: str = "k1"
+    dynamic_sampling: bool = False
+    max_sampling_rounds: int = 3
 
     def __post_init__(self):
         if self.advantage not in SUPPORTED_ESTIMATORS:
@@ -198,10 +239,86 @@ class AlgoSection:
         if self.gigpo_mode not in algos.advantages.GIGPO_MODES:
             raise ValueError(f"gigpo_mode must be one of {list(algos.advantages.GIGPO_MODES)}, "
                              f"got {self.gigpo_mode!r}")
+        for name in ("reward_scale", "truncation_penalty", "kl_reward_coef"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)):
+                raise ValueError(f"{name} must be a finite number, got {v!r}")
+        if self.kl_reward_coef < 0:
+            raise ValueError(f"kl_reward_coef must be >= 0, got {self.kl_reward_coef!r}")
+        if self.reward_clip is not None and not (isinstance(self.reward_clip, (int, float)) and self.reward_clip > 0):
+            raise ValueError(f"reward_clip must be a number > 0 or null, got {self.reward_clip!r}")
+        if self.truncation not in TRUNCATION_MODES:
+            raise ValueError(f"truncation must be one of {list(TRUNCATION_MODES)}, got {self.truncation!r}")
+        if self.kl_reward_kind.removesuffix("+") not in algos.KL_KINDS:
+            raise ValueError(f"kl_reward_kind must be one of {list(algos.KL_KINDS)}, got {self.kl_reward_kind!r}")
+        _check_int("max_sampling_rounds", self.max_sampling_rounds, 1)
+        if self.dynamic_sampling and self.advantage not in OUTCOME_ESTIMATORS + ("gigpo",):
+            raise ValueError(f"dynamic_sampling needs a group estimator ({list(OUTCOME_ESTIMATORS + ('gigpo',))}), "
+                             f"got advantage {self.advantage!r}")
 
     @property
     def uses_critic(self) -> bool:
         return self.advantage == "gae"
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmStartSection:
+    """Supervised fine-tuning on expert demonstrations before RL (`episodes: 0` = none).
+
+    episodes: demonstrations, one per seed `seed, seed + 1, ...` (played with the env's
+      expert in this process, `jaxagent.train.warmstart.collect_demonstrations`).
+    expert_noise: probability that the expert's action at a turn is replaced by a
+      uniformly random one of the env's `random_actions` (a deliberately imperfect
+      expert; 0 = the expert itself).
+    only_successful: train only on demonstrations that succeeded (rejection sampling).
+    epochs, batch_size: passes over the demonstrations and rows per `sft_step`.
+    optim: the SFT optimizer (RL then starts a fresh optimizer from the SFT weights).
+    """
+
+    episodes: int = 0
+    seed: int = 1_000_000
+    expert_noise: float = 0.0
+    only_successful: bool = False
+    epochs: int = 1
+    batch_size: int = 32
+    optim: OptimizerConfig = OptimizerConfig(lr=1e-3)
+
+    def __post_init__(self):
+        _check_int("episodes", self.episodes, 0)
+        _check_int("seed", self.seed, 0)
+        _check_int("epochs", self.epochs, 1)
+        _check_int("batch_size", self.batch_size, 1)
+        if not (isinstance(self.expert_noise, (int, float)) and 0.0 <= self.expert_noise <= 1.0):
+            raise ValueError(f"expert_noise must be in [0, 1], got {self.expert_noise!r}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.episodes > 0
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSection:
+    """Held-out evaluation (`episodes: 0` = none): seeds `seed, seed + 1, ...`, disjoint
+    from the training stream and the demonstrations (checked).
+
+    Run before RL (after any warm start) and after the last iteration; their success
+    rates are `success_before_rl` / `success_after_rl` of `<run_dir>/summary.json`, and
+    every `every` iterations in between (0 = never) as `eval_*` metrics.
+    temperature: sampling temperature of the evaluation (None = `rollout.temperature`;
+      0 = greedy).
+    """
+
+    episodes: int = 0
+    seed: int = 2_000_000
+    temperature: float | None = None
+    every: int = 0
+
+    def __post_init__(self):
+        _check_int("episodes", self.episodes, 0)
+        _check_int("seed", self.seed, 0)
+        _check_int("every", self.every, 0)
+        if self.temperature is not None and not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0 or null, got {self.temperature!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,6 +343,8 @@ class TrainerConfig:
     env: EnvSection = EnvSection()
     rollout: RolloutSection = RolloutSection()
     algo: AlgoSection = AlgoSection()
+    warm_start: WarmStartSection = WarmStartSection()
+    eval: EvalSection = EvalSection()
     loss: LossConfig = LossConfig()
     optim: OptimizerConfig = OptimizerConfig()
     critic_optim: OptimizerConfig | None = None
@@ -257,6 +376,15 @@ class TrainerConfig:
             raise ValueError(f"env.group_size must be >= 2 for the group estimator {self.algo.advantage!r}")
         if not self.run_dir:
             raise ValueError("run_dir must be a non-empty path")
+        ranges = {"env.seed (the training task stream)": (self.env.seed, self.iterations * self.env.tasks_per_iteration),
+                  "warm_start.seed (demonstrations)": (self.warm_start.seed, self.warm_start.episodes),
+                  "eval.seed (held-out evaluation)": (self.eval.seed, self.eval.episodes)}
+        items = [(k, a, n) for k, (a, n) in ranges.items() if n > 0]
+        for i, (k1, a1, n1) in enumerate(items):
+            for k2, a2, n2 in items[i + 1:]:
+                if a1 < a2 + n2 and a2 < a1 + n1:
+                    raise ValueError(f"seed ranges overlap: {k1} covers [{a1}, {a1 + n1}) and {k2} covers "
+                                     f"[{a2}, {a2 + n2}); held-out and demonstration seeds must not be trained on")
 
     @property
     def step_config(self) -> StepConfig:
@@ -335,6 +463,67 @@ def compute_advantages(algo: AlgoSection, traj, loss_mask_BxT, values_BxT=None):
     raise ValueError(f"unsupported advantage estimator {name!r}")  # pragma: no cover - config checks
 
 
+def shaped_turn_rewards(algo: AlgoSection, traj) -> np.ndarray:
+    """Each turn's env reward after `algo`'s scaling, clipping and truncation penalty, `[B, K]`
+    float32 (0 on turns not played)."""
+    a = algo
+    r = np.asarray(traj.turn_rewards, np.float32) * np.float32(a.reward_scale)
+    if a.reward_clip is not None:
+        r = np.clip(r, -a.reward_clip, a.reward_clip)
+    if a.truncation == "penalty":
+        trunc = np.asarray(traj.truncated) & ~np.asarray(traj.failed)
+        last = np.asarray(traj.num_turns) - 1
+        rows = np.nonzero(trunc & (last >= 0))[0]
+        r[rows, last[rows]] += np.float32(a.truncation_penalty)
+    return np.where(np.asarray(traj.turn_mask), r, 0.0).astype(np.float32)
+
+def shape_rewards(algo: AlgoSection, traj, loss_mask, old_logp=None, ref_logp=None):
+    """`(traj, loss_mask, stats)` with `algo`'s reward shaping (see `AlgoSection`): the
+    trajectory's `turn_rewards` and per-token `rewards` (each turn's reward at its last
+    policy token) replaced by the shaped ones, the loss mask without filtered episodes.
+    `old_logp` / `ref_logp` are needed for `kl_reward_coef > 0`."""
+    a = algo
+    turn_r = shaped_turn_rewards(algo, traj)
+    tid = np.asarray(traj.turn_ids)
+    nxt = np.concatenate([tid[:, 1:], np.full((tid.shape[0], 1), -1, tid.dtype)], axis=1)
+    last_tok = (tid >= 0) & (nxt != tid)
+    b_idx, t_idx = np.nonzero(last_tok)
+    tok_r = np.zeros(tid.shape, np.float32)
+    tok_r[b_idx, t_idx] = turn_r[b_idx, tid[b_idx, t_idx]]
+    stats = {}
+    if a.kl_reward_coef > 0:
+        if old_logp is None or ref_logp is None:
+            raise ValueError("shape_rewards: kl_reward_coef > 0 needs old_logp and ref_logp")
+        kl_tok = np.asarray(algos.kl(old_logp, ref_logp, a.kl_reward_kind)) * np.asarray(loss_mask)
+        pen = np.float32(a.kl_reward_coef) * kl_tok.astype(np.float32)
+        tok_r -= pen
+        K = turn_r.shape[1]
+        per_turn = np.zeros_like(turn_r)
+        bb, tt = np.nonzero(tid >= 0)
+        np.add.at(per_turn, (bb, np.minimum(tid[bb, tt], K - 1)), pen[bb, tt])
+        turn_r = turn_r - per_turn
+        m = np.asarray(loss_mask) != 0
+        stats["kl_reward_penalty"] = float(pen[m].sum() / max(1, traj.batch_size))
+    if a.truncation == "filter":
+        keep = ~np.asarray(traj.truncated)
+        loss_mask = loss_mask * jnp.asarray(keep[:, None].astype(np.float32))
+        stats["truncated_filtered"] = int((~keep).sum())
+    traj = traj.replace(rewards=jnp.asarray(tok_r), turn_rewards=jnp.asarray(turn_r))
+    return traj, loss_mask, stats
+
+
+def _anchor_ids(episodes, max_turns: int) -> np.ndarray:
+    """Dense anchor-state ids `[B, K]` over a batch of episodes (as `AgentLoop` packs
+    them: equal state keys, equal ids; -1 where a turn was not played or has no key)."""
+    out = np.full((len(episodes), max_turns), -1, np.int32)
+    table: dict = {}
+    for b, ep in enumerate(episodes):
+        for k, key in enumerate(ep.state_keys[:max_turns]):
+            if key is not None:
+                out[b, k] = table.setdefault(repr(key), len(table))
+    return out
+
+
 def _env_factory(name: str, kwargs: dict):
     import envs
 
@@ -362,11 +551,21 @@ class Trainer:
         self.log = log
         self.run_dir = Path(config.run_dir)
         self.metrics_path = self.run_dir / "metrics.jsonl"
-        self.tokenizer = build_tokenizer(config.model)
+        self.demonstrations = None
+        if config.warm_start.enabled and not resume:
+            from jaxagent.train.warmstart import collect_demonstrations
+
+            ws = config.warm_start
+            self.demonstrations = collect_demonstrations(
+                config.env.name, config.env.kwargs, range(ws.seed, ws.seed + ws.episodes),
+                noise=ws.expert_noise, max_turns=config.rollout.max_turns)
+        self.tokenizer = self._tokenizer()
         k_model, k_critic, k_rng = jax.random.split(jax.random.key(config.seed), 3)
+        self._keys = {"critic": k_critic, "rng": k_rng}
         params, self.model_config = build_policy(config.model, self.tokenizer, k_model)
         self.ref_params = None
-        if config.loss.kl_coef > 0:  # a copy: the state's params are donated to train_step
+        if config.loss.kl_coef > 0 or config.algo.kl_reward_coef > 0:
+            # a copy: the state's params are donated to train_step
             self.ref_params = jax.tree.map(jnp.copy, params)
         critic_params = critic_config = None
         if config.algo.uses_critic:
@@ -379,8 +578,31 @@ class Trainer:
         self.iteration = 0        # iterations completed
         self.task_position = 0    # tasks of the stream consumed
         self.history: list[dict] = []
+        self.summary: dict = {}   # warm start and held-out evaluations (<run_dir>/summary.json)
 
     # ------------------------------------------------------------------ helpers
+    def _tokenizer(self):
+        """`build_tokenizer`, or for "bpe" the tokenizer trained on the env's text (fresh
+        run) / saved in the run directory (resume)."""
+        cfg = self.config
+        if cfg.model.tokenizer != "bpe":
+            return build_tokenizer(cfg.model)
+        from jaxagent.train import warmstart
+
+        saved = self.run_dir / "tokenizer"
+        if self.resume:
+            if not saved.is_dir():
+                raise FileNotFoundError(f"--resume: the run's trained tokenizer {saved} is missing")
+            from jaxagent.models import load_tokenizer
+
+            return load_tokenizer(saved)
+        demos = self.demonstrations
+        if demos is None:  # no warm start: noise-free expert episodes on the demonstration seeds
+            ws = cfg.warm_start
+            demos = warmstart.collect_demonstrations(cfg.env.name, cfg.env.kwargs, range(ws.seed, ws.seed + 256),
+                                                     max_turns=cfg.rollout.max_turns)
+        return warmstart.train_bpe_tokenizer(warmstart.demonstration_texts(demos), cfg.model.tokenizer_vocab_size)
+
     def _agent_loop(self):
         from jaxagent.rollout import AgentLoop, AgentLoopConfig, SamplingConfig
 
@@ -414,9 +636,17 @@ class Trainer:
     def _restore(self, ckpt: CheckpointManager) -> None:
         self.state, extras = ckpt.restore(self.state)
         self._check_resumable(extras.get("config"), ckpt.directory / str(ckpt.latest_step()))
+        if self.ref_params is not None and self.config.warm_start.enabled:
+            self._restore_reference()
         self.iteration = int(extras["iteration"])
         self.task_position = int(extras["task_position"])
         self.history = list(extras.get("history", []))
+        self.summary = dict(extras.get("summary", {}))
+        summary_file = self.run_dir / "summary.json"
+        if summary_file.exists():  # the evaluation after RL is written after the last checkpoint
+            on_disk = json.loads(summary_file.read_text())
+            if on_disk.get("iterations_at_eval") == self.iteration and "success_after_rl" in on_disk:
+                self.summary = on_disk
         # metrics of iterations after the checkpoint (a run killed before its next save)
         # are dropped, so the file holds exactly the iterations the resumed run builds on
         self._write_metrics_file()
@@ -430,11 +660,13 @@ class Trainer:
     def _save(self, ckpt: CheckpointManager) -> None:
         ckpt.save(self.iteration, self.state, extras={
             "iteration": self.iteration, "task_position": self.task_position,
-            "history": self.history, "config": to_dict(self.config)})
+            "history": self.history, "config": to_dict(self.config), "summary": self.summary})
 
     # ------------------------------------------------------------------ run
     def run(self) -> list[dict]:
-        """Trains up to `config.iterations`; returns the metrics history (one dict each)."""
+        """Warm start and evaluation before RL (fresh runs, when configured), then RL up to
+        `config.iterations`, then the held-out evaluation after RL; returns the metrics
+        history (one dict per RL iteration). `self.summary` holds the evaluations."""
         import envs
 
         cfg = self.config
@@ -450,46 +682,253 @@ class Trainer:
                                       f"{ckpt.latest_step()}); resume, or choose another run_dir")
             else:
                 self.metrics_path.write_text("")
+                if cfg.model.tokenizer == "bpe":
+                    from jaxagent.train.warmstart import save_tokenizer
+
+                    save_tokenizer(self.tokenizer, self.run_dir / "tokenizer")
             (self.run_dir / "config.yaml").write_text(dump_yaml(cfg))
-            if self.iteration >= cfg.iterations:
+            final_eval_done = "success_after_rl" in self.summary or not cfg.eval.episodes
+            if self.iteration >= cfg.iterations and final_eval_done:
                 self.log(f"nothing to do: {self.iteration} of {cfg.iterations} iterations done")
                 return self.history
             loop = self._agent_loop()
             factory = _env_factory(cfg.env.name, cfg.env.kwargs)
             with envs.EnvPool([factory] * cfg.env.batch_size, num_workers=cfg.env.num_workers,
                               step_timeout=cfg.env.step_timeout) as pool:
+                if not self.resume and (cfg.warm_start.enabled or cfg.eval.episodes):
+                    if cfg.warm_start.enabled:
+                        self._warm_start()
+                        loop.set_params(self.state.params)
+                    if cfg.eval.episodes:
+                        ev = self.evaluate(loop, pool)
+                        self.summary.update(success_before_rl=ev["success_rate"], eval_before_rl=ev)
+                        self.log(f"held-out evaluation before RL: {_eval_summary(ev)}")
+                    self._write_summary()
+                    self._save(ckpt)  # iteration 0: a resumed run never repeats the warm start
                 while self.iteration < cfg.iterations:
                     metrics = self._iteration(loop, pool)
+                    if cfg.eval.episodes and cfg.eval.every and self.iteration % cfg.eval.every == 0 \
+                            and self.iteration < cfg.iterations:
+                        ev = self.evaluate(loop, pool)
+                        metrics.update({f"eval_{k}": v for k, v in ev.items() if k != "episodes"})
                     self.history.append(metrics)
                     with self.metrics_path.open("a") as f:
                         f.write(json.dumps(metrics) + "\n")
                     self.log(_summary(metrics))
                     if self.iteration % cfg.checkpoint_every == 0 or self.iteration == cfg.iterations:
                         self._save(ckpt)
+                if cfg.eval.episodes and "success_after_rl" not in self.summary:
+                    ckpt.wait_until_finished()
+                    ev = self.evaluate(loop, pool)
+                    self.summary.update(success_after_rl=ev["success_rate"], eval_after_rl=ev,
+                                        iterations_at_eval=self.iteration)
+                    self.log(f"held-out evaluation after RL: {_eval_summary(ev)}")
+                    self._write_summary()
         finally:
             ckpt.close()
+        if "success_after_rl" in self.summary:
+            line = {k: self.summary[k] for k in ("success_before_rl", "success_after_rl") if k in self.summary}
+            if "success_before_rl" in line:
+                line["lift_points"] = round(100 * (line["success_after_rl"] - line["success_before_rl"]), 2)
+            line.update(eval_episodes=cfg.eval.episodes, iterations=self.iteration, run_dir=str(self.run_dir))
+            self.log(json.dumps(line))
         return self.history
+
+    # ------------------------------------------------------------------ warm start
+    def _warm_start(self) -> None:
+        """SFT on `self.demonstrations` (`warm_start` section), then a fresh RL state
+        (optimizer, critic) from the SFT weights. Metrics go to `<run_dir>/warm_start.jsonl`."""
+        from jaxagent.rollout.chat import ChatFormat
+        from jaxagent.train.step import SFTBatch, sft_step
+        from jaxagent.train.warmstart import demonstration_tokens, pack_rows
+
+        cfg, ws = self.config, self.config.warm_start
+        t_start = time.perf_counter()
+        demos = self.demonstrations
+        if ws.only_successful:
+            demos = [d for d in demos if d.success]
+            if not demos:
+                raise RuntimeError("warm_start.only_successful: none of the demonstrations succeeded")
+        chat = ChatFormat(self.tokenizer)
+        rows = [demonstration_tokens(chat, d, cfg.rollout.max_context) for d in demos]
+        length = -(-max(len(t) for t, _ in rows) // 16) * 16
+        pad = self.tokenizer.pad_token_id
+        tokens, loss_mask, attn = pack_rows(rows, length, 0 if pad is None else int(pad))
+        n = len(rows)
+        bs = min(ws.batch_size, n)
+        per_epoch = n // bs
+        total = per_epoch * ws.epochs
+        sc = dataclasses.replace(self.config.step_config, loss=LossConfig(temperature=1.0), optim=ws.optim,
+                                 num_micro_batches=1)
+        k_sft, k_shuffle = jax.random.split(jax.random.fold_in(jax.random.key(cfg.seed), 1))
+        state = init_train_state(k_sft, self.state.params, self.model_config, sc)
+        success = float(np.mean([d.success for d in self.demonstrations]))
+        self.log(f"warm start: {n} demonstrations (expert noise {ws.expert_noise}, demonstration success "
+                 f"{success:.2f}), {ws.epochs} epochs x {per_epoch} steps of {bs} rows x {length} tokens")
+        path = self.run_dir / "warm_start.jsonl"
+        lines, window = [], []
+        every = max(1, total // 10)
+        for epoch, key in enumerate(jax.random.split(k_shuffle, ws.epochs)):
+            perm = np.asarray(jax.random.permutation(key, n))
+            for j in range(per_epoch):
+                idx = perm[j * bs:(j + 1) * bs]
+                batch = SFTBatch(tokens=jnp.asarray(tokens[idx]), loss_mask=jnp.asarray(loss_mask[idx]),
+                                 attention_mask=jnp.asarray(attn[idx]))
+                state, m = sft_step(state, batch, sc)
+                window.append(m)
+                step = epoch * per_epoch + j + 1
+                if step % every == 0 or step == total:
+                    got = jax.device_get(window)
+                    line = {"sft_step": step, "epoch": epoch + 1,
+                            "loss": float(np.mean([g["loss"] for g in got])),
+                            "entropy": float(np.mean([g["entropy"] for g in got])),
+                            "skipped": int(sum(float(g["skipped"]) for g in got)),
+                            "time_s": time.perf_counter() - t_start}
+                    lines.append(line)
+                    window = []
+                    self.log(f"warm start: step {step}/{total} | loss {line['loss']:.4f} | "
+                             f"entropy {line['entropy']:.4f} | {line['time_s']:.0f}s")
+        path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+        params = state.params
+        critic_params = critic_config = None
+        if cfg.algo.uses_critic:
+            from jaxagent.models import value_params_from_policy
+
+            critic_params = value_params_from_policy(self._keys["critic"], params, self.model_config)
+            critic_config = self.model_config
+        if self.ref_params is not None:  # the KL reference is the warm-started policy
+            self.ref_params = jax.tree.map(jnp.copy, params)
+            self._save_reference()
+        self.state = init_train_state(self._keys["rng"], params, self.model_config, cfg.step_config,
+                                      critic_params=critic_params, critic_config=critic_config)
+        self.summary["warm_start"] = {"demonstrations": n, "demonstration_success": success,
+                                      "steps": total, "final_loss": lines[-1]["loss"] if lines else None,
+                                      "seconds": time.perf_counter() - t_start}
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self, loop, pool, *, episodes: int | None = None, first_seed: int | None = None,
+                 temperature: float | None = None, details: bool = False) -> dict:
+        """Success rate, mean return and turns of the current policy on held-out seeds
+        `first_seed ...` (default: the `eval` section), played in chunks of the pool's size
+        with a fixed sampling seed (so evaluations differ only by the policy). With
+        `details`, `per_episode` lists each episode's seed, success, return, turns,
+        end reason and the env's last info (rubric components, for `intake`)."""
+        cfg = self.config
+        episodes = cfg.eval.episodes if episodes is None else episodes
+        first_seed = cfg.eval.seed if first_seed is None else first_seed
+        if temperature is None:
+            temperature = cfg.rollout.temperature if cfg.eval.temperature is None else cfg.eval.temperature
+        from jaxagent.train.warmstart import episode_success
+
+        t0 = time.perf_counter()
+        saved = loop.config
+        loop.set_params(self.state.params)
+        B = len(pool)
+        results = []
+        try:
+            for start in range(0, episodes, B):
+                seeds = list(range(first_seed + start, first_seed + min(start + B, episodes)))
+                k = len(seeds)
+                seeds += [seeds[-1]] * (B - k)  # padding slots, dropped below
+                loop.config = dataclasses.replace(
+                    saved, seed=cfg.seed * 7919 + start,
+                    sampling=dataclasses.replace(saved.sampling, temperature=float(temperature)))
+                _, eps = loop.run(pool, seeds, list(range(B)))
+                results += [(episode_success(ep.done, ep.rewards, ep.info), float(sum(ep.rewards)),
+                             len(ep.rewards), ep.failed, ep) for ep in eps[:k]]
+        finally:
+            loop.config = saved
+        ok = np.array([r[0] for r in results])
+        out = {"episodes": episodes, "success_rate": float(ok.mean()),
+               "return_mean": float(np.mean([r[1] for r in results])),
+               "turns_mean": float(np.mean([r[2] for r in results])),
+               "failed_episodes": int(sum(r[3] for r in results)),
+               "temperature": float(temperature), "seconds": time.perf_counter() - t0}
+        if details:
+            out["per_episode"] = [
+                {"seed": int(ep.seed), "success": bool(r[0]), "return": r[1], "turns": r[2], "failed": bool(r[3]),
+                 "end_reason": ep.end_reason, "info": _jsonable(ep.info)} for *r, ep in results]
+        return out
+
+    @property
+    def _reference_dir(self) -> Path:
+        return (self.run_dir / "reference").absolute()
+
+    def _save_reference(self) -> None:
+        """The KL reference after a warm start, for resumed runs (orbax, atomic)."""
+        import orbax.checkpoint as ocp
+
+        with ocp.StandardCheckpointer() as ckptr:
+            ckptr.save(self._reference_dir, self.ref_params, force=True)
+            ckptr.wait_until_finished()
+
+    def _restore_reference(self) -> None:
+        import orbax.checkpoint as ocp
+
+        if not self._reference_dir.is_dir():
+            raise FileNotFoundError(f"--resume: the warm-started KL reference {self._reference_dir} is missing")
+        with ocp.StandardCheckpointer() as ckptr:
+            self.ref_params = ckptr.restore(self._reference_dir, jax.tree.map(ocp.utils.to_shape_dtype_struct,
+                                                                               self.ref_params))
+
+    def _write_summary(self) -> None:
+        tmp = self.run_dir / "summary.json.tmp"
+        tmp.write_text(json.dumps(self.summary, indent=1) + "\n")
+        tmp.replace(self.run_dir / "summary.json")
+
+    def _rollout(self, loop, pool, k_sample) -> tuple[Any, list, dict]:
+        """The iteration's batch of `tasks_per_iteration` groups: one rollout, or with
+        `algo.dynamic_sampling` up to `max_sampling_rounds` rollouts whose groups with
+        varying returns are kept first. Advances the task stream by every task played."""
+        cfg = self.config
+        G, n_tasks = cfg.env.group_size, cfg.env.tasks_per_iteration
+        rounds = cfg.algo.max_sampling_rounds if cfg.algo.dynamic_sampling else 1
+        groups_signal, groups_flat = [], []   # (traj, episodes, rows) per group
+        played = 0
+        for r in range(rounds):
+            sample_seed = int(jax.random.randint(jax.random.fold_in(k_sample, r), (), 0, 2**31 - 1))
+            task_seeds = [cfg.env.seed + self.task_position + j for j in range(n_tasks)]
+            seeds = [s for s in task_seeds for _ in range(G)]
+            group_ids = [j for j in range(n_tasks) for _ in range(G)]
+            loop.config = dataclasses.replace(loop.config, seed=sample_seed)
+            traj, episodes = loop.run(pool, seeds, group_ids)
+            self.task_position += n_tasks
+            played += 1
+            if rounds == 1:
+                return traj, episodes, {"sampling_rounds": 1}
+            returns = shaped_turn_rewards(cfg.algo, traj).sum(axis=1)
+            failed = np.asarray(traj.failed)
+            for j in range(n_tasks):
+                rows = list(range(j * G, (j + 1) * G))
+                ok = [i for i in rows if not failed[i]]
+                varies = len(ok) >= 2 and np.ptp(returns[ok]) > 0
+                (groups_signal if varies else groups_flat).append((traj, episodes, rows))
+            if len(groups_signal) >= n_tasks:
+                break
+        chosen = (groups_signal + groups_flat)[:n_tasks]
+        trajs = [c[0] for c in chosen]
+        parts = [jax.tree.map(lambda x, rows=rows: x[jnp.asarray(rows)], t) for t, (_, _, rows) in zip(trajs, chosen)]
+        traj = jax.tree.map(lambda *xs: jnp.concatenate(xs), *parts)
+        episodes = [c[1][i] for c in chosen for i in c[2]]
+        traj = traj.replace(group_ids=jnp.repeat(jnp.arange(n_tasks, dtype=jnp.int32), G),
+                            anchor_ids=jnp.asarray(_anchor_ids(episodes, cfg.rollout.max_turns)))
+        return traj, episodes, {"sampling_rounds": played,
+                                "groups_with_signal": min(len(groups_signal), n_tasks),
+                                "groups_with_signal_frac": len(groups_signal) / (played * n_tasks)}
 
     def _iteration(self, loop, pool) -> dict:
         cfg = self.config
-        G, n_tasks = cfg.env.group_size, cfg.env.tasks_per_iteration
-        B = G * n_tasks
+        B = cfg.env.batch_size
         times: dict[str, float] = {}
         t_start = time.perf_counter()
 
         rng, k_sample, k_shuffle = jax.random.split(self.state.rng, 3)
         self.state = self.state.replace(rng=rng)
-        sample_seed = int(jax.random.randint(k_sample, (), 0, 2**31 - 1))
-        task_seeds = [cfg.env.seed + self.task_position + j for j in range(n_tasks)]
-        seeds = [s for s in task_seeds for _ in range(G)]
-        group_ids = [j for j in range(n_tasks) for _ in range(G)]
 
-        # ---- rollout
+        # ---- rollout (a fresh sampling seed per round; the loop and its compiled sampler are reused)
         t0 = time.perf_counter()
         loop.set_params(self.state.params)
-        # a fresh sampling seed per iteration; the loop (and its compiled sampler) is reused
-        loop.config = dataclasses.replace(loop.config, seed=sample_seed)
-        traj, episodes = loop.run(pool, seeds, group_ids)
+        traj, episodes, sampling = self._rollout(loop, pool, k_sample)
         times["rollout"] = time.perf_counter() - t0
 
         # ---- log-probs, values
@@ -512,11 +951,14 @@ class Trainer:
         jax.block_until_ready(old_logp)
         times["logprobs"] = time.perf_counter() - t0
 
-        # ---- advantages
+        # ---- reward shaping, advantages
         t0 = time.perf_counter()
+        env_traj = traj
+        traj, loss_mask, shaping = shape_rewards(cfg.algo, traj, loss_mask, old_logp, ref_logp)
         adv, returns = compute_advantages(cfg.algo, traj, loss_mask, values)
         batch = UpdateBatch(tokens=traj.tokens, loss_mask=loss_mask, advantages=adv, old_logp=old_logp,
-                            attention_mask=traj.attention_mask, ref_logp=ref_logp,
+                            attention_mask=traj.attention_mask,
+                            ref_logp=ref_logp if cfg.loss.kl_coef > 0 else None,
                             rollout_logp=traj.rollout_logp,
                             returns=returns if cfg.algo.uses_critic else None,
                             old_values=values)
@@ -538,9 +980,12 @@ class Trainer:
         times["update"] = time.perf_counter() - t0
 
         self.iteration += 1
-        self.task_position += n_tasks
-        return self._metrics(traj, episodes, step_metrics, adv, old_logp, loss_mask, times,
-                             time.perf_counter() - t_start)
+        out = self._metrics(env_traj, episodes, step_metrics, adv, old_logp, loss_mask, times,
+                            time.perf_counter() - t_start)
+        if cfg.algo.dynamic_sampling:
+            out.update(sampling)
+        out.update(shaping)
+        return out
 
     def _metrics(self, traj, episodes, step_metrics, adv, old_logp, loss_mask, times, total_s) -> dict:
         """The iteration's JSON-able metrics: episode statistics, the mean of each update
@@ -548,7 +993,9 @@ class Trainer:
         ret = np.asarray(traj.episode_return, np.float64)
         failed = np.asarray(traj.failed)
         ok = ~failed
-        success = np.array([ep.done and bool(ep.rewards) and ep.rewards[-1] > 0 for ep in episodes])
+        from jaxagent.train.warmstart import episode_success
+
+        success = np.array([episode_success(ep.done, ep.rewards, ep.info) for ep in episodes])
         policy_tokens = int(np.asarray(traj.loss_mask).sum())
         mask = np.asarray(loss_mask) != 0
         adv_np = np.asarray(adv)
@@ -585,6 +1032,26 @@ class Trainer:
         out.update({f"time_{k}_s": v for k, v in times.items()})
         out["time_iteration_s"] = total_s
         return out
+
+
+def _jsonable(x):
+    """`x` with everything JSON cannot hold turned into its repr."""
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, (bool, int, str)) or x is None:
+        return x
+    if isinstance(x, float):
+        return x if math.isfinite(x) else repr(x)
+    if isinstance(x, (np.integer, np.floating, np.bool_)):
+        return _jsonable(x.item())
+    return repr(x)
+
+
+def _eval_summary(ev: dict) -> str:
+    return (f"success {ev['success_rate']:.3f} | return {ev['return_mean']:.3f} | turns {ev['turns_mean']:.2f} | "
+            f"{ev['episodes']} episodes at temperature {ev['temperature']} | {ev['seconds']:.1f}s")
 
 
 def _summary(m: dict) -> str:

@@ -1,0 +1,254 @@
+"""Per-device memory estimate of a training run, checked before anything is compiled.
+
+`estimate_memory` returns bytes **per device** (the largest shard; shards are equal
+when dimensions divide)::
+
+    params       the policy (+ critic) parameters, sharded by the logical-axis rules: exact
+    opt_state    AdamW mu, nu (+ counts), sharded like the params: exact (built with
+                 `jax.eval_shape` from the run's optimizer; LoRA: adapters only)
+    grads        float32 gradients of the trainable leaves, sharded like the params;
+                 x2 with micro-batches (the accumulator and one micro-batch's gradient)
+    activations  what the backward pass keeps, for one micro-batch of
+                 b = ceil(B / (num_micro_batches * data * fsdp)) rows of T tokens (rough):
+    kv_cache     2 * L * ceil(B_s / (data * fsdp)) * K_t * S * hd * bytes, when a sampling
+                 batch B_s and context S are given (K_t = kv heads per tensor shard)
+
+Activation formula (bytes; `a` = the parameter dtype's size, 4 for float32 parts;
+heads, kv heads, MLP width and vocabulary divided by `tensor` where it divides)::
+
+    per_token_layer = 4 D a + 2 D 4                 residual stream, norms (norms in f32)
+                    + 2 (H + 2 K) hd a              q, k, v before and after RoPE
+                    + H T (4 + a)                   attention probabilities (f32 + cast)
+                    + H hd a + 4 F a                attention output; gate, up, silu, product
+    saved_layer     = per_token_layer                        remat=False
+                    = D a                                    remat=True / "full" (layer input)
+                    = (H + 2K) hd a + 2 D a + 2 F a          remat="dots" (matmul outputs)
+    trunk           = b T (L saved_layer + per_token_layer)  (+ one layer live while recomputed)
+    head            = b T D (a + 4) * 2 + 3 b min(T, seq_chunk) min(V, vocab_chunk) 4
+    activations     = trunk + head                    (critic: max with its own trunk;
+                                                       the two backward passes run in turn)
+
+XLA's fusion and scheduling change the real peak by tens of percent either way; the
+estimate is for telling "fits easily" from "cannot fit", not for packing to the byte.
+`check_fits` keeps a margin (`usable_fraction`, default 0.9) for XLA's own buffers.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxagent.parallel.mesh import (
+    LOGICAL_AXIS_RULES,
+    MeshConfig,
+    Rules,
+    _axis_sizes,
+    _rules_dict,
+    like_params_specs,
+    param_specs,
+)
+
+COMPONENTS = ("params", "opt_state", "grads", "activations", "kv_cache")
+
+
+class DoesNotFitError(MemoryError):
+    """The estimated per-device memory of a run exceeds the device's."""
+
+
+def shard_bytes(tree, specs, mesh) -> int:
+    """Bytes of the largest shard of every leaf of `tree` (arrays or ShapeDtypeStructs),
+    summed: the per-device size of `tree` laid out by `specs` on `mesh`."""
+    sizes = _axis_sizes(mesh)
+    total = 0
+    leaves = jax.tree.leaves(tree)
+    spec_leaves = jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, jax.sharding.PartitionSpec))
+    for x, spec in zip(leaves, spec_leaves, strict=True):
+        dims = list(np.shape(x))
+        for i, part in enumerate(tuple(spec)):
+            if part is None:
+                continue
+            n = math.prod(sizes[a] for a in ((part,) if isinstance(part, str) else part))
+            dims[i] = -(-dims[i] // n)
+        total += math.prod(dims) * _itemsize(x.dtype)
+    return int(total)
+
+
+def _itemsize(dtype) -> int:
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        return 8
+    return int(np.dtype(dtype).itemsize)
+
+
+def _abstract_params(model_config, dtype, critic: bool):
+    from jaxagent.models import add_lora, init_params, value_params_from_policy
+
+    key = jax.random.key(0)
+    base = model_config.replace(lora=None)
+
+    def build():
+        p = init_params(key, base, dtype)
+        if model_config.lora is not None:
+            p, _ = add_lora(key, p, base, model_config.lora)
+        return p
+
+    params = jax.eval_shape(build)
+    critic_params = None
+    if critic:
+        critic_params = jax.eval_shape(lambda: value_params_from_policy(key, init_params(key, base, dtype), base))
+    return params, critic_params
+
+
+def _trainable(params):
+    from jaxagent.models import has_lora, split_lora
+
+    return split_lora(params)[0] if has_lora(params) else params
+
+
+def estimate_memory(model_config, step_config=None, mesh=None, *, batch_size: int, seq_len: int,
+                    param_dtype: str = "float32", critic: bool = False, sample_batch: int | None = None,
+                    sample_len: int | None = None, kv_dtype: str | None = None,
+                    rules: Rules = LOGICAL_AXIS_RULES) -> dict[str, int]:
+    """Per-device bytes of a run: {params, opt_state, grads, activations, kv_cache, total}.
+
+    model_config: the policy's `DecoderConfig` (with `lora` for a LoRA run).
+    step_config: the `StepConfig` (optimizer, micro-batches, remat, chunks); None = defaults.
+    mesh: a `MeshConfig` (resolved), a `Mesh` or {axis: size}; None = one device.
+    batch_size, seq_len: the global mini-batch `[B, T]` of one update.
+    critic: a PPO critic with the policy's architecture (trunk + value head, full params).
+    sample_batch, sample_len: rows and context of the sampler's KV cache (0 when None).
+    The formulas are in the module docstring."""
+    from jaxagent.train import StepConfig, make_optimizer
+
+    cfg = model_config
+    step_config = step_config if step_config is not None else StepConfig()
+    if mesh is None:
+        mesh = MeshConfig()
+    if isinstance(mesh, MeshConfig) and -1 in mesh.shape.values():
+        raise ValueError(f"estimate_memory: resolve {mesh} first (mesh.resolve(num_devices))")
+    sizes = _axis_sizes(mesh)
+    for name, v in (("batch_size", batch_size), ("seq_len", seq_len)):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"estimate_memory: {name} must be a positive int, got {v!r}")
+
+    params, critic_params = _abstract_params(cfg, param_dtype, critic)
+    out: dict[str, int] = dict.fromkeys(COMPONENTS, 0)
+    M = step_config.num_micro_batches
+    grad_copies = 2 if M > 1 else 1
+    for p, optim in ((params, step_config.optim), (critic_params, step_config.critic_optimizer)):
+        if p is None:
+            continue
+        specs = param_specs(p, sizes, rules)
+        out["params"] += shard_bytes(p, specs, sizes)
+        opt = jax.eval_shape(make_optimizer(optim, p).init, p)
+        out["opt_state"] += shard_bytes(opt, like_params_specs(opt, p, specs), sizes)
+        trainable = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, np.float32), _trainable(p))
+        out["grads"] += grad_copies * shard_bytes(trainable, _subtree_specs(p, specs, trainable), sizes)
+
+    out["activations"] = _activation_bytes(cfg, step_config, sizes, rules, batch_size, seq_len, param_dtype, critic)
+    if sample_batch:
+        if not sample_len:
+            raise ValueError("estimate_memory: sample_len is required with sample_batch")
+        out["kv_cache"] = _kv_bytes(cfg, sizes, rules, sample_batch, sample_len, kv_dtype or param_dtype)
+    out["total"] = sum(out[k] for k in COMPONENTS)
+    return out
+
+
+def _subtree_specs(params, specs, trainable):
+    """The specs of the leaves of `trainable` (a subtree of `params` with None holes)."""
+    flat = {jax.tree_util.keystr(path): s for (path, _), s in zip(
+        jax.tree_util.tree_leaves_with_path(params),
+        jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, jax.sharding.PartitionSpec)))}
+    return jax.tree_util.tree_map_with_path(lambda path, _: flat[jax.tree_util.keystr(path)], trainable)
+
+
+def _split(n: int, mesh_axes: tuple[str, ...], sizes: dict[str, int]) -> int:
+    """`n` divided by the longest prefix of `mesh_axes` that divides it (the rules' fallback)."""
+    axes = [a for a in mesh_axes if sizes.get(a, 1) > 1]
+    while axes and n % math.prod(sizes[a] for a in axes):
+        axes.pop()
+    return n // math.prod(sizes[a] for a in axes) if axes else n
+
+
+def _activation_bytes(cfg, step_config, sizes, rules, B, T, dtype, critic) -> int:
+    table = _rules_dict(rules)
+    a = int(np.dtype(dtype).itemsize)
+    f = 4
+    batch_shards = math.prod(sizes[x] for x in table["batch"] if x in sizes)
+    b = -(-B // (step_config.num_micro_batches * batch_shards))
+    L, D, hd = cfg.num_layers, cfg.hidden_size, cfg.head_dim
+    H = _split(cfg.num_heads, table["heads"], sizes)
+    K = _split(cfg.num_kv_heads, table["heads"], sizes)
+    F = _split(cfg.intermediate_size, table["mlp"], sizes)
+    V = _split(cfg.vocab_size, table["vocab"], sizes)
+    per_tok = 4 * D * a + 2 * D * f + 2 * (H + 2 * K) * hd * a + H * T * (f + a) + H * hd * a + 4 * F * a
+    remat = step_config.remat
+    if not remat:
+        saved = per_tok
+    elif remat in (True, "full"):
+        saved = D * a
+    else:  # "dots"
+        saved = (H + 2 * K) * hd * a + 2 * D * a + 2 * F * a
+    trunk = b * T * (L * saved + per_tok)
+    head = 2 * b * T * D * (a + f) + 3 * b * min(T, step_config.seq_chunk) * min(V, step_config.vocab_chunk) * f
+    policy = trunk + head
+    return int(max(policy, trunk + b * T * D * (a + f)) if critic else policy)
+
+
+def _kv_bytes(cfg, sizes, rules, Bs, S, dtype) -> int:
+    table = _rules_dict(rules)
+    kv_rule = table.get("kv_heads", table["heads"])
+    rows = -(-Bs // math.prod(sizes[x] for x in table["batch"] if x in sizes))
+    K = _split(cfg.num_kv_heads, kv_rule, sizes)
+    return int(2 * cfg.num_layers * rows * K * S * cfg.head_dim * np.dtype(dtype).itemsize)
+
+
+# ----------------------------------------------------------------------------- reporting
+def _gib(n: int) -> str:
+    if n >= 2**30:
+        return f"{n / 2**30:.2f} GiB"
+    if n >= 2**20:
+        return f"{n / 2**20:.1f} MiB"
+    return f"{n / 2**10:.1f} KiB"
+
+
+def format_memory(estimate: dict[str, int], device_memory_bytes: int | None = None) -> str:
+    """One line for the log before a run: each component, the total, the device's size."""
+    parts = " | ".join(f"{k} {_gib(estimate.get(k, 0))}" for k in COMPONENTS)
+    total = estimate.get("total", sum(estimate.get(k, 0) for k in COMPONENTS))
+    tail = f" of {_gib(device_memory_bytes)}" if device_memory_bytes else ""
+    return f"memory per device: {parts} | total {_gib(total)}{tail}"
+
+
+def device_memory_bytes(device: Any | None = None, default: int | None = None) -> int:
+    """The device's memory (`memory_stats()["bytes_limit"]`: GPU/TPU); `default` where
+    the backend does not say (CPU); an error when neither is known."""
+    device = device if device is not None else jax.local_devices()[0]
+    try:
+        stats = device.memory_stats()
+    except Exception:  # some backends raise instead of returning None
+        stats = None
+    if stats and stats.get("bytes_limit"):
+        return int(stats["bytes_limit"])
+    if default is not None:
+        return int(default)
+    raise ValueError(f"device_memory_bytes: {device.platform} device {device.id} does not report its memory; "
+                     "pass default= (bytes)")
+
+
+def check_fits(estimate: dict[str, int], device_memory_bytes: int, *, usable_fraction: float = 0.9) -> None:
+    """Raises `DoesNotFitError` (a `MemoryError`) naming every component when the
+    estimate exceeds `usable_fraction` of the device's memory."""
+    if not 0 < usable_fraction <= 1:
+        raise ValueError(f"check_fits: usable_fraction must be in (0, 1], got {usable_fraction!r}")
+    total = estimate.get("total", sum(estimate.get(k, 0) for k in COMPONENTS))
+    usable = int(device_memory_bytes * usable_fraction)
+    if total <= usable:
+        return
+    parts = ", ".join(f"{k} {_gib(estimate.get(k, 0))}" for k in COMPONENTS)
+    raise DoesNotFitError(
+        f"the run needs about {_gib(total)} per device but {_gib(usable)} is usable "
+        f"({usable_fraction:.0%} of {_gib(device_memory_bytes)}): {parts}. To fit: more fsdp/tensor "
+        "shards (MeshConfig), remat=True or more num_micro_batches (activations), LoRA (optimizer "
+        "state and gradients), a smaller batch or sampling context (kv_cache)")

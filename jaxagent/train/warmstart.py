@@ -1,0 +1,199 @@
+"""Warm start: expert demonstrations, a tokenizer trained on the env's text, and SFT batches.
+
+`collect_demonstrations(name, kwargs, seeds, noise=..., max_turns=...)` plays one
+episode per seed in this process with the env's expert (`Env.expert_action`). With
+`noise > 0` the expert is deliberately imperfect: at each turn, with probability
+`noise`, its action is replaced by one drawn uniformly from `Env.random_actions`
+(the env's action vocabulary, which may include the expert's own choice). The noise is
+drawn from `random.Random(f"{seed}/noise/{noise_seed}")`, so a demonstration set is a
+pure function of its arguments.
+
+`demonstration_tokens(chat, demo)` lays a demonstration out exactly as
+`jaxagent.rollout.AgentLoop` lays out an episode the policy played (prompt segment,
+each action's tokens followed by the template's end-of-turn token, each observation
+segment; `ChatFormat` renders every segment): SFT trains on the token sequences RL
+will sample, with the loss on the action tokens (and their end-of-turn token) only.
+
+`train_bpe_tokenizer(texts, vocab_size)`: a byte-level BPE (Hugging Face `tokenizers`
+trainer) with the ChatML special tokens and chat template of
+`jaxagent.rollout.testing.byte_chat_tokenizer`. Byte-level means every text
+round-trips exactly (what token-in/token-out needs); merges learned on the env's text
+make a typical FrozenLake turn several times shorter than bytes, which is what makes CPU
+training of the demo fast.
+"""
+from __future__ import annotations
+
+import dataclasses
+import random
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class Demonstration:
+    """One expert episode: the system prompt, observations `obs_0..obs_n` and the actions
+    between them (`len(observations) == len(actions) + 1`), rewards per action."""
+
+    seed: int
+    system_prompt: str | None
+    observations: list[Any]
+    actions: list[str]
+    rewards: list[float]
+    done: bool
+    success: bool
+    noisy_actions: int
+
+    @property
+    def episode_return(self) -> float:
+        return float(sum(self.rewards))
+
+
+def episode_success(done: bool, rewards: Sequence[float], info: dict | None) -> bool:
+    """Success of an episode: the env's own `info["success"]` on its last step when it
+    reports one, else "terminated with a last reward > 0" (true of the built-in games)."""
+    if info and "success" in info:
+        return bool(info["success"])
+    return bool(done and rewards and rewards[-1] > 0)
+
+
+def random_actions(env) -> tuple[str, ...]:
+    """The env's action vocabulary for the noisy expert (`Env.random_actions`)."""
+    acts = getattr(env, "random_actions", None)
+    if not acts:
+        raise ValueError(f"{type(env).__name__} has no random_actions: a noisy expert needs the env's "
+                         f"action vocabulary (set expert noise to 0, or give the env random_actions)")
+    return tuple(acts)
+
+
+def collect_demonstrations(name: str, kwargs: dict, seeds: Sequence[int], *, noise: float = 0.0,
+                           max_turns: int, noise_seed: int = 0) -> list[Demonstration]:
+    """One (possibly noisy) expert episode per seed, played in this process."""
+    import envs
+
+    if not 0.0 <= noise <= 1.0:
+        raise ValueError(f"expert noise must be in [0, 1], got {noise!r}")
+    out = []
+    env = envs.make(name, **kwargs)
+    try:
+        if not getattr(env, "has_expert", False):
+            raise ValueError(f"env {name!r} has no expert (has_expert is False): it cannot give demonstrations")
+        choices = random_actions(env) if noise > 0 else ()
+        for seed in seeds:
+            rng = random.Random(f"{seed}/noise/{noise_seed}")
+            obs, info = env.reset(seed=int(seed))
+            demo = Demonstration(seed=int(seed), system_prompt=info.get("system_prompt", env.system_prompt),
+                                 observations=[obs], actions=[], rewards=[], done=False, success=False,
+                                 noisy_actions=0)
+            last_info: dict = {}
+            for _ in range(max_turns):
+                action = env.expert_action()
+                if noise > 0 and rng.random() < noise:
+                    action = rng.choice(choices)
+                    demo.noisy_actions += 1
+                obs, reward, terminated, truncated, last_info = env.step(action)
+                demo.actions.append(action)
+                demo.rewards.append(float(reward))
+                demo.observations.append(obs)
+                if terminated or truncated:
+                    demo.done = bool(terminated)
+                    break
+            demo.success = episode_success(demo.done, demo.rewards, last_info)
+            out.append(demo)
+    finally:
+        env.close()
+    return out
+
+
+def demonstration_tokens(chat, demo: Demonstration, max_context: int) -> tuple[list[int], list[int]]:
+    """`(tokens, loss_mask)` of a demonstration as the agent loop would have laid it out
+    (see the module docstring); cut at `max_context` tokens (the cut turn is dropped)."""
+    eot = chat.stop_token_ids[0] if chat.stop_token_ids else None
+    tokens = chat.prompt_tokens(demo.system_prompt, demo.observations[0])
+    mask = [0] * len(tokens)
+    if len(tokens) >= max_context:
+        raise ValueError(f"a demonstration's first prompt has {len(tokens)} tokens, more than max_context "
+                         f"{max_context}")
+    for k, action in enumerate(demo.actions):
+        act = chat.encode(action) + ([eot] if eot is not None else [])
+        seg = []
+        last = k + 1 == len(demo.actions)
+        if not last:
+            seg = chat.observation_tokens(demo.observations[k + 1], after_end_of_turn=eot is not None)
+        if len(tokens) + len(act) > max_context:
+            break
+        tokens += act
+        mask += [1] * len(act)
+        if last or len(tokens) + len(seg) >= max_context:
+            break
+        tokens += seg
+        mask += [0] * len(seg)
+    return tokens, mask
+
+
+def pack_rows(rows: Sequence[tuple[list[int], list[int]]], length: int, pad_id: int):
+    """`(tokens, loss_mask, attention_mask)` int32/float32/int32 arrays `[N, length]`."""
+    n = len(rows)
+    tokens = np.full((n, length), pad_id, np.int32)
+    loss = np.zeros((n, length), np.float32)
+    attn = np.zeros((n, length), np.int32)
+    for i, (t, m) in enumerate(rows):
+        if len(t) > length:
+            raise ValueError(f"row {i} has {len(t)} tokens, more than the padded length {length}")
+        tokens[i, :len(t)], loss[i, :len(t)], attn[i, :len(t)] = t, m, 1
+    return tokens, loss, attn
+
+
+def demonstration_texts(demos: Sequence[Demonstration]) -> list[str]:
+    """The texts of demonstrations (system prompts once, observations, actions) and the
+    chat roles: a tokenizer's training corpus."""
+    texts = ["tool"] + sorted({d.system_prompt for d in demos if d.system_prompt})
+    for d in demos:  # the chat roles as often as the template writes them
+        texts += ["system"] + ["user", "assistant"] * max(1, len(d.actions))
+        texts += [o for o in d.observations if isinstance(o, str)]
+        texts += list(d.actions)
+    return texts
+
+
+def train_bpe_tokenizer(texts: Sequence[str], vocab_size: int = 512):
+    """A byte-level BPE `PreTrainedTokenizerFast` trained on `texts` (see the module docstring)."""
+    import transformers
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from jaxagent.rollout.testing import CHATML_TEMPLATE, SPECIAL_TOKENS
+
+    if not isinstance(vocab_size, int) or vocab_size < 256 + len(SPECIAL_TOKENS):
+        raise ValueError(f"vocab_size must be an int >= {256 + len(SPECIAL_TOKENS)} (bytes + specials), "
+                         f"got {vocab_size!r}")
+    if not texts:
+        raise ValueError("train_bpe_tokenizer: no text to train on")
+    tok = Tokenizer(models.BPE(fuse_unk=False))
+    # pieces are whitespace-led words: merges never cross a space or line break, so a map
+    # cell or a move is always its own token, while "<action>right</action>" can become one
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r"\s*\S+|\s+"), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(list(texts), trainer=trainer)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
+        chat_template=CHATML_TEMPLATE, clean_up_tokenization_spaces=False)
+
+
+def save_tokenizer(tokenizer, directory: str | Path) -> Path:
+    """`tokenizer.save_pretrained` into a temporary sibling, then renamed (atomic)."""
+    import shutil
+
+    directory = Path(directory)
+    tmp = directory.with_name(directory.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tokenizer.save_pretrained(str(tmp))
+    if directory.exists():
+        shutil.rmtree(directory)
+    tmp.rename(directory)
+    return directory

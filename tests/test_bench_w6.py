@@ -1,0 +1,185 @@
+"""W6 (GPU) benchmark script: its FLOP / byte formulas, its budget skip, and a `--small` CPU run."""
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "w6_gpu.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("w6_gpu_under_test", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+W6 = _load()
+
+
+def _tiny():
+    # vocab 10, hidden 8, intermediate 12, 2 layers, 4 heads / 2 KV heads of dim 2, q/k/v biases, tied
+    return W6.QWEN2_0_5B.replace(vocab_size=10, hidden_size=8, intermediate_size=12, num_layers=2, num_heads=4,
+                                 num_kv_heads=2, head_dim=2)
+
+
+# ---------------------------------------------------------------- formulas (independent arithmetic)
+def test_param_count_qwen2_0_5b_and_tiny():
+    # the published Qwen2-0.5B parameter count (tied embeddings)
+    assert W6.param_count(W6.QWEN2_0_5B) == 494_032_768
+    # tiny, by hand: embedding 10*8 = 80; per layer q 8*8 = 64, k and v 8*4 = 32 each, o 64,
+    # mlp 3*8*12 = 288, norms 16, biases 8 + 4 + 4 = 16  -> 512; 2 layers = 1024; final norm 8
+    assert W6.param_count(_tiny()) == 80 + 1024 + 8
+    # untied adds the 8 x 10 head
+    assert W6.param_count(_tiny().replace(tie_word_embeddings=False)) == 80 + 1024 + 8 + 80
+
+
+def test_param_count_matches_init_params():
+    import jax
+
+    cfg = _tiny()
+    for c in (cfg, cfg.replace(tie_word_embeddings=False), W6.SMALL, W6.QWEN2_0_5B):
+        shapes = jax.eval_shape(lambda c=c: W6.M.init_params(jax.random.key(0), c))
+        assert sum(x.size for x in jax.tree.leaves(shapes)) == W6.param_count(c)
+
+
+def test_update_flops_tiny():
+    f = W6.update_flops(_tiny(), 3, 5)
+    P = 1112.0
+    dense = 6.0 * P * 3 * 5  # 6 * params * tokens
+    # causal pairs per row 1+2+3+4+5 = 15; per pair and head 2*d (QK^T) + 2*d (PV) = 8 FLOPs forward,
+    # x3 with the backward; 2 layers, 4 heads, 3 rows
+    attn = 15.0 * 8 * 3 * 2 * 4 * 3
+    assert f["params"] == 1112
+    assert f["dense_flops"] == pytest.approx(dense, rel=1e-15)
+    assert f["attention_flops"] == pytest.approx(attn, rel=1e-15)
+    assert f["model_flops"] == pytest.approx(dense + attn, rel=1e-15)
+    assert f["attention_flops_executed"] == pytest.approx(25.0 * 8 * 3 * 2 * 4 * 3, rel=1e-15)  # all T*T pairs
+
+
+def test_update_flops_w6_magnitude():
+    f = W6.update_flops(W6.QWEN2_0_5B, 64, 2048)
+    assert f["dense_flops"] == pytest.approx(6 * 494_032_768 * 131072, rel=1e-12)
+    assert f["attention_flops"] == pytest.approx(12 * 24 * 14 * 64 * 64 * 2048 * 2049 / 2, rel=1e-12)
+    assert 0.05 < f["attention_flops"] / f["dense_flops"] < 0.15  # ~9 % at T = 2048
+
+
+def test_decode_bytes_tiny():
+    d = W6.decode_bytes(_tiny(), 3, 4, 6, window_segments=2)
+    weights = 1112.0 * 2  # bf16
+    per_slot = 2 * 2 * 3 * 2 * 2 * 2.0  # K and V, 2 layers, 3 rows, 2 KV heads, dim 2, bf16
+    avg = sum(4 + i + 1 for i in range(6)) / 6  # step i attends over prompt + i + 1 slots = 7.5
+    assert avg == 7.5 and d["avg_kv_len"] == pytest.approx(avg, rel=1e-15)
+    assert d["weight_bytes"] == weights
+    assert d["kv_bytes_per_step"] == pytest.approx(per_slot * avg, rel=1e-15)
+    assert d["bytes_per_step"] == pytest.approx(weights + per_slot * avg, rel=1e-15)
+    # windows of a 10-slot cache in 2 segments: 8 and 10; steps write slots 4..9 -> 8,8,8,8,10,10
+    assert d["avg_window"] == pytest.approx((4 * 8 + 2 * 10) / 6, rel=1e-15)
+    assert d["kv_bytes_per_step_windowed"] == pytest.approx(per_slot * 52 / 6, rel=1e-15)
+
+
+def test_decode_bytes_w6_magnitude():
+    d = W6.decode_bytes(W6.QWEN2_0_5B, 256, 512, 512)
+    assert d["weight_bytes"] == 2 * 494_032_768
+    assert d["kv_bytes_per_step"] == pytest.approx(2 * 24 * 256 * 2 * 64 * 2 * 768.5, rel=1e-12)  # ~2.4 GB
+
+
+def test_parse_update_configs():
+    assert W6._parse_update_configs("dots:4, full:8,none:2") == [("dots", 4), ("full", 8), (False, 2)]
+    with pytest.raises(SystemExit):
+        W6._parse_update_configs("fast:4")
+
+
+# ---------------------------------------------------------------- budget: parts skipped and recorded
+def test_zero_budget_skips_parts_and_records_it(tmp_path):
+    out = tmp_path / "w6.jsonl"
+    rc = W6.main(["--small", "--budget-s", "0", "--grace-s", "-1", "--parts", "update,decode", "--out", str(out)])
+    assert rc == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    kinds = [r["kind"] for r in rows]
+    assert kinds == ["env", "skipped", "skipped", "summary"]
+    assert [r["part"] for r in rows if r["kind"] == "skipped"] == ["update", "decode"]
+    assert all("time budget" in r["reason"] for r in rows if r["kind"] == "skipped")
+    assert rows[-1]["parts"] == {"update": "skipped", "decode": "skipped"}
+
+
+def _cpu_env():
+    # LLVM optimisation off halves XLA:CPU compile time; the code paths are the same
+    flags = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
+    return {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": flags}
+
+
+def test_watchdog_ends_an_overrunning_part_and_records_it(tmp_path):
+    out = tmp_path / "w6.jsonl"
+    # a calibration of 10^6 timed 1024^3 matmuls cannot end within budget + grace (7 s from
+    # process start) anywhere
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--small", "--budget-s", "6", "--grace-s", "1",
+                           "--parts", "calib,update,decode", "--matmul-sizes", "1024", "--calib-reps", "1000000",
+                           "--out", str(out)],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT, env=_cpu_env())
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["kind"] for r in rows] == ["env", "aborted"]
+    assert rows[-1]["part"] == "calib" and 7.0 <= rows[-1]["elapsed_s"] < 20.0
+
+
+# ---------------------------------------------------------------- the --small run, as a user calls it
+def _positive_finite(rec, keys):
+    for k in keys:
+        v = rec[k]
+        assert isinstance(v, (int, float)) and math.isfinite(v) and v > 0, (rec["kind"], k, v)
+
+
+def test_small_run_writes_complete_jsonl(tmp_path):
+    out = tmp_path / "w6.jsonl"
+    env = _cpu_env()
+    # the first update config cannot split 4 rows into 3 micro-batches: it must fail, be
+    # recorded, and the next one run
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--small", "--out", str(out), "--steps", "3",
+                           "--decode-repeats", "2", "--update-configs", "full:3,dots:2"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert proc.stdout.strip().splitlines() == out.read_text().strip().splitlines()
+    by = {}
+    for r in rows:
+        by.setdefault(r["kind"], []).append(r)
+        for k in ("workload", "small", "date_utc", "jax", "backend", "device_kind", "elapsed_s"):
+            assert k in r, (r["kind"], k)
+        assert r["workload"] == "W6" and r["small"] is True and r["backend"] == "cpu"
+    assert set(by) == {"env", "matmul_peak", "hbm_bandwidth", "calib", "update_attempt_failed", "policy_update",
+                       "decode", "summary"}
+    assert by["summary"][0]["parts"] == {"calib": "ok", "update": "ok", "decode": "ok"}
+    env_rec = by["env"][0]
+    assert env_rec["model"]["hidden_size"] == 64 and env_rec["settings"]["batch"] == 4
+
+    failed = by["update_attempt_failed"][0]
+    assert failed["remat"] == "full" and failed["num_micro_batches"] == 3 and "divisible" in failed["error"]
+
+    _positive_finite(by["matmul_peak"][0], ["best_tflops", "median_tflops", "best_s"])
+    _positive_finite(by["hbm_bandwidth"][0], ["copy_gbps", "read_gbps"])
+
+    up = by["policy_update"][0]
+    assert up["remat"] == "dots" and up["num_micro_batches"] == 2 and up["steps"] == 3
+    assert up["params"] == up["params_in_state"]
+    _positive_finite(up, ["tokens_per_s", "median_step_s", "compile_s", "first_step_s", "model_flops",
+                          "attention_flops", "achieved_tflops", "mfu", "mfu_vs_nominal_989",
+                          "measured_peak_tflops", "temp_bytes"])
+    assert up["tokens_per_s"] == pytest.approx(4 * 128 / up["median_step_s"])
+    assert up["mfu"] == pytest.approx(up["model_flops"] / up["median_step_s"] / 1e12 / up["measured_peak_tflops"])
+    assert math.isfinite(up["loss"]) and up["skipped_updates"] == 0
+
+    dec = by["decode"][0]
+    assert dec["rounds"] == 2 and dec["trace_counts"] == {"append": 1, "decode": 1}  # no recompilation
+    _positive_finite(dec, ["decode_tokens_per_s", "decode_step_s", "prefill_tokens_per_s", "achieved_hbm_gbps",
+                           "bytes_per_step", "weight_bytes", "kv_bytes_per_step", "fraction_of_nominal_4800",
+                           "fraction_of_measured_read", "fraction_of_measured_copy", "first_decode_s"])
+    assert dec["decode_tokens_per_s"] == pytest.approx(4 * 32 / dec["median_decode_s"])
+    assert dec["achieved_hbm_gbps"] == pytest.approx(dec["bytes_per_step"] / dec["decode_step_s"] / 1e9)

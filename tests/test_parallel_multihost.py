@@ -1,0 +1,138 @@
+"""Multi-host training simulated on one machine: 2 local processes x 4 CPU devices,
+connected by `jax.distributed` (gloo collectives on CPU), each feeding only its half of
+the global batch, give the same params, AdamW moments and metrics as 1 process x 8
+devices on the same global batches and mesh shape (to float32 rounding: rtol 1e-5,
+atol 1e-6; the cross-process all-reduce sums in its own order).
+
+Also the single-process behaviour of `jaxagent.parallel.distributed` (no subprocess).
+"""
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from jaxagent import parallel as par
+
+WORKER = Path(__file__).with_name("parallel_worker.py")
+ROOT = WORKER.parent.parent
+TIMEOUT_S = 240
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(out: Path, num_processes: int, devices: int, mode: str = "train") -> dict:
+    """Runs the worker as `num_processes` processes. The first failure (or the timeout)
+    kills the others at once, and the failing worker's log is in the assertion."""
+    out.mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    procs, logs = [], []
+    try:
+        for pid in range(num_processes):
+            log = open(out / f"log_{pid}.txt", "w+")
+            logs.append(log)
+            procs.append(subprocess.Popen(
+                [sys.executable, str(WORKER), str(out), str(num_processes), str(pid), str(port), str(devices), mode],
+                env=env, stdout=log, stderr=subprocess.STDOUT))
+        deadline = time.monotonic() + TIMEOUT_S
+        while any(p.poll() is None for p in procs):
+            failed = [i for i, p in enumerate(procs) if p.returncode not in (None, 0)]
+            if failed or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        for i, (p, log) in enumerate(zip(procs, logs)):
+            if p.poll() != 0:
+                log.seek(0)
+                why = "timed out" if p.returncode is None else f"exited {p.returncode}"
+                pytest.fail(f"worker {i} of {num_processes} {why}:\n{log.read()[-4000:]}")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for log in logs:
+            log.close()
+    with np.load(out / "result.npz") as f:
+        result = {k: f[k] for k in f.files}
+    result["rows"] = [np.load(out / f"rows_{pid}.npy") for pid in range(num_processes)]
+    return result
+
+
+def test_two_processes_build_one_global_batch_and_reduce_across(tmp_path):
+    """Fast smoke (no model): each process gives its own rows; a jitted reduction over
+    the global array crosses the processes; every row arrives where it belongs."""
+    res = _launch(tmp_path, num_processes=2, devices=4, mode="smoke")
+    a, b = res["rows"]
+    assert len(a) == len(b) == 8 and sorted([*a, *b]) == list(range(16))
+    full = np.arange(16 * 10, dtype=np.float32).reshape(16, 10)
+    np.testing.assert_array_equal(res["x"], full)
+    np.testing.assert_array_equal(res["row_sums"], full.sum(axis=1))
+    assert float(res["total"]) == float(full.sum())
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one_process(tmp_path):
+    multi = _launch(tmp_path / "multi", num_processes=2, devices=4)
+    single = _launch(tmp_path / "single", num_processes=1, devices=8)
+    # each process fed a different half of the rows, and together all of them
+    a, b = multi.pop("rows")
+    assert len(a) == len(b) == 8 and sorted([*a, *b]) == list(range(16))
+    np.testing.assert_array_equal(single.pop("rows")[0], np.arange(16))
+    assert str(multi["spec/q_proj"]) == str(single["spec/q_proj"]) == "P(None, 'fsdp', 'tensor')"
+    assert set(multi) == set(single)
+    for k in single:
+        if k.startswith(("param/", "mu/", "metric/")):
+            np.testing.assert_allclose(multi[k], single[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    assert float(single["metric/2/step"]) == 3.0 and float(single["metric/0/skipped"]) == 0.0
+
+
+# ----------------------------------------------------------------------------- one process
+def test_initialize_is_a_noop_for_one_process(monkeypatch):
+    for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "JAXAGENT_DISTRIBUTED"):
+        monkeypatch.delenv(k, raising=False)
+    assert par.initialize() is False
+    assert par.initialize(num_processes=1) is False
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "1")
+    assert par.initialize() is False
+    assert par.is_primary()
+    par.barrier("alone")  # no-op
+
+
+def test_initialize_errors_name_what_is_missing(monkeypatch):
+    for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "JAXAGENT_DISTRIBUTED"):
+        monkeypatch.delenv(k, raising=False)
+    with pytest.raises(ValueError, match=r"missing process_id \(JAX_PROCESS_ID\)"):
+        par.initialize("127.0.0.1:1234", 2)
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "two")
+    with pytest.raises(ValueError, match="JAX_NUM_PROCESSES must be an integer"):
+        par.initialize()
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "2")
+    monkeypatch.setenv("JAX_PROCESS_ID", "2")
+    monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "127.0.0.1:1234")
+    with pytest.raises(ValueError, match=r"process_id \(JAX_PROCESS_ID\) must be an int in \[0, 2\)"):
+        par.initialize()
+
+
+def test_global_batch_and_rows_in_one_process():
+    if len(jax.devices()) != 8:
+        pytest.skip("needs the 8 virtual CPU devices of conftest.py")
+    mesh = par.make_mesh(par.MeshConfig(2, 2, 2))
+    np.testing.assert_array_equal(par.process_rows(mesh, 16), np.arange(16))
+    x = np.arange(32, dtype=np.float32).reshape(16, 2)
+    g = par.global_batch({"x": x, "none": None}, mesh, 16)
+    assert g["none"] is None
+    assert g["x"].sharding.spec == jax.P(("data", "fsdp"), None)
+    np.testing.assert_array_equal(par.to_host(g)["x"], x)
+    with pytest.raises(ValueError, match="must provide 16 rows"):
+        par.global_batch({"x": x[:8]}, mesh, 16)

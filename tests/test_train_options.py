@@ -1,0 +1,158 @@
+"""The loop's reward options (`AlgoSection`): scaling, clipping, truncation handling, KL as
+a reward penalty, dynamic sampling.
+
+`shape_rewards` is checked against a float64 NumPy restatement written here from the
+documented rules, on a hand-made trajectory; dynamic sampling and the KL reference
+through short runs of the loop.
+"""
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxagent.config import ConfigError, load_config
+from jaxagent.rollout.trajectory import Trajectory
+from jaxagent.train.trainer import AlgoSection, Trainer, TrainerConfig, shape_rewards
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "tiny_countdown_grpo.yaml"
+
+
+def make_traj():
+    """3 episodes, T = 10, K = 3: row 0 two turns (done), row 1 three turns (truncated),
+    row 2 one turn (failed)."""
+    B, T, K = 3, 10, 3
+    turn_ids = np.full((B, T), -1, np.int32)
+    turn_ids[0, 2:4], turn_ids[0, 6:8] = 0, 1
+    turn_ids[1, 1:3], turn_ids[1, 4:5], turn_ids[1, 7:9] = 0, 1, 2
+    turn_ids[2, 3:5] = 0
+    turn_rewards = np.array([[0.5, 2.0, 0], [-3.0, 0.25, 1.0], [7.0, 0, 0]], np.float32)
+    turn_mask = np.array([[1, 1, 0], [1, 1, 1], [1, 0, 0]], bool)
+    loss_mask = (turn_ids >= 0).astype(np.float32)
+    z = jnp.zeros((B, T), jnp.float32)
+    return Trajectory(
+        tokens=jnp.zeros((B, T), jnp.int32), attention_mask=jnp.ones((B, T), jnp.int32),
+        loss_mask=jnp.asarray(loss_mask), rollout_logp=z, turn_ids=jnp.asarray(turn_ids), rewards=z,
+        group_ids=jnp.zeros((B,), jnp.int32), turn_rewards=jnp.asarray(turn_rewards),
+        turn_mask=jnp.asarray(turn_mask), anchor_ids=jnp.full((B, K), -1, jnp.int32),
+        episode_return=jnp.asarray(turn_rewards.sum(1)), lengths=jnp.full((B,), T, jnp.int32),
+        num_turns=jnp.asarray(turn_mask.sum(1).astype(np.int32)),
+        done=jnp.asarray([True, False, False]), truncated=jnp.asarray([False, True, False]),
+        failed=jnp.asarray([False, False, True]))
+
+
+def reference(traj, scale, clip, truncation, penalty, kl_coef, old, ref):
+    """float64 restatement: per-turn shaped rewards, then token rewards at each turn's last token."""
+    tr = np.asarray(traj.turn_rewards, np.float64) * scale
+    if clip is not None:
+        tr = np.clip(tr, -clip, clip)
+    mask = np.asarray(traj.turn_mask)
+    tid = np.asarray(traj.turn_ids)
+    B, T = tid.shape
+    if truncation == "penalty":
+        for b in range(B):
+            if traj.truncated[b] and not traj.failed[b]:
+                tr[b, mask[b].sum() - 1] += penalty
+    tr = np.where(mask, tr, 0.0)
+    tok = np.zeros((B, T))
+    for b in range(B):
+        for k in range(tr.shape[1]):
+            where = np.nonzero(tid[b] == k)[0]
+            if where.size:
+                tok[b, where[-1]] = tr[b, k]
+    if kl_coef:
+        d = (np.asarray(old, np.float64) - np.asarray(ref, np.float64)) * (tid >= 0)
+        tok -= kl_coef * d
+        for b in range(B):
+            for t in range(T):
+                if tid[b, t] >= 0:
+                    tr[b, tid[b, t]] -= kl_coef * d[b, t]
+    return tr, tok
+
+
+@pytest.mark.parametrize("scale, clip, truncation, kl_coef", [
+    (1.0, None, "keep", 0.0),
+    (0.5, 1.5, "keep", 0.0),
+    (2.0, None, "penalty", 0.0),
+    (1.0, 2.5, "filter", 0.0),
+    (1.0, None, "keep", 0.1),
+    (3.0, 4.0, "penalty", 0.05),
+])
+def test_shape_rewards_matches_the_rules(scale, clip, truncation, kl_coef):
+    traj = make_traj()
+    rng = np.random.default_rng(0)
+    old = jnp.asarray(rng.normal(size=traj.tokens.shape).astype(np.float32))
+    ref = jnp.asarray(rng.normal(size=traj.tokens.shape).astype(np.float32))
+    algo = AlgoSection(reward_scale=scale, reward_clip=clip, truncation=truncation, truncation_penalty=-0.75,
+                       kl_reward_coef=kl_coef)
+    loss_mask = traj.loss_mask
+    out, mask, stats = shape_rewards(algo, traj, loss_mask, old, ref)
+    want_turn, want_tok = reference(traj, scale, clip, truncation, -0.75, kl_coef, old, ref)
+    np.testing.assert_allclose(np.asarray(out.turn_rewards), want_turn, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(out.rewards), want_tok, rtol=1e-6, atol=1e-6)
+    if truncation == "filter":
+        np.testing.assert_array_equal(np.asarray(mask)[1], 0.0)
+        np.testing.assert_array_equal(np.asarray(mask)[0], np.asarray(loss_mask)[0])
+        assert stats["truncated_filtered"] == 1
+    else:
+        np.testing.assert_array_equal(np.asarray(mask), np.asarray(loss_mask))
+    # the outcome estimators see the shaped returns: GRPO's score is the token-reward sum
+    np.testing.assert_allclose(np.asarray(out.rewards).sum(1), want_turn.sum(1), rtol=1e-5, atol=1e-5)
+
+
+def test_without_options_the_rewards_are_the_env_rewards():
+    traj = make_traj()
+    traj = traj.replace(rewards=jnp.asarray(reference(traj, 1.0, None, "keep", 0, 0, None, None)[1], jnp.float32))
+    out, _, stats = shape_rewards(AlgoSection(), traj, traj.loss_mask)
+    np.testing.assert_array_equal(np.asarray(out.rewards), np.asarray(traj.rewards))
+    assert stats == {}
+
+
+def test_kl_penalty_needs_the_log_probs():
+    with pytest.raises(ValueError, match="ref_logp"):
+        shape_rewards(AlgoSection(kl_reward_coef=0.1), make_traj(), make_traj().loss_mask)
+
+
+@pytest.mark.parametrize("override, names", [
+    ("algo.truncation=drop", "truncation"),
+    ("algo.reward_clip=-1", "reward_clip"),
+    ("algo.kl_reward_coef=-0.5", "kl_reward_coef"),
+    ("algo.kl_reward_kind=k9", "kl_reward_kind"),
+    ("algo.max_sampling_rounds=0", "max_sampling_rounds"),
+])
+def test_option_errors_name_the_key(tmp_path, override, names):
+    with pytest.raises(ConfigError, match=names):
+        load_config(TrainerConfig, CONFIG, [f"run_dir={tmp_path}", override])
+
+
+def test_dynamic_sampling_needs_a_group_estimator(tmp_path):
+    with pytest.raises(ConfigError, match="dynamic_sampling"):
+        load_config(TrainerConfig, CONFIG, [f"run_dir={tmp_path}", "algo.advantage=gae", "algo.dynamic_sampling=true"])
+
+
+@pytest.mark.slow
+def test_dynamic_sampling_refills_groups_without_signal(tmp_path):
+    # a from-scratch policy on Countdown never solves a task: every group's returns are
+    # equal, so each iteration plays all its rounds and keeps the batch shape
+    cfg = load_config(TrainerConfig, CONFIG, [f"run_dir={tmp_path / 'run'}", "algo.dynamic_sampling=true",
+                                               "algo.max_sampling_rounds=2", "iterations=2"])
+    trainer = Trainer(cfg, log=lambda *_: None)
+    history = trainer.run()
+    assert [m["sampling_rounds"] for m in history] == [2, 2]
+    assert [m["groups_with_signal"] for m in history] == [0, 0]
+    # the stream advanced by every task played, so the next iteration plays new tasks
+    n = cfg.env.tasks_per_iteration
+    assert [m["tasks_seen"] for m in history] == [2 * n, 4 * n]
+    assert all(m["skipped_updates"] == 0 for m in history)
+
+
+def test_kl_reward_penalty_runs_with_a_reference(tmp_path):
+    cfg = load_config(TrainerConfig, CONFIG, [f"run_dir={tmp_path / 'run'}", "algo.kl_reward_coef=0.05",
+                                               "iterations=2", "algo.truncation=penalty"])
+    trainer = Trainer(cfg, log=lambda *_: None)
+    history = trainer.run()
+    assert trainer.ref_params is not None
+    # iteration 1 samples from the reference itself: the k1 penalty is exactly 0; then the policy moved
+    assert history[0]["kl_reward_penalty"] == pytest.approx(0.0, abs=1e-6)
+    assert history[1]["kl_reward_penalty"] != 0.0

@@ -1,0 +1,152 @@
+"""Warm start (`jaxagent.train.warmstart`) and the trainer's SFT phase and held-out evaluation.
+
+The layout check compares a demonstration's tokens with an independent rendering: the
+tokenizer's own chat template applied to the whole conversation at once.
+"""
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+import envs
+from jaxagent.config import ConfigError, load_config
+from jaxagent.rollout.chat import ChatFormat
+from jaxagent.train import warmstart as ws
+from jaxagent.train.trainer import Trainer, TrainerConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+LAKE = {"size": 3, "hole_prob": 0.2}
+
+
+def test_noise_free_expert_always_succeeds_and_noise_is_reproducible():
+    clean = ws.collect_demonstrations("frozenlake", LAKE, range(40), max_turns=20)
+    assert all(d.success and d.done and d.noisy_actions == 0 for d in clean)
+    noisy = ws.collect_demonstrations("frozenlake", LAKE, range(40), noise=0.5, max_turns=20)
+    again = ws.collect_demonstrations("frozenlake", LAKE, range(40), noise=0.5, max_turns=20)
+    assert [d.actions for d in noisy] == [d.actions for d in again]
+    assert sum(d.noisy_actions for d in noisy) > 0
+    assert sum(d.success for d in noisy) < len(noisy)  # imperfect: some noisy episodes fail
+    # every action is one of the env's moves
+    moves = set(envs.make("frozenlake").random_actions)
+    assert all(a in moves for d in noisy for a in d.actions)
+    # the recorded success is the env's own verdict: replaying the actions gives the same
+    for d in noisy[:10]:
+        env = envs.make("frozenlake", **LAKE)
+        env.reset(seed=d.seed)
+        info = {}
+        for a in d.actions:
+            *_, info = env.step(a)
+        assert bool(info.get("success", False)) == d.success
+
+
+def test_noise_needs_an_action_vocabulary_and_an_expert():
+    with pytest.raises(ValueError, match="random_actions"):
+        ws.collect_demonstrations("countdown", {}, [0], noise=0.3, max_turns=2)
+    with pytest.raises(ValueError, match="expert noise"):
+        ws.collect_demonstrations("frozenlake", LAKE, [0], noise=1.5, max_turns=2)
+
+
+def test_bpe_tokenizer_round_trips_and_learns_the_moves():
+    demos = ws.collect_demonstrations("frozenlake", LAKE, range(64), noise=0.3, max_turns=8)
+    tok = ws.train_bpe_tokenizer(ws.demonstration_texts(demos), 400)
+    assert len(tok) <= 400
+    for text in ["You move right.\nS F H\n", "<action>up</action>", "héllo wörld 🙂\t\n  x", ""]:
+        assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
+    # a move the corpus is full of is one token; specials stay single tokens
+    assert len(tok.encode("<action>right</action>", add_special_tokens=False)) == 1
+    assert len(tok.encode("<|im_start|>assistant\n", add_special_tokens=False)) <= 3
+    with pytest.raises(ValueError, match="vocab_size"):
+        ws.train_bpe_tokenizer(["x"], 100)
+
+
+def test_demonstration_tokens_match_the_chat_template_of_the_whole_conversation():
+    demos = ws.collect_demonstrations("frozenlake", LAKE, range(5), noise=0.3, max_turns=6)
+    tok = ws.train_bpe_tokenizer(ws.demonstration_texts(demos), 400)
+    chat = ChatFormat(tok)
+    for d in demos:
+        tokens, mask = ws.demonstration_tokens(chat, d, 4096)
+        messages = [{"role": "system", "content": d.system_prompt}]
+        for obs, act in zip(d.observations, d.actions):
+            messages += [{"role": "user", "content": obs}, {"role": "assistant", "content": act}]
+        whole = tok.apply_chat_template(messages, tokenize=False)
+        # the template closes the last assistant turn with "<|im_end|>\n"; the episode ends
+        # with the policy's end-of-turn token
+        assert tok.decode(tokens) == whole.removesuffix("\n")
+        # the loss is on the actions and their end-of-turn tokens, nothing else
+        taught = tok.decode([t for t, m in zip(tokens, mask) if m])
+        assert taught == "".join(a + "<|im_end|>" for a in d.actions)
+
+
+def test_demonstration_tokens_respect_the_context():
+    demos = ws.collect_demonstrations("frozenlake", LAKE, [3], noise=1.0, max_turns=8)
+    tok = ws.train_bpe_tokenizer(ws.demonstration_texts(demos), 300)
+    chat = ChatFormat(tok)
+    full, _ = ws.demonstration_tokens(chat, demos[0], 4096)
+    cut, mask = ws.demonstration_tokens(chat, demos[0], len(full) - 5)
+    assert len(cut) <= len(full) - 5 and full[:len(cut)] == cut and sum(mask) > 0
+    with pytest.raises(ValueError, match="max_context"):
+        ws.demonstration_tokens(chat, demos[0], 10)
+
+
+TINY = ["model.tokenizer=bpe", "model.tokenizer_vocab_size=400", "env.name=frozenlake",
+        "env.kwargs={size: 3, hole_prob: 0.2}", "env.group_size=4", "env.tasks_per_iteration=2",
+        "rollout.max_turns=4", "rollout.max_tokens_per_turn=4", "rollout.max_context=384",
+        "warm_start.episodes=32", "warm_start.expert_noise=0.3", "warm_start.epochs=6",
+        "warm_start.batch_size=8", "warm_start.optim.lr=0.005", "eval.episodes=8", "iterations=2", "checkpoint_every=1",
+        "mini_batches=1"]
+
+
+def tiny(run_dir, *more):
+    return load_config(TrainerConfig, ROOT / "configs" / "tiny_countdown_grpo.yaml",
+                       [f"run_dir={run_dir}", *TINY, *more])
+
+
+def test_warm_start_then_rl_reports_held_out_success_and_resumes(tmp_path):
+    logs = []
+    trainer = Trainer(tiny(tmp_path / "run"), log=logs.append)
+    history = trainer.run()
+    assert len(history) == 2
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    for key in ("success_before_rl", "success_after_rl"):
+        assert 0.0 <= summary[key] <= 1.0
+    assert summary["eval_before_rl"]["episodes"] == 8
+    # the SFT loss fell: the demonstrations were learned from
+    sft = [json.loads(x) for x in (tmp_path / "run" / "warm_start.jsonl").read_text().splitlines()]
+    assert sft[-1]["loss"] < 0.6 * sft[0]["loss"] and all(math.isfinite(x["loss"]) for x in sft)
+    # the last log line is the JSON summary
+    last = json.loads(logs[-1])
+    assert last["success_before_rl"] == summary["success_before_rl"]
+    assert last["success_after_rl"] == summary["success_after_rl"]
+    assert (tmp_path / "run" / "tokenizer" / "tokenizer.json").exists()
+    # resuming a finished run does nothing and keeps the summary
+    logs2 = []
+    again = Trainer(tiny(tmp_path / "run"), resume=True, log=logs2.append)
+    again.run()
+    assert any("nothing to do" in x for x in logs2)
+    assert again.summary["success_after_rl"] == summary["success_after_rl"]
+    # extending the run resumes after the warm start (no second SFT) and re-evaluates
+    logs3 = []
+    more = Trainer(tiny(tmp_path / "run", "iterations=3"), resume=True, log=logs3.append)
+    assert more.tokenizer.get_vocab() == trainer.tokenizer.get_vocab()
+    more.run()
+    assert not any(x.startswith("warm start") for x in logs3)
+    assert [m["iteration"] for m in more.history] == [1, 2, 3]
+    assert json.loads(logs3[-1])["iterations"] == 3
+
+
+def test_overlapping_seed_ranges_are_an_error(tmp_path):
+    with pytest.raises(ConfigError, match="overlap"):
+        tiny(tmp_path / "run", "eval.seed=1000010")
+    with pytest.raises(ConfigError, match="overlap"):
+        tiny(tmp_path / "run", "eval.seed=0")
+
+
+def test_greedy_evaluation_is_deterministic(tmp_path):
+    trainer = Trainer(tiny(tmp_path / "run", "warm_start.episodes=0"), log=lambda *_: None)
+    loop = trainer._agent_loop()
+    with envs.EnvPool([lambda: envs.make("frozenlake", **LAKE)] * 8, num_workers=0) as pool:
+        a = trainer.evaluate(loop, pool, episodes=10, temperature=0.0)
+        b = trainer.evaluate(loop, pool, episodes=10, temperature=0.0)
+    assert a["episodes"] == 10 and a["success_rate"] == b["success_rate"]
+    assert a["return_mean"] == b["return_mean"]

@@ -26,8 +26,9 @@ test: $(STAMP) lint
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
 
+# the embedded demo (configs/default.yaml) into a fresh, timestamped run directory
 train: $(STAMP)
-	$(PY) -m jaxagent train
+	$(PY) -m jaxagent train run_dir=runs/default-$$(date +%Y%m%d-%H%M%S)
 
 # Peers for the side-by-side benchmarks. Tunix 0.1.7 pins older transformers and
 # tokenizers than ours, so it goes in without its deps plus the few it imports.
@@ -38,7 +39,7 @@ bench: $(STAMP)
 	$(PY) -m pip install -q -e ".[test,bench]"
 	$(PY) -m pip install -q --no-deps $(PEERS)
 	$(PY) benchmarks/w1_generate.py --torch-threads 1 --out benchmarks/results/w1_generate.jsonl
-	$(PY) benchmarks/w2_model_step.py --out benchmarks/results/w2_model_step.jsonl
+	$(PY) -m jaxagent bench update --systems jax,torch,tunix --out benchmarks/results/w2_model_step.jsonl
 	$(PY) benchmarks/w3_multiturn.py --out benchmarks/results/w3_multiturn.jsonl
 	$(PY) benchmarks/w4_advantages.py --out benchmarks/results/w4_advantages.jsonl
 	$(PY) benchmarks/w5_envpool.py --out benchmarks/results/w5_envpool.jsonl

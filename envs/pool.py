@@ -5,7 +5,14 @@ Slot ``i`` of the pool holds one env built from ``env_fns[i]`` (an env name for
 ``i % num_workers``. ``reset(seeds)`` and ``step(actions)`` act on all slots at once
 (``None`` in a slot's place leaves it alone) and return one result per slot, in slot
 order. ``submit_reset`` / ``submit_step`` / ``collect`` split a call in two so the
-caller can decode the next actions on the device while the envs step.
+caller can decode the next actions on the device while the envs step: ``submit_*``
+sends the work to the workers and returns a :class:`PoolCall` handle at once,
+``ready(handle)`` says without blocking whether its results are all in, and
+``collect(handle)`` waits for them. One call is in flight at a time (a pipelined
+caller alternates sub-batches: submit A, decode B, collect A, submit B, ...); every
+guarantee below (timeouts, fault isolation, replay, determinism) holds the same
+whether the caller collects at once or later, since timeouts are measured from when
+each item starts in its worker, not from when the caller collects.
 
 Faults end only the episode that caused them. A step that raises, returns something
 that is not a valid 5-tuple (see ``envs.core``), returns a result that cannot be
@@ -382,6 +389,18 @@ def _shutdown(workers: list[_Worker]) -> None:
         _stop_process(proc, conn, grace=1.0)
 
 
+class PoolCall:
+    """Handle of one submitted reset / step (returned by ``submit_*``, given to ``collect``)."""
+
+    __slots__ = ("kind", "number")
+
+    def __init__(self, kind: str, number: int):
+        self.kind, self.number = kind, number
+
+    def __repr__(self) -> str:
+        return f"PoolCall({self.kind!r}, #{self.number})"
+
+
 class EnvPool:
     """A batch of env slots stepped by ``num_workers`` host processes (see the module doc).
 
@@ -434,6 +453,8 @@ class EnvPool:
         self.stats: dict[str, int] = {"restarts": 0}
         self._closed = False
         self._inflight: str | None = None
+        self._call: PoolCall | None = None
+        self._calls = 0
         self._env_fns = env_fns
         nw = max(self.num_workers, 1)
         self._slots = [_Slot(i, i % nw) for i in range(self.num_slots)]
@@ -489,8 +510,8 @@ class EnvPool:
         self._submit(ops, "expert")
         return self.collect()
 
-    def submit_reset(self, seeds: Sequence[int | None]) -> None:
-        """Start resetting; results come from :meth:`collect`."""
+    def submit_reset(self, seeds: Sequence[int | None]) -> PoolCall:
+        """Start resetting; returns at once; results come from :meth:`collect`."""
         self._check_idle()
         seeds = self._check_len(seeds, "seeds")
         ops: list = [None] * self.num_slots
@@ -500,10 +521,11 @@ class EnvPool:
             if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
                 raise TypeError(f"seeds[{i}] must be an int or None, got {type(seed).__name__} {seed!r}")
             ops[i] = (_RESET, int(seed))
-        self._submit(ops, "reset")
+        return self._submit(ops, "reset")
 
-    def submit_step(self, actions: Sequence[str | None]) -> None:
-        """Start stepping; results come from :meth:`collect`."""
+    def submit_step(self, actions: Sequence[str | None]) -> PoolCall:
+        """Start stepping; returns at once (the workers step meanwhile); results come from
+        :meth:`collect`. With ``num_workers=0`` the envs step here, before it returns."""
         self._check_idle()
         actions = self._check_len(actions, "actions")
         ops: list = [None] * self.num_slots
@@ -517,14 +539,26 @@ class EnvPool:
             if not isinstance(action, str):
                 raise TypeError(f"actions[{i}] must be a str or None, got {type(action).__name__}")
             ops[i] = (_STEP, action)
-        self._submit(ops, "step")
+        return self._submit(ops, "step")
 
-    def collect(self) -> list:
-        """Wait for the submitted call; one result per slot, None where nothing was asked,
-        except that a slot whose episode was lost (its worker restarted and the replay
-        failed) comes back failed even if the call did not touch it."""
-        if self._inflight is None:
-            raise RuntimeError("collect() without a submitted reset/step")
+    def ready(self, handle: PoolCall | None = None) -> bool:
+        """True when :meth:`collect` would return without waiting (never blocks; it takes
+        in the results that have arrived and applies the timeouts that are due)."""
+        self._check_handle(handle, "ready")
+        if self._runner is not None:
+            return True
+        try:
+            return self._wait_all(block=False)
+        except BaseException:
+            self.close()
+            raise
+
+    def collect(self, handle: PoolCall | None = None) -> list:
+        """Wait for the submitted call (``handle``: the one ``submit_*`` returned; it is
+        checked to be the call in flight); one result per slot, None where nothing was
+        asked, except that a slot whose episode was lost (its worker restarted and the
+        replay failed) comes back failed even if the call did not touch it."""
+        self._check_handle(handle, "collect")
         try:
             if self._runner is None:
                 self._wait_all()
@@ -536,6 +570,14 @@ class EnvPool:
             raise
         finally:
             self._inflight = None
+            self._call = None
+
+    def _check_handle(self, handle: PoolCall | None, what: str) -> None:
+        if self._inflight is None:
+            raise RuntimeError(f"{what}() without a submitted reset/step")
+        if handle is not None and handle is not self._call:
+            raise RuntimeError(f"{what}({handle!r}): that call is not the one in flight ({self._call!r}); "
+                               "it was collected already")
 
     def status(self, slot: int) -> str:
         """``new``, ``running``, ``done`` or ``failed``."""
@@ -580,22 +622,25 @@ class EnvPool:
         if self._inflight is not None:
             raise RuntimeError(f"a {self._inflight} is still in flight: collect() it first")
 
-    def _submit(self, ops: list, kind: str) -> None:
+    def _submit(self, ops: list, kind: str) -> PoolCall:
         self._check_idle()
         for slot, op in zip(self._slots, ops):
             slot.pending = op
         self._results = [None] * self.num_slots
         self._inflight = kind
+        self._calls += 1
+        self._call = PoolCall(kind, self._calls)
         if self._runner is not None:
             for slot in self._slots:
                 if slot.pending is not None:
                     self._record(slot, self._runner.run(slot.index, *slot.pending))
-            return
+            return self._call
         for w in self._workers:
             if w.needs_restart:
                 self._restart(w)
             else:
                 self._send_batch(w, self._ops_for(w))
+        return self._call
 
     def _ops_for(self, w: _Worker, replay: bool = False) -> list:
         items = []
@@ -669,11 +714,13 @@ class EnvPool:
             budget = self.step_timeout
         return started + budget
 
-    def _wait_all(self) -> None:
+    def _wait_all(self, block: bool = True) -> bool:
+        """Take in results until every worker's batch is answered (True); with
+        ``block=False``, one pass over what has arrived, then False if some is missing."""
         while True:
             waiting = [w for w in self._workers if w.batch is not None or not w.ready]
             if not any(w.batch is not None for w in waiting):
-                return
+                return True
             by_handle = {}
             for w in waiting:
                 by_handle[w.conn] = w
@@ -682,7 +729,7 @@ class EnvPool:
             # Deadlines move as workers go from item to item (a short step after a long
             # replay), so look again at least every poll interval.
             deadline = min(self._deadline(w) for w in waiting)
-            timeout = min(max(0.0, deadline - now), self._poll_s)
+            timeout = min(max(0.0, deadline - now), self._poll_s) if block else 0.0
             ready = mpc.wait(list(by_handle), timeout=timeout)
             handled = set()
             for h in ready:
@@ -696,6 +743,8 @@ class EnvPool:
                 if w.index not in handled and (w.batch is not None or not w.ready) \
                         and self._deadline(w) <= now:
                     self._on_timeout(w)
+            if not block:
+                return not any(w.batch is not None for w in self._workers)
 
     def _on_ready(self, w: _Worker) -> None:
         try:

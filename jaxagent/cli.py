@@ -3,29 +3,37 @@
 ``jaxagent train --config PATH [key=value ...] [--resume]`` runs the trainer
 (`jaxagent.train.trainer`) on a YAML config with dotted overrides; a config error
 prints the message naming the key and exits with status 2. Without ``--config`` it
-says that the embedded default demo is not built yet.
+runs the embedded demo, ``configs/default.yaml`` (overrides still apply).
+
+``jaxagent eval RUN_DIR [--step N] [--episodes N] [--seed S] [--temperature T] [--out JSONL]``
+evaluates a run's checkpoint on held-out seeds (`jaxagent.train.evaluate`).
+
+``jaxagent plot RUN_DIR [--out PNG]`` draws the run's learning curves from its
+metrics.jsonl (`jaxagent.train.plot`); exit status 2 with a message when the run dir or
+its metrics cannot be read.
+
+``jaxagent bench update [--repeats N] [--quick] [--out JSONL] [--systems jax,torch,tunix]``
+runs the W2 policy-update benchmark of the repository (`jaxagent.bench`), printing JSON
+lines.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-TRAINER_PENDING = (
-    "jaxagent train: the embedded default demo of the trainer is not built yet; it lands with\n"
-    "the trainer issue. What works today: `jaxagent train --config configs/tiny_countdown_grpo.yaml`\n"
-    "(the training loop on a tiny config), the RL kernels in `jaxagent.algos` (see README.md)\n"
-    "and the tests (`make test`)."
-)
+#: the embedded demo: `jaxagent train` without --config (a repository checkout's configs/)
+DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
 
 
 def _train(args) -> int:
     if args.config is None:
-        if args.overrides or args.resume:
-            print("jaxagent train: error: overrides and --resume need --config PATH", file=sys.stderr)
+        if not DEFAULT_CONFIG.is_file():
+            print(f"jaxagent train: error: the embedded default config {DEFAULT_CONFIG} is missing (it ships "
+                  "with the repository checkout); pass --config PATH", file=sys.stderr)
             return 2
-        print(TRAINER_PENDING)
-        return 0
+        args.config = str(DEFAULT_CONFIG)
     from jaxagent.config import ConfigError, load_config
     from jaxagent.train.checkpoint import IncompatibleCheckpointError
     from jaxagent.train.trainer import Trainer, TrainerConfig
@@ -44,23 +52,84 @@ def _train(args) -> int:
     return 0
 
 
+def _eval(args) -> int:
+    import json
+
+    from jaxagent.config import ConfigError
+    from jaxagent.train.checkpoint import IncompatibleCheckpointError
+    from jaxagent.train.evaluate import evaluate_run
+
+    try:
+        result = evaluate_run(args.run_dir, step=args.step, episodes=args.episodes, seed=args.seed,
+                              temperature=args.temperature, out=args.out, num_workers=args.num_workers,
+                              log=lambda line: print(line, file=sys.stderr))
+    except (ConfigError, IncompatibleCheckpointError, FileNotFoundError, ValueError) as err:
+        print(f"jaxagent eval: error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(result))
+    return 0
+
+
+def _plot(args) -> int:
+    from jaxagent.train.plot import RunDataError, plot_run
+
+    try:
+        path = plot_run(args.run_dir, args.out)
+    except (FileNotFoundError, RunDataError) as err:
+        print(f"jaxagent plot: error: {err}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="jaxagent", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    train = sub.add_parser("train", help="train an agent (the embedded default demo without --config)")
+    train = sub.add_parser("train", help="train an agent (the embedded demo, configs/default.yaml, without --config)")
     train.add_argument("--config", metavar="PATH", help="YAML config of a training run (TrainerConfig)")
     train.add_argument("--resume", action="store_true",
                        help="continue from the latest checkpoint in the config's run_dir")
     train.add_argument("overrides", nargs="*", metavar="key=value",
                        help="dotted config overrides, e.g. optim.lr=1e-4 env.group_size=8")
     sub.add_parser("envs", help="list the environments envs.make knows")
+    ev = sub.add_parser("eval", help="evaluate a run's policy on held-out seeds (success rate, return; JSONL out)",
+                        description="Restore a run's checkpoint (the latest, or --step) and play episodes on "
+                                    "held-out seeds with the run's env and sampling (default: the run config's eval "
+                                    "section). Prints the summary as one JSON line; --out writes one JSON line "
+                                    "per episode (seed, success, return, turns, end reason, the env's last info "
+                                    "such as intake's rubric components) and the summary.")
+    ev.add_argument("run_dir", metavar="RUN_DIR", help="a training run's directory (config.yaml, checkpoints/)")
+    ev.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    ev.add_argument("--episodes", type=int, default=None, help="episodes (default: the config's eval.episodes)")
+    ev.add_argument("--seed", type=int, default=None, help="first held-out seed (default: the config's eval.seed)")
+    ev.add_argument("--temperature", type=float, default=None,
+                    help="sampling temperature (default: the config's; 0 = greedy)")
+    ev.add_argument("--num-workers", type=int, default=None, help="env worker processes (default: the config's)")
+    ev.add_argument("--out", metavar="JSONL", default=None, help="per-episode results and the summary")
+    plot = sub.add_parser("plot", help="draw a run's learning curves (metrics.jsonl) to a PNG",
+                          description="Draw reward, success rate, KL, entropy, loss and tokens/s against the "
+                                      "iteration from RUN_DIR/metrics.jsonl (eval_* keys and summary.json "
+                                      "references included); prints the PNG's path.")
+    plot.add_argument("run_dir", metavar="RUN_DIR", help="a training run's directory (holds metrics.jsonl)")
+    plot.add_argument("--out", metavar="PNG", default=None, help="output file (default RUN_DIR/learning_curves.png)")
+    from jaxagent import bench as bench_mod
+
+    bench = sub.add_parser("bench", help="run a benchmark of the repository (update: the W2 policy update)",
+                           description=bench_mod.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench_mod.add_arguments(bench)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 2
     if args.command == "train":
         return _train(args)
+    if args.command == "plot":
+        return _plot(args)
+    if args.command == "eval":
+        return _eval(args)
+    if args.command == "bench":
+        return bench_mod.run(args)
     if args.command == "envs":
         import envs
 

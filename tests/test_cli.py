@@ -2,11 +2,13 @@ import subprocess
 import sys
 
 
-def test_train_entry_point_runs_and_says_what_it_does():
-    out = subprocess.run([sys.executable, "-m", "jaxagent", "train"], capture_output=True,
+def test_train_help_names_the_embedded_default():
+    out = subprocess.run([sys.executable, "-m", "jaxagent", "train", "--help"], capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "trainer" in out.stdout
+    assert "--config" in out.stdout and "--resume" in out.stdout
+    top = subprocess.run([sys.executable, "-m", "jaxagent", "--help"], capture_output=True, text=True, timeout=120)
+    assert "configs/default.yaml" in top.stdout
 
 
 def test_unknown_command_is_an_error():

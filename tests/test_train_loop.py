@@ -193,8 +193,16 @@ def test_config_error_through_the_cli_exits_2(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_train_without_config_keeps_the_plain_message():
-    out = subprocess.run([sys.executable, "-m", "jaxagent", "train"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120)
+def test_train_without_config_runs_the_embedded_demo_and_ends_with_its_json_line(tmp_path):
+    # configs/default.yaml shrunk by overrides: warm start, evaluations, RL, then the JSON line
+    small = ["model.hidden_size=32", "model.intermediate_size=64", "model.head_dim=8",
+             "warm_start.episodes=16", "warm_start.epochs=1", "warm_start.batch_size=8", "eval.episodes=8",
+             "env.tasks_per_iteration=1", "env.group_size=4", "iterations=1", "rollout.max_turns=3",
+             "mini_batches=1", "env.num_workers=0"]
+    out = subprocess.run([sys.executable, "-m", "jaxagent", "train", f"run_dir={tmp_path / 'run'}", *small],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
-    assert "not built yet" in out.stdout
+    last = json.loads(out.stdout.strip().splitlines()[-1])
+    assert set(last) >= {"success_before_rl", "success_after_rl"}
+    assert 0 <= last["success_before_rl"] <= 1 and 0 <= last["success_after_rl"] <= 1
+    assert load_config(TrainerConfig, tmp_path / "run" / "config.yaml").env.name == "frozenlake"

@@ -17,6 +17,24 @@ Limits (`AgentLoopConfig`): `max_turns`, `max_tokens_per_turn`, `max_context` (t
 whole episode, prompt included: it is the KV-cache size and the trajectory width). An
 episode stops as truncated when a limit is hit, with the reason recorded.
 
+Overlap (`AgentLoopConfig.pipeline_groups = N > 1`): the episodes are split into N
+contiguous sub-batches (slot ranges, so each spans the pool's workers), each with its
+own sampler state (row keys are still `fold_in(seed, episode index)`), and each turn
+of each sub-batch is pipelined against the others with the pool's non-blocking
+`submit_step` / `collect`:
+
+    dispatch decode(B)  ->  collect step(A)  ->  append(A) (async)  ->
+    wait for decode(B)  ->  submit step(B)   ->  dispatch decode(A)  -> ...
+
+so the envs step A's actions while the device decodes B's (JAX dispatch is async: the
+host collects and tokenizes A's observations while B decodes). The trajectories are
+those of `pipeline_groups=1` for the same seeds: every token, action, observation,
+reward, end and failure; log-probs agree to float32 rounding (XLA:CPU's results for a
+row can differ in the last bits with the batch shape, as they do when `shrink_batch`
+re-buckets). A sub-batch whose episodes all end leaves the pipeline. Worth it when env
+steps take as long as decodes; with `num_workers=0` (envs in this process) there is
+nothing to overlap. `AgentLoop.timings` has the per-phase seconds of the last run.
+
 Robustness: an env that fails (EnvPool reports `info["failed"]`: exception, crash,
 timeout, invalid result) ends only that episode, marked `failed` (its turns so far
 are kept; the trainer masks failed episodes out). A malformed action is the env's
@@ -29,8 +47,12 @@ tokenization; `loss_mask` is 1 exactly on the policy tokens.
 """
 from __future__ import annotations
 
+import collections
+import concurrent.futures
+import contextlib
 import dataclasses
 import hashlib
+import time
 from typing import Any, Hashable, Sequence
 
 import jax.numpy as jnp
@@ -56,6 +78,10 @@ class AgentLoopConfig:
       shrink_batch: re-bucket the device batch as episodes finish.
       min_bucket: smallest padded length of an appended segment.
       pad_id: token id used for padding in the trajectory.
+      pipeline_groups: 1 = one device batch, decode and env step in turn. N > 1 splits
+        the episodes into N contiguous sub-batches, each with its own sampler state,
+        and pipelines them: while the envs step one sub-batch's actions, the device
+        decodes the next sub-batch's (see the module docstring). Same trajectories.
     """
 
     max_turns: int = 8
@@ -67,9 +93,10 @@ class AgentLoopConfig:
     shrink_batch: bool = True
     min_bucket: int = 16
     pad_id: int = 0
+    pipeline_groups: int = 1
 
     def __post_init__(self):
-        for name in ("max_turns", "max_tokens_per_turn", "max_context", "min_bucket"):
+        for name in ("max_turns", "max_tokens_per_turn", "max_context", "min_bucket", "pipeline_groups"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"AgentLoopConfig.{name} must be a positive int, got {v!r}")
@@ -142,8 +169,14 @@ class AgentLoop:
     """
 
     def __init__(self, params, model_config: DecoderConfig, tokenizer, config: AgentLoopConfig,
-                 observation_role: str = "user"):
+                 observation_role: str = "user", *, profile: bool = False):
         self.config = config
+        #: also measure when the device is idle (a thread per rollout waits on each decode)
+        self.profile = profile
+        #: seconds per phase of the last `run` (see `_Clock`): dispatch_s, decode_wait_s,
+        #: submit_s, env_wait_s, append_s, host_s (the rest), rollout_s; with `profile`,
+        #: device_busy_s, device_idle_s and device_idle_env_wait_s
+        self.timings: dict[str, float] = {}
         self.chat = ChatFormat(tokenizer, observation_role=observation_role)
         self.sampler = Sampler(params, model_config, max_len=config.max_context, min_bucket=config.min_bucket,
                                pad_id=config.pad_id)
@@ -170,10 +203,14 @@ class AgentLoop:
         if len(group_ids) != B:
             raise ValueError(f"AgentLoop.run: group_ids has {len(group_ids)} entries, expected {B}")
         eps = [Episode(index=i, seed=s, group_id=int(g)) for i, (s, g) in enumerate(zip(seeds, group_ids))]
+        clock = _Clock(self.profile)
+        self.timings = clock.totals
 
         # ---- reset and first prompts
         prompts: list[list[int] | None] = [None] * B
-        for ep, res in zip(eps, pool.reset(list(seeds))):
+        with clock.phase("env_wait_s"):
+            reset_results = pool.reset(list(seeds))
+        for ep, res in zip(eps, reset_results):
             obs, info = res
             if info.get("failed"):
                 ep.end(failed=True, reason="env_failed", failure=str(info.get("failure", "")))
@@ -188,80 +225,149 @@ class AgentLoop:
             ep.add("prompt", toks)
             prompts[ep.index] = toks
 
-        rows = list(range(B))  # device row -> episode index (-1 = padding row)
-        state = self.sampler.init_state(B, cfg.seed, row_ids=np.arange(B))
-        state = self.sampler.append(state, prompts)
+        # ---- the sub-batches: contiguous slot ranges, so each spans the pool's workers
+        groups = []
+        for part in np.array_split(np.arange(B), min(cfg.pipeline_groups, B)):
+            rows = part.tolist()
+            with clock.phase("append_s"):
+                state = self.sampler.init_state(len(rows), cfg.seed, row_ids=part)
+                state = self.sampler.append(state, [prompts[i] for i in rows])
+                clock.dispatched()
+            groups.append(_Group(rows=rows, state=state))
 
-        for turn in range(cfg.max_turns):
-            live = [i for i in rows if i >= 0 and not eps[i].finished]
-            if not live:
-                break
-            if cfg.shrink_batch and bucket(len(live), 1) < len(rows):
-                new_b = bucket(len(live), 1)
-                keep = live + [live[0]] * (new_b - len(live))
-                state = self.sampler.select_rows(state, [rows.index(i) for i in keep])
-                rows = live + [-1] * (new_b - len(live))
-            active = [i >= 0 and not eps[i].finished for i in rows]
-            room = [cfg.max_context - len(eps[i].tokens) if a else 0 for i, a in zip(rows, active)]
-            max_new = [min(cfg.max_tokens_per_turn, r) for r in room]
-            stop_seqs = [self.stop_sequences for _ in rows] if self.stop_sequences else None
-            state, gen = self.sampler.decode(
-                state, max_new_tokens=cfg.max_tokens_per_turn, sampling=cfg.sampling, active=active,
-                max_new=max_new, stop_tokens=list(self.chat.stop_token_ids), stop_sequences=stop_seqs)
-            toks, logps, reasons = Sampler.to_lists(gen)
-
-            actions: list[str | None] = [None] * len(pool)
-            stepped = []
-            for r, i in enumerate(rows):
-                if not active[r]:
-                    continue
-                ep = eps[i]
-                ep.add("policy", toks[r], logps[r], turn=turn)
-                ep.finish_reasons.append(reasons[r])
-                ep.state_keys.append(ep.state_key)
-                ep.rewards.append(0.0)
-                ended_by_context = reasons[r] == "cache_full" or (
-                    reasons[r] == "max_new_tokens" and len(toks[r]) < cfg.max_tokens_per_turn)
-                if ended_by_context:  # the action was cut by the context limit: not sent
-                    ep.end(truncated=True, reason="context_full")
-                    continue
-                actions[i] = self.chat.action_text(toks[r])
-                ep.actions.append(actions[i])
-                stepped.append((r, i, reasons[r] == "stop_token" and toks[r][-1] == self._eot_id()))
-
-            results = pool.step(actions) if stepped else [None] * len(pool)
-            appends: list[list[int] | None] = [None] * len(rows)
-            for r, i, after_eot in stepped:
-                ep = eps[i]
-                obs, reward, terminated, truncated, info = results[i]
-                ep.rewards[-1] = float(reward)
-                ep.info = dict(info)
-                if info.get("failed"):
-                    ep.end(failed=True, reason="env_failed", failure=str(info.get("failure", "")))
-                    continue
-                ep.observations.append(obs)
-                ep.state_key = info.get("state_key")
-                if terminated:
-                    ep.end(done=True, reason="terminated")
-                    continue
-                if truncated:
-                    ep.end(truncated=True, reason="env_truncated")
-                    continue
-                if turn + 1 >= cfg.max_turns:
-                    ep.end(truncated=True, reason="max_turns")
-                    continue
-                seg = self.chat.observation_tokens(obs, after_end_of_turn=after_eot)
-                if len(ep.tokens) + len(seg) >= cfg.max_context:  # no room for the next action
-                    ep.end(truncated=True, reason="context_full")
-                    continue
-                ep.add("observation", seg)
-                appends[r] = seg
-            if any(a for a in appends):
-                state = self.sampler.append(state, appends)
+        # ---- the pipeline (one group: plain decode -> step -> append per turn)
+        lost: dict[int, tuple] = {}  # episode -> a failure reported in another group's call
+        queue = collections.deque(groups)  # groups whose next move is a decode
+        inflight = None  # (pool handle, group, turn, stepped rows, results known without the pool)
+        while queue or inflight is not None:
+            dec = None
+            while queue and dec is None:  # dispatch the next decode (async): the device runs it
+                t = time.perf_counter()
+                with clock.phase("dispatch_s"):
+                    dec = self._dispatch_decode(queue.popleft(), eps)
+                if dec is not None:
+                    clock.watch(dec[3].num_tokens_B, t)
+            if inflight is not None:  # meanwhile the envs finish the previous group's step
+                handle, g, turn, stepped, known = inflight
+                inflight = None
+                with clock.phase("env_wait_s"):
+                    results = pool.collect(handle)
+                stepped_eps = {i for _, i, _ in stepped}
+                for i, res in enumerate(results):
+                    if res is not None and i not in stepped_eps and not eps[i].finished \
+                            and res[-1].get("failed"):
+                        lost[i] = res  # its worker restarted and its replay failed
+                results = list(results)
+                for i, res in known.items():
+                    results[i] = res
+                self._finish_step(g, turn, stepped, results, eps, clock)
+                queue.append(g)
+            if dec is not None:
+                g, turn = dec[0], dec[1]
+                with clock.phase("decode_wait_s"):
+                    lists = Sampler.to_lists(dec[3])
+                actions, stepped, known = self._take_actions(dec, lists, eps, lost, len(pool))
+                if any(a is not None for a in actions):
+                    with clock.phase("submit_s"):
+                        inflight = (pool.submit_step(actions), g, turn, stepped, known)
+                else:  # nothing for the envs: every action was cut by the context or is known
+                    results = [None] * len(pool)
+                    for i, res in known.items():
+                        results[i] = res
+                    self._finish_step(g, turn, stepped, results, eps, clock)
+                    queue.append(g)
         for ep in eps:
             if not ep.finished:  # pragma: no cover - every path above ends the episode
                 ep.end(truncated=True, reason="max_turns")
+        clock.close()
         return self._pack(eps), eps
+
+    def _dispatch_decode(self, g: "_Group", eps: list[Episode]):
+        """Start the decode of group `g`'s live rows; None when the group has finished."""
+        cfg = self.config
+        if g.turn >= cfg.max_turns:
+            return None
+        live = [i for i in g.rows if i >= 0 and not eps[i].finished]
+        if not live:
+            return None
+        if cfg.shrink_batch and bucket(len(live), 1) < len(g.rows):
+            new_b = bucket(len(live), 1)
+            keep = live + [live[0]] * (new_b - len(live))
+            g.state = self.sampler.select_rows(g.state, [g.rows.index(i) for i in keep])
+            g.rows = live + [-1] * (new_b - len(live))
+        active = [i >= 0 and not eps[i].finished for i in g.rows]
+        room = [cfg.max_context - len(eps[i].tokens) if a else 0 for i, a in zip(g.rows, active)]
+        max_new = [min(cfg.max_tokens_per_turn, r) for r in room]
+        stop_seqs = [self.stop_sequences for _ in g.rows] if self.stop_sequences else None
+        g.state, gen = self.sampler.decode(
+            g.state, max_new_tokens=cfg.max_tokens_per_turn, sampling=cfg.sampling, active=active,
+            max_new=max_new, stop_tokens=list(self.chat.stop_token_ids), stop_sequences=stop_seqs)
+        return g, g.turn, active, gen
+
+    def _take_actions(self, dec, lists, eps: list[Episode], lost: dict, num_slots: int):
+        """Record a decoded turn; returns the pool's actions, the stepped rows
+        `(row, episode, after_end_of_turn)` and the results known without stepping."""
+        cfg = self.config
+        g, turn, active, _ = dec
+        toks, logps, reasons = lists
+        actions: list[str | None] = [None] * num_slots
+        stepped, known = [], {}
+        for r, i in enumerate(g.rows):
+            if not active[r]:
+                continue
+            ep = eps[i]
+            ep.add("policy", toks[r], logps[r], turn=turn)
+            ep.finish_reasons.append(reasons[r])
+            ep.state_keys.append(ep.state_key)
+            ep.rewards.append(0.0)
+            ended_by_context = reasons[r] == "cache_full" or (
+                reasons[r] == "max_new_tokens" and len(toks[r]) < cfg.max_tokens_per_turn)
+            if ended_by_context:  # the action was cut by the context limit: not sent
+                ep.end(truncated=True, reason="context_full")
+                continue
+            action = self.chat.action_text(toks[r])
+            ep.actions.append(action)
+            stepped.append((r, i, reasons[r] == "stop_token" and toks[r][-1] == self._eot_id()))
+            if i in lost:  # the pool lost this episode while another group stepped
+                known[i] = lost.pop(i)
+            else:
+                actions[i] = action
+        return actions, stepped, known
+
+    def _finish_step(self, g: "_Group", turn: int, stepped, results, eps: list[Episode], clock) -> None:
+        """Apply a group's step results and append its observations (async)."""
+        cfg = self.config
+        appends: list[list[int] | None] = [None] * len(g.rows)
+        for r, i, after_eot in stepped:
+            ep = eps[i]
+            obs, reward, terminated, truncated, info = results[i]
+            ep.rewards[-1] = float(reward)
+            ep.info = dict(info)
+            if info.get("failed"):
+                ep.end(failed=True, reason="env_failed", failure=str(info.get("failure", "")))
+                continue
+            ep.observations.append(obs)
+            ep.state_key = info.get("state_key")
+            if terminated:
+                ep.end(done=True, reason="terminated")
+                continue
+            if truncated:
+                ep.end(truncated=True, reason="env_truncated")
+                continue
+            if turn + 1 >= cfg.max_turns:
+                ep.end(truncated=True, reason="max_turns")
+                continue
+            seg = self.chat.observation_tokens(obs, after_end_of_turn=after_eot)
+            if len(ep.tokens) + len(seg) >= cfg.max_context:  # no room for the next action
+                ep.end(truncated=True, reason="context_full")
+                continue
+            ep.add("observation", seg)
+            appends[r] = seg
+        g.turn = turn + 1
+        if any(a for a in appends):
+            with clock.phase("append_s"):
+                g.state = self.sampler.append(g.state, appends)
+                clock.dispatched()
 
     def _eot_id(self) -> int:
         return self.chat.stop_token_ids[0] if self.chat.end_of_turn_text is not None else -1
@@ -304,6 +410,85 @@ class AgentLoop:
             truncated=jnp.asarray(np.array([ep.truncated for ep in eps])),
             failed=jnp.asarray(np.array([ep.failed for ep in eps])),
         )
+
+
+@dataclasses.dataclass
+class _Group:
+    """One sub-batch of the pipeline: its device rows and its own sampler state."""
+
+    rows: list[int]  # device row -> episode index (-1 = padding row)
+    state: Any
+    turn: int = 0
+
+
+def _ready_at(x) -> float:
+    x.block_until_ready()
+    return time.perf_counter()
+
+
+class _Clock:
+    """Host time per phase of a rollout; with `profile`, also when the device is idle.
+
+    The device is taken as busy from the first dispatch of a chain of kernels (append,
+    select, decode) until a thread waiting on the chain's decode output sees it ready;
+    idle is the rest of the rollout. This over-counts busy time by any queueing on the
+    device, so the idle figures are lower bounds.
+    """
+
+    def __init__(self, profile: bool):
+        self.profile = profile
+        self.t0 = time.perf_counter()
+        self.totals: dict[str, float] = {k: 0.0 for k in
+                                         ("dispatch_s", "decode_wait_s", "submit_s", "env_wait_s", "append_s")}
+        self.env_waits: list[tuple[float, float]] = []
+        self.chain_start: float | None = None
+        self.busy: list[tuple[float, Any]] = []  # (chain start, future of the ready time)
+        self.pool = concurrent.futures.ThreadPoolExecutor(2) if profile else None
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            now = time.perf_counter()
+            self.totals[name] += now - t
+            if name == "env_wait_s" and self.profile:
+                self.env_waits.append((t, now))
+
+    def dispatched(self) -> None:
+        """Device work was queued that a later `watch`ed decode will wait for."""
+        if self.profile and self.chain_start is None:
+            self.chain_start = time.perf_counter()
+
+    def watch(self, array, dispatched_at: float) -> None:
+        """`array` is the output of a decode dispatched at `dispatched_at`."""
+        if self.profile:
+            start = dispatched_at if self.chain_start is None else min(self.chain_start, dispatched_at)
+            self.busy.append((start, self.pool.submit(_ready_at, array)))
+        self.chain_start = None
+
+    def close(self) -> None:
+        end = time.perf_counter()
+        self.totals["rollout_s"] = end - self.t0
+        self.totals["host_s"] = self.totals["rollout_s"] - sum(
+            v for k, v in self.totals.items() if k.endswith("_s") and k not in ("rollout_s", "host_s"))
+        if not self.profile:
+            return
+        busy = sorted((s, f.result()) for s, f in self.busy)
+        self.pool.shutdown()
+        merged: list[list[float]] = []
+        for s, e in busy:
+            if merged and s <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], e)
+            else:
+                merged.append([s, e])
+        busy_s = sum(e - s for s, e in merged)
+        during_env = sum(we - ws for ws, we in self.env_waits) - sum(
+            max(0.0, min(e, we) - max(s, ws)) for s, e in merged for ws, we in self.env_waits)
+        self.totals["device_busy_s"] = busy_s
+        self.totals["device_idle_s"] = self.totals["rollout_s"] - busy_s
+        self.totals["device_idle_env_wait_s"] = during_env
 
 
 def _stable(key: Hashable) -> str:

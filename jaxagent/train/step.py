@@ -29,7 +29,9 @@ only when the parameters carry adapters):
     params <- AdamW(g; lr(step), b1, b2, eps, weight_decay)        (optax)
 
 If the loss or `||g||` (policy or critic) is not finite, or the mini-batch has no
-valid token at all, nothing is applied: params, optimizer states and `step` are
+valid token at all, or (RL, without KL, entropy or critic terms) every valid token's
+advantage is 0 (zero gradient: AdamW would still move the params along its momentum),
+nothing is applied: params, optimizer states and `step` are
 returned unchanged (bitwise) and `skipped` counts up; the metrics say `skipped = 1`
 (and `num_tokens = 0` for an empty batch).
 
@@ -292,7 +294,8 @@ class TrainState:
 
     params / opt_state: policy parameters and their optimizer state.
     step: int32, number of updates applied (drives the learning-rate schedule).
-    skipped: int32, number of updates skipped (non-finite loss/gradient, or no valid token).
+    skipped: int32, number of updates skipped (non-finite loss/gradient, no valid token,
+      or no learning signal).
     rng: a typed PRNG key for the training loop; the steps never consume it.
     critic_params / critic_opt_state: the PPO critic (None without one).
     model_config / critic_config: static (part of the tree structure, not leaves).
@@ -629,11 +632,13 @@ def _select(ok, new, old):
     return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
 
 
-def _apply(state: TrainState, grads: Grads, sums: dict, config: StepConfig, denominators: Denominators):
+def _apply(state: TrainState, grads: Grads, sums: dict, config: StepConfig, denominators: Denominators,
+           has_signal=True):
     """Optimizer updates, the non-finite skip and the metrics."""
-    # an empty mini-batch (no policy token) has nothing to learn from: AdamW would still
-    # move the params by momentum and weight decay, so it is skipped as well
-    ok = jnp.isfinite(sums["loss"]) & (denominators.num_tokens > 0)
+    # an empty mini-batch (no policy token), or one whose only loss term is the policy
+    # gradient and whose advantages are all 0, has nothing to learn from: AdamW would
+    # still move the params by momentum and weight decay, so it is skipped as well
+    ok = jnp.isfinite(sums["loss"]) & (denominators.num_tokens > 0) & has_signal
     new_params, new_opt, g_norm = _update(state.params, state.opt_state, grads.policy, config.optim)
     ok &= jnp.isfinite(g_norm)
     metrics = {"grad_norm": g_norm}
@@ -680,7 +685,10 @@ def _train_step(state: TrainState, batch: UpdateBatch, config: StepConfig) -> tu
     denominators = batch_denominators(batch.loss_mask, config.loss.seq_len_norm)
     grads, sums = _accumulate(policy_loss_and_grads, state, batch, config, denominators)
     sums = {**sums, "loss": sums["policy_loss"]}
-    return _apply(state, grads, sums, config, denominators)
+    has_signal = True
+    if config.loss.kl_coef == 0 and config.loss.entropy_coef == 0 and not state.has_critic:
+        has_signal = jnp.any((batch.advantages != 0) & (batch.loss_mask != 0))
+    return _apply(state, grads, sums, config, denominators, has_signal)
 
 
 def _sft_step(state: TrainState, batch: SFTBatch, config: StepConfig) -> tuple[TrainState, dict]:

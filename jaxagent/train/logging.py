@@ -1,0 +1,374 @@
+"""What a training run shows while it runs: TensorBoard scalars, a progress line, transcripts.
+
+    with RunLogger(run_dir, total_iterations=cfg.iterations) as run_log:
+        while ...:
+            metrics = ...                                 # Trainer._metrics(...)
+            run_log.log_iteration(metrics, episodes)      # episodes: AgentLoop.run's list
+
+Per `log_iteration(metrics, episodes)`:
+
+- TensorBoard: every numeric metric (Python or NumPy reals, not bools; `iteration` is
+  the step) as a scalar at global step `metrics["iteration"]`, in event files under
+  `<run_dir>/tensorboard/`. Tags are grouped for TensorBoard's sections by `scalar_tag`:
+  `time_*` -> `time/...`, `eval_*` -> `eval/...`, the rest -> `train/...`.
+- Progress: one line on `stream` (`format_progress`: iteration i/N, reward, success,
+  KL, entropy, tokens/s, ETA). On a terminal it is redrawn in place with `\\r`;
+  elsewhere (a log file, CI) it is printed as a plain line per iteration.
+- Transcripts: every `transcripts_every` iterations, `transcripts_per_iteration`
+  sample episodes (`select_episodes`: one per task group first) are written as text
+  (`format_transcript`) to `<run_dir>/transcripts/iter_000123.txt`.
+
+Robustness: logging never stops training. A sink that raises (a full disk, a closed
+stream, tensorboardX missing) is reported once with `warnings.warn` and the run goes
+on; TensorBoard is then switched off for the run, the other sinks keep trying.
+Events are written synchronously with tensorboardX's `EventsWriter` (the record format
+of `tensorboardX.SummaryWriter`, without its writer thread): `SummaryWriter` queues
+events for a background thread, and if that thread dies on a write error its bounded
+queue fills and the next `add_scalar` blocks the training loop forever.
+
+Resume: re-opening a run_dir keeps everything there. A new event file is added next
+to the old ones (TensorBoard reads them all); when event files already exist, the new
+one starts with a `SessionLog.START` at the first iteration logged, so TensorBoard
+drops the old run's points from that iteration on (those a killed run logged after its
+last checkpoint). A transcript file of an iteration that is played again is replaced.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Iterable, Sequence, TextIO
+
+import numpy as np
+
+TRANSCRIPT_RULE = "=" * 78
+
+
+# ----------------------------------------------------------------------------- formatting
+def _is_number(value: Any) -> bool:
+    """A real number (Python or NumPy scalar), not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
+def _fmt_num(value: Any, spec: str = ".3f") -> str:
+    if not _is_number(value):
+        return "-"
+    value = float(value)
+    if not math.isfinite(value):
+        return str(value)
+    return format(value, spec)
+
+
+def _fmt_kl(value: float) -> str:
+    """KL values are small: 3 significant digits, exponent notation below 1e-3."""
+    if value != 0 and abs(value) < 1e-3:
+        return f"{value:.2e}"
+    return f"{value:.4f}"
+
+
+def format_duration(seconds: float) -> str:
+    """`45s`, `3m12s`, `2h05m`."""
+    if not math.isfinite(seconds) or seconds < 0:
+        return "?"
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+
+
+def format_progress(metrics: dict, total_iterations: int, eta_s: float | None = None, bar_width: int = 20) -> str:
+    """One progress line: `iter 12/100 [##----] reward 0.532 | success 0.41 | kl 1.2e-04 | ...`.
+
+    KL is `kl` (the KL to the reference policy) when the metrics have it, else
+    `approx_kl` (old vs new policy); a metric that is missing shows as `-`.
+    """
+    i = metrics.get("iteration", 0)
+    n = max(int(total_iterations), 1)
+    frac = min(max(float(i) / n, 0.0), 1.0) if _is_number(i) else 0.0
+    filled = int(round(frac * bar_width))
+    parts = [f"iter {i}/{total_iterations} [{'#' * filled}{'-' * (bar_width - filled)}]",
+             f"reward {_fmt_num(metrics.get('reward_mean'))}",
+             f"success {_fmt_num(metrics.get('success_rate'), '.2f')}"]
+    for key in ("kl", "approx_kl"):
+        v = metrics.get(key)
+        if _is_number(v):
+            parts.append(f"{key} {_fmt_kl(float(v))}")
+            break
+    else:
+        parts.append("kl -")
+    parts.append(f"entropy {_fmt_num(metrics.get('entropy'))}")
+    parts.append(f"{_fmt_num(metrics.get('tokens_per_s'), '.0f')} tok/s")
+    if _is_number(i) and i >= total_iterations:
+        parts.append("done")
+    else:
+        parts.append(f"ETA {format_duration(eta_s) if eta_s is not None else '?'}")
+    return " | ".join(parts)
+
+
+def _indent(text: str, prefix: str = "    ") -> str:
+    lines = str(text).splitlines() or [""]
+    return "\n".join(prefix + line if line else prefix.rstrip() for line in lines)
+
+
+def episode_success(episode) -> bool:
+    """The trainer's success: the env terminated the episode and its last reward is > 0."""
+    return bool(episode.done and episode.rewards and episode.rewards[-1] > 0)
+
+
+def format_transcript(episode, tokenizer=None) -> str:
+    """A readable record of one `jaxagent.rollout.Episode`.
+
+    Task seed and group, the system prompt, then each turn k: the observation the policy
+    answered (the user text) and its action (the assistant text) with turn k's reward
+    and why the turn ended; then the env's last observation (its answer to the last
+    action), the return and the success / done / truncated / failed flags with the end
+    reason. A turn the context limit cut is not sent to the env and has no action text:
+    with `tokenizer` its tokens are decoded from the episode's policy segment.
+    """
+    rewards = [float(r) for r in episode.rewards]
+    head = (f"episode {episode.index} | task seed {episode.seed} | group {episode.group_id} | "
+            f"{len(rewards)} turn{'s' if len(rewards) != 1 else ''}")
+    out = [head, "-" * len(head)]
+    if episode.system_prompt:
+        out += ["system:", _indent(episode.system_prompt)]
+    policy_segments = [toks for kind, toks in episode.segments if kind == "policy"]
+    for k, reward in enumerate(rewards):
+        if k < len(episode.observations):
+            out += [f"[turn {k}] observation (user):", _indent(episode.observations[k])]
+        reason = episode.finish_reasons[k] if k < len(episode.finish_reasons) else ""
+        tail = f", ended by {reason}" if reason else ""
+        out.append(f"[turn {k}] action (assistant), reward {reward:+.4g}{tail}:")
+        if k < len(episode.actions):
+            out.append(_indent(episode.actions[k]))
+        else:
+            cut = "    (cut by the context limit; not sent to the env)"
+            if tokenizer is not None and k < len(policy_segments):
+                cut += "\n" + _indent(tokenizer.decode(policy_segments[k]))
+            out.append(cut)
+    if len(episode.observations) > len(rewards):  # the env's answer to the last action
+        out += ["final observation:", _indent(episode.observations[len(rewards)])]
+    flags = (f"return {sum(rewards):+.4g} | success {'yes' if episode_success(episode) else 'no'} | "
+             f"done {bool(episode.done)} | truncated {bool(episode.truncated)} | failed {bool(episode.failed)}")
+    if episode.end_reason:
+        flags += f" | end: {episode.end_reason}"
+    out.append(flags)
+    if episode.failure:
+        out += ["failure:", _indent(episode.failure)]
+    return "\n".join(out) + "\n"
+
+
+def select_episodes(episodes: Sequence, n: int) -> list:
+    """Up to `n` episodes for transcripts: the first of each task group in order, then
+    the rest in order (so a handful of samples covers several tasks)."""
+    firsts, rest, seen = [], [], set()
+    for ep in episodes:
+        (rest if ep.group_id in seen else firsts).append(ep)
+        seen.add(ep.group_id)
+    return (firsts + rest)[:max(n, 0)]
+
+
+def scalar_tag(key: str) -> str:
+    """TensorBoard tag of a metric key: `time_*` -> `time/`, `eval_*` -> `eval/`, else `train/`."""
+    if key.startswith("eval_"):
+        return "eval/" + key[len("eval_"):]
+    if key.startswith("time_"):
+        return "time/" + key
+    return "train/" + key
+
+
+def numeric_items(metrics: dict) -> Iterable[tuple[str, float]]:
+    """The (key, value) pairs TensorBoard gets: real numbers (not bools), not `iteration`."""
+    for key, value in metrics.items():
+        if key == "iteration" or not _is_number(value):
+            continue
+        yield key, float(value)
+
+
+# ----------------------------------------------------------------------------- TensorBoard
+class _EventFile:
+    """Synchronous TensorBoard event file (tensorboardX's record format and protos)."""
+
+    def __init__(self, directory: Path, purge_from: int | None):
+        from tensorboardX.event_file_writer import EventsWriter
+        from tensorboardX.proto import event_pb2
+
+        self._event_pb2 = event_pb2
+        directory.mkdir(parents=True, exist_ok=True)
+        # EventsWriter names files events.out.tfevents.<seconds>.<host><suffix> and opens
+        # them "wb": a suffix keeps a reopen within the same second from truncating one
+        n = 0
+        while True:
+            suffix = f".{os.getpid()}.{n}"
+            if not any(p.name.endswith(suffix) for p in directory.glob("events.out.tfevents.*")):
+                break
+            n += 1
+        self._writer = EventsWriter(str(directory / "events"), suffix)
+        self.path = Path(self._writer._file_name)
+        if purge_from is not None:
+            self._writer.write_event(event_pb2.Event(
+                wall_time=time.time(), step=int(purge_from),
+                session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
+
+    def scalars(self, step: int, values: Iterable[tuple[str, float]]) -> None:
+        from tensorboardX.proto.summary_pb2 import Summary
+
+        summary = Summary(value=[Summary.Value(tag=tag, simple_value=v) for tag, v in values])
+        self._writer.write_event(self._event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary))
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+# ----------------------------------------------------------------------------- the logger
+class RunLogger:
+    """TensorBoard scalars, a progress line and transcripts of a run (module docstring).
+
+    Args:
+      run_dir: the run's directory (created if missing; existing content is kept).
+      total_iterations: the run's length, for the progress bar and the ETA.
+      tensorboard: write event files under `<run_dir>/tensorboard/`.
+      progress: draw the progress line on `stream`.
+      stream: where the progress line goes (default stderr, so stdout stays clean).
+      transcripts_every: write transcripts when `iteration % transcripts_every == 0`
+        (0 = never).
+      transcripts_per_iteration: how many episodes each transcript file shows.
+    """
+
+    def __init__(self, run_dir, *, total_iterations: int, tensorboard: bool = True, progress: bool = True,
+                 stream: TextIO | None = None, transcripts_every: int = 1, transcripts_per_iteration: int = 2):
+        if transcripts_every < 0 or transcripts_per_iteration < 0:
+            raise ValueError("transcripts_every and transcripts_per_iteration must be >= 0")
+        self.run_dir = Path(run_dir)
+        self.total_iterations = int(total_iterations)
+        self.tensorboard = tensorboard
+        self.progress = progress
+        self.stream = sys.stderr if stream is None else stream
+        self.transcripts_every = transcripts_every
+        self.transcripts_per_iteration = transcripts_per_iteration
+        self.tensorboard_dir = self.run_dir / "tensorboard"
+        self.transcripts_dir = self.run_dir / "transcripts"
+        self._events: _EventFile | None = None
+        self._warned: set[str] = set()
+        self._tty = _isatty(self.stream)
+        self._bar = ""            # the progress line now on a terminal ("" = none drawn)
+        self._t_last = time.monotonic()
+        self._durations: list[float] = []
+        self._closed = False
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            self._warn("run_dir", err)
+
+    # ------------------------------------------------------------------ API
+    def log_iteration(self, metrics: dict, episodes: Sequence | None = None) -> None:
+        """Log one iteration's metrics (and sample transcripts of its episodes)."""
+        now = time.monotonic()
+        self._durations.append(now - self._t_last)
+        self._t_last = now
+        iteration = metrics.get("iteration", len(self._durations))
+        if isinstance(iteration, numbers.Integral):
+            iteration = int(iteration)
+        if self.tensorboard:
+            self._guard("tensorboard", self._write_scalars, iteration, metrics, disable="tensorboard")
+        if (episodes and self.transcripts_every and self.transcripts_per_iteration
+                and isinstance(iteration, int) and iteration % self.transcripts_every == 0):
+            self._guard("transcripts", self._write_transcripts, iteration, metrics, episodes)
+        if self.progress:
+            self._guard("progress", self._draw, {**metrics, "iteration": iteration})
+
+    def message(self, text: str) -> None:
+        """Print a line of text without breaking the progress bar (it is redrawn below)."""
+        def write():
+            if self._tty and self._bar:
+                self.stream.write("\r" + " " * len(self._bar) + "\r" + text + "\n" + self._bar)
+            else:
+                self.stream.write(text + "\n")
+            self.stream.flush()
+        self._guard("progress", write)
+
+    def eta_seconds(self, iteration: int) -> float | None:
+        """Remaining iterations x the mean of the last 10 iteration times of this session
+        (the first, which includes compilation, only while it is the only one)."""
+        recent = self._durations[1:] or self._durations
+        if not recent:
+            return None
+        recent = recent[-10:]
+        return max(self.total_iterations - iteration, 0) * sum(recent) / len(recent)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._tty and self._bar:
+            self._guard("progress", lambda: (self.stream.write("\n"), self.stream.flush()))
+        if self._events is not None:
+            self._guard("tensorboard", self._events.close)
+            self._events = None
+
+    def __enter__(self) -> "RunLogger":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ sinks
+    def _write_scalars(self, iteration, metrics: dict) -> None:
+        if self._events is None:
+            existing = self.tensorboard_dir.is_dir() and any(self.tensorboard_dir.glob("*tfevents*"))
+            self._events = _EventFile(self.tensorboard_dir, purge_from=iteration if existing else None)
+        self._events.scalars(iteration, ((scalar_tag(k), v) for k, v in numeric_items(metrics)))
+
+    def _write_transcripts(self, iteration: int, metrics: dict, episodes: Sequence) -> None:
+        chosen = select_episodes(episodes, self.transcripts_per_iteration)
+        head = (f"iteration {iteration}: {len(chosen)} of {len(episodes)} episodes | "
+                f"reward_mean {_fmt_num(metrics.get('reward_mean'))} | "
+                f"success_rate {_fmt_num(metrics.get('success_rate'), '.2f')}\n")
+        body = "".join(f"\n{TRANSCRIPT_RULE}\n" + format_transcript(ep) for ep in chosen)
+        self.transcripts_dir.mkdir(parents=True, exist_ok=True)
+        path = self.transcripts_dir / f"iter_{iteration:06d}.txt"
+        tmp = path.with_suffix(".txt.tmp")
+        tmp.write_text(head + body, encoding="utf-8")
+        tmp.replace(path)
+
+    def _draw(self, metrics: dict) -> None:
+        i = metrics["iteration"]
+        line = format_progress(metrics, self.total_iterations, self.eta_seconds(i) if _is_number(i) else None)
+        if self._tty:
+            pad = " " * max(len(self._bar) - len(line), 0)
+            self.stream.write("\r" + line + pad)
+            self._bar = line
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    # ------------------------------------------------------------------ robustness
+    def _guard(self, sink: str, fn, *args, disable: str | None = None) -> None:
+        try:
+            fn(*args)
+        except Exception as err:  # logging must never stop training
+            self._warn(sink, err)
+            if disable == "tensorboard":
+                self.tensorboard = False
+                self._events = None
+
+    def _warn(self, sink: str, err: BaseException) -> None:
+        if sink in self._warned:
+            return
+        self._warned.add(sink)
+        what = "switched off for this run" if sink == "tensorboard" else "training continues"
+        warnings.warn(f"RunLogger: {sink} logging failed ({type(err).__name__}: {err}); {what}",
+                      RuntimeWarning, stacklevel=3)
+
+
+def _isatty(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except Exception:
+        return False

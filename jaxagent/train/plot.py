@@ -1,0 +1,191 @@
+"""Learning curves of a run: `<run_dir>/metrics.jsonl` -> one PNG (`jaxagent plot RUN_DIR`).
+
+    path = plot_run("runs/countdown")            # runs/countdown/learning_curves.png
+
+One panel per group of metrics present in the file, against `iteration` (PANELS):
+reward (`reward_mean`, with a +-`reward_std` band), success rate, KL (`kl`,
+`approx_kl`), entropy, loss (`loss`, `pg_loss`, `value_loss`) and tokens/s. Evaluation
+results (keys `eval_*`, in the same lines or in lines of their own with an
+`iteration`) are drawn on the panel of the metric they evaluate (`eval_success_rate`
+on the success panel) as markers, and any other `eval_*` keys on an extra "eval"
+panel. When `<run_dir>/summary.json` has `success_before_rl` / `success_after_rl`,
+they are drawn on the success panel as horizontal reference lines.
+
+Errors (`RunDataError`, a `ValueError`, or `FileNotFoundError`) name the file and, for
+a malformed line, its line number.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+#: (title, metric keys) of each panel, in drawing order
+PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("reward", ("reward_mean",)),
+    ("success rate", ("success_rate",)),
+    ("KL", ("kl", "approx_kl")),
+    ("entropy", ("entropy",)),
+    ("loss", ("loss", "pg_loss", "value_loss")),
+    ("tokens/s", ("tokens_per_s",)),
+)
+SUMMARY_KEYS = ("success_before_rl", "success_after_rl")
+DEFAULT_NAME = "learning_curves.png"
+COLUMNS = 2
+
+
+class RunDataError(ValueError):
+    """metrics.jsonl or summary.json cannot be read as a run's metrics."""
+
+
+@dataclasses.dataclass
+class Panel:
+    """One subplot: its title, the series drawn as lines, the eval series drawn as
+    markers, and reference lines (label -> y)."""
+
+    title: str
+    lines: dict[str, tuple[list[float], list[float]]] = dataclasses.field(default_factory=dict)
+    evals: dict[str, tuple[list[float], list[float]]] = dataclasses.field(default_factory=dict)
+    references: dict[str, float] = dataclasses.field(default_factory=dict)
+    band: tuple[list[float], list[float], list[float]] | None = None  # x, low, high
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def read_metrics(path) -> list[dict]:
+    """The JSON objects of a metrics.jsonl (blank lines skipped); errors name the line."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file (a run writes metrics.jsonl after its first iteration)")
+    records = []
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise RunDataError(f"{path}, line {number}: not valid JSON ({err.msg} at column {err.colno})") from None
+            if not isinstance(rec, dict):
+                raise RunDataError(f"{path}, line {number}: expected a JSON object, got {type(rec).__name__}")
+            records.append(rec)
+    if not records:
+        raise RunDataError(f"{path} is empty: no iteration has been logged yet")
+    return records
+
+
+def read_summary(run_dir) -> dict[str, float]:
+    """`success_before_rl` / `success_after_rl` of `<run_dir>/summary.json` ({} if absent)."""
+    path = Path(run_dir) / "summary.json"
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise RunDataError(f"{path}: not valid JSON ({err.msg}, line {err.lineno})") from None
+    if not isinstance(data, dict):
+        raise RunDataError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return {k: float(data[k]) for k in SUMMARY_KEYS if _is_number(data.get(k))}
+
+
+def _series(records: list[dict], key: str) -> tuple[list[float], list[float]]:
+    xs, ys = [], []
+    for n, rec in enumerate(records, start=1):
+        v = rec.get(key)
+        if _is_number(v):
+            x = rec.get("iteration")
+            xs.append(float(x) if _is_number(x) else float(n))
+            ys.append(float(v))
+    return xs, ys
+
+
+def build_panels(records: list[dict], summary: dict[str, float] | None = None) -> list[Panel]:
+    """The panels `plot_run` draws for these metrics records (only those with data)."""
+    keys = {k for rec in records for k, v in rec.items() if _is_number(v)}
+    summary = summary or {}
+    panels, claimed = [], set()
+    for title, metric_keys in PANELS:
+        panel = Panel(title)
+        for key in metric_keys:
+            if key in keys:
+                panel.lines[key] = _series(records, key)
+            if f"eval_{key}" in keys:
+                panel.evals[f"eval_{key}"] = _series(records, f"eval_{key}")
+                claimed.add(f"eval_{key}")
+        if title == "reward" and "reward_mean" in panel.lines and "reward_std" in keys:
+            xs, lo, hi = [], [], []
+            for rec_n, rec in enumerate(records, start=1):
+                m, s = rec.get("reward_mean"), rec.get("reward_std")
+                if _is_number(m) and _is_number(s):
+                    x = rec.get("iteration")
+                    xs.append(float(x) if _is_number(x) else float(rec_n))
+                    lo.append(m - s)
+                    hi.append(m + s)
+            panel.band = (xs, lo, hi)
+        if title == "success rate":
+            panel.references = {k: summary[k] for k in SUMMARY_KEYS if k in summary}
+        if panel.lines or panel.evals or panel.references:
+            panels.append(panel)
+    other_evals = sorted(k for k in keys if k.startswith("eval_") and k not in claimed)
+    if other_evals:
+        panels.append(Panel("eval", evals={k: _series(records, k) for k in other_evals}))
+    return panels
+
+
+def grid_shape(n_panels: int) -> tuple[int, int]:
+    """(rows, columns) of the figure for `n_panels` panels."""
+    cols = min(COLUMNS, max(n_panels, 1))
+    return math.ceil(max(n_panels, 1) / cols), cols
+
+
+def plot_run(run_dir, out=None) -> Path:
+    """Draw `<run_dir>/metrics.jsonl` to a PNG (default `<run_dir>/learning_curves.png`).
+
+    Returns the PNG's path. Raises FileNotFoundError (no run dir, no metrics.jsonl) or
+    RunDataError (empty file, malformed line, nothing numeric to plot).
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"{run_dir}: no such run directory")
+    records = read_metrics(run_dir / "metrics.jsonl")
+    panels = build_panels(records, read_summary(run_dir))
+    if not panels:
+        known = ", ".join(k for _, keys in PANELS for k in keys)
+        raise RunDataError(f"{run_dir / 'metrics.jsonl'}: none of the plotted metrics ({known}, eval_*) is present")
+    out = Path(out) if out is not None else run_dir / DEFAULT_NAME
+
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)  # files only: never a display
+    import matplotlib.pyplot as plt
+
+    rows, cols = grid_shape(len(panels))
+    fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 3.2 * rows), squeeze=False)
+    try:
+        for ax, panel in zip(axes.flat, panels):
+            if panel.band is not None:
+                ax.fill_between(panel.band[0], panel.band[1], panel.band[2], alpha=0.2, label="± reward_std")
+            for key, (xs, ys) in panel.lines.items():
+                ax.plot(xs, ys, label=key, marker="." if len(xs) < 30 else None)
+            for key, (xs, ys) in panel.evals.items():
+                ax.plot(xs, ys, label=key, linestyle="--", marker="o")
+            for i, (key, y) in enumerate(panel.references.items()):
+                ax.axhline(y, color=f"C{i + 5}", linestyle=":", label=f"{key} = {y:.3g}")
+            if panel.title == "success rate":
+                ax.set_ylim(-0.03, 1.03)  # a rate: the whole range, so runs compare at a glance
+            ax.set_title(panel.title)
+            ax.set_xlabel("iteration")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize="small")
+        for ax in list(axes.flat)[len(panels):]:
+            ax.set_visible(False)
+        fig.suptitle(str(run_dir))
+        fig.tight_layout()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=100, metadata={"Description": "panels: " + ", ".join(p.title for p in panels)})
+    finally:
+        plt.close(fig)
+    return out

@@ -1,0 +1,143 @@
+"""`jaxagent plot` (jaxagent.train.plot) and `jaxagent bench` (jaxagent.bench), as a user calls them."""
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from jaxagent import bench
+from jaxagent.cli import main
+from jaxagent.train.plot import RunDataError, build_panels, grid_shape, plot_run, read_metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write_run(run_dir: Path, records, summary=None) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    if summary is not None:
+        (run_dir / "summary.json").write_text(json.dumps(summary))
+    return run_dir
+
+
+def full_record(i):
+    return {"iteration": i, "step": i, "reward_mean": 0.1 * i, "reward_std": 0.05, "success_rate": 0.1 * i,
+            "kl": 1e-3 * i, "approx_kl": 2e-3, "entropy": 3.0 - 0.1 * i, "loss": 0.5, "pg_loss": 0.4,
+            "tokens_per_s": 1000.0 + i, "time_rollout_s": 1.0}
+
+
+def png_info(path):
+    with Image.open(path) as im:
+        return im.size, dict(im.text)
+
+
+# ----------------------------------------------------------------------------- plot_run
+def test_plot_run_draws_one_panel_per_metric_group(tmp_path):
+    run = write_run(tmp_path / "run", [full_record(i) for i in range(1, 6)])
+    path = plot_run(run)
+    assert path == run / "learning_curves.png" and path.stat().st_size > 10_000
+    (w, h), text = png_info(path)
+    assert text["Description"] == "panels: reward, success rate, KL, entropy, loss, tokens/s"
+    assert grid_shape(6) == (3, 2) and (w, h) == (1100, 960)   # 5.5 x 3.2 inches per panel, 100 dpi
+
+    small = write_run(tmp_path / "small", [{"iteration": i, "reward_mean": 0.5} for i in (1, 2)])
+    out = plot_run(small, tmp_path / "sub" / "curves.png")
+    (w, h), text = png_info(out)
+    assert out == tmp_path / "sub" / "curves.png" and text["Description"] == "panels: reward"
+    assert (w, h) == (550, 320)
+
+
+def test_eval_lines_and_summary_references_are_drawn(tmp_path):
+    records = [full_record(1), full_record(2),
+               {"iteration": 2, "eval_success_rate": 0.6, "eval_reward_mean": 0.7, "eval_turns": 3.0},
+               full_record(3)]
+    summary = {"success_before_rl": 0.2, "success_after_rl": 0.65, "note": "x"}
+    run = write_run(tmp_path / "run", records, summary)
+    panels = {p.title: p for p in build_panels(read_metrics(run / "metrics.jsonl"), {
+        "success_before_rl": 0.2, "success_after_rl": 0.65})}
+    assert panels["success rate"].evals == {"eval_success_rate": ([2.0], [0.6])}
+    assert panels["success rate"].lines["success_rate"][0] == [1.0, 2.0, 3.0]
+    assert panels["success rate"].references == {"success_before_rl": 0.2, "success_after_rl": 0.65}
+    assert panels["reward"].evals == {"eval_reward_mean": ([2.0], [0.7])} and panels["reward"].band is not None
+    assert panels["eval"].evals == {"eval_turns": ([2.0], [3.0])}
+    _, text = png_info(plot_run(run))
+    assert text["Description"] == "panels: reward, success rate, KL, entropy, loss, tokens/s, eval"
+
+
+def test_summary_alone_gives_the_success_panel(tmp_path):
+    run = write_run(tmp_path / "run", [{"iteration": 1, "entropy": 2.0}], {"success_before_rl": 0.1})
+    _, text = png_info(plot_run(run))
+    assert text["Description"] == "panels: success rate, entropy"
+
+
+@pytest.mark.parametrize("setup, error, match", [
+    (lambda d: None, FileNotFoundError, "no such run directory"),
+    (lambda d: d.mkdir(), FileNotFoundError, "metrics.jsonl: no such file"),
+    (lambda d: write_run(d, []), RunDataError, "is empty"),
+    (lambda d: (d.mkdir(), (d / "metrics.jsonl").write_text('{"iteration": 1}\n\n{"iteration": 2, \n')),
+     RunDataError, "line 3: not valid JSON"),
+    (lambda d: (d.mkdir(), (d / "metrics.jsonl").write_text('{"iteration": 1}\n[1, 2]\n')),
+     RunDataError, "line 2: expected a JSON object, got list"),
+    (lambda d: write_run(d, [{"iteration": 1, "note": "x"}]), RunDataError, "none of the plotted metrics"),
+    (lambda d: write_run(d, [{"reward_mean": 1.0}], summary=None) and (d / "summary.json").write_text("{"),
+     RunDataError, "summary.json: not valid JSON"),
+])
+def test_bad_run_dirs_are_clear_errors(tmp_path, setup, error, match):
+    run = tmp_path / "run"
+    setup(run)
+    with pytest.raises(error, match=match):
+        plot_run(run)
+
+
+# ----------------------------------------------------------------------------- CLI plot
+def test_cli_plot_exit_codes(tmp_path, capsys):
+    run = write_run(tmp_path / "run", [full_record(1), full_record(2)])
+    assert main(["plot", str(run)]) == 0
+    assert capsys.readouterr().out.strip() == str(run / "learning_curves.png")
+    assert main(["plot", str(run), "--out", str(tmp_path / "c.png")]) == 0
+    assert (tmp_path / "c.png").stat().st_size > 0
+    capsys.readouterr()
+    assert main(["plot", str(tmp_path / "missing")]) == 2
+    assert "jaxagent plot: error:" in capsys.readouterr().err
+    (run / "metrics.jsonl").write_text("not json\n")
+    assert main(["plot", str(run)]) == 2
+    assert "line 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["plot"])
+    assert exc.value.code == 2
+
+
+# ----------------------------------------------------------------------------- bench
+def _bench_args(**kw):
+    ns = dict(workload="update", repeats=None, quick=False, out=None, systems=bench.DEFAULT_SYSTEMS)
+    ns.update(kw)
+    return argparse.Namespace(**ns)
+
+
+def test_bench_command_line_and_missing_benchmarks(tmp_path, monkeypatch, capsys):
+    assert bench.benchmarks_dir() == ROOT / "benchmarks"
+    cmd = bench.command(_bench_args(repeats=7, quick=True, out="x.jsonl", systems="jax,tunix"))
+    assert cmd[:2] == [sys.executable, str(ROOT / "benchmarks" / "w2_model_step.py")]
+    assert cmd[2:] == ["--systems", "jax,tunix", "--repeats", "7", "--quick", "--out", str(Path("x.jsonl").resolve())]
+    monkeypatch.setattr(bench, "benchmarks_dir", lambda: tmp_path / "nowhere")
+    assert main(["bench", "update"]) == 2
+    err = capsys.readouterr().err
+    assert "w2_model_step.py not found" in err and "checkout" in err
+    with pytest.raises(SystemExit):
+        main(["bench", "nonsense"])
+
+
+@pytest.mark.slow
+def test_bench_update_quick_smoke(tmp_path):
+    out = tmp_path / "w2.jsonl"
+    proc = subprocess.run([sys.executable, "-m", "jaxagent", "bench", "update", "--quick", "--systems", "jax",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")] == rows
+    steps = [r for r in rows if r["kind"] == "policy_update"]
+    assert [r["system"] for r in steps] == ["jax"] and steps[0]["tokens_per_s"] > 0
+    assert steps[0]["batch"] == 2 and not [r for r in rows if r["kind"] == "ratio"]

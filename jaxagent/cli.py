@@ -44,6 +44,9 @@ def _train(args) -> int:
     except ConfigError as err:
         print(f"jaxagent train: config error: {err}", file=sys.stderr)
         return 2
+    except MemoryError as err:  # the per-device memory estimate does not fit (before compiling)
+        print(f"jaxagent train: error: {err}", file=sys.stderr)
+        return 2
     try:
         trainer.run()
     except (IncompatibleCheckpointError, FileExistsError, FileNotFoundError) as err:

@@ -119,6 +119,10 @@ def test_warm_start_then_rl_reports_held_out_success_and_resumes(tmp_path):
     assert last["success_before_rl"] == summary["success_before_rl"]
     assert last["success_after_rl"] == summary["success_after_rl"]
     assert (tmp_path / "run" / "tokenizer" / "tokenizer.json").exists()
+    # the run logger wrote TensorBoard events and readable transcripts with per-turn rewards
+    assert any((tmp_path / "run" / "tensorboard").iterdir())
+    transcripts = sorted((tmp_path / "run" / "transcripts").glob("*.txt"))
+    assert len(transcripts) == 2 and "reward" in transcripts[-1].read_text()
     # resuming a finished run does nothing and keeps the summary
     logs2 = []
     again = Trainer(tiny(tmp_path / "run"), resume=True, log=logs2.append)

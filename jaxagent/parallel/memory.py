@@ -213,10 +213,16 @@ def _gib(n: int) -> str:
     return f"{n / 2**10:.1f} KiB"
 
 
+def _components(estimate: dict[str, int]) -> list[str]:
+    """`COMPONENTS`, then any extra parts a caller added (e.g. the trainer's sampler copy)."""
+    return list(COMPONENTS) + [k for k in estimate if k not in COMPONENTS and k != "total"]
+
+
 def format_memory(estimate: dict[str, int], device_memory_bytes: int | None = None) -> str:
-    """One line for the log before a run: each component, the total, the device's size."""
-    parts = " | ".join(f"{k} {_gib(estimate.get(k, 0))}" for k in COMPONENTS)
-    total = estimate.get("total", sum(estimate.get(k, 0) for k in COMPONENTS))
+    """One line for the log before a run: each component (and any extra key a caller
+    added), the total, the device's size."""
+    parts = " | ".join(f"{k} {_gib(estimate.get(k, 0))}" for k in _components(estimate))
+    total = estimate.get("total", sum(estimate.get(k, 0) for k in _components(estimate)))
     tail = f" of {_gib(device_memory_bytes)}" if device_memory_bytes else ""
     return f"memory per device: {parts} | total {_gib(total)}{tail}"
 
@@ -242,11 +248,11 @@ def check_fits(estimate: dict[str, int], device_memory_bytes: int, *, usable_fra
     estimate exceeds `usable_fraction` of the device's memory."""
     if not 0 < usable_fraction <= 1:
         raise ValueError(f"check_fits: usable_fraction must be in (0, 1], got {usable_fraction!r}")
-    total = estimate.get("total", sum(estimate.get(k, 0) for k in COMPONENTS))
+    total = estimate.get("total", sum(estimate.get(k, 0) for k in _components(estimate)))
     usable = int(device_memory_bytes * usable_fraction)
     if total <= usable:
         return
-    parts = ", ".join(f"{k} {_gib(estimate.get(k, 0))}" for k in COMPONENTS)
+    parts = ", ".join(f"{k} {_gib(estimate.get(k, 0))}" for k in _components(estimate))
     raise DoesNotFitError(
         f"the run needs about {_gib(total)} per device but {_gib(usable)} is usable "
         f"({usable_fraction:.0%} of {_gib(device_memory_bytes)}): {parts}. To fit: more fsdp/tensor "

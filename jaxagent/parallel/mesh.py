@@ -247,13 +247,17 @@ def train_state_shardings(state, mesh: jax.sharding.Mesh, rules: Rules = LOGICAL
 def shard_train_state(state, mesh: jax.sharding.Mesh, rules: Rules = LOGICAL_AXIS_RULES):
     """`state` placed on `mesh` by the rules (single process: the state is on the host
     or one device). Multi-process: every process builds the same state (same seed) and
-    calls this; each keeps only its own shards."""
+    calls this; each keeps only its own shards (leaves that are already global arrays
+    are resharded)."""
     shardings = train_state_shardings(state, mesh, rules)
     if jax.process_count() == 1:
         return jax.device_put(state, shardings)
 
     def place(x, s):
-        x = np.asarray(jax.random.key_data(x)) if _is_key(x) else np.asarray(x)
+        x = jax.random.key_data(x) if _is_key(x) else x
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:  # already global: reshard
+            return jax.device_put(x, s)
+        x = np.asarray(x)
         return jax.make_array_from_callback(x.shape, s, lambda idx: x[idx])
 
     keys = jax.tree.map(_is_key, state)

@@ -32,9 +32,46 @@ expert demonstrations (`warm_start`), then a held-out evaluation (`eval`), then 
 checkpoint at iteration 0; after the last iteration, the held-out evaluation again.
 Both go to `<run_dir>/summary.json`, and the run's last log line is a JSON object with
 `success_before_rl` and `success_after_rl`.
+
+Meshes (`mesh: {data, fsdp, tensor}`, all 1 = one device, the loop above unchanged):
+the `TrainState` (params, optimizer state, critic) is placed by
+`jaxagent.parallel.shard_train_state`, every update (RL, and the warm start's SFT) is
+`make_sharded_train_step`, the log-prob / reference / critic passes run on the sharded
+params with the trajectory's rows split over ("data", "fsdp"), and each mini-batch is
+placed the same way (its size must be divisible by `data * fsdp`). Shaping, advantages
+and metrics run on a host copy of the whole batch, as on one device. The sampler is
+*not* sharded: it runs on a whole copy of the params on each process's first device
+(gathered after every update), with that process's rows; sharding it (batch over data,
+heads over tensor) is left out, so a policy whose params + KV cache do not fit one
+device can be trained but not sampled. Before anything is built, the per-device memory
+estimate (`parallel.estimate_memory`: params, optimizer state, gradients, activations of
+a mini-batch, the sampler's KV cache and param copy, the KL reference) is logged and
+checked against the device (`memory_stats`, else `device_memory_gb`, else no check).
+
+Multi-host (`distributed`, or the `JAX_*` environment variables): `jax.distributed` is
+initialised first; each process runs its own `EnvPool` over its rows of the rollout
+batch (`parallel.process_rows`: whole groups, checked), with the task seeds of those
+rows and the sampling keys of their global row indices, so N processes play exactly
+the batch one process would. Their trajectories become one global batch
+(`parallel.global_batch`); every process gathers a host copy for shaping, advantages and
+the episode statistics. Only process 0 writes metrics.jsonl, summary.json, config.yaml
+and logs; all processes take part in the orbax checkpoint save / restore.
+
+One-step off-policy overlap (`overlap.off_policy`, needs `loss.tis_cap`): the rollout of
+iteration n+1 runs in a background thread, with the params before update n, while the
+main thread dispatches update n; `old_logp` is still computed at update time with the
+params being updated, so `min(exp(old_logp - rollout_logp), cap)` corrects the lag.
+Metrics add `staleness` (0 for the first batch, then 1), `tis_weight`,
+`time_rollout_wait_s` and `device_idle_frac` (the share of the iteration the main
+thread waited for the rollout). Resume with the overlap on continues the task stream,
+the RNG and the state exactly, but the rollout that was in flight is not saved: the
+first iteration after a resume samples on-policy (staleness 0), so from there on the
+metrics are those of a valid run, not bitwise those of the uninterrupted one. With the
+overlap off (the default), resume stays exact.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import json
@@ -48,7 +85,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxagent import algos
+from jaxagent import parallel as par
 from jaxagent.config import ConfigError, dump_yaml, to_dict
+from jaxagent.parallel import MeshConfig
 from jaxagent.train.checkpoint import CheckpointManager, IncompatibleCheckpointError
 from jaxagent.train.step import (
     LossConfig,
@@ -167,7 +206,11 @@ class EnvSection:
 
 @dataclasses.dataclass(frozen=True)
 class RolloutSection:
-    """Episode limits and sampling (`jaxagent.rollout.AgentLoopConfig`)."""
+    """Episode limits and sampling (`jaxagent.rollout.AgentLoopConfig`).
+
+    pipeline_groups: > 1 splits each rollout into that many sub-batches so that env
+      steps of one overlap the device's decoding of another (same trajectories).
+    """
 
     max_turns: int = 2
     max_tokens_per_turn: int = 32
@@ -175,9 +218,10 @@ class RolloutSection:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    pipeline_groups: int = 1
 
     def __post_init__(self):
-        for name in ("max_turns", "max_tokens_per_turn", "max_context"):
+        for name in ("max_turns", "max_tokens_per_turn", "max_context", "pipeline_groups"):
             _check_int(name, getattr(self, name), 1)
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
@@ -322,6 +366,74 @@ class EvalSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class DistributedSection:
+    """Multi-host runs (`jaxagent.parallel.initialize`, JAX's multi-controller runtime).
+
+    All None / False (the default) = one process, unless the environment says otherwise:
+    `JAX_COORDINATOR_ADDRESS`, `JAX_NUM_PROCESSES`, `JAX_PROCESS_ID`, or
+    `JAXAGENT_DISTRIBUTED=auto` (fields given here take precedence).
+    coordinator_address: "host:port" of process 0.
+    num_processes, process_id: world size and this process's rank.
+    auto: JAX's cluster detection (TPU pod slices, SLURM, Open MPI, Kubernetes).
+    """
+
+    coordinator_address: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+    auto: bool = False
+
+    def __post_init__(self):
+        if self.num_processes is not None:
+            _check_int("num_processes", self.num_processes, 1)
+        if self.process_id is not None:
+            _check_int("process_id", self.process_id, 0)
+            if self.num_processes is not None and self.process_id >= self.num_processes:
+                raise ValueError(f"process_id must be < num_processes ({self.num_processes}), "
+                                 f"got {self.process_id!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class OverlapSection:
+    """One-step off-policy overlap of rollout and update.
+
+    off_policy: while the update of iteration n runs, a background thread already
+      collects the rollout of iteration n+1 with the pre-update params (so that batch is
+      one update stale). The update corrects for it with truncated importance sampling,
+      `min(exp(old_logp - rollout_logp), loss.tis_cap)` (required), where `old_logp` is
+      recomputed with the params being updated and `rollout_logp` are the sampler's.
+    max_staleness: updates a rollout may lag behind (only 1 is supported).
+    """
+
+    off_policy: bool = False
+    max_staleness: int = 1
+
+    def __post_init__(self):
+        if self.max_staleness != 1:
+            raise ValueError(f"max_staleness: only 1 (one-step off-policy) is supported, got {self.max_staleness!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoggingSection:
+    """Run logging besides `metrics.jsonl` (`jaxagent.train.logging.RunLogger`).
+
+    tensorboard: event files in `<run_dir>/tensorboard/`.
+    progress: a live progress line on stderr (one plain line per iteration when stderr
+      is not a terminal); off = the trainer prints a summary line per iteration.
+    transcripts_every, transcripts_per_iteration: readable transcripts of that many
+      episodes every N iterations in `<run_dir>/transcripts/` (0 = never).
+    """
+
+    tensorboard: bool = True
+    progress: bool = True
+    transcripts_every: int = 1
+    transcripts_per_iteration: int = 2
+
+    def __post_init__(self):
+        _check_int("transcripts_every", self.transcripts_every, 0)
+        _check_int("transcripts_per_iteration", self.transcripts_per_iteration, 0)
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainerConfig:
     """Everything a training run needs; load with `jaxagent.config.load_config`.
 
@@ -337,6 +449,15 @@ class TrainerConfig:
     run_dir: metrics.jsonl, config.yaml and checkpoints/ go here.
     checkpoint_every, keep_checkpoints: save every N iterations (and after the last);
       keep the newest `keep_checkpoints`.
+    mesh: the device mesh `{data, fsdp, tensor}` (`jaxagent.parallel.MeshConfig`; one
+      size may be -1 = the rest). All 1 (the default) = one device, exactly the
+      single-device loop. Otherwise the mini-batch size must be divisible by
+      `data * fsdp`; a mesh smaller than the devices uses the first ones (one process).
+    distributed: multi-host set-up (`DistributedSection`); with several processes and
+      an all-1 mesh, the mesh is `data = -1` (pure data parallelism over every device).
+    device_memory_gb: the per-device memory for the memory check before the run, when
+      the device does not report it (CPU); None = skip the check there.
+    overlap: one-step off-policy rollout/update overlap (`OverlapSection`; off by default).
     """
 
     model: ModelSection = ModelSection()
@@ -356,6 +477,11 @@ class TrainerConfig:
     run_dir: str = "runs/default"
     checkpoint_every: int = 1
     keep_checkpoints: int = 3
+    mesh: MeshConfig = MeshConfig()
+    distributed: DistributedSection = DistributedSection()
+    device_memory_gb: float | None = None
+    overlap: OverlapSection = OverlapSection()
+    logging: LoggingSection = LoggingSection()
 
     def __post_init__(self):
         for name in ("epochs", "mini_batches", "micro_batches", "iterations", "checkpoint_every",
@@ -376,6 +502,22 @@ class TrainerConfig:
             raise ValueError(f"env.group_size must be >= 2 for the group estimator {self.algo.advantage!r}")
         if not self.run_dir:
             raise ValueError("run_dir must be a non-empty path")
+        if self.device_memory_gb is not None and not (
+                isinstance(self.device_memory_gb, (int, float)) and not isinstance(self.device_memory_gb, bool)
+                and math.isfinite(self.device_memory_gb) and self.device_memory_gb > 0):
+            raise ValueError(f"device_memory_gb must be a number > 0 or null, got {self.device_memory_gb!r}")
+        if self.overlap.off_policy:
+            if self.loss.tis_cap is None:
+                raise ValueError("overlap.off_policy needs loss.tis_cap (e.g. 2.0): the rollouts are one update "
+                                 "stale and the update corrects them by truncated importance sampling")
+            if self.algo.dynamic_sampling:
+                raise ValueError("overlap.off_policy and algo.dynamic_sampling cannot be combined")
+        if -1 not in self.mesh.shape.values():
+            shards = self.mesh.data * self.mesh.fsdp
+            if (B // self.mini_batches) % shards:
+                raise ValueError(f"mesh: the mini-batch size {B // self.mini_batches} (env.group_size * "
+                                 f"env.tasks_per_iteration / mini_batches) must be divisible by mesh.data * "
+                                 f"mesh.fsdp = {shards} (its rows are split over them)")
         ranges = {"env.seed (the training task stream)": (self.env.seed, self.iterations * self.env.tasks_per_iteration),
                   "warm_start.seed (demonstrations)": (self.warm_start.seed, self.warm_start.episodes),
                   "eval.seed (held-out evaluation)": (self.eval.seed, self.eval.episodes)}
@@ -407,6 +549,17 @@ def build_tokenizer(section: ModelSection):
     return load_tokenizer(name)
 
 
+def scratch_config(section: ModelSection, tokenizer):
+    """The `DecoderConfig` of a from-scratch policy (`section.path` is None)."""
+    from jaxagent import models
+
+    return models.DecoderConfig(
+        vocab_size=len(tokenizer), hidden_size=section.hidden_size, intermediate_size=section.intermediate_size,
+        num_layers=section.num_layers, num_heads=section.num_heads, num_kv_heads=section.num_kv_heads,
+        head_dim=section.head_dim, qkv_bias=section.qkv_bias, tie_word_embeddings=section.tie_word_embeddings,
+        model_type=section.model_type)
+
+
 def build_policy(section: ModelSection, tokenizer, key: jax.Array):
     """`(params, model_config)`: loaded from `section.path`, else initialised from `key`."""
     from jaxagent import models
@@ -417,23 +570,21 @@ def build_policy(section: ModelSection, tokenizer, key: jax.Array):
             raise ConfigError(f"model.tokenizer has {len(tokenizer)} tokens but the model's vocabulary "
                               f"has {model.config.vocab_size}")
         return model.params, model.config
-    config = models.DecoderConfig(
-        vocab_size=len(tokenizer), hidden_size=section.hidden_size, intermediate_size=section.intermediate_size,
-        num_layers=section.num_layers, num_heads=section.num_heads, num_kv_heads=section.num_kv_heads,
-        head_dim=section.head_dim, qkv_bias=section.qkv_bias, tie_word_embeddings=section.tie_word_embeddings,
-        model_type=section.model_type)
+    config = scratch_config(section, tokenizer)
     return models.init_params(key, config, dtype=section.dtype, std=section.init_std), config
 
 
-@functools.partial(jax.jit, static_argnames=("config", "temperature", "seq_chunk", "vocab_chunk"))
-def policy_logprobs(params, config, tokens_BxT, attention_mask_BxT, *, temperature: float,
-                    seq_chunk: int, vocab_chunk: int) -> jax.Array:
-    """`log pi(tokens[t] | tokens[:t])` `[B, T]` as `train_step` computes it (same kernel)."""
+def _policy_logprobs(params, config, tokens_BxT, attention_mask_BxT, *, temperature: float,
+                     seq_chunk: int, vocab_chunk: int) -> jax.Array:
     from jaxagent.models import token_logprobs
 
     logp, _ = token_logprobs(params, config, tokens_BxT, attention_mask_BxT=attention_mask_BxT,
                              temperature=temperature, seq_chunk=seq_chunk, vocab_chunk=vocab_chunk)
     return logp
+
+
+#: `log pi(tokens[t] | tokens[:t])` `[B, T]` as `train_step` computes it (same kernel).
+policy_logprobs = jax.jit(_policy_logprobs, static_argnames=("config", "temperature", "seq_chunk", "vocab_chunk"))
 
 
 _critic_values = jax.jit(critic_values, static_argnames=("critic_config", "remat"))
@@ -548,7 +699,17 @@ class Trainer:
     def __init__(self, config: TrainerConfig, *, resume: bool = False, log=print):
         self.config = config
         self.resume = resume
-        self.log = log
+        dist = config.distributed
+        par.initialize(dist.coordinator_address, dist.num_processes, dist.process_id,
+                       auto=True if dist.auto else None)
+        self.primary = par.is_primary()   # the one process that writes files and logs
+        self.log = log if self.primary else (lambda *_, **__: None)
+        self.mesh = self._make_mesh()      # None = one device: the single-device loop as it was
+        #: the global rows of each rollout batch this process plays (all of them alone)
+        self.local_rows = np.arange(config.env.batch_size) if self.mesh is None else \
+            par.process_rows(self.mesh, config.env.batch_size)
+        self._check_local_rows()
+        self._row_offset = 0
         self.run_dir = Path(config.run_dir)
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.demonstrations = None
@@ -562,7 +723,11 @@ class Trainer:
         self.tokenizer = self._tokenizer()
         k_model, k_critic, k_rng = jax.random.split(jax.random.key(config.seed), 3)
         self._keys = {"critic": k_critic, "rng": k_rng}
+        if config.model.path is None:  # before anything is built or compiled
+            self._check_memory(scratch_config(config.model, self.tokenizer))
         params, self.model_config = build_policy(config.model, self.tokenizer, k_model)
+        if config.model.path is not None:
+            self._check_memory(self.model_config)
         self.ref_params = None
         if config.loss.kl_coef > 0 or config.algo.kl_reward_coef > 0:
             # a copy: the state's params are donated to train_step
@@ -575,10 +740,148 @@ class Trainer:
             critic_config = self.model_config
         self.state: TrainState = init_train_state(k_rng, params, self.model_config, config.step_config,
                                                   critic_params=critic_params, critic_config=critic_config)
+        self._place_state()
         self.iteration = 0        # iterations completed
         self.task_position = 0    # tasks of the stream consumed
         self.history: list[dict] = []
         self.summary: dict = {}   # warm start and held-out evaluations (<run_dir>/summary.json)
+        self._last_episodes = None  # the last iteration's episodes (this process's), for transcripts
+        self._overlap = None      # the rollout thread (`overlap.off_policy`)
+        self._pending = None      # its running rollout
+
+    # ------------------------------------------------------------------ meshes and hosts
+    def _make_mesh(self):
+        """The config's mesh, or None for one device (an all-1 mesh, one process)."""
+        cfg = self.config
+        mc = cfg.mesh
+        if all(v == 1 for v in mc.shape.values()):
+            if jax.process_count() == 1:
+                return None
+            mc = MeshConfig(data=-1)
+        devices = None
+        if -1 not in mc.shape.values() and mc.num_devices < jax.device_count() and jax.process_count() == 1:
+            devices = jax.devices()[:mc.num_devices]
+        try:
+            mesh = par.make_mesh(mc, devices)
+        except ValueError as e:
+            raise ConfigError(f"mesh: {e}") from None
+        if mesh.devices.size == 1:
+            return None
+        shards = mesh.shape["data"] * mesh.shape["fsdp"]
+        mb = cfg.env.batch_size // cfg.mini_batches
+        if mb % shards:
+            raise ConfigError(f"mesh: the mini-batch size {mb} (env.group_size * env.tasks_per_iteration / "
+                              f"mini_batches) must be divisible by mesh.data * mesh.fsdp = {shards}")
+        return mesh
+
+    def _check_local_rows(self) -> None:
+        """Advantages need whole groups: each process must play whole groups of the batch."""
+        cfg = self.config
+        if jax.process_count() == 1:
+            return
+        rows, G, B = self.local_rows, cfg.env.group_size, cfg.env.batch_size
+        whole = rows.size and rows.size % G == 0 and rows[0] % G == 0 and np.array_equal(
+            rows, np.arange(rows[0], rows[0] + rows.size))
+        if not whole:
+            raise ConfigError(
+                f"distributed: process {jax.process_index()} of {jax.process_count()} would play rows "
+                f"{rows.tolist()} of the rollout batch of {B}, not whole groups of env.group_size {G}; "
+                f"make env.tasks_per_iteration a multiple of the processes (rows per process "
+                f"{B // jax.process_count()} must be a multiple of {G})")
+        if cfg.algo.dynamic_sampling:
+            raise ConfigError("algo.dynamic_sampling is not supported with several processes (each would "
+                              "choose its own groups); turn it off or run one process")
+
+    def _check_memory(self, model_config) -> None:
+        """Logs the per-device memory estimate; raises `DoesNotFitError` (naming every
+        component) before anything is compiled when it exceeds the device's memory
+        (`memory_stats`, else `device_memory_gb`, else no check)."""
+        cfg = self.config
+        common = dict(param_dtype=cfg.model.dtype)
+        est = par.estimate_memory(model_config, cfg.step_config, self.mesh, batch_size=cfg.env.batch_size //
+                                  cfg.mini_batches, seq_len=cfg.rollout.max_context, critic=cfg.algo.uses_critic,
+                                  **common)
+        # the sampler runs on one device per process with this process's rows (see `_sampler_params`)
+        sampler = par.estimate_memory(model_config, cfg.step_config, None, batch_size=1, seq_len=1,
+                                      sample_batch=len(self.local_rows), sample_len=cfg.rollout.max_context,
+                                      **common)
+        est["kv_cache"] = sampler["kv_cache"]
+        if self.mesh is not None:
+            est["sampler_params"] = sampler["params"]
+        if cfg.loss.kl_coef > 0 or cfg.algo.kl_reward_coef > 0:
+            est["reference"] = est["params"] if not cfg.algo.uses_critic else par.estimate_memory(
+                model_config, cfg.step_config, self.mesh, batch_size=1, seq_len=1, **common)["params"]
+        est["total"] = sum(v for k, v in est.items() if k != "total")
+        self.memory_estimate = est
+        try:
+            device_bytes = par.device_memory_bytes()
+        except ValueError:
+            device_bytes = None if cfg.device_memory_gb is None else int(cfg.device_memory_gb * 2**30)
+        self.log(par.format_memory(est, device_bytes))
+        if device_bytes is None:
+            self.log("memory check skipped: the device does not report its memory (set device_memory_gb)")
+            return
+        try:
+            par.check_fits(est, device_bytes)
+        except par.DoesNotFitError as e:
+            shape = "one device" if self.mesh is None else " x ".join(f"{k}={v}" for k, v in self.mesh.shape.items())
+            raise par.DoesNotFitError(f"this config does not fit ({shape}): {e}") from None
+
+    def _place_state(self) -> None:
+        """With a mesh: the state (and KL reference) placed by the logical-axis rules, and
+        the sharded update built for it (jitted once per state layout)."""
+        if self.mesh is None:
+            return
+        self.state = par.shard_train_state(self.state, self.mesh)
+        if self.ref_params is not None:
+            self.ref_params = _place(self.ref_params, par.param_shardings(self.ref_params, self.mesh))
+        self._rl_step = par.make_sharded_train_step(self.config.step_config, self.state, self.mesh)
+        from jaxagent.models import decoder
+
+        layout = par.activation_constraint(self.mesh)
+        rows = jax.NamedSharding(self.mesh, par.batch_spec(2))
+        sc = self.config.step_config
+
+        def logprobs(params, tokens_BxT, attention_mask_BxT):
+            with decoder.activation_constraint(layout):
+                return _policy_logprobs(params, self.model_config, tokens_BxT, attention_mask_BxT,
+                                        temperature=sc.loss.temperature, seq_chunk=sc.seq_chunk,
+                                        vocab_chunk=sc.vocab_chunk)
+
+        def values(critic_params, batch):
+            with decoder.activation_constraint(layout):
+                return critic_values(critic_params, self.model_config, batch)
+
+        self._mesh_logprobs = jax.jit(logprobs, out_shardings=rows)
+        self._mesh_values = jax.jit(values, out_shardings=rows)
+
+    def _sampler_params(self):
+        """The params the sampler runs with: the state's own on one device; with a mesh,
+        a whole copy on this process's first device (gathered from the shards). The
+        sampler is not sharded: see the module docstring."""
+        params = self.state.params
+        if self.mesh is None:
+            return params
+        if jax.process_count() > 1:
+            params = par.to_host(params)
+        return jax.device_put(params, jax.local_devices()[0])
+
+    def _to_mesh(self, batch):
+        """A host (or one-device) batch with every process's full rows, placed on the mesh
+        with its rows split over ("data", "fsdp")."""
+        if jax.process_count() == 1:
+            return par.shard_batch(batch, self.mesh)
+
+        def put(x):
+            h = np.asarray(x)
+            return jax.make_array_from_callback(h.shape, jax.NamedSharding(self.mesh, par.batch_spec(h.ndim)),
+                                                lambda idx: h[idx])
+
+        return jax.tree.map(put, batch)
+
+    def _fetch(self, tree):
+        """Replicated device values (metrics) as host values on every process."""
+        return jax.device_get(tree) if jax.process_count() == 1 else par.to_host(tree)
 
     # ------------------------------------------------------------------ helpers
     def _tokenizer(self):
@@ -611,8 +914,19 @@ class Trainer:
         loop_cfg = AgentLoopConfig(
             max_turns=r.max_turns, max_tokens_per_turn=r.max_tokens_per_turn, max_context=r.max_context,
             sampling=SamplingConfig(temperature=r.temperature, top_k=r.top_k, top_p=r.top_p),
-            pad_id=0 if pad is None else int(pad))
-        return AgentLoop(self.state.params, self.model_config, self.tokenizer, loop_cfg)
+            pad_id=0 if pad is None else int(pad), pipeline_groups=r.pipeline_groups)
+        loop = AgentLoop(self._sampler_params(), self.model_config, self.tokenizer, loop_cfg)
+        if jax.process_count() > 1:
+            # this process's rows draw the sampling keys of their global row index, so the
+            # processes together sample what one process playing the whole batch would
+            init_state = loop.sampler.init_state
+
+            def offset_init_state(batch, seed=0, row_ids=None):
+                row_ids = np.arange(batch) if row_ids is None else np.asarray(row_ids)
+                return init_state(batch, seed, row_ids=row_ids + self._row_offset)
+
+            loop.sampler.init_state = offset_init_state
+        return loop
 
     def _check_resumable(self, saved: dict | None, where) -> None:
         """`IncompatibleCheckpointError` naming every `RESUME_FIXED` key that differs."""
@@ -634,7 +948,8 @@ class Trainer:
                 f"cannot resume from {where}: the config changed keys a run must keep:\n  " + "\n  ".join(diffs))
 
     def _restore(self, ckpt: CheckpointManager) -> None:
-        self.state, extras = ckpt.restore(self.state)
+        self.state, extras = ckpt.restore(self.state)  # all processes, with the state's shardings
+        self._place_state()
         self._check_resumable(extras.get("config"), ckpt.directory / str(ckpt.latest_step()))
         if self.ref_params is not None and self.config.warm_start.enabled:
             self._restore_reference()
@@ -653,6 +968,8 @@ class Trainer:
         self.log(f"resumed from {ckpt.directory / str(ckpt.latest_step())} at iteration {self.iteration}")
 
     def _write_metrics_file(self) -> None:
+        if not self.primary:
+            return
         tmp = self.metrics_path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(json.dumps(m) + "\n" for m in self.history))
         tmp.replace(self.metrics_path)
@@ -680,43 +997,63 @@ class Trainer:
             elif ckpt.latest_step() is not None:
                 raise FileExistsError(f"{ckpt.directory} already holds checkpoints (latest "
                                       f"{ckpt.latest_step()}); resume, or choose another run_dir")
-            else:
+            elif self.primary:
                 self.metrics_path.write_text("")
                 if cfg.model.tokenizer == "bpe":
                     from jaxagent.train.warmstart import save_tokenizer
 
                     save_tokenizer(self.tokenizer, self.run_dir / "tokenizer")
-            (self.run_dir / "config.yaml").write_text(dump_yaml(cfg))
+            if self.primary:
+                (self.run_dir / "config.yaml").write_text(dump_yaml(cfg))
             final_eval_done = "success_after_rl" in self.summary or not cfg.eval.episodes
             if self.iteration >= cfg.iterations and final_eval_done:
                 self.log(f"nothing to do: {self.iteration} of {cfg.iterations} iterations done")
                 return self.history
             loop = self._agent_loop()
             factory = _env_factory(cfg.env.name, cfg.env.kwargs)
-            with envs.EnvPool([factory] * cfg.env.batch_size, num_workers=cfg.env.num_workers,
+            with envs.EnvPool([factory] * len(self.local_rows), num_workers=cfg.env.num_workers,
                               step_timeout=cfg.env.step_timeout) as pool:
                 if not self.resume and (cfg.warm_start.enabled or cfg.eval.episodes):
                     if cfg.warm_start.enabled:
                         self._warm_start()
-                        loop.set_params(self.state.params)
+                        loop.set_params(self._sampler_params())
                     if cfg.eval.episodes:
                         ev = self.evaluate(loop, pool)
                         self.summary.update(success_before_rl=ev["success_rate"], eval_before_rl=ev)
                         self.log(f"held-out evaluation before RL: {_eval_summary(ev)}")
                     self._write_summary()
                     self._save(ckpt)  # iteration 0: a resumed run never repeats the warm start
-                while self.iteration < cfg.iterations:
-                    metrics = self._iteration(loop, pool)
-                    if cfg.eval.episodes and cfg.eval.every and self.iteration % cfg.eval.every == 0 \
-                            and self.iteration < cfg.iterations:
-                        ev = self.evaluate(loop, pool)
-                        metrics.update({f"eval_{k}": v for k, v in ev.items() if k != "episodes"})
-                    self.history.append(metrics)
-                    with self.metrics_path.open("a") as f:
-                        f.write(json.dumps(metrics) + "\n")
-                    self.log(_summary(metrics))
-                    if self.iteration % cfg.checkpoint_every == 0 or self.iteration == cfg.iterations:
-                        self._save(ckpt)
+                run_log = None
+                if self.primary and self.iteration < cfg.iterations:
+                    from jaxagent.train.logging import RunLogger
+
+                    lc = cfg.logging
+                    run_log = RunLogger(self.run_dir, total_iterations=cfg.iterations, tensorboard=lc.tensorboard,
+                                        progress=lc.progress, transcripts_every=lc.transcripts_every,
+                                        transcripts_per_iteration=lc.transcripts_per_iteration)
+                try:
+                    while self.iteration < cfg.iterations:
+                        metrics = self._iteration(loop, pool)
+                        if cfg.eval.episodes and cfg.eval.every and self.iteration % cfg.eval.every == 0 \
+                                and self.iteration < cfg.iterations:
+                            self._finish_pending()
+                            ev = self.evaluate(loop, pool)
+                            metrics.update({f"eval_{k}": v for k, v in ev.items() if k != "episodes"})
+                        self.history.append(metrics)
+                        if self.primary:
+                            with self.metrics_path.open("a") as f:
+                                f.write(json.dumps(metrics) + "\n")
+                        if run_log is not None:
+                            run_log.log_iteration(metrics, self._last_episodes)
+                        if run_log is None or not cfg.logging.progress:
+                            self.log(_summary(metrics))
+                        if self.iteration % cfg.checkpoint_every == 0 or self.iteration == cfg.iterations:
+                            self._save(ckpt)
+                finally:  # never close the pool under a running rollout
+                    self._finish_pending()
+                    self._pending = None
+                    if run_log is not None:
+                        run_log.close()
                 if cfg.eval.episodes and "success_after_rl" not in self.summary:
                     ckpt.wait_until_finished()
                     ev = self.evaluate(loop, pool)
@@ -726,6 +1063,9 @@ class Trainer:
                     self._write_summary()
         finally:
             ckpt.close()
+            if self._overlap is not None:
+                self._overlap.shutdown(wait=True)
+                self._overlap = None
         if "success_after_rl" in self.summary:
             line = {k: self.summary[k] for k in ("success_before_rl", "success_after_rl") if k in self.summary}
             if "success_before_rl" in line:
@@ -762,6 +1102,14 @@ class Trainer:
                                  num_micro_batches=1)
         k_sft, k_shuffle = jax.random.split(jax.random.fold_in(jax.random.key(cfg.seed), 1))
         state = init_train_state(k_sft, self.state.params, self.model_config, sc)
+        update = functools.partial(sft_step, config=sc)
+        if self.mesh is not None:
+            shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+            if bs % shards:
+                raise ConfigError(f"warm_start.batch_size: {bs} rows per SFT step must be divisible by "
+                                  f"mesh.data * mesh.fsdp = {shards}")
+            state = par.shard_train_state(state, self.mesh)
+            update = par.make_sharded_train_step(sc, state, self.mesh, kind="sft")
         success = float(np.mean([d.success for d in self.demonstrations]))
         self.log(f"warm start: {n} demonstrations (expert noise {ws.expert_noise}, demonstration success "
                  f"{success:.2f}), {ws.epochs} epochs x {per_epoch} steps of {bs} rows x {length} tokens")
@@ -772,13 +1120,13 @@ class Trainer:
             perm = np.asarray(jax.random.permutation(key, n))
             for j in range(per_epoch):
                 idx = perm[j * bs:(j + 1) * bs]
-                batch = SFTBatch(tokens=jnp.asarray(tokens[idx]), loss_mask=jnp.asarray(loss_mask[idx]),
-                                 attention_mask=jnp.asarray(attn[idx]))
-                state, m = sft_step(state, batch, sc)
+                batch = SFTBatch(tokens=tokens[idx], loss_mask=loss_mask[idx], attention_mask=attn[idx])
+                batch = jax.tree.map(jnp.asarray, batch) if self.mesh is None else self._to_mesh(batch)
+                state, m = update(state, batch)
                 window.append(m)
                 step = epoch * per_epoch + j + 1
                 if step % every == 0 or step == total:
-                    got = jax.device_get(window)
+                    got = self._fetch(window)
                     line = {"sft_step": step, "epoch": epoch + 1,
                             "loss": float(np.mean([g["loss"] for g in got])),
                             "entropy": float(np.mean([g["entropy"] for g in got])),
@@ -788,7 +1136,8 @@ class Trainer:
                     window = []
                     self.log(f"warm start: step {step}/{total} | loss {line['loss']:.4f} | "
                              f"entropy {line['entropy']:.4f} | {line['time_s']:.0f}s")
-        path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+        if self.primary:
+            path.write_text("".join(json.dumps(x) + "\n" for x in lines))
         params = state.params
         critic_params = critic_config = None
         if cfg.algo.uses_critic:
@@ -801,6 +1150,7 @@ class Trainer:
             self._save_reference()
         self.state = init_train_state(self._keys["rng"], params, self.model_config, cfg.step_config,
                                       critic_params=critic_params, critic_config=critic_config)
+        self._place_state()
         self.summary["warm_start"] = {"demonstrations": n, "demonstration_success": success,
                                       "steps": total, "final_loss": lines[-1]["loss"] if lines else None,
                                       "seconds": time.perf_counter() - t_start}
@@ -822,7 +1172,7 @@ class Trainer:
 
         t0 = time.perf_counter()
         saved = loop.config
-        loop.set_params(self.state.params)
+        loop.set_params(self._sampler_params())
         B = len(pool)
         results = []
         try:
@@ -872,14 +1222,18 @@ class Trainer:
                                                                                self.ref_params))
 
     def _write_summary(self) -> None:
+        if not self.primary:
+            return
         tmp = self.run_dir / "summary.json.tmp"
         tmp.write_text(json.dumps(self.summary, indent=1) + "\n")
         tmp.replace(self.run_dir / "summary.json")
 
-    def _rollout(self, loop, pool, k_sample) -> tuple[Any, list, dict]:
-        """The iteration's batch of `tasks_per_iteration` groups: one rollout, or with
-        `algo.dynamic_sampling` up to `max_sampling_rounds` rollouts whose groups with
-        varying returns are kept first. Advances the task stream by every task played."""
+    def _rollout(self, loop, pool, k_sample, position: int) -> tuple[Any, list, dict, int]:
+        """The iteration's batch of `tasks_per_iteration` groups from task `position` of
+        the stream on: one rollout, or with `algo.dynamic_sampling` up to
+        `max_sampling_rounds` rollouts whose groups with varying returns are kept first.
+        Returns `(traj, episodes, sampling stats, tasks played)`; touches no trainer state
+        but the loop (it may run in the overlap thread)."""
         cfg = self.config
         G, n_tasks = cfg.env.group_size, cfg.env.tasks_per_iteration
         rounds = cfg.algo.max_sampling_rounds if cfg.algo.dynamic_sampling else 1
@@ -887,15 +1241,27 @@ class Trainer:
         played = 0
         for r in range(rounds):
             sample_seed = int(jax.random.randint(jax.random.fold_in(k_sample, r), (), 0, 2**31 - 1))
-            task_seeds = [cfg.env.seed + self.task_position + j for j in range(n_tasks)]
+            task_seeds = [cfg.env.seed + position + played * n_tasks + j for j in range(n_tasks)]
             seeds = [s for s in task_seeds for _ in range(G)]
             group_ids = [j for j in range(n_tasks) for _ in range(G)]
             loop.config = dataclasses.replace(loop.config, seed=sample_seed)
-            traj, episodes = loop.run(pool, seeds, group_ids)
-            self.task_position += n_tasks
+            if len(self.local_rows) == len(seeds):
+                traj, episodes = loop.run(pool, seeds, group_ids)
+            else:  # several processes: this one plays its own (whole) groups of the batch
+                self._row_offset = int(self.local_rows[0])
+                try:
+                    traj, episodes = loop.run(pool, [seeds[i] for i in self.local_rows],
+                                              [group_ids[i] for i in self.local_rows])
+                finally:
+                    self._row_offset = 0
+                # anchor-state ids are per process: keep them apart (GiGPO groups them within
+                # an episode group, and a group never spans processes)
+                anchor = np.asarray(traj.anchor_ids)
+                offset = self.local_rows[0] * cfg.rollout.max_turns
+                traj = traj.replace(anchor_ids=jnp.asarray(np.where(anchor >= 0, anchor + offset, anchor)))
             played += 1
             if rounds == 1:
-                return traj, episodes, {"sampling_rounds": 1}
+                return traj, episodes, {"sampling_rounds": 1}, n_tasks
             returns = shaped_turn_rewards(cfg.algo, traj).sum(axis=1)
             failed = np.asarray(traj.failed)
             for j in range(n_tasks):
@@ -914,7 +1280,30 @@ class Trainer:
                             anchor_ids=jnp.asarray(_anchor_ids(episodes, cfg.rollout.max_turns)))
         return traj, episodes, {"sampling_rounds": played,
                                 "groups_with_signal": min(len(groups_signal), n_tasks),
-                                "groups_with_signal_frac": len(groups_signal) / (played * n_tasks)}
+                                "groups_with_signal_frac": len(groups_signal) / (played * n_tasks)}, played * n_tasks
+
+    def _start_rollout(self, loop, pool, k_sample, *, staleness: int) -> None:
+        """Starts the rollout of the next batch in the overlap thread, with the current
+        params (a copy: the update donates the state's buffers) from the current stream
+        position. `self._pending.result()` is `(rollout, seconds, staleness)`."""
+        loop.set_params(jax.tree.map(jnp.copy, self._sampler_params()) if self.mesh is None
+                        else self._sampler_params())
+        position = self.task_position
+        if self._overlap is None:
+            self._overlap = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxagent-rollout")
+
+        def collect():
+            t0 = time.perf_counter()
+            out = self._rollout(loop, pool, k_sample, position)
+            return out, time.perf_counter() - t0, staleness
+
+        self._pending = self._overlap.submit(collect)
+
+    def _finish_pending(self) -> None:
+        """Waits for a background rollout (before the loop or pool is used otherwise);
+        its result stays pending for the next iteration."""
+        if self._pending is not None:
+            concurrent.futures.wait([self._pending])
 
     def _iteration(self, loop, pool) -> dict:
         cfg = self.config
@@ -923,31 +1312,66 @@ class Trainer:
         t_start = time.perf_counter()
 
         rng, k_sample, k_shuffle = jax.random.split(self.state.rng, 3)
+        if self.mesh is not None:
+            rng = jax.device_put(rng, jax.NamedSharding(self.mesh, jax.P()))
         self.state = self.state.replace(rng=rng)
 
         # ---- rollout (a fresh sampling seed per round; the loop and its compiled sampler are reused)
         t0 = time.perf_counter()
-        loop.set_params(self.state.params)
-        traj, episodes, sampling = self._rollout(loop, pool, k_sample)
-        times["rollout"] = time.perf_counter() - t0
+        if cfg.overlap.off_policy:
+            if self._pending is None:  # the first iteration (of a run or after a resume): on-policy
+                self._start_rollout(loop, pool, jax.random.fold_in(k_sample, 1), staleness=0)
+            (traj, episodes, sampling, played), times["rollout"], staleness = self._pending.result()
+            self._pending = None
+            times["rollout_wait"] = time.perf_counter() - t0
+        else:
+            loop.set_params(self._sampler_params())
+            traj, episodes, sampling, played = self._rollout(loop, pool, k_sample, self.task_position)
+            staleness = 0
+        self.task_position += played
+        self._last_episodes = episodes
+        from jaxagent.train.warmstart import episode_success
+
+        success = np.array([episode_success(ep.done, ep.rewards, ep.info) for ep in episodes])
+        if self.mesh is not None:
+            # the processes' rows become one global batch (rows over data x fsdp); every
+            # process also keeps a host copy of all rows for shaping, advantages and metrics
+            traj_mesh, success_mesh = par.global_batch(jax.tree.map(np.asarray, (traj, success)), self.mesh,
+                                                       cfg.env.batch_size)
+            if jax.process_count() > 1:
+                traj, success = par.to_host((traj_mesh, success_mesh))
+                traj = jax.tree.map(jnp.asarray, traj)
+        if not cfg.overlap.off_policy:
+            times["rollout"] = time.perf_counter() - t0
 
         # ---- log-probs, values
         t0 = time.perf_counter()
         alive = ~traj.failed
         loss_mask = traj.loss_mask * alive[:, None].astype(traj.loss_mask.dtype)
         sc = cfg.step_config
-        lp = functools.partial(policy_logprobs, config=self.model_config, temperature=cfg.loss.temperature,
-                               seq_chunk=sc.seq_chunk, vocab_chunk=sc.vocab_chunk)
-        old_logp = lp(self.state.params, tokens_BxT=traj.tokens, attention_mask_BxT=traj.attention_mask)
-        ref_logp = None
-        if self.ref_params is not None:
-            ref_logp = lp(self.ref_params, tokens_BxT=traj.tokens, attention_mask_BxT=traj.attention_mask)
-        values = None
-        if cfg.algo.uses_critic:
-            # critic_values reads the tokens and the attention fields of a batch only
-            probe = UpdateBatch(tokens=traj.tokens, loss_mask=loss_mask, advantages=loss_mask, old_logp=old_logp,
-                                attention_mask=traj.attention_mask)
-            values = _critic_values(self.state.critic_params, self.state.critic_config, probe)
+        ref_logp = values = None
+        if self.mesh is None:
+            lp = functools.partial(policy_logprobs, config=self.model_config, temperature=cfg.loss.temperature,
+                                   seq_chunk=sc.seq_chunk, vocab_chunk=sc.vocab_chunk)
+            old_logp = lp(self.state.params, tokens_BxT=traj.tokens, attention_mask_BxT=traj.attention_mask)
+            if self.ref_params is not None:
+                ref_logp = lp(self.ref_params, tokens_BxT=traj.tokens, attention_mask_BxT=traj.attention_mask)
+            if cfg.algo.uses_critic:
+                # critic_values reads the tokens and the attention fields of a batch only
+                probe = UpdateBatch(tokens=traj.tokens, loss_mask=loss_mask, advantages=loss_mask,
+                                    old_logp=old_logp, attention_mask=traj.attention_mask)
+                values = _critic_values(self.state.critic_params, self.state.critic_config, probe)
+        else:  # on the sharded params, the batch's rows split; host copies for what follows
+            toks, attn = traj_mesh.tokens, traj_mesh.attention_mask
+            got = {"old": self._mesh_logprobs(self.state.params, toks, attn)}
+            if self.ref_params is not None:
+                got["ref"] = self._mesh_logprobs(self.ref_params, toks, attn)
+            if cfg.algo.uses_critic:
+                probe = UpdateBatch(tokens=toks, loss_mask=traj_mesh.loss_mask, advantages=traj_mesh.loss_mask,
+                                    old_logp=got["old"], attention_mask=attn)
+                got["values"] = self._mesh_values(self.state.critic_params, probe)
+            got = jax.tree.map(jnp.asarray, par.to_host(got))
+            old_logp, ref_logp, values = got["old"], got.get("ref"), got.get("values")
         jax.block_until_ready(old_logp)
         times["logprobs"] = time.perf_counter() - t0
 
@@ -965,6 +1389,10 @@ class Trainer:
         jax.block_until_ready(adv)
         times["advantages"] = time.perf_counter() - t0
 
+        # ---- the next iteration's rollout starts now, with the params before this update
+        if cfg.overlap.off_policy and self.iteration + 1 < cfg.iterations:
+            self._start_rollout(loop, pool, k_sample, staleness=1)
+
         # ---- updates (all dispatched before any metric is read)
         t0 = time.perf_counter()
         mb = B // cfg.mini_batches
@@ -974,28 +1402,35 @@ class Trainer:
             for m in range(cfg.mini_batches):
                 rows = jnp.asarray(perm[m * mb:(m + 1) * mb])
                 mini = jax.tree.map(lambda x: x[rows], batch)
-                self.state, sm = train_step(self.state, mini, sc)
+                if self.mesh is None:
+                    self.state, sm = train_step(self.state, mini, sc)
+                else:
+                    self.state, sm = self._rl_step(self.state, self._to_mesh(mini))
                 step_metrics.append(sm)
-        step_metrics = jax.device_get(step_metrics)
+        step_metrics = self._fetch(step_metrics)
         times["update"] = time.perf_counter() - t0
 
         self.iteration += 1
-        out = self._metrics(env_traj, episodes, step_metrics, adv, old_logp, loss_mask, times,
-                            time.perf_counter() - t_start)
+        total_s = time.perf_counter() - t_start
+        out = self._metrics(env_traj, success, step_metrics, adv, old_logp, loss_mask, times, total_s)
+        if cfg.overlap.off_policy:
+            # the batch's params lag the updated ones by `staleness` updates; the main thread
+            # (which drives the device) idled only while it waited for the rollout
+            out["staleness"] = staleness
+            out["device_idle_frac"] = times["rollout_wait"] / max(total_s, 1e-9)
         if cfg.algo.dynamic_sampling:
             out.update(sampling)
         out.update(shaping)
         return out
 
-    def _metrics(self, traj, episodes, step_metrics, adv, old_logp, loss_mask, times, total_s) -> dict:
-        """The iteration's JSON-able metrics: episode statistics, the mean of each update
+    def _metrics(self, traj, success, step_metrics, adv, old_logp, loss_mask, times, total_s) -> dict:
+        """The iteration's JSON-able metrics: episode statistics (of every process's
+        episodes: `traj` and `success` hold the whole batch), the mean of each update
         metric over the iteration's updates, throughput and seconds per phase."""
         ret = np.asarray(traj.episode_return, np.float64)
         failed = np.asarray(traj.failed)
         ok = ~failed
-        from jaxagent.train.warmstart import episode_success
-
-        success = np.array([episode_success(ep.done, ep.rewards, ep.info) for ep in episodes])
+        success = np.asarray(success)
         policy_tokens = int(np.asarray(traj.loss_mask).sum())
         mask = np.asarray(loss_mask) != 0
         adv_np = np.asarray(adv)
@@ -1023,7 +1458,7 @@ class Trainer:
             "rollout_logp_gap": float(logp_gap[mask].mean()) if mask.any() else 0.0,
         }
         for key in ("loss", "pg_loss", "entropy", "clipfrac", "approx_kl", "kl", "grad_norm", "lr",
-                    "value_loss", "explained_variance", "vf_clipfrac"):
+                    "value_loss", "explained_variance", "vf_clipfrac", "tis_weight"):
             v = mean_of(key)
             if v is not None:
                 out[key] = v
@@ -1032,6 +1467,21 @@ class Trainer:
         out.update({f"time_{k}_s": v for k, v in times.items()})
         out["time_iteration_s"] = total_s
         return out
+
+
+def _place(tree, shardings):
+    """`tree` placed by `shardings` (every process holds the same values; global arrays
+    are resharded)."""
+    if jax.process_count() == 1:
+        return jax.device_put(tree, shardings)
+
+    def put(x, s):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            return jax.device_put(x, s)
+        h = np.asarray(x)
+        return jax.make_array_from_callback(h.shape, s, lambda idx: h[idx])
+
+    return jax.tree.map(put, tree, shardings)
 
 
 def _jsonable(x):

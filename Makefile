@@ -43,6 +43,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/w3_multiturn.py --out benchmarks/results/w3_multiturn.jsonl
 	$(PY) benchmarks/w4_advantages.py --out benchmarks/results/w4_advantages.jsonl
 	$(PY) benchmarks/w5_envpool.py --out benchmarks/results/w5_envpool.jsonl
+	$(PY) benchmarks/w7_overlap.py --out benchmarks/results/w7_overlap.jsonl
 
 clean:
 	rm -rf $(VENV) build *.egg-info

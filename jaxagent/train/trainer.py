@@ -350,12 +350,16 @@ class EvalSection:
     every `every` iterations in between (0 = never) as `eval_*` metrics.
     temperature: sampling temperature of the evaluation (None = `rollout.temperature`;
       0 = greedy).
+    greedy: also evaluate with greedy decoding before and after RL
+      (`success_before_rl_greedy` / `success_after_rl_greedy`): whether RL taught the
+      policy something its most likely actions did not already do.
     """
 
     episodes: int = 0
     seed: int = 2_000_000
     temperature: float | None = None
     every: int = 0
+    greedy: bool = False
 
     def __post_init__(self):
         _check_int("episodes", self.episodes, 0)
@@ -1021,6 +1025,11 @@ class Trainer:
                         ev = self.evaluate(loop, pool)
                         self.summary.update(success_before_rl=ev["success_rate"], eval_before_rl=ev)
                         self.log(f"held-out evaluation before RL: {_eval_summary(ev)}")
+                        if cfg.eval.greedy:
+                            evg = self.evaluate(loop, pool, temperature=0.0)
+                            self.summary.update(success_before_rl_greedy=evg["success_rate"],
+                                                eval_before_rl_greedy=evg)
+                            self.log(f"held-out evaluation before RL, greedy: {_eval_summary(evg)}")
                     self._write_summary()
                     self._save(ckpt)  # iteration 0: a resumed run never repeats the warm start
                 run_log = None
@@ -1038,7 +1047,7 @@ class Trainer:
                                 and self.iteration < cfg.iterations:
                             self._finish_pending()
                             ev = self.evaluate(loop, pool)
-                            metrics.update({f"eval_{k}": v for k, v in ev.items() if k != "episodes"})
+                            metrics.update({f"eval_{k}": ev[k] for k in ("success_rate", "return_mean", "turns_mean")})
                         self.history.append(metrics)
                         if self.primary:
                             with self.metrics_path.open("a") as f:
@@ -1057,6 +1066,10 @@ class Trainer:
                 if cfg.eval.episodes and "success_after_rl" not in self.summary:
                     ckpt.wait_until_finished()
                     ev = self.evaluate(loop, pool)
+                    if cfg.eval.greedy:
+                        evg = self.evaluate(loop, pool, temperature=0.0)
+                        self.summary.update(success_after_rl_greedy=evg["success_rate"], eval_after_rl_greedy=evg)
+                        self.log(f"held-out evaluation after RL, greedy: {_eval_summary(evg)}")
                     self.summary.update(success_after_rl=ev["success_rate"], eval_after_rl=ev,
                                         iterations_at_eval=self.iteration)
                     self.log(f"held-out evaluation after RL: {_eval_summary(ev)}")
@@ -1070,6 +1083,8 @@ class Trainer:
             line = {k: self.summary[k] for k in ("success_before_rl", "success_after_rl") if k in self.summary}
             if "success_before_rl" in line:
                 line["lift_points"] = round(100 * (line["success_after_rl"] - line["success_before_rl"]), 2)
+            line.update({k: self.summary[k] for k in ("success_before_rl_greedy", "success_after_rl_greedy")
+                         if k in self.summary})
             line.update(eval_episodes=cfg.eval.episodes, iterations=self.iteration, run_dir=str(self.run_dir))
             self.log(json.dumps(line))
         return self.history

@@ -151,7 +151,8 @@ def test_a_config_that_cannot_fit_fails_before_compiling(tmp_path):
     lines = []
     trainer = Trainer(config(tmp_path / "run", "device_memory_gb=16", "mesh={fsdp: 2, tensor: 2}"),
                       log=lines.append)
-    assert lines[0].startswith("memory per device:") and "sampler_params" in lines[0]
+    # in one process the sampler runs on the mesh with the state's own params: no copy
+    assert lines[0].startswith("memory per device:") and "sampler_params" not in lines[0]
     assert trainer.memory_estimate["total"] < 16 * 2**30
 
 

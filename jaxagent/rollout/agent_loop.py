@@ -166,10 +166,12 @@ class AgentLoop:
       tokenizer: a transformers tokenizer with a chat template.
       config: an `AgentLoopConfig`.
       observation_role: chat role of text observations.
+      mesh, rules: sample sharded on this device mesh (one process; `Sampler`'s `mesh` and
+        `rules`, rules None = `jaxagent.parallel.LOGICAL_AXIS_RULES`); None = unsharded.
     """
 
     def __init__(self, params, model_config: DecoderConfig, tokenizer, config: AgentLoopConfig,
-                 observation_role: str = "user", *, profile: bool = False):
+                 observation_role: str = "user", *, profile: bool = False, mesh=None, rules=None):
         self.config = config
         #: also measure when the device is idle (a thread per rollout waits on each decode)
         self.profile = profile
@@ -179,7 +181,8 @@ class AgentLoop:
         self.timings: dict[str, float] = {}
         self.chat = ChatFormat(tokenizer, observation_role=observation_role)
         self.sampler = Sampler(params, model_config, max_len=config.max_context, min_bucket=config.min_bucket,
-                               pad_id=config.pad_id)
+                               pad_id=config.pad_id, mesh=mesh,
+                               **({} if rules is None else {"rules": rules}))
         self.stop_sequences = [self.chat.encode(s) for s in config.stop_strings]
 
     @property

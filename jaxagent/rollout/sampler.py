@@ -42,10 +42,22 @@ the batch or on how the batch was re-bucketed.
 Finish reasons (`FINISH_REASONS[finish_reason]`): `none` (row not decoded),
 `stop_token`, `stop_sequence`, `max_new_tokens`, `cache_full` (the row's cache has
 no free slot for another token: the episode cannot go on).
+
+Sharded sampling (`Sampler(..., mesh=mesh)`, one process): "batch over data, heads
+over tensor". Params are placed by `jaxagent.parallel.param_shardings`; the KV cache
+by `decoder.ACTIVATION_AXES["cache_kv"]` (rows over ("data", "fsdp"), kv heads over
+"tensor"); every other per-row array (logits, keys, lengths, host inputs, outputs)
+has its rows over the batch axes. Each layout goes through `logical_to_spec`, so a
+row count (e.g. a shrunk bucket) or a kv-head count the mesh axes do not divide is
+split over the longest dividing prefix of the axes, or replicated: it still runs,
+only less split. The kernels are traced under the decoder's `activation_constraint`
+hook, which pins the residual stream and the cache to those layouts. Without a mesh
+nothing changes (the hook is unset, so the compiled code is the unsharded one).
 """
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import functools
 import math
@@ -55,9 +67,11 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 from jaxagent.models import decoder
 from jaxagent.models.config import DecoderConfig
+from jaxagent.parallel import mesh as pmesh
 
 FINISH_NONE, FINISH_STOP_TOKEN, FINISH_STOP_SEQUENCE, FINISH_LENGTH, FINISH_CACHE_FULL = range(5)
 FINISH_REASONS = ("none", "stop_token", "stop_sequence", "max_new_tokens", "cache_full")
@@ -225,7 +239,9 @@ def decode_step(params, config: DecoderConfig, tok_B: jax.Array, write_B: jax.Ar
     allowed_BxS = jnp.arange(W)[None, :] <= slot_B[:, None]
     cos, sin = decoder.rope_cos_sin(jnp.minimum(slot_B, S - 1)[:, None], c)
     rows_B = jnp.arange(B)
-    x = params["embed"]["embedding"][tok_B[:, None]]
+    hidden_axes, cache_axes = decoder.ACTIVATION_AXES["hidden"], decoder.ACTIVATION_AXES["cache_kv"]
+    # layout hook (identity unless a sharded sampler traces): rows over the batch axes
+    x = decoder._constrain(params["embed"]["embedding"][tok_B[:, None]], hidden_axes)
 
     def layer(carry, inp):
         x, k_all, v_all = carry
@@ -234,11 +250,12 @@ def decode_step(params, config: DecoderConfig, tok_B: jax.Array, write_B: jax.Ar
         layer_B = jnp.full((B,), i, jnp.int32)
         k_all = k_all.at[layer_B, rows_B, :, write_slot_B].set(k[:, 0].astype(k_all.dtype), mode="drop")
         v_all = v_all.at[layer_B, rows_B, :, write_slot_B].set(v[:, 0].astype(v_all.dtype), mode="drop")
+        k_all, v_all = decoder._constrain(k_all, cache_axes), decoder._constrain(v_all, cache_axes)
         k_i, v_i = k_all[i], v_all[i]
         if W < S:
             k_i, v_i = k_i[:, :, :W], v_i[:, :, :W]
         o = _one_query_attention(q[:, 0], k_i, v_i, allowed_BxS)
-        return (decoder.layer_finish(lp, x, o[:, None], c), k_all, v_all), None
+        return (decoder._constrain(decoder.layer_finish(lp, x, o[:, None], c), hidden_axes), k_all, v_all), None
 
     (x, k_all, v_all), _ = jax.lax.scan(layer, (x, cache.k, cache.v),
                                         (params["layers"], jnp.arange(c.num_layers)))
@@ -370,16 +387,29 @@ class Sampler:
       pad_id: token id written in unused output slots.
       window_segments: decode attends over growing windows of the cache in this many
         segments (`decode_kernel`); 1 = the whole cache at every step.
+      mesh: a ("data", "fsdp", "tensor") `jax.sharding.Mesh` (`jaxagent.parallel.make_mesh`)
+        to sample sharded on (one process); None = unsharded, exactly as without it.
+        Params are placed with `param_shardings(params, mesh, rules)` (here and by the
+        `params` setter); states, inputs and outputs have their rows over the batch
+        axes and the cache's kv heads over "tensor" (see the module docstring). A row
+        count the batch axes do not divide (a small `select_rows` bucket) falls back to
+        the longest dividing prefix of the batch axes, or to replicated rows.
+      rules: the logical-axis rules (`jaxagent.parallel.LOGICAL_AXIS_RULES`).
 
     `trace_counts` counts traces of each kernel (`append`, `decode`, `select`); each
     trace is one XLA compilation.
     """
 
     def __init__(self, params, config: DecoderConfig, *, max_len: int, cache_dtype=None,
-                 min_bucket: int = 16, pad_id: int = 0, window_segments: int = 3):
+                 min_bucket: int = 16, pad_id: int = 0, window_segments: int = 3,
+                 mesh: jax.sharding.Mesh | None = None, rules: pmesh.Rules = pmesh.LOGICAL_AXIS_RULES):
         if not isinstance(max_len, int) or max_len < 1:
             raise ValueError(f"Sampler: max_len must be a positive int, got {max_len!r}")
-        self.params, self.config, self.max_len = params, config, max_len
+        if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
+            raise TypeError(f"Sampler: mesh must be a jax.sharding.Mesh or None, got {type(mesh).__name__}")
+        self.mesh, self.rules = mesh, tuple(rules)
+        self.config, self.max_len = config, max_len
+        self.params = params
         self.cache_dtype = cache_dtype or params["final_norm"]["scale"].dtype
         self.min_bucket, self.pad_id = int(min_bucket), int(pad_id)
         self.window_segments = int(window_segments)
@@ -387,32 +417,102 @@ class Sampler:
 
         def append(params, state, tokens, mask):
             self.trace_counts["append"] += 1
-            return append_kernel(params, config, state, tokens, mask)
+            with self._layout():
+                return self._pin_state(append_kernel(params, config, state, tokens, mask))
 
         def decode(params, state, active, max_new, stop_tokens, stop_seqs, sampling, max_new_tokens):
             self.trace_counts["decode"] += 1
-            return decode_kernel(params, config, state, active, max_new, stop_tokens, stop_seqs,
-                                 sampling=sampling, max_new_tokens=max_new_tokens, pad_id=self.pad_id,
-                                 window_segments=self.window_segments)
+            with self._layout():
+                state, gen = decode_kernel(params, config, state, active, max_new, stop_tokens, stop_seqs,
+                                           sampling=sampling, max_new_tokens=max_new_tokens, pad_id=self.pad_id,
+                                           window_segments=self.window_segments)
+                return self._pin_state(state), self._pin_rows(gen)
 
         def select(state, rows):
             self.trace_counts["select"] += 1
-            return select_rows_kernel(state, rows)
+            with self._layout():
+                return self._pin_state(select_rows_kernel(state, rows))
 
         self._append = jax.jit(append, donate_argnames=("state",))
         self._decode = jax.jit(decode, static_argnames=("sampling", "max_new_tokens"), donate_argnames=("state",))
         self._select = jax.jit(select)
 
+    # -------------------------------------------------------------- sharding
+    @property
+    def params(self):
+        return self._params
+
+    @params.setter
+    def params(self, params) -> None:
+        """New params (with a mesh: placed by `param_shardings`; a no-op if already so)."""
+        if self.mesh is not None:
+            params = jax.device_put(params, pmesh.param_shardings(params, self.mesh, self.rules))
+        self._params = params
+
+    def _sharding(self, axes: Sequence[str | None], shape: Sequence[int]) -> jax.sharding.NamedSharding:
+        return jax.sharding.NamedSharding(self.mesh, pmesh.logical_to_spec(axes, shape, self.mesh, self.rules))
+
+    def _row_sharding(self, shape: Sequence[int]) -> jax.sharding.NamedSharding:
+        """Rows (axis 0) over the batch axes (divisibility fallback), the rest whole."""
+        return self._sharding(("batch",) + (None,) * (len(shape) - 1), shape)
+
+    def state_shardings(self, state: SamplerState) -> SamplerState:
+        """The `NamedSharding`s a state of this shape has on the mesh (mesh samplers only)."""
+        cache = state.cache
+        return SamplerState(
+            cache=decoder.KVCache(k=self._sharding(decoder.ACTIVATION_AXES["cache_kv"], cache.k.shape),
+                                  v=self._sharding(decoder.ACTIVATION_AXES["cache_kv"], cache.v.shape),
+                                  lengths=self._sharding(decoder.ACTIVATION_AXES["cache_lengths"],
+                                                         cache.lengths.shape)),
+            next_logits_BxV=self._row_sharding(state.next_logits_BxV.shape),
+            keys_B=self._row_sharding(state.keys_B.shape))
+
+    def _layout(self):
+        """The decoder's activation layout hook while a kernel is traced (mesh only)."""
+        if self.mesh is None:
+            return contextlib.nullcontext()
+        return decoder.activation_constraint(pmesh.activation_constraint(self.mesh, self.rules))
+
+    def _pin_state(self, state: SamplerState) -> SamplerState:
+        if self.mesh is None:
+            return state
+        return jax.lax.with_sharding_constraint(state, self.state_shardings(state))
+
+    def _pin_rows(self, tree):
+        if self.mesh is None:
+            return tree
+        return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, self._row_sharding(x.shape)), tree)
+
+    def _put_rows(self, x: np.ndarray) -> jax.Array:
+        """A host per-row array on the device(s): rows over the batch axes with a mesh."""
+        if self.mesh is None:
+            return jnp.asarray(x)
+        return jax.device_put(x, self._row_sharding(x.shape))
+
     # -------------------------------------------------------------- state
     def init_state(self, batch: int, seed: int = 0, row_ids: Sequence[int] | None = None) -> SamplerState:
-        """An empty state for `batch` rows; row `b`'s key is `fold_in(key(seed), row_ids[b])`."""
+        """An empty state for `batch` rows; row `b`'s key is `fold_in(key(seed), row_ids[b])`.
+
+        With a mesh the state is created sharded (`state_shardings`)."""
         row_ids = np.arange(batch) if row_ids is None else np.asarray(row_ids)
         if row_ids.shape != (batch,):
             raise ValueError(f"init_state: row_ids must have length {batch}, got shape {row_ids.shape}")
         keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(seed), jnp.asarray(row_ids, jnp.uint32))
-        cache = decoder.init_cache(self.config, batch, self.max_len, self.cache_dtype)
-        logits = jnp.zeros((batch, self.config.vocab_size), jnp.float32)
-        return SamplerState(cache=cache, next_logits_BxV=logits, keys_B=keys)
+        if self.mesh is None:
+            cache = decoder.init_cache(self.config, batch, self.max_len, self.cache_dtype)
+            logits = jnp.zeros((batch, self.config.vocab_size), jnp.float32)
+            return SamplerState(cache=cache, next_logits_BxV=logits, keys_B=keys)
+        shapes = SamplerState(
+            cache=jax.eval_shape(lambda: decoder.init_cache(self.config, batch, self.max_len, self.cache_dtype)),
+            next_logits_BxV=jax.ShapeDtypeStruct((batch, self.config.vocab_size), jnp.float32),
+            keys_B=keys)
+        shard = self.state_shardings(shapes)
+        cache = decoder.KVCache(
+            k=jnp.zeros(shapes.cache.k.shape, shapes.cache.k.dtype, device=shard.cache.k),
+            v=jnp.zeros(shapes.cache.v.shape, shapes.cache.v.dtype, device=shard.cache.v),
+            lengths=jnp.zeros((batch,), jnp.int32, device=shard.cache.lengths))
+        logits = jnp.zeros((batch, self.config.vocab_size), jnp.float32, device=shard.next_logits_BxV)
+        return SamplerState(cache=cache, next_logits_BxV=logits, keys_B=jax.device_put(keys, shard.keys_B))
 
     def free_slots(self, state: SamplerState) -> np.ndarray:
         """Free cache slots per row (host copy; waits for the state)."""
@@ -420,7 +520,10 @@ class Sampler:
 
     def select_rows(self, state: SamplerState, rows: Sequence[int]) -> SamplerState:
         """A new state holding rows `rows` of `state` (in that order; repeats allowed)."""
-        return self._select(state, jnp.asarray(np.asarray(rows, np.int32)))
+        rows = np.asarray(rows, np.int32)
+        if self.mesh is not None:  # the index is replicated; the result's rows are laid out by `_pin_state`
+            return self._select(state, jax.device_put(rows, jax.sharding.NamedSharding(self.mesh, P())))
+        return self._select(state, jnp.asarray(rows))
 
     # -------------------------------------------------------------- kernels
     def append(self, state: SamplerState, tokens: Sequence[Sequence[int] | None]) -> SamplerState:
@@ -449,7 +552,7 @@ class Sampler:
             b = over[0]
             raise ValueError(f"append: row {b} gets {lens[b]} tokens but its cache has {free[b]} free slots "
                              f"(max_len {self.max_len}); {len(over)} row(s) overflow")
-        return self._append(self.params, state, jnp.asarray(arr), jnp.asarray(mask))
+        return self._append(self.params, state, self._put_rows(arr), self._put_rows(mask))
 
     def decode(self, state: SamplerState, *, max_new_tokens: int, sampling: SamplingConfig = GREEDY,
                active: Sequence[bool] | None = None, max_new: Sequence[int] | None = None,
@@ -472,8 +575,8 @@ class Sampler:
             raise ValueError(f"decode: active / max_new must have one entry per row ({B})")
         st = _stop_token_array(stop_tokens, B)
         sq = _stop_seq_array(stop_sequences, B)
-        return self._decode(self.params, state, jnp.asarray(act), jnp.asarray(mx), jnp.asarray(st),
-                            jnp.asarray(sq), sampling, max_new_tokens)
+        return self._decode(self.params, state, self._put_rows(act), self._put_rows(mx), self._put_rows(st),
+                            self._put_rows(sq), sampling, max_new_tokens)
 
     def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                  sampling: SamplingConfig = GREEDY, seed: int = 0, **decode_kw) -> tuple[SamplerState, Generation]:

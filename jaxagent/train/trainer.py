@@ -39,11 +39,12 @@ the `TrainState` (params, optimizer state, critic) is placed by
 `make_sharded_train_step`, the log-prob / reference / critic passes run on the sharded
 params with the trajectory's rows split over ("data", "fsdp"), and each mini-batch is
 placed the same way (its size must be divisible by `data * fsdp`). Shaping, advantages
-and metrics run on a host copy of the whole batch, as on one device. The sampler is
-*not* sharded: it runs on a whole copy of the params on each process's first device
-(gathered after every update), with that process's rows; sharding it (batch over data,
-heads over tensor) is left out, so a policy whose params + KV cache do not fit one
-device can be trained but not sampled. Before anything is built, the per-device memory
+and metrics run on a host copy of the whole batch, as on one device. In one process the
+sampler runs sharded on the same mesh (`Sampler(mesh=...)`: the state's own params,
+the KV cache's rows over ("data", "fsdp") and its KV heads over "tensor"). With several
+processes each process samples its own rows with a whole copy of the params on its
+first device (gathered after every update): a sampler sharded across hosts would need
+every process to drive one loop over global arrays, which per-host env pools do not. Before anything is built, the per-device memory
 estimate (`parallel.estimate_memory`: params, optimizer state, gradients, activations of
 a mini-batch, the sampler's KV cache and param copy, the KL reference) is logged and
 checked against the device (`memory_stats`, else `device_memory_gb`, else no check).
@@ -805,12 +806,14 @@ class Trainer:
         est = par.estimate_memory(model_config, cfg.step_config, self.mesh, batch_size=cfg.env.batch_size //
                                   cfg.mini_batches, seq_len=cfg.rollout.max_context, critic=cfg.algo.uses_critic,
                                   **common)
-        # the sampler runs on one device per process with this process's rows (see `_sampler_params`)
-        sampler = par.estimate_memory(model_config, cfg.step_config, None, batch_size=1, seq_len=1,
-                                      sample_batch=len(self.local_rows), sample_len=cfg.rollout.max_context,
-                                      **common)
+        # one process: the sampler runs on the mesh with the state's params; several: on one
+        # device per process with this process's rows and a param copy (see `_sampler_params`)
+        sharded = self.mesh is not None and jax.process_count() == 1
+        sampler = par.estimate_memory(model_config, cfg.step_config, self.mesh if sharded else None, batch_size=1,
+                                      seq_len=1, sample_batch=len(self.local_rows),
+                                      sample_len=cfg.rollout.max_context, **common)
         est["kv_cache"] = sampler["kv_cache"]
-        if self.mesh is not None:
+        if self.mesh is not None and not sharded:
             est["sampler_params"] = sampler["params"]
         if cfg.loss.kl_coef > 0 or cfg.algo.kl_reward_coef > 0:
             est["reference"] = est["params"] if not cfg.algo.uses_critic else par.estimate_memory(
@@ -859,12 +862,17 @@ class Trainer:
         self._mesh_logprobs = jax.jit(logprobs, out_shardings=rows)
         self._mesh_values = jax.jit(values, out_shardings=rows)
 
+    @property
+    def _sampler_sharded(self) -> bool:
+        """The sampler runs on the mesh (one process with a mesh; module docstring)."""
+        return self.mesh is not None and jax.process_count() == 1
+
     def _sampler_params(self):
-        """The params the sampler runs with: the state's own on one device; with a mesh,
-        a whole copy on this process's first device (gathered from the shards). The
-        sampler is not sharded: see the module docstring."""
+        """The params the sampler runs with: the state's own (on one device, or sharded on
+        the mesh in one process); with several processes, a whole copy on this process's
+        first device (gathered from the shards)."""
         params = self.state.params
-        if self.mesh is None:
+        if self.mesh is None or self._sampler_sharded:
             return params
         if jax.process_count() > 1:
             params = par.to_host(params)
@@ -919,7 +927,8 @@ class Trainer:
             max_turns=r.max_turns, max_tokens_per_turn=r.max_tokens_per_turn, max_context=r.max_context,
             sampling=SamplingConfig(temperature=r.temperature, top_k=r.top_k, top_p=r.top_p),
             pad_id=0 if pad is None else int(pad), pipeline_groups=r.pipeline_groups)
-        loop = AgentLoop(self._sampler_params(), self.model_config, self.tokenizer, loop_cfg)
+        loop = AgentLoop(self._sampler_params(), self.model_config, self.tokenizer, loop_cfg,
+                         mesh=self.mesh if self._sampler_sharded else None)
         if jax.process_count() > 1:
             # this process's rows draw the sampling keys of their global row index, so the
             # processes together sample what one process playing the whole batch would
@@ -1301,8 +1310,8 @@ class Trainer:
         """Starts the rollout of the next batch in the overlap thread, with the current
         params (a copy: the update donates the state's buffers) from the current stream
         position. `self._pending.result()` is `(rollout, seconds, staleness)`."""
-        loop.set_params(jax.tree.map(jnp.copy, self._sampler_params()) if self.mesh is None
-                        else self._sampler_params())
+        aliased = self.mesh is None or self._sampler_sharded  # the state's own buffers
+        loop.set_params(jax.tree.map(jnp.copy, self._sampler_params()) if aliased else self._sampler_params())
         position = self.task_position
         if self._overlap is None:
             self._overlap = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxagent-rollout")

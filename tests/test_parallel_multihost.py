@@ -6,11 +6,6 @@ atol 1e-6; the cross-process all-reduce sums in its own order).
 
 Also the single-process behaviour of `jaxagent.parallel.distributed` (no subprocess).
 """
-import os
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import jax
@@ -18,51 +13,16 @@ import numpy as np
 import pytest
 
 from jaxagent import parallel as par
+from multiprocess_testlib import run_process_group
 
 WORKER = Path(__file__).with_name("parallel_worker.py")
-ROOT = WORKER.parent.parent
 TIMEOUT_S = 240
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(out: Path, num_processes: int, devices: int, mode: str = "train") -> dict:
-    """Runs the worker as `num_processes` processes. The first failure (or the timeout)
-    kills the others at once, and the failing worker's log is in the assertion."""
-    out.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    procs, logs = [], []
-    try:
-        for pid in range(num_processes):
-            log = open(out / f"log_{pid}.txt", "w+")
-            logs.append(log)
-            procs.append(subprocess.Popen(
-                [sys.executable, str(WORKER), str(out), str(num_processes), str(pid), str(port), str(devices), mode],
-                env=env, stdout=log, stderr=subprocess.STDOUT))
-        deadline = time.monotonic() + TIMEOUT_S
-        while any(p.poll() is None for p in procs):
-            failed = [i for i, p in enumerate(procs) if p.returncode not in (None, 0)]
-            if failed or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
-        for i, (p, log) in enumerate(zip(procs, logs)):
-            if p.poll() != 0:
-                log.seek(0)
-                why = "timed out" if p.returncode is None else f"exited {p.returncode}"
-                pytest.fail(f"worker {i} of {num_processes} {why}:\n{log.read()[-4000:]}")
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        for log in logs:
-            log.close()
+    """Runs the worker as `num_processes` processes (`run_process_group`)."""
+    run_process_group(WORKER, num_processes, lambda pid, port: (out, num_processes, pid, port, devices, mode),
+                      out, TIMEOUT_S)
     with np.load(out / "result.npz") as f:
         result = {k: f[k] for k in f.files}
     result["rows"] = [np.load(out / f"rows_{pid}.npy") for pid in range(num_processes)]

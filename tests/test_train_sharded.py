@@ -14,10 +14,7 @@ Run as a script, this file is one process of the multi-process run:
 """
 import json
 import os
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,6 +58,7 @@ import pytest  # noqa: E402
 from jaxagent import parallel as par  # noqa: E402
 from jaxagent.config import ConfigError, load_config  # noqa: E402
 from jaxagent.train.trainer import Trainer, TrainerConfig  # noqa: E402
+from multiprocess_testlib import run_process_group  # noqa: E402
 
 
 def config(run_dir, *overrides) -> TrainerConfig:
@@ -157,42 +155,9 @@ def test_a_config_that_cannot_fit_fails_before_compiling(tmp_path):
 
 
 # ----------------------------------------------------------------------------- processes
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(out: Path, num_processes: int, devices: int, *overrides: str, timeout_s: float = 900) -> list[dict]:
-    out.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    procs, logs = [], []
-    try:
-        for pid in range(num_processes):
-            log = open(out / f"log_{pid}.txt", "w+")
-            logs.append(log)
-            procs.append(subprocess.Popen(
-                [sys.executable, __file__, str(out), str(num_processes), str(pid), str(port), str(devices),
-                 *overrides], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT))
-        deadline = time.monotonic() + timeout_s
-        while any(p.poll() is None for p in procs):
-            if any(p.returncode not in (None, 0) for p in procs) or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        for i, (p, log) in enumerate(zip(procs, logs)):
-            if p.poll() != 0:
-                log.seek(0)
-                why = "timed out" if p.returncode is None else f"exited {p.returncode}"
-                pytest.fail(f"process {i} of {num_processes} {why}:\n{log.read()[-4000:]}")
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        for log in logs:
-            log.close()
+    run_process_group(__file__, num_processes, lambda pid, port: (out, num_processes, pid, port, devices, *overrides),
+                      out, timeout_s)
     return read_jsonl(out / "run" / "metrics.jsonl")
 
 

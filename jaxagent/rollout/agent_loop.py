@@ -61,7 +61,7 @@ import numpy as np
 from jaxagent.models.config import DecoderConfig
 from jaxagent.rollout.chat import ChatFormat
 from jaxagent.rollout.sampler import Sampler, SamplingConfig, bucket
-from jaxagent.rollout.trajectory import Trajectory
+from jaxagent.rollout.trajectory import Trajectory, rewards_at_turn_ends
 
 
 @dataclasses.dataclass(frozen=True)
@@ -384,23 +384,16 @@ class AgentLoop:
         loss = np.zeros((B, T), np.float32)
         logp = np.zeros((B, T), np.float32)
         tid = np.full((B, T), -1, np.int32)
-        rew = np.zeros((B, T), np.float32)
         turn_rew = np.zeros((B, K), np.float32)
         turn_mask = np.zeros((B, K), bool)
-        anchor = np.full((B, K), -1, np.int32)
-        table: dict = {}
         for b, ep in enumerate(eps):
             n = len(ep.tokens)
             tokens[b, :n], attn[b, :n] = ep.tokens, 1
             loss[b, :n], logp[b, :n], tid[b, :n] = ep.loss_mask, ep.logp, ep.turn_ids
             for k, r in enumerate(ep.rewards):
                 turn_rew[b, k], turn_mask[b, k] = r, True
-                where = np.nonzero(tid[b, :n] == k)[0]
-                if where.size:
-                    rew[b, where[-1]] = r
-                key = ep.state_keys[k]
-                if key is not None:
-                    anchor[b, k] = table.setdefault(_stable(key), len(table))
+        rew = rewards_at_turn_ends(turn_rew, tid)
+        anchor = anchor_ids(eps, K)
         return Trajectory(
             tokens=jnp.asarray(tokens), attention_mask=jnp.asarray(attn), loss_mask=jnp.asarray(loss),
             rollout_logp=jnp.asarray(logp), turn_ids=jnp.asarray(tid), rewards=jnp.asarray(rew),
@@ -492,6 +485,19 @@ class _Clock:
         self.totals["device_busy_s"] = busy_s
         self.totals["device_idle_s"] = self.totals["rollout_s"] - busy_s
         self.totals["device_idle_env_wait_s"] = during_env
+
+
+def anchor_ids(episodes: Sequence[Episode], max_turns: int) -> np.ndarray:
+    """Dense anchor-state ids `[B, K]` of a batch of episodes: turns that acted in equal
+    env states (`Episode.state_keys`) share an id, numbered in order of first
+    appearance; -1 where a turn was not played or its state has no key."""
+    out = np.full((len(episodes), max_turns), -1, np.int32)
+    table: dict = {}
+    for b, ep in enumerate(episodes):
+        for k, key in enumerate(ep.state_keys[:max_turns]):
+            if key is not None:
+                out[b, k] = table.setdefault(_stable(key), len(table))
+    return out
 
 
 def _stable(key: Hashable) -> str:

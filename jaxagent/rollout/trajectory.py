@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import flax.struct
 import jax
+import numpy as np
 
 
 @flax.struct.dataclass
@@ -62,3 +63,15 @@ class Trajectory:
     @property
     def max_len(self) -> int:
         return self.tokens.shape[1]
+
+
+def rewards_at_turn_ends(turn_rewards_BxK, turn_ids_BxT) -> np.ndarray:
+    """The per-token `rewards` field from per-turn rewards: turn k's reward at its last
+    policy token (`turn_ids == k`, a contiguous run), 0 elsewhere. `[B, T]` float32."""
+    tid = np.asarray(turn_ids_BxT)
+    turn_r = np.asarray(turn_rewards_BxK, np.float32)
+    nxt = np.concatenate([tid[:, 1:], np.full((tid.shape[0], 1), -1, tid.dtype)], axis=1)
+    b, t = np.nonzero((tid >= 0) & (nxt != tid))
+    out = np.zeros(tid.shape, np.float32)
+    out[b, t] = turn_r[b, tid[b, t]]
+    return out

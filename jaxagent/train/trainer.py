@@ -639,13 +639,11 @@ def shape_rewards(algo: AlgoSection, traj, loss_mask, old_logp=None, ref_logp=No
     policy token) replaced by the shaped ones, the loss mask without filtered episodes.
     `old_logp` / `ref_logp` are needed for `kl_reward_coef > 0`."""
     a = algo
+    from jaxagent.rollout.trajectory import rewards_at_turn_ends
+
     turn_r = shaped_turn_rewards(algo, traj)
     tid = np.asarray(traj.turn_ids)
-    nxt = np.concatenate([tid[:, 1:], np.full((tid.shape[0], 1), -1, tid.dtype)], axis=1)
-    last_tok = (tid >= 0) & (nxt != tid)
-    b_idx, t_idx = np.nonzero(last_tok)
-    tok_r = np.zeros(tid.shape, np.float32)
-    tok_r[b_idx, t_idx] = turn_r[b_idx, tid[b_idx, t_idx]]
+    tok_r = rewards_at_turn_ends(turn_r, tid)
     stats = {}
     if a.kl_reward_coef > 0:
         if old_logp is None or ref_logp is None:
@@ -666,18 +664,6 @@ def shape_rewards(algo: AlgoSection, traj, loss_mask, old_logp=None, ref_logp=No
         stats["truncated_filtered"] = int((~keep).sum())
     traj = traj.replace(rewards=jnp.asarray(tok_r), turn_rewards=jnp.asarray(turn_r))
     return traj, loss_mask, stats
-
-
-def _anchor_ids(episodes, max_turns: int) -> np.ndarray:
-    """Dense anchor-state ids `[B, K]` over a batch of episodes (as `AgentLoop` packs
-    them: equal state keys, equal ids; -1 where a turn was not played or has no key)."""
-    out = np.full((len(episodes), max_turns), -1, np.int32)
-    table: dict = {}
-    for b, ep in enumerate(episodes):
-        for k, key in enumerate(ep.state_keys[:max_turns]):
-            if key is not None:
-                out[b, k] = table.setdefault(repr(key), len(table))
-    return out
 
 
 def _env_factory(name: str, kwargs: dict):
@@ -1295,13 +1281,15 @@ class Trainer:
                 (groups_signal if varies else groups_flat).append((traj, episodes, rows))
             if len(groups_signal) >= n_tasks:
                 break
+        from jaxagent.rollout.agent_loop import anchor_ids
+
         chosen = (groups_signal + groups_flat)[:n_tasks]
         trajs = [c[0] for c in chosen]
         parts = [jax.tree.map(lambda x, rows=rows: x[jnp.asarray(rows)], t) for t, (_, _, rows) in zip(trajs, chosen)]
         traj = jax.tree.map(lambda *xs: jnp.concatenate(xs), *parts)
         episodes = [c[1][i] for c in chosen for i in c[2]]
         traj = traj.replace(group_ids=jnp.repeat(jnp.arange(n_tasks, dtype=jnp.int32), G),
-                            anchor_ids=jnp.asarray(_anchor_ids(episodes, cfg.rollout.max_turns)))
+                            anchor_ids=jnp.asarray(anchor_ids(episodes, cfg.rollout.max_turns)))
         return traj, episodes, {"sampling_rounds": played,
                                 "groups_with_signal": min(len(groups_signal), n_tasks),
                                 "groups_with_signal_frac": len(groups_signal) / (played * n_tasks)}, played * n_tasks

@@ -158,10 +158,9 @@ def demonstration_texts(demos: Sequence[Demonstration]) -> list[str]:
 
 def train_bpe_tokenizer(texts: Sequence[str], vocab_size: int = 512):
     """A byte-level BPE `PreTrainedTokenizerFast` trained on `texts` (see the module docstring)."""
-    import transformers
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from jaxagent.rollout.testing import CHATML_TEMPLATE, SPECIAL_TOKENS
+    from jaxagent.rollout.testing import SPECIAL_TOKENS, chatml_tokenizer
 
     if not isinstance(vocab_size, int) or vocab_size < 256 + len(SPECIAL_TOKENS):
         raise ValueError(f"vocab_size must be an int >= {256 + len(SPECIAL_TOKENS)} (bytes + specials), "
@@ -178,10 +177,7 @@ def train_bpe_tokenizer(texts: Sequence[str], vocab_size: int = 512):
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(list(texts), trainer=trainer)
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
-    return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
-        chat_template=CHATML_TEMPLATE, clean_up_tokenization_spaces=False)
+    return chatml_tokenizer(tok)
 
 
 def save_tokenizer(tokenizer, directory: str | Path) -> Path:

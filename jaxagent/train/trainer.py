@@ -1247,7 +1247,8 @@ class Trainer:
         cfg = self.config
         G, n_tasks = cfg.env.group_size, cfg.env.tasks_per_iteration
         rounds = cfg.algo.max_sampling_rounds if cfg.algo.dynamic_sampling else 1
-        groups_signal, groups_flat = [], []   # (traj, episodes, rows) per group
+        groups_signal, groups_flat = [], []   # rows of each group in the concatenated rounds
+        round_trajs, all_episodes = [], []
         played = 0
         for r in range(rounds):
             sample_seed = int(jax.random.randint(jax.random.fold_in(k_sample, r), (), 0, 2**31 - 1))
@@ -1274,20 +1275,22 @@ class Trainer:
                 return traj, episodes, {"sampling_rounds": 1}, n_tasks
             returns = shaped_turn_rewards(cfg.algo, traj).sum(axis=1)
             failed = np.asarray(traj.failed)
+            base = len(all_episodes)
+            round_trajs.append(traj)
+            all_episodes += episodes
             for j in range(n_tasks):
                 rows = list(range(j * G, (j + 1) * G))
                 ok = [i for i in rows if not failed[i]]
                 varies = len(ok) >= 2 and np.ptp(returns[ok]) > 0
-                (groups_signal if varies else groups_flat).append((traj, episodes, rows))
+                (groups_signal if varies else groups_flat).append([base + i for i in rows])
             if len(groups_signal) >= n_tasks:
                 break
         from jaxagent.rollout.agent_loop import anchor_ids
 
-        chosen = (groups_signal + groups_flat)[:n_tasks]
-        trajs = [c[0] for c in chosen]
-        parts = [jax.tree.map(lambda x, rows=rows: x[jnp.asarray(rows)], t) for t, (_, _, rows) in zip(trajs, chosen)]
-        traj = jax.tree.map(lambda *xs: jnp.concatenate(xs), *parts)
-        episodes = [c[1][i] for c in chosen for i in c[2]]
+        rows = [i for group in (groups_signal + groups_flat)[:n_tasks] for i in group]
+        take = jnp.asarray(rows)
+        traj = jax.tree.map(lambda *xs: jnp.concatenate(xs)[take], *round_trajs)
+        episodes = [all_episodes[i] for i in rows]
         traj = traj.replace(group_ids=jnp.repeat(jnp.arange(n_tasks, dtype=jnp.int32), G),
                             anchor_ids=jnp.asarray(anchor_ids(episodes, cfg.rollout.max_turns)))
         return traj, episodes, {"sampling_rounds": played,

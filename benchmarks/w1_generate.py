@@ -1,6 +1,6 @@
 """W1 generation (tiny-qwen2): jaxagent's sampler vs Tunix's sampler vs HF generate, one run.
 
-Workload (shared/bench/WORKLOADS.md, W1): Qwen2 vocab 4096, hidden 256, 4 layers,
+Workload (benchmarks/README.md, W1): Qwen2 vocab 4096, hidden 256, 4 layers,
 4 heads / 2 KV heads (head dim 64), intermediate 1024, untied, random N(0, 0.02)
 weights (q/k/v biases too), float32. Batch 32 prompts of 64 random token ids, 128 new
 tokens, no early stop (EOS outside the vocabulary), greedy and temperature 1.0.

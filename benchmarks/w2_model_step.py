@@ -1,6 +1,6 @@
 """W2 policy update (tiny-qwen2): forward + backward + AdamW, JAX vs PyTorch vs Tunix, one run.
 
-Workload (shared/bench/WORKLOADS.md, W2): Qwen2 vocab 4096, hidden 256, 4 layers,
+Workload (benchmarks/README.md, W2): Qwen2 vocab 4096, hidden 256, 4 layers,
 4 heads / 2 KV heads (head dim 64), intermediate 1024, untied, random N(0, 0.02)
 weights (q/k/v biases too), float32. Batch 32 x 192 tokens (64 prompt + 128
 completion, loss on the completion), one advantage per sequence, GRPO/PPO clip 0.2,

@@ -1,6 +1,6 @@
 """W3 multi-turn rollout (tiny-qwen2): live KV-cache continuation vs re-encoding the history.
 
-Workload (shared/bench/WORKLOADS.md, W3): the W1 model (Qwen2, vocab 4096, hidden 256,
+Workload (benchmarks/README.md, W3): the W1 model (Qwen2, vocab 4096, hidden 256,
 4 layers, random N(0, 0.02) weights, float32). 32 episodes x 5 turns: a 64-token first
 prompt, then each turn 24 generated tokens, followed (between turns) by a 32-token
 observation (fixed random ids per episode and turn). No early stop.

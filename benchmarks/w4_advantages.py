@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""W4 advantage kernels (see shared/bench/WORKLOADS.md): GAE and GRPO.
+"""W4 advantage kernels (see benchmarks/README.md): GAE and GRPO.
 
 Workload
   GAE : B x T = 512 x 4096 float32, random rewards and values, a ragged mask with
@@ -530,7 +530,7 @@ def main(argv=None) -> int:
     if args.repeats < 1:
         p.error("--repeats must be >= 1")
     if args.repeats < 5:
-        _log(f"warning: --repeats {args.repeats} < 5; WORKLOADS.md asks for medians of at least 5")
+        _log(f"warning: --repeats {args.repeats} < 5; benchmarks/README.md asks for medians of at least 5")
 
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import jax  # noqa: F401  (import after JAX_PLATFORMS is set, before any timing)

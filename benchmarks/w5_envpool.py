@@ -1,4 +1,4 @@
-"""W5: environment-pool throughput and overhead (see shared/bench/WORKLOADS.md).
+"""W5: environment-pool throughput and overhead (see benchmarks/README.md).
 
 64 envs x 1000 steps each, stepped in batches (one action per env per call) by an
 EnvPool with 1 and 2 worker processes, and sequentially in this process (a plain loop

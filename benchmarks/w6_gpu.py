@@ -1,6 +1,6 @@
 """W6 (GPU) qwen2-0.5b shapes: policy-update MFU and decode HBM bandwidth on one accelerator.
 
-Workload (shared/bench/WORKLOADS.md, W6): Qwen2-0.5B shapes with random weights in
+Workload (benchmarks/README.md, W6): Qwen2-0.5B shapes with random weights in
 bfloat16: vocab 151936, hidden 896, 24 layers, 14 heads / 2 KV heads (head dim 64),
 intermediate 4864, q/k/v biases, tied embeddings, rope theta 1e6 (weights N(0, 0.02),
 norm scales 1, drawn with the 'unsafe_rbg' PRNG: quick to compile). One prepared run,

@@ -50,7 +50,8 @@ import envs  # noqa: E402
 from envs.testing import BusyEnv  # noqa: E402
 from jaxagent import models as M  # noqa: E402
 from jaxagent.rollout import AgentLoop, AgentLoopConfig, SamplingConfig  # noqa: E402
-from jaxagent.rollout.testing import byte_chat_tokenizer, tiny_config  # noqa: E402
+from jaxagent.models import tiny_config  # noqa: E402
+from jaxagent.rollout.byte_tokenizer import byte_chat_tokenizer  # noqa: E402
 
 from _jsonl import emit  # noqa: E402
 

@@ -1,6 +1,6 @@
 """`jaxagent bench update`: the W2 policy-update benchmark, run from the repository.
 
-Runs `benchmarks/w2_model_step.py` (WORKLOADS.md W2: one GRPO/PPO update of the tiny
+Runs `benchmarks/w2_model_step.py` (W2 of `benchmarks/README.md`: one GRPO/PPO update of the tiny
 Qwen2, forward + backward + AdamW, jaxagent vs PyTorch vs Tunix on the same weights and
 batch) with this Python, passing the options through; its JSON lines go to stdout (and,
 with `--out`, are appended to that file). The benchmarks live in the repository, not in

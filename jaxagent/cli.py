@@ -5,6 +5,10 @@
 prints the message naming the key and exits with status 2. Without ``--config`` it
 runs the embedded demo, ``configs/default.yaml`` (overrides still apply).
 
+``jaxagent config [--config PATH] [key=value ...]`` lists every key of a training
+config, one per line: its dotted name, its value (the defaults without --config), its
+type and what it does.
+
 ``jaxagent eval RUN_DIR [--step N] [--episodes N] [--seed S] [--temperature T] [--out JSONL]``
 evaluates a run's checkpoint on held-out seeds (`jaxagent.train.evaluate`).
 
@@ -55,6 +59,19 @@ def _train(args) -> int:
     return 0
 
 
+def _config(args) -> int:
+    from jaxagent.config import ConfigError, describe_config, load_config
+    from jaxagent.train.config import TrainerConfig
+
+    try:
+        config = load_config(TrainerConfig, args.config, args.overrides)
+    except ConfigError as err:
+        print(f"jaxagent config: config error: {err}", file=sys.stderr)
+        return 2
+    print("\n".join(describe_config(config)))
+    return 0
+
+
 def _eval(args) -> int:
     import json
 
@@ -95,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="continue from the latest checkpoint in the config's run_dir")
     train.add_argument("overrides", nargs="*", metavar="key=value",
                        help="dotted config overrides, e.g. optim.lr=1e-4 env.group_size=8")
+    conf = sub.add_parser("config", help="list every training config key with its value, type and meaning")
+    conf.add_argument("--config", metavar="PATH", help="a YAML config to show (default: the built-in defaults)")
+    conf.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, as for train")
     sub.add_parser("envs", help="list the environments envs.make knows")
     ev = sub.add_parser("eval", help="evaluate a run's policy on held-out seeds (success rate, return; JSONL out)",
                         description="Restore a run's checkpoint (the latest, or --step) and play episodes on "
@@ -127,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.command == "train":
         return _train(args)
+    if args.command == "config":
+        return _config(args)
     if args.command == "plot":
         return _plot(args)
     if args.command == "eval":

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from pathlib import Path
@@ -109,6 +110,49 @@ def to_dict(cfg) -> dict:
 
 def dump_yaml(cfg) -> str:
     return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def describe_config(cfg) -> list[str]:
+    """Every dotted key of the config `cfg` (a dataclass instance), one line each:
+    `key = value  # type: what the section's docstring says of it` (what `jaxagent config`
+    prints)."""
+    lines = []
+
+    def walk(x, prefix: str) -> None:
+        hints = typing.get_type_hints(type(x))
+        docs = _field_docs(type(x))
+        names = [f.name for f in dataclasses.fields(x)]
+        for span in [k for k in docs if "..." in k]:  # "a ... b: text" documents a through b
+            first, last = (part.strip() for part in span.split("..."))
+            if first in names and last in names:
+                for name in names[names.index(first):names.index(last) + 1]:
+                    docs.setdefault(name, docs[span])
+        for f in dataclasses.fields(x):
+            value, key = getattr(x, f.name), prefix + f.name
+            if dataclasses.is_dataclass(value) and not isinstance(value, type):
+                walk(value, key + ".")
+                continue
+            shown = yaml.safe_dump(to_dict(value), default_flow_style=True, width=10**6).strip()
+            shown = shown.removesuffix("\n...").removesuffix(" ...").strip()
+            doc = docs.get(f.name, "")
+            lines.append(f"{key} = {shown}  # {_type_name(hints.get(f.name, f.type))}" + (f": {doc}" if doc else ""))
+
+    walk(cfg, "")
+    return lines
+
+
+def _field_docs(cls) -> dict[str, str]:
+    """`name: text` lines of a dataclass's docstring (`a, b: text` documents both), the
+    first line of each text."""
+    out: dict[str, str] = {}
+    for line in (cls.__doc__ or "").splitlines():
+        m = re.match(r"^\s*([A-Za-z_][\w]*(?:\s*,\s*[A-Za-z_][\w]*)*(?:\s*\.\.\.\s*[A-Za-z_]\w*)?)\s*:\s+(.+)$", line)
+        if not m:
+            continue
+        names = re.split(r"\s*,\s*", m.group(1))
+        for name in names:
+            out.setdefault(name.strip(), m.group(2).strip())
+    return out
 
 
 # ---------------------------------------------------------------- conversion

@@ -68,7 +68,8 @@ def smoke(out_dir: str, process_id: int) -> None:
 def train(out_dir: str, num_processes: int, process_id: int) -> None:
     from jaxagent import models as M
     from jaxagent import parallel as par
-    from jaxagent.train import LossConfig, OptimizerConfig, StepConfig, UpdateBatch, init_train_state
+    from jaxagent.train import (LossConfig, OptimizerConfig, StepConfig, UpdateBatch, init_train_state,
+                                make_sharded_train_step)
 
     cfg = M.DecoderConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=4,
                           num_kv_heads=2, head_dim=8, model_type="llama")
@@ -76,7 +77,7 @@ def train(out_dir: str, num_processes: int, process_id: int) -> None:
     mesh = par.make_mesh(par.MeshConfig(data=2, fsdp=2, tensor=2))
     state = init_train_state(jax.random.key(0), M.init_params(jax.random.key(0), cfg, std=0.2), cfg, step_cfg)
     state = par.shard_train_state(state, mesh)
-    step = par.make_sharded_train_step(step_cfg, state, mesh)
+    step = make_sharded_train_step(step_cfg, state, mesh)
 
     rows = par.process_rows(mesh, B)
     metrics = []

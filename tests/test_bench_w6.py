@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -165,6 +166,17 @@ def test_small_run_writes_complete_jsonl(tmp_path):
 
     _positive_finite(by["matmul_peak"][0], ["best_tflops", "median_tflops", "best_s"])
     _positive_finite(by["hbm_bandwidth"][0], ["copy_gbps", "read_gbps"])
+    # the rates are the work (2 n^3 flops; 8 / 4 bytes per element) over the best / median call
+    for mm in by["matmul_peak"]:
+        flop = 2.0 * mm["n"] ** 3
+        assert mm["best_s"] <= mm["median_s"]
+        assert mm["best_tflops"] == pytest.approx(flop / mm["best_s"] / 1e12)
+        assert mm["median_tflops"] == pytest.approx(flop / mm["median_s"] / 1e12)
+    bw = by["hbm_bandwidth"][0]
+    assert bw["copy_bytes"] == 8 * bw["elements"] and bw["read_bytes"] == 4 * bw["elements"]
+    assert bw["copy_best_s"] <= bw["copy_median_s"] and bw["read_best_s"] <= bw["read_median_s"]
+    assert bw["copy_gbps"] == pytest.approx(bw["copy_bytes"] / bw["copy_best_s"] / 1e9)
+    assert bw["read_gbps"] == pytest.approx(bw["read_bytes"] / bw["read_best_s"] / 1e9)
 
     up = by["policy_update"][0]
     assert up["remat"] == "dots" and up["num_micro_batches"] == 2 and up["steps"] == 3
@@ -173,6 +185,9 @@ def test_small_run_writes_complete_jsonl(tmp_path):
                           "attention_flops", "achieved_tflops", "mfu", "mfu_vs_nominal_989",
                           "measured_peak_tflops", "temp_bytes"])
     assert up["tokens_per_s"] == pytest.approx(4 * 128 / up["median_step_s"])
+    assert len(up["step_s"]) == 3 and up["median_step_s"] == pytest.approx(float(np.median(up["step_s"])))
+    assert up["achieved_tflops"] == pytest.approx(up["model_flops"] / up["median_step_s"] / 1e12)
+    assert up["measured_peak_tflops"] == pytest.approx(max(mm["best_tflops"] for mm in by["matmul_peak"]))
     assert up["mfu"] == pytest.approx(up["model_flops"] / up["median_step_s"] / 1e12 / up["measured_peak_tflops"])
     assert math.isfinite(up["loss"]) and up["skipped_updates"] == 0
 
@@ -182,4 +197,9 @@ def test_small_run_writes_complete_jsonl(tmp_path):
                            "bytes_per_step", "weight_bytes", "kv_bytes_per_step", "fraction_of_nominal_4800",
                            "fraction_of_measured_read", "fraction_of_measured_copy", "first_decode_s"])
     assert dec["decode_tokens_per_s"] == pytest.approx(4 * 32 / dec["median_decode_s"])
+    assert len(dec["decode_s"]) == len(dec["prefill_s"]) == 2
+    assert dec["median_decode_s"] == pytest.approx(float(np.median(dec["decode_s"])))
+    assert dec["decode_step_s"] == pytest.approx(dec["median_decode_s"] / dec["new_tokens"])
+    assert dec["prefill_tokens_per_s"] == pytest.approx(
+        dec["decode_batch"] * dec["prompt_len"] / float(np.median(dec["prefill_s"])))
     assert dec["achieved_hbm_gbps"] == pytest.approx(dec["bytes_per_step"] / dec["decode_step_s"] / 1e9)

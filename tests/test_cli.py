@@ -26,3 +26,31 @@ def test_envs_lists_the_builtins_and_adapter_families():
     for name in ("frozenlake", "sokoban", "countdown", "toolmath", "intake", "gymnasium/<...>"):
         assert name in names
     assert not any(n.startswith("testing/") for n in names)
+
+
+def test_config_lists_every_key_with_its_value_and_type():
+    import dataclasses
+    from pathlib import Path
+
+    from jaxagent.train.config import TrainerConfig
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-m", "jaxagent", "config", "--config", str(root / "configs" / "default.yaml"),
+                          "algo.gamma=0.5"], capture_output=True, text=True, timeout=120, cwd=root)
+    assert out.returncode == 0, out.stderr
+    shown = {line.split(" = ")[0]: line for line in out.stdout.splitlines()}
+
+    def leaves(cls, prefix=""):  # the dotted keys of the schema, walked independently of the CLI
+        for f in dataclasses.fields(cls):
+            default = f.default if f.default is not dataclasses.MISSING else None
+            if dataclasses.is_dataclass(default):
+                yield from leaves(type(default), prefix + f.name + ".")
+            else:
+                yield prefix + f.name
+
+    assert set(shown) == set(leaves(TrainerConfig))
+    assert shown["algo.gamma"].startswith("algo.gamma = 0.5  # float: ")
+    assert shown["env.name"].startswith("env.name = frozenlake  # str")
+    bad = subprocess.run([sys.executable, "-m", "jaxagent", "config", "algo.nope=1"], capture_output=True,
+                         text=True, timeout=120, cwd=root)
+    assert bad.returncode == 2 and "algo.nope" in bad.stderr

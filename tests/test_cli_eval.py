@@ -31,6 +31,8 @@ def test_eval_plays_held_out_seeds_and_writes_jsonl(tmp_path):
     assert [e["seed"] for e in episodes] == [500000 + i for i in range(5)]  # the config's held-out seeds
     assert summary["episodes"] == 5 and summary["iteration"] == 1 and summary["temperature"] == 0.0
     assert summary["success_rate"] == sum(e["success"] for e in episodes) / 5
+    # an episode's success is the env's own report on its last step (FrozenLake: reached the goal)
+    assert [e["success"] for e in episodes] == [e["info"].get("success") is True for e in episodes]
     assert all("info" in e and "end_reason" in e for e in episodes)
     # greedy evaluation of the same checkpoint is reproducible, in process too
     again = evaluate_run(run, episodes=5, temperature=0.0, log=lambda *_: None)

@@ -177,7 +177,13 @@ def test_textworld_in_a_pool(tw_cache):
         res = pool.reset([7, 7])  # the game from the test above, from the cache
         assert res[0][0] == res[1][0] and not res[0][1].get("failed")
         out = pool.step(pool.expert_actions())
-    assert out[0][:4] == out[1][:4] and out[0][1] >= 0
+    # both slots step exactly as the same game played in this process does
+    direct = fn()
+    obs, _ = direct.reset(7)
+    expected = direct.step(direct.expert_action())[:4]
+    direct.close()
+    assert res[0][0] == obs
+    assert out[0][:4] == out[1][:4] == expected
 
 
 @pytest.mark.slow

@@ -91,7 +91,14 @@ def test_frozenlake_invalid_actions_and_state_key():
     assert r == -0.5 and "several directions" in obs
     obs, r, *_ = env.step("Let me move RIGHT.")
     assert r == 0.0 and env.state_key() != key0
-    assert hash(env.state_key()) is not None
+    # the key is a usable anchor: the same state reached again (a fresh reset, the same
+    # move) gives an equal key with an equal hash, and the two states are two set entries
+    key1 = env.state_key()
+    env.reset(1)
+    assert env.state_key() == key0 and hash(env.state_key()) == hash(key0)
+    env.step("<action>right</action>")
+    assert env.state_key() == key1 and hash(env.state_key()) == hash(key1)
+    assert len({key0, key1, env.state_key()}) == 2 and {key0: "start", key1: "moved"}[env.state_key()] == "moved"
     with pytest.raises(ValueError, match="size"):
         envs.make("frozenlake", size=1)
 

@@ -323,7 +323,9 @@ def test_state_key_is_an_anchor():
         env.step(env.expert_action())
         keys.append((k0, env.state_key()))
     assert keys[0] == keys[1] and keys[0][0] != keys[0][1]
-    hash(keys[0][1])
+    # hashable, equal keys hash equal: the four keys are exactly two distinct anchors
+    assert hash(keys[0][0]) == hash(keys[1][0]) and hash(keys[0][1]) == hash(keys[1][1])
+    assert len({*keys[0], *keys[1]}) == 2
 
 
 def test_expert_scores_far_above_random_on_standard_cases():

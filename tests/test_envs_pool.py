@@ -341,10 +341,15 @@ def test_soak_random_faults_many_slots():
     with EnvPool(fns, num_workers=3, step_timeout=1.0, reset_timeout=30) as pool:
         got = run_episodes(pool, seeds)
     ref = reference_transcripts([functools.partial(envs.make, "testing/faulty", horizon=12)] * 32, seeds)
+    kind_of = {"crash": "crash", "segfault": "crash", "raise": "exception", "garbage": "invalid_result",
+               "unpicklable": "unpicklable", "unloadable": "unpicklable", "nan_reward": "invalid_result",
+               "hang": "timeout"}  # as EXPECTED_KIND above
     for i in range(32):
         if i in specs:
             at = specs[i]["at_step"]
-            assert got[i][:at] == ref[i][:at] and got[i][at][5] is not None
+            assert got[i][:at] == ref[i][:at] and len(got[i]) == at + 1, i
+            # the faulty step (every fault fires before the horizon) fails with its kind
+            assert got[i][at][1:] == ("", 0.0, False, True, kind_of[specs[i]["fault"]]), (i, specs[i], got[i][at])
         else:
             assert got[i] == ref[i]
 

@@ -4,6 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,6 +22,13 @@ def test_w2_model_step_quick_writes_jsonl(tmp_path):
     assert set(steps) == {"jax", "torch"}
     # same weights, same batch: both systems compute the same loss before their first update
     assert abs(steps["jax"]["first_loss"] - steps["torch"]["first_loss"]) < 1e-4
-    assert all(r["tokens_per_s"] > 0 for r in steps.values())
+    # each throughput is the batch's tokens over the median of its timed steps
+    for r in steps.values():
+        assert len(r["step_s"]) >= 1 and min(r["step_s"]) > 0
+        assert r["median_step_s"] == pytest.approx(float(np.median(r["step_s"])), rel=1e-12)
+        assert r["tokens_per_s"] == pytest.approx(r["batch"] * r["seq"] / r["median_step_s"], rel=1e-12)
+    ratio = [r for r in rows if r["kind"] == "ratio" and r["denominator"] == "torch"]
+    assert len(ratio) == 1 and ratio[0]["jax_over_torch_tokens_per_s"] == pytest.approx(
+        steps["jax"]["tokens_per_s"] / steps["torch"]["tokens_per_s"], rel=1e-9)
     mem = [r for r in rows if r["kind"] == "logprob_memory"]
     assert mem and all(r["chunked_temp_bytes"] < r["plain_temp_bytes"] for r in mem)

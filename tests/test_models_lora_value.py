@@ -148,6 +148,10 @@ def test_value_head_from_policy_matches_numpy(lora_model):
     fresh = M.init_value_params(jax.random.key(8), CFG)
     assert jax.tree.structure(fresh) == jax.tree.structure(vp)
     g = jax.grad(lambda p: jnp.sum(M.value_forward(p, CFG, tokens)))(fresh)
-    assert float(jnp.abs(g["value_head"]["kernel"]).sum()) > 0
+    # d/dw sum_bt (h_bt . w + b) = sum_bt h_bt, and d/db = the B x T = 15 positions
+    h_fresh = np.asarray(M.forward_hidden(fresh, CFG, tokens), np.float64)
+    np.testing.assert_allclose(np.asarray(g["value_head"]["kernel"], np.float64), h_fresh.sum((0, 1)),
+                               rtol=1e-5, atol=1e-5)
+    assert float(g["value_head"]["bias"]) == 15.0 and np.abs(h_fresh.sum((0, 1))).max() > 1e-3
     with pytest.raises(ValueError, match="value_head"):
         M.value_forward(base, CFG, tokens)

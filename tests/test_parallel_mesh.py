@@ -20,6 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxagent import models as M
 from jaxagent import parallel as par
+from jaxagent.train import memory as train_memory
 from jaxagent.train import (
     LossConfig,
     OptimizerConfig,
@@ -28,6 +29,7 @@ from jaxagent.train import (
     UpdateBatch,
     critic_values,
     init_train_state,
+    make_sharded_train_step,
     sft_step,
     train_step,
 )
@@ -130,7 +132,7 @@ def test_sharded_step_equals_single_device_keeps_rule_layout_and_compiles_once(s
     mesh = par.make_mesh(par.MeshConfig(*shape))
     state = par.shard_train_state(init_train_state(jax.random.key(0), make_params(), CFG, STEP), mesh)
     want_specs = par.train_state_specs(state, mesh)
-    step = par.make_sharded_train_step(STEP, state, mesh)
+    step = make_sharded_train_step(STEP, state, mesh)
     metrics = []
     with CompileCounter("_train_step") as compiles:
         for b in batches:
@@ -172,7 +174,7 @@ def test_sharded_sft_step_equals_single_device():
     want = run_single_device(init_train_state(jax.random.key(0), make_params(), CFG, cfg), batches, sft_step, cfg)
     mesh = par.make_mesh(par.MeshConfig(2, 2, 2))
     state = par.shard_train_state(init_train_state(jax.random.key(0), make_params(), CFG, cfg), mesh)
-    step = par.make_sharded_train_step(cfg, state, mesh, kind="sft")
+    step = make_sharded_train_step(cfg, state, mesh, kind="sft")
     metrics = []
     for b in batches:
         state, m = step(state, par.shard_batch(b, mesh))
@@ -201,7 +203,7 @@ def test_sharded_ppo_step_with_critic_equals_single_device():
     mesh = par.make_mesh(par.MeshConfig(1, 2, 4))
     state = par.shard_train_state(fresh(), mesh)
     assert state.critic_params["value_head"]["kernel"].sharding.spec == P("fsdp")
-    step = par.make_sharded_train_step(cfg, state, mesh)
+    step = make_sharded_train_step(cfg, state, mesh)
     metrics = []
     for b in batches:
         state, m = step(state, par.shard_batch(b, mesh))
@@ -215,10 +217,10 @@ def test_sharded_step_rejects_a_state_not_on_the_rules_layout():
     mesh = par.make_mesh(par.MeshConfig(2, 2, 2))
     state = init_train_state(jax.random.key(0), make_params(), CFG, STEP)
     with pytest.raises(ValueError, match=r"shard_train_state.*|params"):
-        par.make_sharded_train_step(STEP, state, mesh)
+        make_sharded_train_step(STEP, state, mesh)
     other = par.make_mesh(par.MeshConfig(2, 4, 1))
     with pytest.raises(ValueError, match="laid out"):
-        par.make_sharded_train_step(STEP, par.shard_train_state(state, other), mesh)
+        make_sharded_train_step(STEP, par.shard_train_state(state, other), mesh)
 
 
 # ----------------------------------------------------------------------------- mesh and rules
@@ -335,7 +337,7 @@ def test_memory_estimate_params_and_optimizer_are_the_exact_shard_sizes():
             d0 = mesh.devices.flat[0]
             return sum(s.data.nbytes for x in jax.tree.leaves(tree) for s in x.addressable_shards if s.device == d0)
 
-        est = par.estimate_memory(CFG, STEP, mesh_cfg, batch_size=B, seq_len=T)
+        est = train_memory.estimate_memory(CFG, STEP, mesh_cfg, batch_size=B, seq_len=T)
         assert est["params"] == on_device0(state.params), shape
         assert est["opt_state"] == on_device0(state.opt_state), shape
         # float32 gradients like the params, twice with micro-batches (accumulator + one micro-batch)
@@ -343,9 +345,9 @@ def test_memory_estimate_params_and_optimizer_are_the_exact_shard_sizes():
         assert est["kv_cache"] == 0
         assert est["total"] == sum(est[k] for k in ("params", "opt_state", "grads", "activations", "kv_cache"))
     total = sum(math.prod(x.shape) * 4 for x in jax.tree.leaves(make_params()))
-    one = par.estimate_memory(CFG, STEP, par.MeshConfig(), batch_size=B, seq_len=T)
+    one = train_memory.estimate_memory(CFG, STEP, par.MeshConfig(), batch_size=B, seq_len=T)
     assert one["params"] == total
-    assert par.estimate_memory(CFG, STEP, {"data": 1, "fsdp": 2, "tensor": 1}, batch_size=B,
+    assert train_memory.estimate_memory(CFG, STEP, {"data": 1, "fsdp": 2, "tensor": 1}, batch_size=B,
                                seq_len=T)["params"] == total // 2
 
 
@@ -354,36 +356,36 @@ def test_memory_estimate_scales_as_documented():
                           num_heads=14, num_kv_heads=2, head_dim=64, model_type="qwen2")
     one = par.MeshConfig()
     kw = dict(batch_size=64, seq_len=2048)
-    base = par.estimate_memory(big, StepConfig(), one, **kw)
-    remat = par.estimate_memory(big, StepConfig(remat=True), one, **kw)
+    base = train_memory.estimate_memory(big, StepConfig(), one, **kw)
+    remat = train_memory.estimate_memory(big, StepConfig(remat=True), one, **kw)
     assert remat["activations"] < base["activations"] / 5
-    micro = par.estimate_memory(big, StepConfig(num_micro_batches=4), one, **kw)
+    micro = train_memory.estimate_memory(big, StepConfig(num_micro_batches=4), one, **kw)
     assert micro["activations"] < base["activations"] / 3.5
     assert micro["grads"] == 2 * base["grads"]
-    data8 = par.estimate_memory(big, StepConfig(), {"data": 8, "fsdp": 1, "tensor": 1}, **kw)
+    data8 = train_memory.estimate_memory(big, StepConfig(), {"data": 8, "fsdp": 1, "tensor": 1}, **kw)
     assert data8["params"] == base["params"] and data8["activations"] < base["activations"] / 7
-    lora = par.estimate_memory(big.replace(lora=M.LoraConfig(rank=8)), StepConfig(), one, **kw)
+    lora = train_memory.estimate_memory(big.replace(lora=M.LoraConfig(rank=8)), StepConfig(), one, **kw)
     assert lora["opt_state"] < base["opt_state"] / 50 and lora["grads"] < base["grads"] / 50
-    kv = par.estimate_memory(big, StepConfig(), one, sample_batch=32, sample_len=4096, kv_dtype="bfloat16", **kw)
+    kv = train_memory.estimate_memory(big, StepConfig(), one, sample_batch=32, sample_len=4096, kv_dtype="bfloat16", **kw)
     assert kv["kv_cache"] == 2 * 24 * 32 * 2 * 4096 * 64 * 2
-    ppo = par.estimate_memory(big, StepConfig(), one, critic=True, **kw)
+    ppo = train_memory.estimate_memory(big, StepConfig(), one, critic=True, **kw)
     assert ppo["params"] > 1.9 * base["params"] - 2 * 896 * 151936 * 4  # trunk twice, one lm_head
     with pytest.raises(ValueError, match="sample_len"):
-        par.estimate_memory(big, StepConfig(), one, sample_batch=4, **kw)
+        train_memory.estimate_memory(big, StepConfig(), one, sample_batch=4, **kw)
     with pytest.raises(ValueError, match="batch_size"):
-        par.estimate_memory(big, StepConfig(), one, batch_size=0, seq_len=8)
+        train_memory.estimate_memory(big, StepConfig(), one, batch_size=0, seq_len=8)
 
 
 def test_check_fits_names_the_components():
-    est = par.estimate_memory(CFG, STEP, par.MeshConfig(), batch_size=B, seq_len=T, sample_batch=4, sample_len=64)
-    par.check_fits(est, 10 * est["total"])
-    with pytest.raises(par.DoesNotFitError) as err:
-        par.check_fits(est, est["total"])  # 90% of it is usable: does not fit
+    est = train_memory.estimate_memory(CFG, STEP, par.MeshConfig(), batch_size=B, seq_len=T, sample_batch=4, sample_len=64)
+    train_memory.check_fits(est, 10 * est["total"])
+    with pytest.raises(train_memory.DoesNotFitError) as err:
+        train_memory.check_fits(est, est["total"])  # 90% of it is usable: does not fit
     assert isinstance(err.value, MemoryError)
     for name in ("params", "opt_state", "grads", "activations", "kv_cache", "remat", "fsdp"):
         assert name in str(err.value)
-    line = par.format_memory(est, 2**30)
+    line = train_memory.format_memory(est, 2**30)
     assert line.startswith("memory per device: params") and "kv_cache" in line and "of 1.00 GiB" in line
-    assert par.device_memory_bytes(default=123) == 123  # CPU devices do not report a limit
+    assert train_memory.device_memory_bytes(default=123) == 123  # CPU devices do not report a limit
     with pytest.raises(ValueError, match="usable_fraction"):
-        par.check_fits(est, 1, usable_fraction=0)
+        train_memory.check_fits(est, 1, usable_fraction=0)

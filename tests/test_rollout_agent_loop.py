@@ -7,6 +7,7 @@ exactly the sequence the trainer will see; observation tokens equal the tokeniza
 the ChatML text written out here by hand around what a separately replayed env says;
 the loss mask is 1 exactly on policy tokens; rewards, anchors and ends match the replay.
 """
+import dataclasses
 import functools
 
 import jax
@@ -17,7 +18,8 @@ import pytest
 import envs
 from jaxagent import models as M
 from jaxagent.rollout import AgentLoop, AgentLoopConfig, SamplingConfig
-from jaxagent.rollout.testing import byte_chat_tokenizer, tiny_config
+from jaxagent.models import tiny_config
+from jaxagent.rollout.byte_tokenizer import byte_chat_tokenizer
 
 TOK = byte_chat_tokenizer()
 CFG = tiny_config(vocab_size=len(TOK))
@@ -239,3 +241,36 @@ def test_env_reset_failure_and_bad_config():
     with pytest.raises(ValueError, match="seeds"):
         with envs.EnvPool(["testing/null"] * 2, num_workers=1) as pool:
             loop.run(pool, [0])
+
+
+def test_run_arguments_seed_sampling_and_row_offset():
+    """`run(seed=, sampling=, row_offset=)` override the config per call: a slice of a
+    batch played with its row offset samples what those rows sampled in the whole batch,
+    and `sampling` replaces the config's without touching it."""
+    params = random_params()
+    cfg = AgentLoopConfig(max_turns=2, max_tokens_per_turn=6, max_context=CTX,
+                          sampling=SamplingConfig(temperature=1.0), seed=3)
+    loop = AgentLoop(params, CFG, TOK, cfg)
+    seeds = [5, 6, 7, 8]
+    with envs.EnvPool(["frozenlake"] * 4, num_workers=0) as pool:
+        whole, _ = loop.run(pool, seeds, seed=11)
+        again, _ = loop.run(pool, seeds, seed=11)
+        other, _ = loop.run(pool, seeds)  # the config's seed 3
+        greedy, _ = loop.run(pool, seeds, sampling=SamplingConfig(temperature=0.0))
+    with envs.EnvPool(["frozenlake"] * 2, num_workers=0) as pool:
+        tail, _ = loop.run(pool, seeds[2:], seed=11, row_offset=2)
+        head, _ = loop.run(pool, seeds[2:], seed=11)
+    tok = lambda t: np.asarray(t.tokens)  # noqa: E731
+    assert np.asarray(whole.loss_mask).sum() > 0  # the policy did sample tokens
+    np.testing.assert_array_equal(tok(whole), tok(again))
+    assert not np.array_equal(tok(whole), tok(other))
+    np.testing.assert_array_equal(tok(tail), tok(whole)[2:])  # rows 2, 3 of the whole batch
+    assert not np.array_equal(tok(head), tok(whole)[2:])      # without the offset: rows 0, 1's keys
+    assert loop.config == cfg                                  # nothing was mutated
+    # greedy through the argument = a loop configured greedy
+    greedy_loop = AgentLoop(params, CFG, TOK, dataclasses.replace(cfg, sampling=SamplingConfig(temperature=0.0)))
+    with envs.EnvPool(["frozenlake"] * 4, num_workers=0) as pool:
+        want, _ = greedy_loop.run(pool, seeds)
+    np.testing.assert_array_equal(tok(greedy), tok(want))
+    with pytest.raises(ValueError, match="row_offset"):
+        loop.run(pool, seeds, row_offset=-1)

@@ -1,6 +1,7 @@
 """End-to-end smoke runs of the W1 and W3 benchmarks, as a user calls them (slow)."""
 import importlib.util
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,13 @@ def run(script, tmp_path, *extra):
     return [json.loads(line) for line in out.read_text().splitlines()]
 
 
+def rate_of(rate, tokens, median_s):
+    """Whether `rate` is `round(tokens / m, 1)` for an `m` that rounds to `median_s` (4 decimals)."""
+    lo = tokens / (median_s + 5e-5) - 0.05
+    hi = tokens / (median_s - 5e-5) + 0.05 if median_s > 5e-5 else math.inf
+    return lo <= rate <= hi
+
+
 @pytest.mark.slow
 def test_w1_generate_quick(tmp_path):
     rows = [r for r in run("w1_generate", tmp_path) if "skipped" not in r]
@@ -28,7 +36,8 @@ def test_w1_generate_quick(tmp_path):
     if importlib.util.find_spec("tunix"):
         assert "tunix" in systems
     assert {r["mode"] for r in rows} == {"greedy", "temperature_1.0"}
-    assert all(r["tokens_per_s"] > 0 for r in rows)
+    # each rate is the batch's new tokens over the median call
+    assert all(rate_of(r["tokens_per_s"], r["batch"] * r["new_tokens"], r["median_s"]) for r in rows), rows
     # same weights and prompts: every system's greedy tokens equal jaxagent's
     assert all(r["greedy_agree_with_jaxagent"] == 1.0 for r in rows if r["mode"] == "greedy")
 
@@ -41,4 +50,7 @@ def test_w3_multiturn_quick(tmp_path):
     # continuing the live cache gives exactly the tokens of re-encoding the history
     assert all(r["greedy_agree_live_vs_reencode"] == 1.0 for r in rows if r["mode"] == "greedy")
     live = [r for r in rows if r["variant"] == "live"]
-    assert all(r["tokens_per_s"] > 0 and "ratio_vs_jaxagent_reencode" in r for r in live)
+    assert all("ratio_vs_jaxagent_reencode" in r for r in live)
+    # each rate is the episodes' policy tokens over the median rollout
+    assert all(rate_of(r["tokens_per_s"], r["episodes"] * r["turns"] * r["tokens_per_turn"], r["rollout_s"])
+               for r in rows), rows

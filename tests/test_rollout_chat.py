@@ -8,7 +8,7 @@ end-of-turn token.
 import pytest
 
 from jaxagent.rollout import ChatFormat, ChatTemplateError
-from jaxagent.rollout.testing import byte_chat_tokenizer
+from jaxagent.rollout.byte_tokenizer import byte_chat_tokenizer
 
 LLAMA3 = ("<|begin_of_text|>{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
           "{{ m['content'] }}<|eot_id|>{% endfor %}"

@@ -7,7 +7,7 @@ import pytest
 
 from jaxagent import models as M
 from jaxagent.rollout import GREEDY, Sampler, SamplingConfig, processed_logits, sample_tokens
-from jaxagent.rollout.testing import tiny_config
+from jaxagent.models import tiny_config
 
 CFG = tiny_config(vocab_size=97)
 PARAMS = M.init_params(jax.random.key(0), CFG, std=0.3)  # peaked logits: distinct argmaxes

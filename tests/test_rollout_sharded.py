@@ -13,7 +13,8 @@ import envs
 from jaxagent import models as M
 from jaxagent import parallel
 from jaxagent.rollout import AgentLoop, AgentLoopConfig, Sampler, SamplingConfig
-from jaxagent.rollout.testing import byte_chat_tokenizer, tiny_config
+from jaxagent.models import tiny_config
+from jaxagent.rollout.byte_tokenizer import byte_chat_tokenizer
 
 TOK = byte_chat_tokenizer()
 EOT = TOK.convert_tokens_to_ids("<|im_end|>")

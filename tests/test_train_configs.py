@@ -16,7 +16,8 @@ import pytest
 
 import envs
 from jaxagent.config import load_config
-from jaxagent.train.trainer import Trainer, TrainerConfig, build_tokenizer
+from jaxagent.train.build import build_tokenizer
+from jaxagent.train.trainer import Trainer, TrainerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
@@ -98,7 +99,10 @@ def _one_iteration(tmp_path, env, algo):
     assert [m["iteration"] for m in lines] == [1]
     m = lines[0]
     assert math.isfinite(m["loss"]), m
-    assert m["skipped_updates"] == 0 and m["failed_episodes"] == 0 and m["policy_tokens"] > 0
+    assert m["skipped_updates"] == 0 and m["failed_episodes"] == 0
+    # every played turn samples 1 .. max_tokens_per_turn policy tokens
+    turns = round(m["turns_mean"] * cfg.env.batch_size)
+    assert turns > 0 and turns <= m["policy_tokens"] <= turns * cfg.rollout.max_tokens_per_turn, m
     assert m["rollout_logp_gap"] < 1e-4
     if algo == "ppo":
         assert math.isfinite(m["value_loss"]) and math.isfinite(m["explained_variance"])

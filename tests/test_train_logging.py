@@ -12,7 +12,8 @@ import envs
 from jaxagent import models as M
 from jaxagent.rollout import AgentLoop, AgentLoopConfig, SamplingConfig
 from jaxagent.rollout.agent_loop import Episode
-from jaxagent.rollout.testing import byte_chat_tokenizer, tiny_config
+from jaxagent.models import tiny_config
+from jaxagent.rollout.byte_tokenizer import byte_chat_tokenizer
 from jaxagent.train.logging import (
     RunLogger,
     format_duration,

@@ -18,6 +18,7 @@ import pytest
 
 from jaxagent.config import ConfigError, load_config
 from jaxagent.train.checkpoint import CheckpointManager, IncompatibleCheckpointError
+from jaxagent.train.evaluate import evaluate_run
 from jaxagent.train.trainer import Trainer, TrainerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,7 +57,9 @@ def check_run(trainer: Trainer, history: list[dict], iterations: int):
                     "time_rollout_s", "time_update_s"):
             assert key in m, key
         assert m["skipped_updates"] == 0
-        assert m["policy_tokens"] > 0
+        # every played turn samples 1 .. max_tokens_per_turn policy tokens
+        turns = round(m["turns_mean"] * trainer.config.env.batch_size)
+        assert turns > 0 and turns <= m["policy_tokens"] <= turns * trainer.config.rollout.max_tokens_per_turn, m
         # the trainer's log-probs of the trajectory are the sampler's: it learns from what was sampled
         assert m["rollout_logp_gap"] < 1e-4
     assert read_jsonl(trainer.metrics_path) == history
@@ -204,5 +207,17 @@ def test_train_without_config_runs_the_embedded_demo_and_ends_with_its_json_line
     assert out.returncode == 0, out.stderr
     last = json.loads(out.stdout.strip().splitlines()[-1])
     assert set(last) >= {"success_before_rl", "success_after_rl"}
-    assert 0 <= last["success_before_rl"] <= 1 and 0 <= last["success_after_rl"] <= 1
+    assert last["lift_points"] == round(100 * (last["success_after_rl"] - last["success_before_rl"]), 2)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    # each rate is a share of the 8 held-out episodes (eval.episodes=8)
+    before = last["success_before_rl"]
+    assert before == summary["success_before_rl"] and before * 8 == round(before * 8)
+    # after RL: the share the env reported won, of the same evaluation replayed from the
+    # last checkpoint (the one it ran with), which lists the episodes
+    lines = tmp_path / "eval.jsonl"
+    evaluate_run(tmp_path / "run", out=lines, log=lambda *_: None)
+    episodes = [json.loads(x) for x in lines.read_text().splitlines()][:-1]
+    assert [e["seed"] for e in episodes] == list(range(2_000_000, 2_000_008))  # default.yaml's eval.seed
+    won = sum(e["info"].get("success") is True for e in episodes)
+    assert last["success_after_rl"] == summary["success_after_rl"] == won / 8
     assert load_config(TrainerConfig, tmp_path / "run" / "config.yaml").env.name == "frozenlake"

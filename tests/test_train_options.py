@@ -7,13 +7,16 @@ through short runs of the loop.
 """
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from jaxagent.config import ConfigError, load_config
 from jaxagent.rollout.trajectory import Trajectory
-from jaxagent.train.trainer import AlgoSection, Trainer, TrainerConfig, shape_rewards
+from jaxagent.train.advantages import shape_rewards
+from jaxagent.train.config import AlgoSection
+from jaxagent.train.trainer import Trainer, TrainerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "tiny_countdown_grpo.yaml"
@@ -151,8 +154,13 @@ def test_kl_reward_penalty_runs_with_a_reference(tmp_path):
     cfg = load_config(TrainerConfig, CONFIG, [f"run_dir={tmp_path / 'run'}", "algo.kl_reward_coef=0.05",
                                                "iterations=2", "algo.truncation=penalty"])
     trainer = Trainer(cfg, log=lambda *_: None)
+    initial = jax.device_get(trainer.state.params)
     history = trainer.run()
-    assert trainer.ref_params is not None
+    # without a warm start the reference is the initial policy, kept while the policy trains
+    ref, final = jax.device_get(trainer.ref_params), jax.device_get(trainer.state.params)
+    assert jax.tree.structure(ref) == jax.tree.structure(initial)
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(initial)))
+    assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(final)))
     # iteration 1 samples from the reference itself: the k1 penalty is exactly 0; then the policy moved
     assert history[0]["kl_reward_penalty"] == pytest.approx(0.0, abs=1e-6)
     assert history[1]["kl_reward_penalty"] != 0.0

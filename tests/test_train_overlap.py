@@ -28,10 +28,17 @@ def test_off_policy_run_reports_staleness_tis_and_idle_time(tmp_path):
     assert [m["iteration"] for m in history] == [1, 2, 3]
     # the first batch is on-policy, every later one was sampled before the previous update
     assert [m["staleness"] for m in history] == [0, 1, 1]
+    # the first rollout starts only when the first iteration waits for it: the wait
+    # covers the whole rollout (later ones ran during the previous update)
+    assert history[0]["time_rollout_wait_s"] >= history[0]["time_rollout_s"]
     for m in history:
         for key in ("tis_weight", "device_idle_frac", "time_rollout_s", "time_rollout_wait_s", "time_update_s"):
             assert key in m and math.isfinite(m[key]), key
-        assert 0 <= m["device_idle_frac"] <= 1
+        # the idle share is the main thread's wait for the rollout over the iteration, and
+        # the main thread's phases, one after another, fit in the iteration
+        assert m["device_idle_frac"] == pytest.approx(m["time_rollout_wait_s"] / m["time_iteration_s"], rel=1e-9)
+        main_thread = sum(m[f"time_{k}_s"] for k in ("rollout_wait", "logprobs", "advantages", "update"))
+        assert 0 < main_thread <= m["time_iteration_s"], m
         assert 0 < m["tis_weight"] <= 2.0
         assert m["skipped_updates"] == 0
     # on-policy, the trainer's log-probs are the sampler's; one update later they are not

@@ -55,7 +55,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from jaxagent import parallel as par  # noqa: E402
+from jaxagent.train import memory as train_memory  # noqa: E402
 from jaxagent.config import ConfigError, load_config  # noqa: E402
 from jaxagent.train.trainer import Trainer, TrainerConfig  # noqa: E402
 from multiprocess_testlib import run_process_group  # noqa: E402
@@ -137,7 +137,7 @@ def test_mesh_errors_name_the_keys(tmp_path):
 
 def test_a_config_that_cannot_fit_fails_before_compiling(tmp_path):
     lines = []
-    with pytest.raises(par.DoesNotFitError) as err:
+    with pytest.raises(train_memory.DoesNotFitError) as err:
         Trainer(config(tmp_path / "run", "device_memory_gb=1.0e-4"), log=lines.append)
     msg = str(err.value)
     assert "this config does not fit (one device)" in msg
@@ -192,7 +192,9 @@ def test_warm_start_on_a_mesh_learns_what_one_device_learns(tmp_path):
     one, h_one = go("one")
     mesh, h_mesh = go("mesh", "mesh={data: 2, fsdp: 2, tensor: 2}")
     sft_one, sft_mesh = (read_jsonl(t.run_dir / "warm_start.jsonl") for t in (one, mesh))
-    assert len(sft_one) == len(sft_mesh) > 0
+    # 16 demonstrations in rows of 8: 2 SFT steps per epoch x 2 epochs, each logged (< 10 steps)
+    assert [(x["sft_step"], x["epoch"]) for x in sft_one] == [(1, 1), (2, 1), (3, 2), (4, 2)]
+    assert [(x["sft_step"], x["epoch"]) for x in sft_mesh] == [(1, 1), (2, 1), (3, 2), (4, 2)]
     for a, b in zip(sft_one, sft_mesh):
         np.testing.assert_allclose([a["loss"], a["entropy"]], [b["loss"], b["entropy"]], rtol=1e-4)
     for key in ("success_before_rl", "success_after_rl"):

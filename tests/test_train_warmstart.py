@@ -13,6 +13,7 @@ import envs
 from jaxagent.config import ConfigError, load_config
 from jaxagent.rollout.chat import ChatFormat
 from jaxagent.train import warmstart as ws
+from jaxagent.train.evaluate import evaluate_run
 from jaxagent.train.trainer import Trainer, TrainerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,7 +26,18 @@ def test_noise_free_expert_always_succeeds_and_noise_is_reproducible():
     noisy = ws.collect_demonstrations("frozenlake", LAKE, range(40), noise=0.5, max_turns=20)
     again = ws.collect_demonstrations("frozenlake", LAKE, range(40), noise=0.5, max_turns=20)
     assert [d.actions for d in noisy] == [d.actions for d in again]
-    assert sum(d.noisy_actions for d in noisy) > 0
+    # replayed here: an action that is not the expert's move in its state was a noisy one
+    # (a noisy draw may also pick the expert's move), so each count is bounded by the replay
+    env, off_total = envs.make("frozenlake", **LAKE), 0
+    for d in noisy:
+        env.reset(d.seed)
+        off = 0
+        for a in d.actions:
+            off += a != env.expert_action()
+            env.step(a)
+        assert off <= d.noisy_actions <= len(d.actions), (d.seed, off, d.noisy_actions)
+        off_total += off
+    assert off_total > 0
     assert sum(d.success for d in noisy) < len(noisy)  # imperfect: some noisy episodes fail
     # every action is one of the env's moves
     moves = set(envs.make("frozenlake").random_actions)
@@ -82,7 +94,17 @@ def test_demonstration_tokens_respect_the_context():
     demos = ws.collect_demonstrations("frozenlake", LAKE, [3], noise=1.0, max_turns=8)
     tok = ws.train_bpe_tokenizer(ws.demonstration_texts(demos), 300)
     chat = ChatFormat(tok)
-    full, _ = ws.demonstration_tokens(chat, demos[0], 4096)
+    full, full_mask = ws.demonstration_tokens(chat, demos[0], 4096)
+    # the segments of the full layout (prompt, action, observation, action, ...) end where
+    # its loss mask changes, and at its end
+    bounds = [p for p in range(1, len(full)) if full_mask[p] != full_mask[p - 1]] + [len(full)]
+    assert sum(full_mask[p - 1] for p in bounds) == len(demos[0].actions)
+    for limit in range(bounds[0] + 1, len(full) + 1):
+        cut, mask = ws.demonstration_tokens(chat, demos[0], limit)
+        # whole segments only: each action that fits, an observation only while it leaves
+        # room for a token of the next action
+        keep = max(p for p in bounds if p <= limit and (full_mask[p - 1] == 1 or p < limit))
+        assert cut == full[:keep] and mask == full_mask[:keep], limit
     cut, mask = ws.demonstration_tokens(chat, demos[0], len(full) - 5)
     assert len(cut) <= len(full) - 5 and full[:len(cut)] == cut and sum(mask) > 0
     with pytest.raises(ValueError, match="max_context"):
@@ -108,9 +130,22 @@ def test_warm_start_then_rl_reports_held_out_success_and_resumes(tmp_path):
     history = trainer.run()
     assert len(history) == 2
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    for key in ("success_before_rl", "success_after_rl"):
-        assert 0.0 <= summary[key] <= 1.0
     assert summary["eval_before_rl"]["episodes"] == 8
+    # each rate is a share of the 8 held-out episodes (before RL, whose checkpoint 0 is no
+    # longer kept: a count of 8)
+    before = summary["success_before_rl"]
+    assert before == summary["eval_before_rl"]["success_rate"] and before * 8 == round(before * 8)
+    # after RL: the share the env reported won, of the same evaluation replayed from the
+    # last checkpoint (the one it ran with), which lists the episodes
+    out = tmp_path / "eval.jsonl"
+    evaluate_run(tmp_path / "run", out=out, log=lambda *_: None)
+    episodes = [json.loads(x) for x in out.read_text().splitlines()][:-1]
+    seed = tiny(tmp_path / "run").eval.seed
+    assert [e["seed"] for e in episodes] == list(range(seed, seed + 8))
+    won = sum(e["info"].get("success") is True for e in episodes)
+    assert summary["success_after_rl"] == summary["eval_after_rl"]["success_rate"] == won / 8
+    assert summary["eval_after_rl"]["return_mean"] == pytest.approx(
+        math.fsum(e["return"] for e in episodes) / 8, rel=1e-12, abs=1e-12)
     # the SFT loss fell: the demonstrations were learned from
     sft = [json.loads(x) for x in (tmp_path / "run" / "warm_start.jsonl").read_text().splitlines()]
     assert sft[-1]["loss"] < 0.6 * sft[0]["loss"] and all(math.isfinite(x["loss"]) for x in sft)
@@ -148,7 +183,7 @@ def test_overlapping_seed_ranges_are_an_error(tmp_path):
 
 def test_greedy_evaluation_is_deterministic(tmp_path):
     trainer = Trainer(tiny(tmp_path / "run", "warm_start.episodes=0"), log=lambda *_: None)
-    loop = trainer._agent_loop()
+    loop = trainer.agent_loop()
     with envs.EnvPool([lambda: envs.make("frozenlake", **LAKE)] * 8, num_workers=0) as pool:
         a = trainer.evaluate(loop, pool, episodes=10, temperature=0.0)
         b = trainer.evaluate(loop, pool, episodes=10, temperature=0.0)

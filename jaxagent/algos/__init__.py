@@ -2,7 +2,8 @@
 
 Importable alone (it imports nothing else from jaxagent). Conventions follow the
 PyTorch trainers (verl 0.9.1) on every valid position; deliberate improvements are
-documented in each docstring. See ``shared/FORMULAS.md`` for the formulas.
+documented in each docstring. The formulas and their sources are in
+``docs/FORMULAS.md``.
 """
 
 from .advantages import (
@@ -34,7 +35,10 @@ from .losses import (
 )
 from .masked import masked_mean, masked_var, masked_whiten
 from .registry import (
+    ESTIMATOR_INPUTS,
+    EstimatorSpec,
     get_advantage_estimator,
+    get_estimator_spec,
     get_policy_loss,
     list_advantage_estimators,
     list_policy_losses,
@@ -43,7 +47,7 @@ from .registry import (
 )
 
 __all__ = [
-    "AGG_MODES", "KL_KINDS",
+    "AGG_MODES", "ESTIMATOR_INPUTS", "EstimatorSpec", "KL_KINDS", "get_estimator_spec",
     "aggregate", "anchor_ids_from_keys", "cispo_loss", "dr_grpo", "entropy", "gae",
     "get_advantage_estimator", "get_policy_loss", "gigpo", "grpo", "gspo_loss", "kl",
     "list_advantage_estimators", "list_policy_losses", "masked_mean", "masked_var",

@@ -2,7 +2,7 @@
 (GRPO, Dr.GRPO, RLOO, REINFORCE++ with baseline), step-level (GiGPO) and
 turn-level credit.
 
-Conventions follow ``shared/FORMULAS.md`` (verl 0.9.1 ``core_algos``) on every
+Conventions follow ``docs/FORMULAS.md`` (verl 0.9.1 ``core_algos``) on every
 valid position. Shared deviations, all deliberate:
 
 * outputs are float32 and exactly 0 wherever the mask is 0 (the reference leaves

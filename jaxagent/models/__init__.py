@@ -11,6 +11,7 @@ from jaxagent.models.config import (
     DecoderConfig,
     LoraConfig,
     UnsupportedArchitectureError,
+    tiny_config,
 )
 from jaxagent.models.decoder import (
     ACTIVATION_AXES,
@@ -60,6 +61,6 @@ __all__ = [
     "forward", "forward_cached", "forward_hidden", "has_lora", "init_cache", "init_params",
     "init_value_params", "lm_head_kernel", "load_pretrained", "load_tokenizer", "logits_from_hidden",
     "lora_optimizer", "make_attention_mask", "merge_lora", "packaged_model_path", "param_axes",
-    "plain_logprobs_and_entropy", "save_pretrained", "split_lora", "token_logprobs",
+    "plain_logprobs_and_entropy", "save_pretrained", "split_lora", "tiny_config", "token_logprobs",
     "trainable_labels", "trainable_mask", "value_forward", "value_params_from_policy",
 ]

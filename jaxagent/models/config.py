@@ -261,3 +261,11 @@ class DecoderConfig:
             arch = "Qwen3ForCausalLM"
         cfg.architectures = [arch]
         return cfg
+
+
+def tiny_config(vocab_size: int = 259, **kw) -> DecoderConfig:
+    """A 2-layer Qwen2-style decoder (hidden 32, 4 heads / 2 KV heads of dim 8)."""
+    base = dict(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+                num_kv_heads=2, head_dim=8, qkv_bias=True, model_type="qwen2")
+    base.update(kw)
+    return DecoderConfig(**base)

@@ -79,7 +79,7 @@ def activation_constraint(fn):
         _CONSTRAIN.reset(token)
 
 
-def _constrain(x: jax.Array, axes: tuple) -> jax.Array:
+def constrain_activation(x: jax.Array, axes: tuple) -> jax.Array:
     fn = _CONSTRAIN.get()
     return x if fn is None else fn(x, axes)
 
@@ -94,7 +94,7 @@ _PROJ_AXES = {
 }
 
 
-def _dtype(dtype) -> jnp.dtype:
+def as_dtype(dtype) -> jnp.dtype:
     if isinstance(dtype, str):
         if dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be 'float32', 'bfloat16' or 'float16', got {dtype!r}")
@@ -105,7 +105,7 @@ def _dtype(dtype) -> jnp.dtype:
 def init_params(key: jax.Array, config: DecoderConfig, dtype="float32", std: float = 0.02) -> Params:
     """Fresh parameters: N(0, std) matrices, embeddings and biases; RMSNorm scales 1."""
     c = config
-    dt = _dtype(dtype)
+    dt = as_dtype(dtype)
     L, D, F = c.num_layers, c.hidden_size, c.intermediate_size
     keys = iter(jax.random.split(key, 16))
 
@@ -191,7 +191,7 @@ def param_axes(params: Params) -> Any:
 
 def cast_params(params: Params, dtype) -> Params:
     """All floating leaves cast to `dtype`."""
-    dt = _dtype(dtype)
+    dt = as_dtype(dtype)
     return jax.tree.map(lambda x: x.astype(dt) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
 
 
@@ -372,14 +372,14 @@ def forward_hidden(
     allowed = make_attention_mask(attention_mask_BxT, segment_ids_BxT)
     cos, sin = rope_cos_sin(positions_BxT, config)
     hidden_axes = ACTIVATION_AXES["hidden"]
-    x = _constrain(params["embed"]["embedding"][tokens_BxT], hidden_axes)
+    x = constrain_activation(params["embed"]["embedding"][tokens_BxT], hidden_axes)
 
     def layer(x, lp):
         q, k, v = layer_qkv(lp, x, cos, sin, config)
-        return _constrain(layer_finish(lp, x, attention(q, k, v, allowed), config), hidden_axes), None
+        return constrain_activation(layer_finish(lp, x, attention(q, k, v, allowed), config), hidden_axes), None
 
     x, _ = jax.lax.scan(_maybe_remat(layer, remat), x, params["layers"])
-    return _constrain(rms_norm(x, params["final_norm"]["scale"], config.rms_norm_eps), hidden_axes)
+    return constrain_activation(rms_norm(x, params["final_norm"]["scale"], config.rms_norm_eps), hidden_axes)
 
 
 def logits_from_hidden(params: Params, config: DecoderConfig, hidden: jax.Array) -> jax.Array:
@@ -419,7 +419,7 @@ class KVCache:
 def init_cache(config: DecoderConfig, batch: int, max_len: int, dtype="float32") -> KVCache:
     """An empty cache of `max_len` slots per row."""
     shape = (config.num_layers, batch, config.num_kv_heads, max_len, config.head_dim)
-    dt = _dtype(dtype)
+    dt = as_dtype(dtype)
     return KVCache(k=jnp.zeros(shape, dt), v=jnp.zeros(shape, dt), lengths=jnp.zeros((batch,), jnp.int32))
 
 
@@ -454,7 +454,7 @@ def forward_cached(
     cos, sin = rope_cos_sin(jnp.maximum(slot_BxT, 0), c)
     rows_BxT = jnp.broadcast_to(jnp.arange(B)[:, None], (B, T))
     hidden_axes = ACTIVATION_AXES["hidden"]
-    x = _constrain(params["embed"]["embedding"][tokens_BxT], hidden_axes)
+    x = constrain_activation(params["embed"]["embedding"][tokens_BxT], hidden_axes)
 
     def layer(carry, inp):
         x, k_cache, v_cache = carry
@@ -467,11 +467,11 @@ def forward_cached(
         k_cache = k_cache.at[layer_BxT, rows_BxT, :, write_BxT].set(k.astype(k_cache.dtype), mode="drop")
         v_cache = v_cache.at[layer_BxT, rows_BxT, :, write_BxT].set(v.astype(v_cache.dtype), mode="drop")
         o = cached_attention(q, k_cache[i].astype(q.dtype), v_cache[i].astype(q.dtype), allowed)
-        return (_constrain(layer_finish(lp, x, o, c), hidden_axes), k_cache, v_cache), None
+        return (constrain_activation(layer_finish(lp, x, o, c), hidden_axes), k_cache, v_cache), None
 
     (x, k_new, v_new), _ = jax.lax.scan(
         layer, (x, cache.k, cache.v), (params["layers"], jnp.arange(c.num_layers))
     )
     lengths = jnp.minimum(cache.lengths + jnp.sum(m, axis=1), S).astype(jnp.int32)
-    hidden = _constrain(rms_norm(x, params["final_norm"]["scale"], c.rms_norm_eps), hidden_axes)
+    hidden = constrain_activation(rms_norm(x, params["final_norm"]["scale"], c.rms_norm_eps), hidden_axes)
     return hidden, KVCache(k=k_new, v=v_new, lengths=lengths)

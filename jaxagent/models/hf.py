@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxagent.models.config import SUPPORTED_ARCHITECTURES, DecoderConfig, UnsupportedArchitectureError
-from jaxagent.models.decoder import Params, _dtype
+from jaxagent.models.decoder import Params, as_dtype
 from jaxagent.models.lora import merge_lora
 from jaxagent.models.model import Model
 
@@ -113,7 +113,7 @@ def expected_tensors(config: DecoderConfig) -> dict[str, tuple[int, ...]]:
 
 def params_from_hf_tensors(tensors: dict[str, np.ndarray], config: DecoderConfig, dtype="float32") -> Params:
     """Our parameter tree from HF-named arrays (already checked against `config`)."""
-    dt = _dtype(dtype)
+    dt = as_dtype(dtype)
 
     def arr(x, transpose=False):
         x = np.asarray(x)

@@ -1,12 +1,14 @@
-"""Sharded training: device meshes, the logical-axis rules, memory estimates, multi-host.
+"""Device meshes, the logical-axis rules, multi-host.
 
 `mesh`: `MeshConfig(data, fsdp, tensor)` and `make_mesh`; `LOGICAL_AXIS_RULES` (the one
 table from the models' logical axis names to mesh axes), `logical_to_spec`,
 `param_shardings`, `train_state_shardings`, `shard_train_state`, `shard_batch`,
-`make_sharded_train_step` (the update jitted once with explicit in/out shardings and a
-donated state). `memory`: `estimate_memory`, `format_memory`, `check_fits`,
-`device_memory_bytes`. `distributed`: `initialize`, `global_batch`, `process_rows`,
-`is_primary`, `barrier`, `to_host`.
+`activation_constraint` (the decoder's activation layout on a mesh). `distributed`:
+`initialize`, `global_batch`, `process_rows`, `is_primary`, `barrier`, `to_host`.
+
+This layer knows the models (their logical axis names) and nothing of training: the
+sharded update is `jaxagent.train.make_sharded_train_step`, the memory estimate of a run
+`jaxagent.train.memory`.
 """
 from jaxagent.parallel.distributed import (
     barrier,
@@ -16,14 +18,6 @@ from jaxagent.parallel.distributed import (
     process_rows,
     shutdown,
     to_host,
-)
-from jaxagent.parallel.memory import (
-    DoesNotFitError,
-    check_fits,
-    device_memory_bytes,
-    estimate_memory,
-    format_memory,
-    shard_bytes,
 )
 from jaxagent.parallel.mesh import (
     BATCH_AXES,
@@ -36,7 +30,6 @@ from jaxagent.parallel.mesh import (
     like_params_specs,
     logical_to_spec,
     make_mesh,
-    make_sharded_train_step,
     param_shardings,
     param_specs,
     shard_batch,
@@ -46,10 +39,10 @@ from jaxagent.parallel.mesh import (
 )
 
 __all__ = [
-    "BATCH_AXES", "LOGICAL_AXIS_RULES", "MESH_AXES", "DoesNotFitError", "MeshConfig", "activation_constraint",
-    "barrier", "batch_sharding", "batch_spec", "check_fits", "device_memory_bytes", "estimate_memory",
-    "format_memory", "global_batch", "initialize", "is_primary", "like_params_specs",
-    "logical_to_spec", "make_mesh", "make_sharded_train_step", "param_shardings", "param_specs",
-    "process_rows", "shard_batch", "shard_bytes", "shard_train_state", "shutdown", "to_host",
+    "BATCH_AXES", "LOGICAL_AXIS_RULES", "MESH_AXES", "MeshConfig", "activation_constraint",
+    "barrier", "batch_sharding", "batch_spec",
+    "global_batch", "initialize", "is_primary", "like_params_specs",
+    "logical_to_spec", "make_mesh", "param_shardings", "param_specs",
+    "process_rows", "shard_batch", "shard_train_state", "shutdown", "to_host",
     "train_state_shardings", "train_state_specs",
 ]

@@ -29,7 +29,7 @@ Optimizer state (AdamW `mu`, `nu`) is sharded like its parameters (matched by th
 parameter path at the end of each optimizer-state leaf's path, and its shape);
 scalars (counts, `step`, `skipped`, the PRNG key) are replicated.
 
-The update is `jaxagent.train.make_train_step`: jitted once with the state's shardings
+The update is `jaxagent.train.make_sharded_train_step`: jitted once with the state's shardings
 in and out, the batch split over ("data", "fsdp"), metrics replicated, state donated.
 Axis types are `Auto`: the compiler propagates shardings through the model from the
 pinned inputs and outputs (what `pjit` did). Left to itself, on an fsdp axis
@@ -132,7 +132,7 @@ def make_mesh(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> j
 
 
 # ----------------------------------------------------------------------------- rules
-def _axis_sizes(mesh) -> dict[str, int]:
+def axis_sizes(mesh) -> dict[str, int]:
     if isinstance(mesh, MeshConfig):
         return mesh.shape
     if isinstance(mesh, jax.sharding.Mesh):
@@ -142,7 +142,7 @@ def _axis_sizes(mesh) -> dict[str, int]:
     raise TypeError(f"expected a Mesh, a MeshConfig or a mapping of axis sizes, got {type(mesh).__name__}")
 
 
-def _rules_dict(rules: Rules) -> dict[str, tuple[str, ...]]:
+def rules_dict(rules: Rules) -> dict[str, tuple[str, ...]]:
     out = {}
     for name, target in rules:
         if target is None:
@@ -164,8 +164,8 @@ def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int], mesh, rule
     name is an error (a typo would silently replicate a whole model)."""
     if len(axes) != len(shape):
         raise ValueError(f"logical_to_spec: {len(axes)} axis names {tuple(axes)} for a rank-{len(shape)} shape")
-    sizes = _axis_sizes(mesh)
-    table = _rules_dict(rules)
+    sizes = axis_sizes(mesh)
+    table = rules_dict(rules)
     used: set[str] = set()
     spec: list = []
     for name, dim in zip(axes, shape):
@@ -290,7 +290,7 @@ def batch_spec(ndim: int = 2, rules: Rules = LOGICAL_AXIS_RULES, mesh=None, batc
     if mesh is not None and batch_size is not None:
         first = logical_to_spec(("batch",), (batch_size,), mesh, rules)[0]
     else:
-        first = _rules_dict(rules)["batch"]
+        first = rules_dict(rules)["batch"]
         first = None if not first else first[0] if len(first) == 1 else first
     return P(first, *([None] * (ndim - 1)))
 
@@ -310,33 +310,8 @@ def shard_batch(batch, mesh: jax.sharding.Mesh, rules: Rules = LOGICAL_AXIS_RULE
 def _check_rows(batch, mesh, rules) -> int:
     leaves = jax.tree.leaves(batch)
     B = int(np.shape(leaves[0])[0])
-    n = math.prod(dict(mesh.shape)[a] for a in _rules_dict(rules)["batch"])
+    n = math.prod(dict(mesh.shape)[a] for a in rules_dict(rules)["batch"])
     if B % n:
         raise ValueError(f"batch size {B} is not divisible by the {n} batch shards of the mesh "
-                         f"({' * '.join(f'{a}={dict(mesh.shape)[a]}' for a in _rules_dict(rules)['batch'])})")
+                         f"({' * '.join(f'{a}={dict(mesh.shape)[a]}' for a in rules_dict(rules)['batch'])})")
     return B
-
-
-# ----------------------------------------------------------------------------- the step
-def make_sharded_train_step(config, state, mesh: jax.sharding.Mesh, *, kind: str = "rl",
-                            rules: Rules = LOGICAL_AXIS_RULES):
-    """`step(state, batch) -> (state, metrics)`: `jaxagent.train.make_train_step` with
-    the state's shardings from the rules (in and out, donated), the batch's rows split
-    over ("data", "fsdp") and metrics replicated; jitted once, so a fixed batch shape
-    never recompiles. `state` must already be placed by `shard_train_state(state, mesh,
-    rules)` (checked: a leaf laid out otherwise is named). `kind`: "rl" (`UpdateBatch`,
-    with a critic when the state has one) or "sft" (`SFTBatch`)."""
-    from jaxagent.train import make_train_step  # train imports models; keep parallel importable alone
-
-    want = train_state_shardings(state, mesh, rules)
-    for (path, x), s in zip(jax.tree_util.tree_leaves_with_path(state), jax.tree.leaves(want)):
-        have = getattr(x, "sharding", None)
-        if not (isinstance(have, NamedSharding) and have.mesh == mesh and have.spec == s.spec):
-            raise ValueError(
-                f"make_sharded_train_step: state leaf {jax.tree_util.keystr(path)} is laid out as {have}, "
-                f"not {s.spec} on this mesh; place the state with shard_train_state(state, mesh) first")
-    from jaxagent.models import decoder
-
-    layout = activation_constraint(mesh, rules)
-    return make_train_step(config, state, batch_sharding(mesh, rules), kind=kind,
-                           trace_context=lambda: decoder.activation_constraint(layout))

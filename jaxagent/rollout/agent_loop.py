@@ -53,7 +53,7 @@ import contextlib
 import dataclasses
 import hashlib
 import time
-from typing import Any, Hashable, Sequence
+from typing import Any, Hashable, NamedTuple, Sequence
 
 import jax.numpy as jnp
 import numpy as np
@@ -107,6 +107,15 @@ class AgentLoopConfig:
             raise ValueError(f"AgentLoopConfig.stop_strings must be non-empty strings, got {self.stop_strings!r}")
 
 
+def episode_success(done: bool, rewards: Sequence[float], info: dict | None) -> bool:
+    """Success of an episode, the one definition metrics, evaluations, demonstrations and
+    transcripts share: the env's own `info["success"]` on its last step when it reports
+    one, else "the env terminated it with a last reward > 0" (true of the built-in games)."""
+    if info and "success" in info:
+        return bool(info["success"])
+    return bool(done and rewards and rewards[-1] > 0)
+
+
 @dataclasses.dataclass
 class Episode:
     """Host record of one episode (also returned for logging and debugging).
@@ -143,6 +152,11 @@ class Episode:
     @property
     def finished(self) -> bool:
         return self.done or self.truncated or self.failed
+
+    @property
+    def success(self) -> bool:
+        """`episode_success` of this episode."""
+        return episode_success(self.done, self.rewards, self.info)
 
     def add(self, kind: str, tokens: Sequence[int], logp: Sequence[float] | None = None, turn: int = -1):
         tokens = [int(t) for t in tokens]
@@ -194,10 +208,23 @@ class AgentLoop:
         self.sampler.params = params
 
     # ---------------------------------------------------------------- rollout
-    def run(self, pool, seeds: Sequence[Any], group_ids: Sequence[int] | None = None
-            ) -> tuple[Trajectory, list[Episode]]:
-        """Play one episode per pool slot (`len(seeds) == len(pool)`), return the batch."""
+    def run(self, pool, seeds: Sequence[Any], group_ids: Sequence[int] | None = None, *,
+            seed: int | None = None, sampling: SamplingConfig | None = None,
+            row_offset: int = 0) -> tuple[Trajectory, list[Episode]]:
+        """Play one episode per pool slot (`len(seeds) == len(pool)`), return the batch.
+
+        seed, sampling: this rollout's sampling seed and settings (None = the config's).
+        row_offset: the global index of this batch's first row; episode `i` samples with
+          the key `fold_in(seed, row_offset + i)`, so processes that each play a slice
+          of one global batch together sample what one process playing it all would.
+        """
         cfg = self.config
+        seed = cfg.seed if seed is None else seed
+        sampling = cfg.sampling if sampling is None else sampling
+        if not isinstance(sampling, SamplingConfig):
+            raise TypeError(f"AgentLoop.run: sampling must be a SamplingConfig, got {type(sampling).__name__}")
+        if not isinstance(row_offset, (int, np.integer)) or row_offset < 0:
+            raise ValueError(f"AgentLoop.run: row_offset must be an int >= 0, got {row_offset!r}")
         B = len(seeds)
         if B != len(pool):
             raise ValueError(f"AgentLoop.run: got {B} seeds for a pool of {len(pool)} slots")
@@ -233,7 +260,7 @@ class AgentLoop:
         for part in np.array_split(np.arange(B), min(cfg.pipeline_groups, B)):
             rows = part.tolist()
             with clock.phase("append_s"):
-                state = self.sampler.init_state(len(rows), cfg.seed, row_ids=part)
+                state = self.sampler.init_state(len(rows), seed, row_ids=part + int(row_offset))
                 state = self.sampler.append(state, [prompts[i] for i in rows])
                 clock.dispatched()
             groups.append(_Group(rows=rows, state=state))
@@ -241,21 +268,21 @@ class AgentLoop:
         # ---- the pipeline (one group: plain decode -> step -> append per turn)
         lost: dict[int, tuple] = {}  # episode -> a failure reported in another group's call
         queue = collections.deque(groups)  # groups whose next move is a decode
-        inflight = None  # (pool handle, group, turn, stepped rows, results known without the pool)
+        inflight: _InFlight | None = None  # a group's env step the pool is running
         while queue or inflight is not None:
             dec = None
             while queue and dec is None:  # dispatch the next decode (async): the device runs it
                 t = time.perf_counter()
                 with clock.phase("dispatch_s"):
-                    dec = self._dispatch_decode(queue.popleft(), eps)
+                    dec = self._dispatch_decode(queue.popleft(), eps, sampling)
                 if dec is not None:
-                    clock.watch(dec[3].num_tokens_B, t)
+                    clock.watch(dec.gen.num_tokens_B, t)
             if inflight is not None:  # meanwhile the envs finish the previous group's step
-                handle, g, turn, stepped, known = inflight
-                inflight = None
+                g, turn, stepped, known = inflight.group, inflight.turn, inflight.stepped, inflight.known
                 with clock.phase("env_wait_s"):
-                    results = pool.collect(handle)
-                stepped_eps = {i for _, i, _ in stepped}
+                    results = pool.collect(inflight.handle)
+                inflight = None
+                stepped_eps = {s.episode for s in stepped}
                 for i, res in enumerate(results):
                     if res is not None and i not in stepped_eps and not eps[i].finished \
                             and res[-1].get("failed"):
@@ -266,13 +293,13 @@ class AgentLoop:
                 self._finish_step(g, turn, stepped, results, eps, clock)
                 queue.append(g)
             if dec is not None:
-                g, turn = dec[0], dec[1]
+                g, turn = dec.group, dec.turn
                 with clock.phase("decode_wait_s"):
-                    lists = Sampler.to_lists(dec[3])
+                    lists = Sampler.to_lists(dec.gen)
                 actions, stepped, known = self._take_actions(dec, lists, eps, lost, len(pool))
                 if any(a is not None for a in actions):
                     with clock.phase("submit_s"):
-                        inflight = (pool.submit_step(actions), g, turn, stepped, known)
+                        inflight = _InFlight(pool.submit_step(actions), g, turn, stepped, known)
                 else:  # nothing for the envs: every action was cut by the context or is known
                     results = [None] * len(pool)
                     for i, res in known.items():
@@ -285,7 +312,7 @@ class AgentLoop:
         clock.close()
         return self._pack(eps), eps
 
-    def _dispatch_decode(self, g: "_Group", eps: list[Episode]):
+    def _dispatch_decode(self, g: "_Group", eps: list[Episode], sampling: SamplingConfig) -> "_Decode | None":
         """Start the decode of group `g`'s live rows; None when the group has finished."""
         cfg = self.config
         if g.turn >= cfg.max_turns:
@@ -303,15 +330,15 @@ class AgentLoop:
         max_new = [min(cfg.max_tokens_per_turn, r) for r in room]
         stop_seqs = [self.stop_sequences for _ in g.rows] if self.stop_sequences else None
         g.state, gen = self.sampler.decode(
-            g.state, max_new_tokens=cfg.max_tokens_per_turn, sampling=cfg.sampling, active=active,
+            g.state, max_new_tokens=cfg.max_tokens_per_turn, sampling=sampling, active=active,
             max_new=max_new, stop_tokens=list(self.chat.stop_token_ids), stop_sequences=stop_seqs)
-        return g, g.turn, active, gen
+        return _Decode(g, g.turn, active, gen)
 
-    def _take_actions(self, dec, lists, eps: list[Episode], lost: dict, num_slots: int):
+    def _take_actions(self, dec: "_Decode", lists, eps: list[Episode], lost: dict, num_slots: int):
         """Record a decoded turn; returns the pool's actions, the stepped rows
-        `(row, episode, after_end_of_turn)` and the results known without stepping."""
+        (`_Stepped`) and the results known without stepping."""
         cfg = self.config
-        g, turn, active, _ = dec
+        g, turn, active = dec.group, dec.turn, dec.active
         toks, logps, reasons = lists
         actions: list[str | None] = [None] * num_slots
         stepped, known = [], {}
@@ -330,7 +357,7 @@ class AgentLoop:
                 continue
             action = self.chat.action_text(toks[r])
             ep.actions.append(action)
-            stepped.append((r, i, reasons[r] == "stop_token" and toks[r][-1] == self._eot_id()))
+            stepped.append(_Stepped(r, i, reasons[r] == "stop_token" and toks[r][-1] == self._eot_id()))
             if i in lost:  # the pool lost this episode while another group stepped
                 known[i] = lost.pop(i)
             else:
@@ -341,7 +368,7 @@ class AgentLoop:
         """Apply a group's step results and append its observations (async)."""
         cfg = self.config
         appends: list[list[int] | None] = [None] * len(g.rows)
-        for r, i, after_eot in stepped:
+        for r, i, after_eot in stepped:  # _Stepped(row, episode, after_end_of_turn)
             ep = eps[i]
             obs, reward, terminated, truncated, info = results[i]
             ep.rewards[-1] = float(reward)
@@ -415,6 +442,35 @@ class _Group:
     rows: list[int]  # device row -> episode index (-1 = padding row)
     state: Any
     turn: int = 0
+
+
+class _Stepped(NamedTuple):
+    """A row whose action went to the env this turn."""
+
+    row: int           # device row in its group
+    episode: int       # episode index (pool slot)
+    after_eot: bool    # the action ended with the end-of-turn token
+
+
+@dataclasses.dataclass
+class _Decode:
+    """A dispatched decode of one group's live rows."""
+
+    group: _Group
+    turn: int
+    active: list[bool]  # per device row: decoding this turn
+    gen: Any            # the sampler's `Generation` (device arrays, not yet fetched)
+
+
+@dataclasses.dataclass
+class _InFlight:
+    """A group's env step running in the pool."""
+
+    handle: Any                     # `EnvPool.submit_step`'s handle
+    group: _Group
+    turn: int
+    stepped: list[_Stepped]
+    known: dict[int, tuple]         # episode -> result known without the pool (lost earlier)
 
 
 def _ready_at(x) -> float:

@@ -241,7 +241,7 @@ def decode_step(params, config: DecoderConfig, tok_B: jax.Array, write_B: jax.Ar
     rows_B = jnp.arange(B)
     hidden_axes, cache_axes = decoder.ACTIVATION_AXES["hidden"], decoder.ACTIVATION_AXES["cache_kv"]
     # layout hook (identity unless a sharded sampler traces): rows over the batch axes
-    x = decoder._constrain(params["embed"]["embedding"][tok_B[:, None]], hidden_axes)
+    x = decoder.constrain_activation(params["embed"]["embedding"][tok_B[:, None]], hidden_axes)
 
     def layer(carry, inp):
         x, k_all, v_all = carry
@@ -250,12 +250,12 @@ def decode_step(params, config: DecoderConfig, tok_B: jax.Array, write_B: jax.Ar
         layer_B = jnp.full((B,), i, jnp.int32)
         k_all = k_all.at[layer_B, rows_B, :, write_slot_B].set(k[:, 0].astype(k_all.dtype), mode="drop")
         v_all = v_all.at[layer_B, rows_B, :, write_slot_B].set(v[:, 0].astype(v_all.dtype), mode="drop")
-        k_all, v_all = decoder._constrain(k_all, cache_axes), decoder._constrain(v_all, cache_axes)
+        k_all, v_all = decoder.constrain_activation(k_all, cache_axes), decoder.constrain_activation(v_all, cache_axes)
         k_i, v_i = k_all[i], v_all[i]
         if W < S:
             k_i, v_i = k_i[:, :, :W], v_i[:, :, :W]
         o = _one_query_attention(q[:, 0], k_i, v_i, allowed_BxS)
-        return (decoder._constrain(decoder.layer_finish(lp, x, o[:, None], c), hidden_axes), k_all, v_all), None
+        return (decoder.constrain_activation(decoder.layer_finish(lp, x, o[:, None], c), hidden_axes), k_all, v_all), None
 
     (x, k_all, v_all), _ = jax.lax.scan(layer, (x, cache.k, cache.v),
                                         (params["layers"], jnp.arange(c.num_layers)))

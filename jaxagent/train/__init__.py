@@ -1,11 +1,19 @@
-"""Training: the jitted update (`step`), orbax checkpoints (`checkpoint`) and the loop (`trainer`).
+"""Training: the jitted update, checkpoints, and the loop over small libraries.
 
-`step`: `TrainState`, `UpdateBatch` / `SFTBatch`, configs (`OptimizerConfig`,
-`LossConfig`, `StepConfig`), `train_step` / `sft_step` (jitted once, state donated),
-the pure pieces they are made of. `checkpoint`: `CheckpointManager` (async, keep-N,
-atomic, exact restore, incompatibility check) and `export_policy` (Hugging Face dir).
-`trainer`: `TrainerConfig` (typed, for `jaxagent.config.load_config`) and `Trainer`
-(rollout -> advantages -> updates -> metrics -> checkpoint, exact resume).
+- `step`: `TrainState`, `UpdateBatch` / `SFTBatch`, configs (`OptimizerConfig`,
+  `LossConfig`, `StepConfig`), `train_step` / `sft_step` (jitted once, state donated),
+  `make_train_step` / `make_sharded_train_step` (explicit in/out shardings), the pure
+  pieces they are made of.
+- `checkpoint`: `CheckpointManager` (async, keep-N, atomic, exact restore,
+  incompatibility check) and `export_policy` (Hugging Face dir).
+- `config`: `TrainerConfig` and its sections (typed, for `jaxagent.config.load_config`).
+- `build`: tokenizer, policy, critic, KL reference, RL state, env factory, agent loop.
+- `placement`: `Placement`, one device / a mesh / several processes.
+- `collect`: the task stream, the rollout, dynamic sampling.
+- `advantages`: reward shaping and estimator dispatch by declared inputs.
+- `metrics`, `rundir`, `warmstart`, `evaluate`, `overlap`, `memory`, `logging`, `plot`.
+- `trainer`: `Trainer`, the loop (rollout -> advantages -> updates -> metrics ->
+  checkpoint, exact resume).
 """
 from jaxagent.train.checkpoint import (
     CheckpointManager,
@@ -28,6 +36,7 @@ from jaxagent.train.step import (
     init_train_state,
     learning_rate_schedule,
     make_optimizer,
+    make_sharded_train_step,
     make_train_step,
     policy_loss_and_grads,
     sft_loss_and_grads,
@@ -35,13 +44,14 @@ from jaxagent.train.step import (
     state_shardings,
     train_step,
 )
-from jaxagent.train.trainer import Trainer, TrainerConfig
+from jaxagent.train.config import TrainerConfig
+from jaxagent.train.trainer import Trainer
 
 __all__ = [
     "SCHEDULES", "CheckpointManager", "Denominators", "Grads", "IncompatibleCheckpointError",
     "LossConfig", "OptimizerConfig", "SFTBatch", "StepConfig", "TrainState", "UpdateBatch",
     "accumulated_grads", "batch_denominators", "critic_values", "export_policy",
-    "init_train_state", "learning_rate_schedule", "make_optimizer", "make_train_step",
+    "init_train_state", "learning_rate_schedule", "make_optimizer", "make_sharded_train_step", "make_train_step",
     "policy_loss_and_grads", "sft_loss_and_grads", "sft_step", "state_shardings", "train_step",
     "Trainer", "TrainerConfig",
 ]

@@ -1,28 +1,88 @@
-"""`jaxagent eval`: a trained run's policy on held-out seeds.
+"""Held-out evaluation: a policy on seeds never trained on, with or without a `Trainer`.
 
-    evaluate_run("runs/default", episodes=256, out="eval.jsonl")
+    evaluate_policy(loop, pool, params, episodes=256, first_seed=2_000_000, temperature=0.0)
 
-loads `<run_dir>/config.yaml` (the config the run was trained with), restores a
-checkpoint (the latest, or `step`), and plays `episodes` episodes on seeds `seed,
-seed + 1, ...` (default: the config's `eval` section) with the run's env, limits and
-sampling (`temperature` overrides it; 0 = greedy). Returns the summary (success rate,
-mean return and turns); with `out`, writes one JSON line per episode (seed, success,
-return, turns, end reason, the env's last info: e.g. `intake`'s rubric components)
-followed by the summary line.
+plays `episodes` episodes on seeds `first_seed, first_seed + 1, ...` in chunks of the
+pool's size (the last chunk padded with repeats that are dropped), chunk `c` sampling
+with seed `sampling_seed + c * len(pool)`, so two evaluations differ only by the policy.
+`evaluate(config, loop, pool, params)` takes the defaults from the config's `eval` and
+`rollout` sections (what the trainer runs before and after RL).
+
+`jaxagent eval`: `evaluate_run("runs/default", episodes=256, out="eval.jsonl")` loads
+`<run_dir>/config.yaml` (the config the run was trained with), restores a checkpoint
+(the latest, or `step`), and plays `episodes` episodes on seeds `seed, seed + 1, ...`
+(default: the config's `eval` section) with the run's env, limits and sampling
+(`temperature` overrides it; 0 = greedy). Returns the summary (success rate, mean return
+and turns); with `out`, writes one JSON line per episode (seed, success, return, turns,
+end reason, the env's last info: e.g. `intake`'s rubric components) followed by the
+summary line.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import time
 from pathlib import Path
+
+import numpy as np
+
+from jaxagent.train.metrics import jsonable
+
+
+def evaluate_policy(loop, pool, params, *, episodes: int, first_seed: int, temperature: float,
+                    sampling_seed: int = 0, details: bool = False) -> dict:
+    """Success rate, mean return and turns of `params` (module docstring). With
+    `details`, `per_episode` lists each episode's seed, success, return, turns, end
+    reason and the env's last info."""
+    if not isinstance(episodes, int) or isinstance(episodes, bool) or episodes < 1:
+        raise ValueError(f"evaluate_policy: episodes must be a positive int, got {episodes!r}")
+    t0 = time.perf_counter()
+    loop.set_params(params)
+    sampling = dataclasses.replace(loop.config.sampling, temperature=float(temperature))
+    B = len(pool)
+    played = []
+    for start in range(0, episodes, B):
+        seeds = list(range(first_seed + start, first_seed + min(start + B, episodes)))
+        k = len(seeds)
+        seeds += [seeds[-1]] * (B - k)  # padding slots, dropped below
+        _, eps = loop.run(pool, seeds, list(range(B)), seed=sampling_seed + start, sampling=sampling)
+        played += eps[:k]
+    ok = np.array([ep.success for ep in played])
+    out = {"episodes": episodes, "success_rate": float(ok.mean()),
+           "return_mean": float(np.mean([sum(ep.rewards) for ep in played])),
+           "turns_mean": float(np.mean([len(ep.rewards) for ep in played])),
+           "failed_episodes": int(sum(ep.failed for ep in played)),
+           "temperature": float(temperature), "seconds": time.perf_counter() - t0}
+    if details:
+        out["per_episode"] = [
+            {"seed": int(ep.seed), "success": bool(ep.success), "return": float(sum(ep.rewards)),
+             "turns": len(ep.rewards), "failed": bool(ep.failed), "end_reason": ep.end_reason,
+             "info": jsonable(ep.info)} for ep in played]
+    return out
+
+
+def evaluate(config, loop, pool, params, *, episodes: int | None = None, first_seed: int | None = None,
+             temperature: float | None = None, details: bool = False) -> dict:
+    """`evaluate_policy` with the `TrainerConfig`'s defaults: its `eval` section's
+    episodes, seeds and temperature (else `rollout.temperature`), sampling seed
+    `config.seed * 7919`."""
+    episodes = config.eval.episodes if episodes is None else episodes
+    first_seed = config.eval.seed if first_seed is None else first_seed
+    if temperature is None:
+        temperature = config.rollout.temperature if config.eval.temperature is None else config.eval.temperature
+    return evaluate_policy(loop, pool, params, episodes=episodes, first_seed=first_seed, temperature=temperature,
+                           sampling_seed=config.seed * 7919, details=details)
 
 
 def evaluate_run(run_dir: str | Path, *, step: int | None = None, episodes: int | None = None,
                  seed: int | None = None, temperature: float | None = None, out: str | Path | None = None,
                  num_workers: int | None = None, log=print) -> dict:
+    """`jaxagent eval` (module docstring)."""
     import envs
     from jaxagent.config import load_config
-    from jaxagent.train.checkpoint import CheckpointManager
-    from jaxagent.train.trainer import Trainer, TrainerConfig, _env_factory
+    from jaxagent.train import build
+    from jaxagent.train.config import TrainerConfig
+    from jaxagent.train.rundir import RunDir
 
     run_dir = Path(run_dir)
     config_path = run_dir / "config.yaml"
@@ -37,22 +97,19 @@ def evaluate_run(run_dir: str | Path, *, step: int | None = None, episodes: int 
         raise ValueError(f"episodes must be a positive int (the run's eval.episodes is {config.eval.episodes}), "
                          f"got {episodes!r}")
     seed = config.eval.seed if seed is None else seed
-    trainer = Trainer(config, resume=True, log=log)
-    with CheckpointManager(run_dir / "checkpoints") as ckpt:
+    run = build.build_run(config, resume=True, log=log)
+    rundir = RunDir(run_dir, primary=False)   # reads only
+    with rundir.checkpoints(config.keep_checkpoints) as ckpt:
         if ckpt.latest_step() is None:
             raise FileNotFoundError(f"no checkpoint in {ckpt.directory}")
-        if step is not None and step not in ckpt.all_steps():
-            raise ValueError(f"no checkpoint at step {step} in {ckpt.directory}; steps: {ckpt.all_steps()}")
-        trainer.state, extras = ckpt.restore(trainer.state, step)
-    used = step if step is not None else extras.get("iteration")
-    loop = trainer._agent_loop()
-    factory = _env_factory(config.env.name, config.env.kwargs)
-    with envs.EnvPool([factory] * config.env.batch_size, num_workers=config.env.num_workers,
+        state, progress = rundir.restore(ckpt, run.state, config, step)
+    loop = build.agent_loop(config, run.tokenizer, run.model_config, run.placement, state)
+    with envs.EnvPool([build.env_factory(config)] * config.env.batch_size, num_workers=config.env.num_workers,
                       step_timeout=config.env.step_timeout) as pool:
-        result = trainer.evaluate(loop, pool, episodes=episodes, first_seed=seed, temperature=temperature,
-                                  details=True)
+        result = evaluate(config, loop, pool, run.placement.sampler_params(state), episodes=episodes,
+                          first_seed=seed, temperature=temperature, details=True)
     per_episode = result.pop("per_episode")
-    result.update(run_dir=str(run_dir), iteration=int(extras.get("iteration", used or 0)), first_seed=seed)
+    result.update(run_dir=str(run_dir), iteration=progress.iteration, first_seed=seed)
     if out is not None:
         out = Path(out)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -45,6 +45,8 @@ from typing import Any, Iterable, Sequence, TextIO
 
 import numpy as np
 
+from jaxagent.rollout.agent_loop import episode_success
+
 TRANSCRIPT_RULE = "=" * 78
 
 
@@ -116,11 +118,6 @@ def _indent(text: str, prefix: str = "    ") -> str:
     return "\n".join(prefix + line if line else prefix.rstrip() for line in lines)
 
 
-def episode_success(episode) -> bool:
-    """The trainer's success: the env terminated the episode and its last reward is > 0."""
-    return bool(episode.done and episode.rewards and episode.rewards[-1] > 0)
-
-
 def format_transcript(episode, tokenizer=None) -> str:
     """A readable record of one `jaxagent.rollout.Episode`.
 
@@ -153,7 +150,8 @@ def format_transcript(episode, tokenizer=None) -> str:
             out.append(cut)
     if len(episode.observations) > len(rewards):  # the env's answer to the last action
         out += ["final observation:", _indent(episode.observations[len(rewards)])]
-    flags = (f"return {sum(rewards):+.4g} | success {'yes' if episode_success(episode) else 'no'} | "
+    success = episode_success(episode.done, episode.rewards, episode.info)
+    flags = (f"return {sum(rewards):+.4g} | success {'yes' if success else 'no'} | "
              f"done {bool(episode.done)} | truncated {bool(episode.truncated)} | failed {bool(episode.failed)}")
     if episode.end_reason:
         flags += f" | end: {episode.end_reason}"

@@ -10,7 +10,7 @@ One update on a mini-batch of `B` rows (`B = M * b`, `M = num_micro_batches`)::
     L_policy  = L_pg + kl_coef * L_kl - entropy_coef * L_H
     L_value   = value_loss(V, V_old, R, m; value_agg_mode, clip, N, S, T')   (PPO critic)
 
-`agg` and the losses are `jaxagent.algos` (conventions in shared/FORMULAS.md). The
+`agg` and the losses are `jaxagent.algos` (conventions in docs/FORMULAS.md). The
 denominators `N` (valid tokens), `S` (non-empty rows) and `T'` (the Dr.GRPO length
 constant, default the padded length) are those of the whole mini-batch, computed
 before it is cut into micro-batches. Every aggregation is then a sum over rows divided
@@ -68,6 +68,8 @@ from jaxagent.models import (
     token_logprobs,
     value_forward,
 )
+from jaxagent.models import decoder as _decoder
+from jaxagent.parallel.mesh import LOGICAL_AXIS_RULES, activation_constraint, batch_sharding, train_state_shardings
 
 SCHEDULES = ("constant", "cosine", "linear")
 TIS_LEVELS = ("token", "sequence")
@@ -763,6 +765,27 @@ def make_train_step(config: StepConfig, state: TrainState, batch_sharding=None, 
         fn.__name__ = fn.__qualname__ = fns[kind].__name__  # compilation logs name the step
     return jax.jit(fn, in_shardings=(shardings, batch_sharding), out_shardings=(shardings, replicated),
                    donate_argnames=("state",))
+
+
+def make_sharded_train_step(config: StepConfig, state: TrainState, mesh: jax.sharding.Mesh, *, kind: str = "rl",
+                            rules=None):
+    """`step(state, batch) -> (state, metrics)`: `make_train_step` with
+    the state's shardings from the rules (in and out, donated), the batch's rows split
+    over ("data", "fsdp") and metrics replicated; jitted once, so a fixed batch shape
+    never recompiles. `state` must already be placed by `shard_train_state(state, mesh,
+    rules)` (checked: a leaf laid out otherwise is named). `kind`: "rl" (`UpdateBatch`,
+    with a critic when the state has one) or "sft" (`SFTBatch`)."""
+    rules = LOGICAL_AXIS_RULES if rules is None else rules
+    want = train_state_shardings(state, mesh, rules)
+    for (path, x), s in zip(jax.tree_util.tree_leaves_with_path(state), jax.tree.leaves(want)):
+        have = getattr(x, "sharding", None)
+        if not (isinstance(have, jax.NamedSharding) and have.mesh == mesh and have.spec == s.spec):
+            raise ValueError(
+                f"make_sharded_train_step: state leaf {jax.tree_util.keystr(path)} is laid out as {have}, "
+                f"not {s.spec} on this mesh; place the state with shard_train_state(state, mesh) first")
+    layout = activation_constraint(mesh, rules)
+    return make_train_step(config, state, batch_sharding(mesh, rules), kind=kind,
+                           trace_context=lambda: _decoder.activation_constraint(layout))
 
 
 def accumulated_grads(state: TrainState, batch: UpdateBatch, config: StepConfig) -> tuple[Grads, dict]:

@@ -16,7 +16,7 @@ will sample, with the loss on the action tokens (and their end-of-turn token) on
 
 `train_bpe_tokenizer(texts, vocab_size)`: a byte-level BPE (Hugging Face `tokenizers`
 trainer) with the ChatML special tokens and chat template of
-`jaxagent.rollout.testing.byte_chat_tokenizer`. Byte-level means every text
+`jaxagent.rollout.byte_tokenizer.byte_chat_tokenizer`. Byte-level means every text
 round-trips exactly (what token-in/token-out needs); merges learned on the env's text
 make a typical FrozenLake turn several times shorter than bytes, which is what makes CPU
 training of the demo fast.
@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+
+from jaxagent.rollout.agent_loop import episode_success
 
 
 @dataclasses.dataclass
@@ -48,14 +50,6 @@ class Demonstration:
     @property
     def episode_return(self) -> float:
         return float(sum(self.rewards))
-
-
-def episode_success(done: bool, rewards: Sequence[float], info: dict | None) -> bool:
-    """Success of an episode: the env's own `info["success"]` on its last step when it
-    reports one, else "terminated with a last reward > 0" (true of the built-in games)."""
-    if info and "success" in info:
-        return bool(info["success"])
-    return bool(done and rewards and rewards[-1] > 0)
 
 
 def random_actions(env) -> tuple[str, ...]:
@@ -160,7 +154,7 @@ def train_bpe_tokenizer(texts: Sequence[str], vocab_size: int = 512):
     """A byte-level BPE `PreTrainedTokenizerFast` trained on `texts` (see the module docstring)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from jaxagent.rollout.testing import SPECIAL_TOKENS, chatml_tokenizer
+    from jaxagent.rollout.byte_tokenizer import SPECIAL_TOKENS, chatml_tokenizer
 
     if not isinstance(vocab_size, int) or vocab_size < 256 + len(SPECIAL_TOKENS):
         raise ValueError(f"vocab_size must be an int >= {256 + len(SPECIAL_TOKENS)} (bytes + specials), "
@@ -193,3 +187,68 @@ def save_tokenizer(tokenizer, directory: str | Path) -> Path:
         shutil.rmtree(directory)
     tmp.rename(directory)
     return directory
+
+
+def sft_warm_start(config, params, model_config, tokenizer, demonstrations: Sequence[Demonstration], placement,
+                   log=print):
+    """Supervised fine-tuning of `params` on `demonstrations` (the `warm_start` section of
+    the `TrainerConfig` `config`), with its own optimizer; updates placed by `placement`.
+
+    Returns `(params, lines, summary)`: the SFT weights, the progress lines (about ten,
+    for `<run_dir>/warm_start.jsonl`) and the summary (`summary.json`'s "warm_start")."""
+    import time
+
+    import jax
+
+    from jaxagent.rollout.chat import ChatFormat
+    from jaxagent.train.step import LossConfig, SFTBatch, init_train_state
+
+    ws = config.warm_start
+    t_start = time.perf_counter()
+    demos = list(demonstrations)
+    if ws.only_successful:
+        demos = [d for d in demos if d.success]
+        if not demos:
+            raise RuntimeError("warm_start.only_successful: none of the demonstrations succeeded")
+    chat = ChatFormat(tokenizer)
+    rows = [demonstration_tokens(chat, d, config.rollout.max_context) for d in demos]
+    length = -(-max(len(t) for t, _ in rows) // 16) * 16
+    pad = tokenizer.pad_token_id
+    tokens, loss_mask, attn = pack_rows(rows, length, 0 if pad is None else int(pad))
+    n = len(rows)
+    bs = min(ws.batch_size, n)
+    per_epoch = n // bs
+    total = per_epoch * ws.epochs
+    sc = dataclasses.replace(config.step_config, loss=LossConfig(temperature=1.0), optim=ws.optim,
+                             num_micro_batches=1)
+    k_sft, k_shuffle = jax.random.split(jax.random.fold_in(jax.random.key(config.seed), 1))
+    placement.check_batch_rows(bs, "warm_start.batch_size")
+    state = placement.place_state(init_train_state(k_sft, params, model_config, sc))
+    update = placement.update_step(sc, state, kind="sft")
+    success = float(np.mean([d.success for d in demonstrations]))
+    log(f"warm start: {n} demonstrations (expert noise {ws.expert_noise}, demonstration success "
+        f"{success:.2f}), {ws.epochs} epochs x {per_epoch} steps of {bs} rows x {length} tokens")
+    lines, window = [], []
+    every = max(1, total // 10)
+    for epoch, key in enumerate(jax.random.split(k_shuffle, ws.epochs)):
+        perm = np.asarray(jax.random.permutation(key, n))
+        for j in range(per_epoch):
+            idx = perm[j * bs:(j + 1) * bs]
+            batch = SFTBatch(tokens=tokens[idx], loss_mask=loss_mask[idx], attention_mask=attn[idx])
+            state, m = update(state, placement.to_device(batch))
+            window.append(m)
+            step = epoch * per_epoch + j + 1
+            if step % every == 0 or step == total:
+                got = placement.fetch(window)
+                line = {"sft_step": step, "epoch": epoch + 1,
+                        "loss": float(np.mean([g["loss"] for g in got])),
+                        "entropy": float(np.mean([g["entropy"] for g in got])),
+                        "skipped": int(sum(float(g["skipped"]) for g in got)),
+                        "time_s": time.perf_counter() - t_start}
+                lines.append(line)
+                window = []
+                log(f"warm start: step {step}/{total} | loss {line['loss']:.4f} | "
+                    f"entropy {line['entropy']:.4f} | {line['time_s']:.0f}s")
+    summary = {"demonstrations": n, "demonstration_success": success, "steps": total,
+               "final_loss": lines[-1]["loss"] if lines else None, "seconds": time.perf_counter() - t_start}
+    return state.params, lines, summary

@@ -44,8 +44,8 @@ from jaxagent.parallel.mesh import (
     LOGICAL_AXIS_RULES,
     MeshConfig,
     Rules,
-    _axis_sizes,
-    _rules_dict,
+    axis_sizes,
+    rules_dict,
     like_params_specs,
     param_specs,
 )
@@ -60,7 +60,7 @@ class DoesNotFitError(MemoryError):
 def shard_bytes(tree, specs, mesh) -> int:
     """Bytes of the largest shard of every leaf of `tree` (arrays or ShapeDtypeStructs),
     summed: the per-device size of `tree` laid out by `specs` on `mesh`."""
-    sizes = _axis_sizes(mesh)
+    sizes = axis_sizes(mesh)
     total = 0
     leaves = jax.tree.leaves(tree)
     spec_leaves = jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, jax.sharding.PartitionSpec))
@@ -119,7 +119,7 @@ def estimate_memory(model_config, step_config=None, mesh=None, *, batch_size: in
     critic: a PPO critic with the policy's architecture (trunk + value head, full params).
     sample_batch, sample_len: rows and context of the sampler's KV cache (0 when None).
     The formulas are in the module docstring."""
-    from jaxagent.train import StepConfig, make_optimizer
+    from jaxagent.train.step import StepConfig, make_optimizer
 
     cfg = model_config
     step_config = step_config if step_config is not None else StepConfig()
@@ -127,7 +127,7 @@ def estimate_memory(model_config, step_config=None, mesh=None, *, batch_size: in
         mesh = MeshConfig()
     if isinstance(mesh, MeshConfig) and -1 in mesh.shape.values():
         raise ValueError(f"estimate_memory: resolve {mesh} first (mesh.resolve(num_devices))")
-    sizes = _axis_sizes(mesh)
+    sizes = axis_sizes(mesh)
     for name, v in (("batch_size", batch_size), ("seq_len", seq_len)):
         if not isinstance(v, int) or v < 1:
             raise ValueError(f"estimate_memory: {name} must be a positive int, got {v!r}")
@@ -172,7 +172,7 @@ def _split(n: int, mesh_axes: tuple[str, ...], sizes: dict[str, int]) -> int:
 
 
 def _activation_bytes(cfg, step_config, sizes, rules, B, T, dtype, critic) -> int:
-    table = _rules_dict(rules)
+    table = rules_dict(rules)
     a = int(np.dtype(dtype).itemsize)
     f = 4
     batch_shards = math.prod(sizes[x] for x in table["batch"] if x in sizes)
@@ -197,7 +197,7 @@ def _activation_bytes(cfg, step_config, sizes, rules, B, T, dtype, critic) -> in
 
 
 def _kv_bytes(cfg, sizes, rules, Bs, S, dtype) -> int:
-    table = _rules_dict(rules)
+    table = rules_dict(rules)
     kv_rule = table.get("kv_heads", table["heads"])
     rows = -(-Bs // math.prod(sizes[x] for x in table["batch"] if x in sizes))
     K = _split(cfg.num_kv_heads, kv_rule, sizes)

@@ -1,4 +1,4 @@
-"""Small, offline fixtures for rollout tests and smoke benchmarks.
+"""The in-memory byte-level ChatML tokenizers (no files, no downloads).
 
 - `byte_chat_tokenizer()`: a byte-level BPE tokenizer without merges (256 byte tokens
   + `<|endoftext|>`, `<|im_start|>`, `<|im_end|>`) with a ChatML chat template, built in
@@ -6,11 +6,8 @@
 - `chatml_tokenizer(tok)`: any `tokenizers.Tokenizer` with those special tokens and the
   ChatML template, as a transformers tokenizer (also used for the trained BPE of
   `jaxagent.train.warmstart`).
-- `tiny_config(vocab_size)`: a Qwen2-shaped decoder small enough for unit tests.
 """
 from __future__ import annotations
-
-from jaxagent.models.config import DecoderConfig
 
 CHATML_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -41,11 +38,3 @@ def chatml_tokenizer(tok):
     return transformers.PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
         chat_template=CHATML_TEMPLATE, clean_up_tokenization_spaces=False)
-
-
-def tiny_config(vocab_size: int = 259, **kw) -> DecoderConfig:
-    """A 2-layer Qwen2-style decoder (hidden 32, 4 heads / 2 KV heads of dim 8)."""
-    base = dict(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-                num_kv_heads=2, head_dim=8, qkv_bias=True, model_type="qwen2")
-    base.update(kw)
-    return DecoderConfig(**base)

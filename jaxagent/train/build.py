@@ -1,0 +1,182 @@
+"""Builders of a run's parts from its `TrainerConfig`: tokenizer, policy, critic, KL
+reference, the RL state, the env factory, the agent loop, and `build_run`, which does
+all of it in the order a run needs (before anything is compiled, the memory check).
+
+Keys: `jax.random.key(config.seed)` splits into (model, critic, rng): the from-scratch
+policy's initialisation, the critic's fresh value head and `TrainState.rng`; the warm
+start folds in 1 for its own keys.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxagent import parallel as par
+from jaxagent.config import ConfigError
+from jaxagent.train.config import ModelSection, TrainerConfig
+from jaxagent.train.placement import Placement
+from jaxagent.train.step import TrainState, init_train_state
+
+
+def build_tokenizer(section: ModelSection):
+    """The tokenizer the model section names (see `ModelSection.tokenizer`; "bpe" is
+    trained by `run_tokenizer`)."""
+    name = section.tokenizer
+    if name is None:
+        name = "byte" if section.path is None else section.path
+    if name == "byte":
+        from jaxagent.rollout.byte_tokenizer import byte_chat_tokenizer
+
+        return byte_chat_tokenizer()
+    from jaxagent.models import load_tokenizer
+
+    return load_tokenizer(name)
+
+
+def run_tokenizer(config: TrainerConfig, run_dir: Path, *, resume: bool, demonstrations=None):
+    """`build_tokenizer`, or for "bpe" the tokenizer trained on the env's text (a fresh run:
+    the demonstrations, else noise-free expert episodes on the demonstration seeds) or
+    saved in `<run_dir>/tokenizer` (resume)."""
+    if config.model.tokenizer != "bpe":
+        return build_tokenizer(config.model)
+    from jaxagent.train import warmstart
+
+    saved = Path(run_dir) / "tokenizer"
+    if resume:
+        if not saved.is_dir():
+            raise FileNotFoundError(f"--resume: the run's trained tokenizer {saved} is missing")
+        from jaxagent.models import load_tokenizer
+
+        return load_tokenizer(saved)
+    demos = demonstrations
+    if demos is None:
+        ws = config.warm_start
+        demos = warmstart.collect_demonstrations(config.env.name, config.env.kwargs, range(ws.seed, ws.seed + 256),
+                                                 max_turns=config.rollout.max_turns)
+    return warmstart.train_bpe_tokenizer(warmstart.demonstration_texts(demos), config.model.tokenizer_vocab_size)
+
+
+def scratch_config(section: ModelSection, tokenizer):
+    """The `DecoderConfig` of a from-scratch policy (`section.path` is None)."""
+    from jaxagent import models
+
+    return models.DecoderConfig(
+        vocab_size=len(tokenizer), hidden_size=section.hidden_size, intermediate_size=section.intermediate_size,
+        num_layers=section.num_layers, num_heads=section.num_heads, num_kv_heads=section.num_kv_heads,
+        head_dim=section.head_dim, qkv_bias=section.qkv_bias, tie_word_embeddings=section.tie_word_embeddings,
+        model_type=section.model_type)
+
+
+def build_policy(section: ModelSection, tokenizer, key: jax.Array):
+    """`(params, model_config)`: loaded from `section.path`, else initialised from `key`."""
+    from jaxagent import models
+
+    if section.path is not None:
+        model = models.load_pretrained(section.path, dtype=section.dtype)
+        if model.config.vocab_size < len(tokenizer):
+            raise ConfigError(f"model.tokenizer has {len(tokenizer)} tokens but the model's vocabulary "
+                              f"has {model.config.vocab_size}")
+        return model.params, model.config
+    config = scratch_config(section, tokenizer)
+    return models.init_params(key, config, dtype=section.dtype, std=section.init_std), config
+
+
+def needs_reference(config: TrainerConfig) -> bool:
+    """The run keeps a frozen KL reference (KL as a loss term or as a reward penalty)."""
+    return config.loss.kl_coef > 0 or config.algo.kl_reward_coef > 0
+
+
+def reference_params(config: TrainerConfig, params, placement: Placement):
+    """The KL reference: a placed copy of `params` (the state's are donated to the
+    update), or None when the run needs none."""
+    if not needs_reference(config):
+        return None
+    return placement.place_params(jax.tree.map(jnp.copy, params))
+
+
+def rl_state(config: TrainerConfig, params, model_config, placement: Placement, *, critic_key: jax.Array,
+             rng_key: jax.Array) -> TrainState:
+    """A fresh, placed RL `TrainState` over `params`, with the critic (the policy's trunk
+    and a fresh value head from `critic_key`) when the estimator consumes values."""
+    critic_params = critic_config = None
+    if config.algo.uses_critic:
+        from jaxagent.models import value_params_from_policy
+
+        critic_params = value_params_from_policy(critic_key, params, model_config)
+        critic_config = model_config
+    state = init_train_state(rng_key, params, model_config, config.step_config, critic_params=critic_params,
+                             critic_config=critic_config)
+    return placement.place_state(state)
+
+
+def env_factory(config: TrainerConfig):
+    """A zero-argument factory of the run's env (`envs.make(env.name, **env.kwargs)`)."""
+    import envs
+
+    return functools.partial(envs.make, config.env.name, **config.env.kwargs)
+
+
+def agent_loop(config: TrainerConfig, tokenizer, model_config, placement: Placement, state: TrainState):
+    """The run's `AgentLoop` (its sampler on the mesh when `placement` samples there)."""
+    from jaxagent.rollout import AgentLoop
+
+    pad = tokenizer.pad_token_id
+    return AgentLoop(placement.sampler_params(state), model_config, tokenizer,
+                     config.rollout.loop_config(0 if pad is None else int(pad)),
+                     mesh=placement.mesh if placement.sampler_on_mesh else None)
+
+
+@dataclasses.dataclass
+class Run:
+    """What `build_run` builds: the parts a training (or evaluation) run is made of."""
+
+    tokenizer: Any
+    model_config: Any
+    placement: Placement
+    state: TrainState
+    ref_params: Any                 # None = no KL reference
+    demonstrations: list | None     # the warm start's (fresh runs with a warm start)
+    keys: dict[str, jax.Array]      # "critic", "rng": for the RL state after a warm start
+    memory_estimate: dict
+
+
+def build_run(config: TrainerConfig, *, resume: bool = False, log=print) -> Run:
+    """Connects the processes (`config.distributed`), plays the warm start's expert
+    demonstrations (fresh runs), builds the tokenizer, checks the memory estimate before
+    anything is built or compiled, then builds the policy, the KL reference and the
+    placed RL state."""
+    dist = config.distributed
+    par.initialize(dist.coordinator_address, dist.num_processes, dist.process_id,
+                   auto=True if dist.auto else None)
+    if not par.is_primary():
+        log = _silent
+    demos = None
+    if config.warm_start.enabled and not resume:
+        from jaxagent.train.warmstart import collect_demonstrations
+
+        ws = config.warm_start
+        demos = collect_demonstrations(config.env.name, config.env.kwargs, range(ws.seed, ws.seed + ws.episodes),
+                                       noise=ws.expert_noise, max_turns=config.rollout.max_turns)
+    tokenizer = run_tokenizer(config, Path(config.run_dir), resume=resume, demonstrations=demos)
+    k_model, k_critic, k_rng = jax.random.split(jax.random.key(config.seed), 3)
+    if config.model.path is None:  # the architecture is known: check before building anything
+        placement = Placement(config, scratch_config(config.model, tokenizer))
+        estimate = placement.check_memory(placement.model_config, log)
+        params, model_config = build_policy(config.model, tokenizer, k_model)
+    else:
+        params, model_config = build_policy(config.model, tokenizer, k_model)
+        placement = Placement(config, model_config)
+        estimate = placement.check_memory(model_config, log)
+    ref = reference_params(config, params, placement)
+    state = rl_state(config, params, model_config, placement, critic_key=k_critic, rng_key=k_rng)
+    return Run(tokenizer=tokenizer, model_config=model_config, placement=placement, state=state, ref_params=ref,
+               demonstrations=demos, keys={"critic": k_critic, "rng": k_rng}, memory_estimate=estimate)
+
+
+def _silent(*_, **__) -> None:
+    return None

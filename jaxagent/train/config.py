@@ -1,0 +1,515 @@
+"""The training run's config: `TrainerConfig` and its sections, validated on construction.
+
+Load with `jaxagent.config.load_config(TrainerConfig, path, overrides)`; every key is
+listed by `jaxagent config` (the keys, their defaults and these docstrings). Sections
+that configure a component embed that component's own config where there is one
+(`loss`, `optim`: `jaxagent.train.step`; `mesh`: `jaxagent.parallel.MeshConfig`) and
+build it where the trainer's keys are fewer (`RolloutSection.loop_config()` is the
+`jaxagent.rollout.AgentLoopConfig`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+from typing import Any
+
+from jaxagent import algos
+from jaxagent.parallel import MeshConfig
+from jaxagent.train.step import LossConfig, OptimizerConfig, StepConfig
+
+#: the estimator inputs (`jaxagent.algos.ESTIMATOR_INPUTS`) the trainer provides; an
+#: estimator that consumes "values" makes the trainer build and train a critic.
+PROVIDED_INPUTS = ("rewards", "mask", "group_ids", "values", "turn_rewards", "turn_mask", "anchor_ids",
+                   "gamma", "lam")
+MODEL_TYPES = ("qwen2", "llama", "qwen3")
+TRUNCATION_MODES = ("keep", "filter", "penalty")
+#: config keys a resumed run may not change: they define the policy, the task stream
+#: and whether there is a critic (everything else, e.g. `iterations` or `optim.lr`, may change)
+RESUME_FIXED = ("model", "env.name", "env.kwargs", "env.group_size", "env.tasks_per_iteration", "env.seed",
+                "algo.advantage")
+
+
+# ----------------------------------------------------------------------------- configs
+def _check_int(name: str, value, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSection:
+    """The policy: a checkpoint (`path`) or a small decoder trained from scratch.
+
+    path: a Hugging Face directory, a `.gguf` file or a packaged model name
+      (`jaxagent.models.load_pretrained`); None = from scratch with the fields below.
+    tokenizer: "byte" (the in-memory byte-level ChatML tokenizer of
+      `jaxagent.rollout.byte_tokenizer`), "bpe" (a byte-level BPE of `tokenizer_vocab_size`
+      tokens trained on the env's text, `jaxagent.train.warmstart.train_bpe_tokenizer`:
+      the warm-start demonstrations, or noise-free expert episodes when there is no
+      warm start; saved in `<run_dir>/tokenizer/` and reloaded from there on resume),
+      a path for `load_tokenizer`, or None (= "byte" from scratch, the checkpoint's own
+      tokenizer with `path`).
+    tokenizer_vocab_size: vocabulary of the "bpe" tokenizer (bytes + specials + merges).
+    hidden_size ... model_type: the from-scratch architecture (vocab = the tokenizer's).
+    init_std: std of the from-scratch initialisation.
+    dtype: "float32" or "bfloat16".
+    """
+
+    path: str | None = None
+    tokenizer: str | None = None
+    tokenizer_vocab_size: int = 512
+    hidden_size: int = 32
+    intermediate_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 8
+    qkv_bias: bool = True
+    tie_word_embeddings: bool = False
+    model_type: str = "qwen2"
+    init_std: float = 0.02
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        for name in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
+            _check_int(name, getattr(self, name), 1)
+        _check_int("tokenizer_vocab_size", self.tokenizer_vocab_size, 259)
+        if self.tokenizer == "bpe" and self.path is not None:
+            raise ValueError("tokenizer 'bpe' is for models trained from scratch; a checkpoint (path) brings "
+                             "its own tokenizer")
+        if self.model_type not in MODEL_TYPES:
+            raise ValueError(f"model_type must be one of {list(MODEL_TYPES)}, got {self.model_type!r}")
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+        if not (isinstance(self.init_std, (int, float)) and self.init_std > 0):
+            raise ValueError(f"init_std must be a float > 0, got {self.init_std!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvSection:
+    """Which env, how many episodes per iteration, and the task seed stream.
+
+    name, kwargs: `envs.make(name, **kwargs)`.
+    group_size: episodes per task (G; the group of the outcome estimators).
+    tasks_per_iteration: tasks per iteration; the rollout batch is their product.
+    seed: task `k` of the run has env seed `seed + k`.
+    num_workers: `EnvPool` worker processes (0 = in this process).
+    step_timeout: seconds one env step may take before its episode fails.
+    """
+
+    name: str = "countdown"
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    group_size: int = 4
+    tasks_per_iteration: int = 2
+    seed: int = 0
+    num_workers: int = 1
+    step_timeout: float = 30.0
+
+    def __post_init__(self):
+        import envs
+
+        if not envs.is_known(self.name):
+            raise ValueError(f"name: unknown env {self.name!r}; known: {', '.join(envs.known_envs())}")
+        _check_int("group_size", self.group_size, 1)
+        _check_int("tasks_per_iteration", self.tasks_per_iteration, 1)
+        _check_int("seed", self.seed, 0)
+        _check_int("num_workers", self.num_workers, 0)
+        if not self.step_timeout > 0:
+            raise ValueError(f"step_timeout must be > 0 seconds, got {self.step_timeout!r}")
+
+    @property
+    def batch_size(self) -> int:
+        return self.group_size * self.tasks_per_iteration
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutSection:
+    """Episode limits and sampling (`loop_config()` is the `jaxagent.rollout.AgentLoopConfig`).
+
+    max_turns: policy turns per episode at most.
+    max_tokens_per_turn: tokens the policy may generate in one turn.
+    max_context: tokens per episode (prompt, turns and observations) at most.
+    temperature, top_k, top_p: sampling (temperature 0 = greedy; top_k 0 = off).
+
+    pipeline_groups: > 1 splits each rollout into that many sub-batches so that env
+      steps of one overlap the device's decoding of another (same trajectories).
+    """
+
+    max_turns: int = 2
+    max_tokens_per_turn: int = 32
+    max_context: int = 512
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    pipeline_groups: int = 1
+
+    def __post_init__(self):
+        for name in ("max_turns", "max_tokens_per_turn", "max_context", "pipeline_groups"):
+            _check_int(name, getattr(self, name), 1)
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        _check_int("top_k", self.top_k, 0)
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+
+    @property
+    def sampling(self):
+        """The `jaxagent.rollout.SamplingConfig` of these keys."""
+        from jaxagent.rollout import SamplingConfig
+
+        return SamplingConfig(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+
+    def loop_config(self, pad_id: int):
+        """The `jaxagent.rollout.AgentLoopConfig` of these keys (trajectories padded with `pad_id`)."""
+        from jaxagent.rollout import AgentLoopConfig
+
+        return AgentLoopConfig(max_turns=self.max_turns, max_tokens_per_turn=self.max_tokens_per_turn,
+                               max_context=self.max_context, sampling=self.sampling, pad_id=pad_id,
+                               pipeline_groups=self.pipeline_groups)
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgoSection:
+    """The advantage estimator (a `jaxagent.algos` registry name) and its constants.
+
+    advantage: a registered estimator (`jaxagent.algos.list_advantage_estimators()`,
+      including ones registered by your code) whose declared inputs the trainer
+      provides (`PROVIDED_INPUTS`; `jaxagent.algos.get_estimator_spec`). One that
+      consumes "values" (e.g. "gae", PPO) makes the trainer train a critic
+      (initialised from the policy's trunk with a fresh value head) and use the
+      estimator's returns as the value targets.
+    gamma, lam: discount and GAE lambda, for estimators that consume them.
+    gigpo_step_weight, gigpo_mode: GiGPO's step-group weight and normalisation (its
+      `step_weight` and `mode` keyword arguments).
+    advantage_kwargs: further keyword arguments of the estimator function (checked
+      against its signature).
+
+    Reward shaping, in this order, on each turn's env reward before the estimator:
+    reward_scale: multiply (reward scaling).
+    reward_clip: then clip to [-reward_clip, reward_clip] (None = off).
+    truncation: what to do with episodes cut short (max turns, context, env step
+      limit; DAPO's overlong handling made multi-turn): "keep" (as they are), "filter"
+      (their tokens leave the loss; they still count in their group's statistics), or
+      "penalty" (add `truncation_penalty` to their last turn's reward).
+    kl_reward_coef, kl_reward_kind: KL as a reward penalty (InstructGPT / verl's
+      `use_kl_in_reward`): each policy token's reward gets `- coef * kl(old, ref)`
+      (`algos.kl`, kind k1 by default); turn-level estimators get each turn's sum. This is
+      separate from `loss.kl_coef` (KL as a loss term); both can be on.
+    dynamic_sampling: drop groups whose (shaped) returns do not vary and refill the
+      batch with new tasks (DAPO), up to `max_sampling_rounds` rollouts per iteration;
+      if still short, the batch is completed with groups without signal. Outcome and
+      group estimators only.
+    """
+
+    advantage: str = "grpo"
+    gamma: float = 1.0
+    lam: float = 1.0
+    gigpo_step_weight: float = 1.0
+    gigpo_mode: str = "mean_norm"
+    reward_scale: float = 1.0
+    reward_clip: float | None = None
+    truncation: str = "keep"
+    truncation_penalty: float = -1.0
+    kl_reward_coef: float = 0.0
+    kl_reward_kind: str = "k1"
+    advantage_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    dynamic_sampling: bool = False
+    max_sampling_rounds: int = 3
+
+    def __post_init__(self):
+        spec = self.estimator  # an unknown name lists the registered ones
+        if spec.inputs is None:
+            raise ValueError(f"advantage: estimator {self.advantage!r} was registered without declaring its inputs; "
+                             f"register it with inputs=(...) from {list(algos.ESTIMATOR_INPUTS)}")
+        missing = [n for n in spec.consumes if n not in PROVIDED_INPUTS]
+        if missing:
+            raise ValueError(f"advantage: estimator {self.advantage!r} consumes {missing}, which the trainer does "
+                             f"not provide (it provides {list(PROVIDED_INPUTS)})")
+        if spec.turn_level and spec.returns and "values" in spec.consumes:
+            raise ValueError(f"advantage: estimator {self.advantage!r} returns turn-level value targets; the "
+                             "critic trains on token-level ones")
+        params = inspect.signature(spec.fn).parameters
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        for k in self.estimator_kwargs:
+            if k in spec.consumes or (not takes_any and k not in params):
+                raise ValueError(f"advantage_kwargs: {k!r} is not a keyword argument of estimator "
+                                 f"{self.advantage!r} that the trainer leaves free (its parameters: {list(params)})")
+        for name in ("gamma", "lam"):
+            v = getattr(self, name)
+            if not 0 <= v <= 1:
+                raise ValueError(f"{name} must be in [0, 1], got {v!r}")
+        if self.gigpo_mode not in algos.advantages.GIGPO_MODES:
+            raise ValueError(f"gigpo_mode must be one of {list(algos.advantages.GIGPO_MODES)}, "
+                             f"got {self.gigpo_mode!r}")
+        for name in ("reward_scale", "truncation_penalty", "kl_reward_coef"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)):
+                raise ValueError(f"{name} must be a finite number, got {v!r}")
+        if self.kl_reward_coef < 0:
+            raise ValueError(f"kl_reward_coef must be >= 0, got {self.kl_reward_coef!r}")
+        if self.reward_clip is not None and not (isinstance(self.reward_clip, (int, float)) and self.reward_clip > 0):
+            raise ValueError(f"reward_clip must be a number > 0 or null, got {self.reward_clip!r}")
+        if self.truncation not in TRUNCATION_MODES:
+            raise ValueError(f"truncation must be one of {list(TRUNCATION_MODES)}, got {self.truncation!r}")
+        if self.kl_reward_kind.removesuffix("+") not in algos.KL_KINDS:
+            raise ValueError(f"kl_reward_kind must be one of {list(algos.KL_KINDS)}, got {self.kl_reward_kind!r}")
+        _check_int("max_sampling_rounds", self.max_sampling_rounds, 1)
+        if self.dynamic_sampling and not self.uses_groups:
+            raise ValueError(f"dynamic_sampling needs a group estimator (one that consumes group_ids), "
+                             f"got advantage {self.advantage!r}")
+
+    @property
+    def estimator(self) -> algos.EstimatorSpec:
+        """The registered estimator `advantage` and what it consumes."""
+        return algos.get_estimator_spec(self.advantage)
+
+    @property
+    def uses_critic(self) -> bool:
+        """The estimator consumes the critic's values (the trainer then trains one)."""
+        return "values" in self.estimator.consumes
+
+    @property
+    def uses_groups(self) -> bool:
+        """The estimator compares the episodes of a group (needs `group_size >= 2`)."""
+        return "group_ids" in self.estimator.consumes
+
+    @property
+    def estimator_kwargs(self) -> dict[str, Any]:
+        """The estimator's extra keyword arguments: `advantage_kwargs`, and for GiGPO its
+        `gigpo_*` keys."""
+        extra = {"step_weight": self.gigpo_step_weight, "mode": self.gigpo_mode} if self.advantage == "gigpo" else {}
+        return {**extra, **self.advantage_kwargs}
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmStartSection:
+    """Supervised fine-tuning on expert demonstrations before RL (`episodes: 0` = none).
+
+    episodes: demonstrations, one per seed `seed, seed + 1, ...` (played with the env's
+      expert in this process, `jaxagent.train.warmstart.collect_demonstrations`).
+    expert_noise: probability that the expert's action at a turn is replaced by a
+      uniformly random one of the env's `random_actions` (a deliberately imperfect
+      expert; 0 = the expert itself).
+    only_successful: train only on demonstrations that succeeded (rejection sampling).
+    epochs, batch_size: passes over the demonstrations and rows per `sft_step`.
+    optim: the SFT optimizer (RL then starts a fresh optimizer from the SFT weights).
+    """
+
+    episodes: int = 0
+    seed: int = 1_000_000
+    expert_noise: float = 0.0
+    only_successful: bool = False
+    epochs: int = 1
+    batch_size: int = 32
+    optim: OptimizerConfig = OptimizerConfig(lr=1e-3)
+
+    def __post_init__(self):
+        _check_int("episodes", self.episodes, 0)
+        _check_int("seed", self.seed, 0)
+        _check_int("epochs", self.epochs, 1)
+        _check_int("batch_size", self.batch_size, 1)
+        if not (isinstance(self.expert_noise, (int, float)) and 0.0 <= self.expert_noise <= 1.0):
+            raise ValueError(f"expert_noise must be in [0, 1], got {self.expert_noise!r}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.episodes > 0
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSection:
+    """Held-out evaluation (`episodes: 0` = none): seeds `seed, seed + 1, ...`, disjoint
+    from the training stream and the demonstrations (checked).
+
+    Run before RL (after any warm start) and after the last iteration; their success
+    rates are `success_before_rl` / `success_after_rl` of `<run_dir>/summary.json`, and
+    every `every` iterations in between (0 = never) as `eval_*` metrics.
+    temperature: sampling temperature of the evaluation (None = `rollout.temperature`;
+      0 = greedy).
+    greedy: also evaluate with greedy decoding before and after RL
+      (`success_before_rl_greedy` / `success_after_rl_greedy`): whether RL taught the
+      policy something its most likely actions did not already do.
+    """
+
+    episodes: int = 0
+    seed: int = 2_000_000
+    temperature: float | None = None
+    every: int = 0
+    greedy: bool = False
+
+    def __post_init__(self):
+        _check_int("episodes", self.episodes, 0)
+        _check_int("seed", self.seed, 0)
+        _check_int("every", self.every, 0)
+        if self.temperature is not None and not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0 or null, got {self.temperature!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedSection:
+    """Multi-host runs (`jaxagent.parallel.initialize`, JAX's multi-controller runtime).
+
+    All None / False (the default) = one process, unless the environment says otherwise:
+    `JAX_COORDINATOR_ADDRESS`, `JAX_NUM_PROCESSES`, `JAX_PROCESS_ID`, or
+    `JAXAGENT_DISTRIBUTED=auto` (fields given here take precedence).
+    coordinator_address: "host:port" of process 0.
+    num_processes, process_id: world size and this process's rank.
+    auto: JAX's cluster detection (TPU pod slices, SLURM, Open MPI, Kubernetes).
+    """
+
+    coordinator_address: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+    auto: bool = False
+
+    def __post_init__(self):
+        if self.num_processes is not None:
+            _check_int("num_processes", self.num_processes, 1)
+        if self.process_id is not None:
+            _check_int("process_id", self.process_id, 0)
+            if self.num_processes is not None and self.process_id >= self.num_processes:
+                raise ValueError(f"process_id must be < num_processes ({self.num_processes}), "
+                                 f"got {self.process_id!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class OverlapSection:
+    """One-step off-policy overlap of rollout and update.
+
+    off_policy: while the update of iteration n runs, a background thread already
+      collects the rollout of iteration n+1 with the pre-update params (so that batch is
+      one update stale). The update corrects for it with truncated importance sampling,
+      `min(exp(old_logp - rollout_logp), loss.tis_cap)` (required), where `old_logp` is
+      recomputed with the params being updated and `rollout_logp` are the sampler's.
+    max_staleness: updates a rollout may lag behind (only 1 is supported).
+    """
+
+    off_policy: bool = False
+    max_staleness: int = 1
+
+    def __post_init__(self):
+        if self.max_staleness != 1:
+            raise ValueError(f"max_staleness: only 1 (one-step off-policy) is supported, got {self.max_staleness!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoggingSection:
+    """Run logging besides `metrics.jsonl` (`jaxagent.train.logging.RunLogger`).
+
+    tensorboard: event files in `<run_dir>/tensorboard/`.
+    progress: a live progress line on stderr (one plain line per iteration when stderr
+      is not a terminal); off = the trainer prints a summary line per iteration.
+    transcripts_every, transcripts_per_iteration: readable transcripts of that many
+      episodes every N iterations in `<run_dir>/transcripts/` (0 = never).
+    """
+
+    tensorboard: bool = True
+    progress: bool = True
+    transcripts_every: int = 1
+    transcripts_per_iteration: int = 2
+
+    def __post_init__(self):
+        _check_int("transcripts_every", self.transcripts_every, 0)
+        _check_int("transcripts_per_iteration", self.transcripts_per_iteration, 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerConfig:
+    """Everything a training run needs; load with `jaxagent.config.load_config`.
+
+    loss, optim, critic_optim: `jaxagent.train.LossConfig` / `OptimizerConfig` (the
+      critic's defaults to `optim`). `loss.temperature` must equal a non-zero
+      `rollout.temperature` (the log-probs are those of the sampling distribution).
+    epochs, mini_batches, micro_batches: each iteration's batch of
+      `env.group_size * env.tasks_per_iteration` episodes is shuffled and cut into
+      `mini_batches` updates, `epochs` times; each mini-batch is accumulated over
+      `micro_batches` micro-batches.
+    iterations: the run's length (a resumed run continues up to it).
+    seed: model initialisation and `state.rng`.
+    run_dir: metrics.jsonl, config.yaml and checkpoints/ go here.
+    checkpoint_every, keep_checkpoints: save every N iterations (and after the last);
+      keep the newest `keep_checkpoints`.
+    mesh: the device mesh `{data, fsdp, tensor}` (`jaxagent.parallel.MeshConfig`; one
+      size may be -1 = the rest). All 1 (the default) = one device, exactly the
+      single-device loop. Otherwise the mini-batch size must be divisible by
+      `data * fsdp`; a mesh smaller than the devices uses the first ones (one process).
+    distributed: multi-host set-up (`DistributedSection`); with several processes and
+      an all-1 mesh, the mesh is `data = -1` (pure data parallelism over every device).
+    device_memory_gb: the per-device memory for the memory check before the run, when
+      the device does not report it (CPU); None = skip the check there.
+    overlap: one-step off-policy rollout/update overlap (`OverlapSection`; off by default).
+    """
+
+    model: ModelSection = ModelSection()
+    env: EnvSection = EnvSection()
+    rollout: RolloutSection = RolloutSection()
+    algo: AlgoSection = AlgoSection()
+    warm_start: WarmStartSection = WarmStartSection()
+    eval: EvalSection = EvalSection()
+    loss: LossConfig = LossConfig()
+    optim: OptimizerConfig = OptimizerConfig()
+    critic_optim: OptimizerConfig | None = None
+    epochs: int = 1
+    mini_batches: int = 1
+    micro_batches: int = 1
+    iterations: int = 2
+    seed: int = 0
+    run_dir: str = "runs/default"
+    checkpoint_every: int = 1
+    keep_checkpoints: int = 3
+    mesh: MeshConfig = MeshConfig()
+    distributed: DistributedSection = DistributedSection()
+    device_memory_gb: float | None = None
+    overlap: OverlapSection = OverlapSection()
+    logging: LoggingSection = LoggingSection()
+
+    def __post_init__(self):
+        for name in ("epochs", "mini_batches", "micro_batches", "iterations", "checkpoint_every",
+                     "keep_checkpoints"):
+            _check_int(name, getattr(self, name), 1)
+        _check_int("seed", self.seed, 0)
+        B = self.env.batch_size
+        if B % self.mini_batches:
+            raise ValueError(f"mini_batches ({self.mini_batches}) must divide the rollout batch "
+                             f"env.group_size * env.tasks_per_iteration = {B}")
+        if (B // self.mini_batches) % self.micro_batches:
+            raise ValueError(f"micro_batches ({self.micro_batches}) must divide the mini-batch size "
+                             f"{B // self.mini_batches}")
+        if self.rollout.temperature > 0 and self.loss.temperature != self.rollout.temperature:
+            raise ValueError(f"loss.temperature ({self.loss.temperature}) must equal rollout.temperature "
+                             f"({self.rollout.temperature}): the update's log-probs are the sampler's")
+        if self.algo.uses_groups and self.env.group_size < 2:
+            raise ValueError(f"env.group_size must be >= 2 for the group estimator {self.algo.advantage!r}")
+        if not self.run_dir:
+            raise ValueError("run_dir must be a non-empty path")
+        if self.device_memory_gb is not None and not (
+                isinstance(self.device_memory_gb, (int, float)) and not isinstance(self.device_memory_gb, bool)
+                and math.isfinite(self.device_memory_gb) and self.device_memory_gb > 0):
+            raise ValueError(f"device_memory_gb must be a number > 0 or null, got {self.device_memory_gb!r}")
+        if self.overlap.off_policy:
+            if self.loss.tis_cap is None:
+                raise ValueError("overlap.off_policy needs loss.tis_cap (e.g. 2.0): the rollouts are one update "
+                                 "stale and the update corrects them by truncated importance sampling")
+            if self.algo.dynamic_sampling:
+                raise ValueError("overlap.off_policy and algo.dynamic_sampling cannot be combined")
+        if -1 not in self.mesh.shape.values():
+            shards = self.mesh.data * self.mesh.fsdp
+            if (B // self.mini_batches) % shards:
+                raise ValueError(f"mesh: the mini-batch size {B // self.mini_batches} (env.group_size * "
+                                 f"env.tasks_per_iteration / mini_batches) must be divisible by mesh.data * "
+                                 f"mesh.fsdp = {shards} (its rows are split over them)")
+        ranges = {"env.seed (the training task stream)": (self.env.seed, self.iterations * self.env.tasks_per_iteration),
+                  "warm_start.seed (demonstrations)": (self.warm_start.seed, self.warm_start.episodes),
+                  "eval.seed (held-out evaluation)": (self.eval.seed, self.eval.episodes)}
+        items = [(k, a, n) for k, (a, n) in ranges.items() if n > 0]
+        for i, (k1, a1, n1) in enumerate(items):
+            for k2, a2, n2 in items[i + 1:]:
+                if a1 < a2 + n2 and a2 < a1 + n1:
+                    raise ValueError(f"seed ranges overlap: {k1} covers [{a1}, {a1 + n1}) and {k2} covers "
+                                     f"[{a2}, {a2 + n2}); held-out and demonstration seeds must not be trained on")
+
+    @property
+    def step_config(self) -> StepConfig:
+        return StepConfig(loss=self.loss, optim=self.optim, critic_optim=self.critic_optim,
+                          num_micro_batches=self.micro_batches)
+

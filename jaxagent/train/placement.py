@@ -1,0 +1,296 @@
+"""Where a run's arrays live: one object for one device, a mesh, or several processes.
+
+`Placement(config)` decides the device mode once; the loop then asks it, without
+branching on the mode itself, to:
+
+- place the `TrainState` and the KL reference (`place_state`, `place_params`: by the
+  logical-axis rules on a mesh, as they are on one device);
+- build the update (`update_step(step_config, state, kind)`: `train_step` / `sft_step`
+  on one device, `make_sharded_train_step` on a mesh) and place its mini-batches
+  (`to_device`: rows split over ("data", "fsdp"));
+- turn this process's rollout rows into the global batch (`global_batch`: every
+  process also keeps a host copy of all rows for shaping, advantages and metrics);
+- run the log-prob and value passes on the placed params (`logprobs`, `values`);
+- bring replicated results to the host (`fetch`);
+- give the sampler its params (`sampler_params`: the state's own on one device or on a
+  mesh in one process; with several processes a whole copy on this process's first
+  device, gathered after every update);
+- check the run's per-device memory before anything is compiled (`check_memory`).
+
+Modes: no mesh (an all-1 `mesh` section in one process) is exactly the single-device
+loop. A mesh in one process samples on the mesh too (`Sampler(mesh=...)`). With several
+processes each process plays its own whole groups of the rollout batch (`rows`;
+`row_offset` is the global index of its first row, so its sampling keys are those one
+process playing the whole batch would draw).
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxagent import parallel as par
+from jaxagent.config import ConfigError
+from jaxagent.models import decoder
+from jaxagent.parallel import MeshConfig
+from jaxagent.train import memory
+from jaxagent.train.step import (
+    UpdateBatch,
+    critic_values,
+    make_sharded_train_step,
+    sft_step,
+    train_step,
+)
+
+
+def _policy_logprobs(params, config, tokens_BxT, attention_mask_BxT, *, temperature: float,
+                     seq_chunk: int, vocab_chunk: int) -> jax.Array:
+    from jaxagent.models import token_logprobs
+
+    logp, _ = token_logprobs(params, config, tokens_BxT, attention_mask_BxT=attention_mask_BxT,
+                             temperature=temperature, seq_chunk=seq_chunk, vocab_chunk=vocab_chunk)
+    return logp
+
+
+#: `log pi(tokens[t] | tokens[:t])` `[B, T]` as `train_step` computes it (same kernel).
+policy_logprobs = jax.jit(_policy_logprobs, static_argnames=("config", "temperature", "seq_chunk", "vocab_chunk"))
+_critic_values = jax.jit(critic_values, static_argnames=("critic_config", "remat"))
+
+
+class Placement:
+    """Device placement of one run (see the module docstring).
+
+    Args:
+      config: the `TrainerConfig` (its `mesh`, batch sizes and step config).
+      model_config: the policy's `DecoderConfig` (for the log-prob pass).
+    JAX's multi-process runtime must already be initialised (`parallel.initialize`).
+    """
+
+    def __init__(self, config, model_config):
+        self.config = config
+        self.model_config = model_config
+        self.mesh = _make_mesh(config)   # None = one device
+        #: the global rows of each rollout batch this process plays (all of them alone)
+        B = config.env.batch_size
+        self.rows = np.arange(B) if self.mesh is None else par.process_rows(self.mesh, B)
+        self.multi_process = jax.process_count() > 1
+        #: this process writes the run's files and logs
+        self.primary = par.is_primary()
+        if self.multi_process:
+            _check_whole_groups(config, self.rows)
+        #: the sampler runs on the mesh (a mesh in one process)
+        self.sampler_on_mesh = self.mesh is not None and not self.multi_process
+        self._logprobs = self._values = None
+        if self.mesh is not None:
+            layout = par.activation_constraint(self.mesh)
+            rows = jax.NamedSharding(self.mesh, par.batch_spec(2))
+            sc = config.step_config
+
+            def logprobs(params, tokens_BxT, attention_mask_BxT):
+                with decoder.activation_constraint(layout):
+                    return _policy_logprobs(params, model_config, tokens_BxT, attention_mask_BxT,
+                                            temperature=sc.loss.temperature, seq_chunk=sc.seq_chunk,
+                                            vocab_chunk=sc.vocab_chunk)
+
+            def values(critic_params, batch):
+                with decoder.activation_constraint(layout):
+                    return critic_values(critic_params, model_config, batch)
+
+            self._logprobs = jax.jit(logprobs, out_shardings=rows)
+            self._values = jax.jit(values, out_shardings=rows)
+
+    # ------------------------------------------------------------------ description
+    @property
+    def row_offset(self) -> int:
+        """The global index of this process's first rollout row."""
+        return int(self.rows[0])
+
+    @property
+    def row_shards(self) -> int:
+        """How many ways a batch's rows are split (data * fsdp; 1 on one device)."""
+        return 1 if self.mesh is None else self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+
+    def describe(self) -> str:
+        return "one device" if self.mesh is None else " x ".join(f"{k}={v}" for k, v in self.mesh.shape.items())
+
+    # ------------------------------------------------------------------ params and state
+    def place_state(self, state):
+        """The `TrainState` laid out for the update (by the logical-axis rules on a mesh)."""
+        return state if self.mesh is None else par.shard_train_state(state, self.mesh)
+
+    def place_params(self, params):
+        """Params laid out like the state's (the KL reference)."""
+        if self.mesh is None:
+            return params
+        return _place(params, par.param_shardings(params, self.mesh))
+
+    def update_step(self, step_config, state, kind: str = "rl"):
+        """`step(state, batch) -> (state, metrics)` for a state placed by `place_state`,
+        taking batches placed by `to_device`; jitted once, state donated."""
+        if self.mesh is None:
+            return functools.partial(train_step if kind == "rl" else sft_step, config=step_config)
+        return make_sharded_train_step(step_config, state, self.mesh, kind=kind)
+
+    def replicated(self, x):
+        """`x` (a small array: the PRNG key) replicated over the mesh."""
+        return x if self.mesh is None else jax.device_put(x, jax.NamedSharding(self.mesh, jax.P()))
+
+    def check_batch_rows(self, rows: int, what: str) -> None:
+        """`ConfigError` when a batch of `rows` rows cannot be split over the mesh."""
+        if rows % self.row_shards:
+            raise ConfigError(f"{what}: {rows} rows per step must be divisible by mesh.data * mesh.fsdp = "
+                              f"{self.row_shards}")
+
+    def sampler_params(self, state, *, copy: bool = False):
+        """The params the sampler runs with (module docstring). `copy`: never the state's
+        own buffers (a rollout that runs while the update donates them)."""
+        params = state.params
+        if self.mesh is None or self.sampler_on_mesh:
+            return jax.tree.map(jnp.copy, params) if copy else params
+        if self.multi_process:
+            params = par.to_host(params)
+        return jax.device_put(params, jax.local_devices()[0])
+
+    # ------------------------------------------------------------------ batches
+    def to_device(self, batch):
+        """A host batch holding every row, placed for the update (rows split on a mesh)."""
+        if self.mesh is None:
+            return jax.tree.map(jnp.asarray, batch)
+        if not self.multi_process:
+            return par.shard_batch(batch, self.mesh)
+
+        def put(x):
+            h = np.asarray(x)
+            return jax.make_array_from_callback(h.shape, jax.NamedSharding(self.mesh, par.batch_spec(h.ndim)),
+                                                lambda idx: h[idx])
+
+        return jax.tree.map(put, batch)
+
+    def global_batch(self, traj, success):
+        """`(traj, success, placed)`: this process's rollout rows become the global batch
+        `placed` (the log-prob pass's input); `traj` / `success` are host-side copies of
+        every process's rows."""
+        if self.mesh is None:
+            return traj, success, traj
+        placed, success_placed = par.global_batch(jax.tree.map(np.asarray, (traj, success)), self.mesh,
+                                                  self.config.env.batch_size)
+        if self.multi_process:
+            traj, success = par.to_host((placed, success_placed))
+            traj = jax.tree.map(jnp.asarray, traj)
+        return traj, success, placed
+
+    def fetch(self, tree):
+        """Replicated device values (metrics) as host values on every process."""
+        return jax.device_get(tree) if not self.multi_process else par.to_host(tree)
+
+    # ------------------------------------------------------------------ passes
+    def logprobs(self, params, placed):
+        """`log pi(tokens)` `[B, T]` of a batch from `global_batch`, with `params` placed
+        like the state's; a host-side (one-device) array of every row."""
+        if self.mesh is None:
+            sc = self.config.step_config
+            return policy_logprobs(params, self.model_config, tokens_BxT=placed.tokens,
+                                   attention_mask_BxT=placed.attention_mask, temperature=sc.loss.temperature,
+                                   seq_chunk=sc.seq_chunk, vocab_chunk=sc.vocab_chunk)
+        return jnp.asarray(par.to_host(self._logprobs(params, placed.tokens, placed.attention_mask)))
+
+    def values(self, state, placed):
+        """The critic's values `[B, T]` of a batch from `global_batch` (host-side)."""
+        # critic_values reads the tokens and the attention fields of a batch only
+        probe = UpdateBatch(tokens=placed.tokens, loss_mask=placed.loss_mask, advantages=placed.loss_mask,
+                            old_logp=placed.loss_mask, attention_mask=placed.attention_mask)
+        if self.mesh is None:
+            return _critic_values(state.critic_params, state.critic_config, probe)
+        return jnp.asarray(par.to_host(self._values(state.critic_params, probe)))
+
+    # ------------------------------------------------------------------ memory
+    def check_memory(self, model_config, log) -> dict:
+        """Logs the per-device memory estimate and returns it; raises `DoesNotFitError`
+        (naming every component) when it exceeds the device's memory (`memory_stats`,
+        else `device_memory_gb`, else no check). Call before anything is compiled."""
+        cfg = self.config
+        common = dict(param_dtype=cfg.model.dtype)
+        est = memory.estimate_memory(model_config, cfg.step_config, self.mesh,
+                                     batch_size=cfg.env.batch_size // cfg.mini_batches,
+                                     seq_len=cfg.rollout.max_context, critic=cfg.algo.uses_critic, **common)
+        # on the mesh in one process; else on one device per process with its rows and a param copy
+        sampler = memory.estimate_memory(model_config, cfg.step_config, self.mesh if self.sampler_on_mesh else None,
+                                         batch_size=1, seq_len=1, sample_batch=len(self.rows),
+                                         sample_len=cfg.rollout.max_context, **common)
+        est["kv_cache"] = sampler["kv_cache"]
+        if self.mesh is not None and not self.sampler_on_mesh:
+            est["sampler_params"] = sampler["params"]
+        if cfg.loss.kl_coef > 0 or cfg.algo.kl_reward_coef > 0:
+            est["reference"] = est["params"] if not cfg.algo.uses_critic else memory.estimate_memory(
+                model_config, cfg.step_config, self.mesh, batch_size=1, seq_len=1, **common)["params"]
+        est["total"] = sum(v for k, v in est.items() if k != "total")
+        try:
+            device_bytes = memory.device_memory_bytes()
+        except ValueError:
+            device_bytes = None if cfg.device_memory_gb is None else int(cfg.device_memory_gb * 2**30)
+        log(memory.format_memory(est, device_bytes))
+        if device_bytes is None:
+            log("memory check skipped: the device does not report its memory (set device_memory_gb)")
+            return est
+        try:
+            memory.check_fits(est, device_bytes)
+        except memory.DoesNotFitError as e:
+            raise memory.DoesNotFitError(f"this config does not fit ({self.describe()}): {e}") from None
+        return est
+
+
+def _make_mesh(cfg):
+    """The config's mesh, or None for one device (an all-1 mesh, one process)."""
+    mc = cfg.mesh
+    if all(v == 1 for v in mc.shape.values()):
+        if jax.process_count() == 1:
+            return None
+        mc = MeshConfig(data=-1)
+    devices = None
+    if -1 not in mc.shape.values() and mc.num_devices < jax.device_count() and jax.process_count() == 1:
+        devices = jax.devices()[:mc.num_devices]
+    try:
+        mesh = par.make_mesh(mc, devices)
+    except ValueError as e:
+        raise ConfigError(f"mesh: {e}") from None
+    if mesh.devices.size == 1:
+        return None
+    shards = mesh.shape["data"] * mesh.shape["fsdp"]
+    mb = cfg.env.batch_size // cfg.mini_batches
+    if mb % shards:
+        raise ConfigError(f"mesh: the mini-batch size {mb} (env.group_size * env.tasks_per_iteration / "
+                          f"mini_batches) must be divisible by mesh.data * mesh.fsdp = {shards}")
+    return mesh
+
+
+def _check_whole_groups(cfg, rows: np.ndarray) -> None:
+    """Advantages need whole groups: each process must play whole groups of the batch."""
+    G, B = cfg.env.group_size, cfg.env.batch_size
+    whole = rows.size and rows.size % G == 0 and rows[0] % G == 0 and np.array_equal(
+        rows, np.arange(rows[0], rows[0] + rows.size))
+    if not whole:
+        raise ConfigError(
+            f"distributed: process {jax.process_index()} of {jax.process_count()} would play rows "
+            f"{rows.tolist()} of the rollout batch of {B}, not whole groups of env.group_size {G}; "
+            f"make env.tasks_per_iteration a multiple of the processes (rows per process "
+            f"{B // jax.process_count()} must be a multiple of {G})")
+    if cfg.algo.dynamic_sampling:
+        raise ConfigError("algo.dynamic_sampling is not supported with several processes (each would "
+                          "choose its own groups); turn it off or run one process")
+
+
+def _place(tree, shardings):
+    """`tree` placed by `shardings` (every process holds the same values; global arrays
+    are resharded)."""
+    if jax.process_count() == 1:
+        return jax.device_put(tree, shardings)
+
+    def put(x, s):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            return jax.device_put(x, s)
+        h = np.asarray(x)
+        return jax.make_array_from_callback(h.shape, s, lambda idx: h[idx])
+
+    return jax.tree.map(put, tree, shardings)

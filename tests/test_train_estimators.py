@@ -1,0 +1,118 @@
+"""Estimators are dispatched by what they declare they consume (`jaxagent.algos`
+registry), so one registered from outside the package trains by name.
+
+The outside estimators here are written in float64 NumPy from the formulas, not with
+`jaxagent.algos`: a run with the NumPy GRPO must give the built-in GRPO run's metrics.
+"""
+import types
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxagent import algos
+from jaxagent.config import ConfigError, load_config
+from jaxagent.train.advantages import compute_advantages
+from jaxagent.train.config import AlgoSection
+from jaxagent.train.trainer import Trainer, TrainerConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "tiny_countdown_grpo.yaml"
+#: rewards that vary within a group even for a random policy (non-zero advantages)
+VARIED = ["env.name=testing/faulty", "env.kwargs={horizon: 2}", "rollout.max_context=256"]
+
+
+def numpy_grpo(rewards, mask, group_ids):
+    """GRPO from the formula: s_i = sum_t r m; a_i = (s_i - mean_g) / (std_g(ddof=1) + 1e-6),
+    a group of one keeps s_i; broadcast onto the row's valid tokens."""
+    r, m, g = np.asarray(rewards, np.float64), np.asarray(mask, np.float64), np.asarray(group_ids)
+    s = (r * m).sum(axis=1)
+    a = np.empty_like(s)
+    for gid in np.unique(g):
+        rows = g == gid
+        if rows.sum() < 2:
+            a[rows] = s[rows]
+        else:
+            a[rows] = (s[rows] - s[rows].mean()) / (s[rows].std(ddof=1) + 1e-6)
+    return jnp.asarray((a[:, None] * (m != 0)).astype(np.float32))
+
+
+def numpy_scaled_turn_returns(turn_rewards, turn_mask, gamma, *, scale=1.0):
+    """scale * the discounted return of each played turn, R[k] = r[k] + gamma R[k+1]."""
+    r, m = np.asarray(turn_rewards, np.float64), np.asarray(turn_mask, bool)
+    out = np.zeros_like(r)
+    for b in range(r.shape[0]):
+        running = 0.0
+        for k in reversed(range(r.shape[1])):
+            if m[b, k]:
+                running = r[b, k] + gamma * running
+                out[b, k] = scale * running
+    return jnp.asarray(out.astype(np.float32))
+
+
+algos.register_advantage_estimator("test_outside_grpo", numpy_grpo, inputs=("rewards", "mask", "group_ids"),
+                                   overwrite=True)
+algos.register_advantage_estimator("test_outside_turns", numpy_scaled_turn_returns,
+                                   inputs=("turn_rewards", "turn_mask"), keywords=("gamma",), overwrite=True)
+algos.register_advantage_estimator("test_undeclared", numpy_grpo, overwrite=True)
+
+
+def learning(history):
+    return [{k: v for k, v in m.items() if not k.startswith("time_") and k != "tokens_per_s"} for m in history]
+
+
+def test_an_estimator_registered_outside_the_package_trains_like_the_builtin(tmp_path):
+    runs = {}
+    for name in ("grpo", "test_outside_grpo"):
+        cfg = load_config(TrainerConfig, CONFIG, [f"run_dir={tmp_path / name}", *VARIED, f"algo.advantage={name}",
+                                                  "logging.tensorboard=false", "logging.transcripts_every=0"])
+        runs[name] = learning(Trainer(cfg, log=lambda *_: None).run())
+    builtin, outside = runs["grpo"], runs["test_outside_grpo"]
+    assert len(outside) == 2 and builtin[0]["advantage_abs_mean"] > 0  # the runs had a learning signal
+    for a, b in zip(builtin, outside):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), k
+
+
+def test_turn_level_estimator_gets_its_declared_inputs_and_kwargs():
+    # 2 episodes x 3 turns; episode 1 failed (its turns must not be seen as played)
+    turn_rewards = np.array([[1.0, 0.0, 2.0], [5.0, 5.0, 0.0]], np.float32)
+    turn_mask = np.array([[True, True, True], [True, True, False]])
+    turn_ids = np.array([[-1, 0, 0, -1, 1, -1, 2, 2], [-1, 0, -1, 1, 1, -1, -1, -1]], np.int32)
+    loss_mask = (turn_ids >= 0).astype(np.float32)
+    loss_mask[1] = 0.0  # failed episodes are already out of the loss mask
+    traj = types.SimpleNamespace(
+        rewards=jnp.zeros(turn_ids.shape), failed=jnp.array([False, True]), group_ids=jnp.array([0, 0]),
+        turn_rewards=jnp.asarray(turn_rewards), turn_mask=jnp.asarray(turn_mask),
+        anchor_ids=jnp.full((2, 3), -1), turn_ids=jnp.asarray(turn_ids))
+    algo = AlgoSection(advantage="test_outside_turns", gamma=0.5, advantage_kwargs={"scale": 2.0})
+    adv, returns = compute_advantages(algo, traj, jnp.asarray(loss_mask))
+    # episode 0's returns: R2 = 2, R1 = 0 + 0.5 * 2 = 1, R0 = 1 + 0.5 * 1 = 1.5; times scale 2
+    expected = np.array([[0, 3, 3, 0, 2, 0, 4, 4], [0] * 8], np.float32)
+    np.testing.assert_allclose(np.asarray(adv), expected, rtol=1e-6)
+    assert returns is None
+
+
+def test_estimator_declarations_are_checked_with_clear_errors(tmp_path):
+    def load(*overrides):
+        return load_config(TrainerConfig, CONFIG, [f"run_dir={tmp_path}", *overrides])
+
+    with pytest.raises(ConfigError, match="without declaring its inputs"):
+        load("algo.advantage=test_undeclared")
+    with pytest.raises(ConfigError, match="baselines"):  # remax needs a greedy baseline the trainer lacks
+        load("algo.advantage=remax")
+    with pytest.raises(ConfigError, match="'scal'"):
+        load("algo.advantage=test_outside_turns", "algo.advantage_kwargs={scal: 2.0}")
+    with pytest.raises(ConfigError, match="group_size"):  # it consumes group_ids
+        load("algo.advantage=test_outside_grpo", "env.group_size=1")
+    with pytest.raises(ConfigError, match="nonsense"):
+        load("algo.advantage=nonsense")
+    with pytest.raises(ValueError, match="unknown input"):
+        algos.register_advantage_estimator("test_bad_inputs", numpy_grpo, inputs=("reward",))
+    # what the built-ins declare decides what the trainer builds
+    assert load("algo.advantage=gae").algo.uses_critic and not load().algo.uses_critic
+    assert load("algo.advantage=test_outside_turns").algo.estimator.turn_level
+    assert algos.get_estimator_spec("gigpo").consumes == ("turn_rewards", "turn_mask", "group_ids", "anchor_ids",
+                                                          "gamma")

@@ -148,6 +148,8 @@ class Episode:
     state_key: Hashable = None
     #: the env's info dict of the episode's last step ({} before the first step)
     info: dict = dataclasses.field(default_factory=dict)
+    #: steps the env answered with `info["invalid_action"]` (a malformed action)
+    invalid_actions: int = 0
 
     @property
     def finished(self) -> bool:
@@ -373,6 +375,7 @@ class AgentLoop:
             obs, reward, terminated, truncated, info = results[i]
             ep.rewards[-1] = float(reward)
             ep.info = dict(info)
+            ep.invalid_actions += "invalid_action" in info
             if info.get("failed"):
                 ep.end(failed=True, reason="env_failed", failure=str(info.get("failure", "")))
                 continue

@@ -18,36 +18,44 @@ from jaxagent import algos
 from jaxagent.rollout.trajectory import rewards_at_turn_ends
 
 
-def estimator_inputs(algo, traj, loss_mask_BxT, values_BxT=None) -> dict:
-    """Every input the trainer provides (`config.PROVIDED_INPUTS`), by name; `values` only
-    with the critic's values."""
+def estimator_inputs(algo, traj, loss_mask_BxT, values_BxT=None, baselines_B=None) -> dict:
+    """Every input the trainer provides (`config.PROVIDED_INPUTS`), by name: "values" and
+    "turn_values" only with the critic's values, "baselines" only with the greedy
+    episodes' returns."""
     alive = ~traj.failed
+    turn_mask = traj.turn_mask & alive[:, None]
     inputs = {"rewards": traj.rewards, "mask": loss_mask_BxT, "group_ids": traj.group_ids,
-              "turn_rewards": traj.turn_rewards, "turn_mask": traj.turn_mask & alive[:, None],
+              "turn_rewards": traj.turn_rewards, "turn_mask": turn_mask,
               "anchor_ids": traj.anchor_ids, "gamma": algo.gamma, "lam": algo.lam}
     if values_BxT is not None:
         inputs["values"] = values_BxT
+        inputs["turn_values"] = algos.turn_start_values(values_BxT, traj.turn_ids, loss_mask_BxT,
+                                                        num_turns=turn_mask.shape[1])
+    if baselines_B is not None:
+        inputs["baselines"] = jnp.asarray(baselines_B, jnp.float32)
     return inputs
 
 
-def compute_advantages(algo, traj, loss_mask_BxT, values_BxT=None):
+def compute_advantages(algo, traj, loss_mask_BxT, values_BxT=None, baselines_B=None):
     """`(advantages [B, T], returns [B, T] or None)` by the estimator `algo.advantage`.
 
     `loss_mask_BxT` is the trajectory's mask with failed episodes already removed;
-    `values_BxT` the critic's values when the estimator consumes them.
+    `values_BxT` the critic's values and `baselines_B` the greedy episodes' returns, when
+    the estimator consumes them. A turn-level estimator's advantages (and returns) are
+    spread onto every policy token of their turn.
     """
     spec = algo.estimator
-    inputs = estimator_inputs(algo, traj, loss_mask_BxT, values_BxT)
+    inputs = estimator_inputs(algo, traj, loss_mask_BxT, values_BxT, baselines_B)
     missing = [n for n in spec.consumes if n not in inputs]
     if missing:
-        raise ValueError(f"advantage estimator {algo.advantage!r} needs {missing}"
-                         + (" (the critic's values)" if "values" in missing else ""))
+        raise ValueError(f"advantage estimator {algo.advantage!r} needs {missing} (values: the critic's; "
+                         "baselines: the greedy episodes' returns)")
     out = spec.fn(*[inputs[n] for n in spec.inputs], **{n: inputs[n] for n in spec.keywords},
                   **algo.estimator_kwargs)
     adv, returns = out if spec.returns else (out, None)
     if spec.turn_level:
         adv = algos.turns_to_tokens(adv, traj.turn_ids, loss_mask_BxT)
-        returns = None
+        returns = None if returns is None else algos.turns_to_tokens(returns, traj.turn_ids, loss_mask_BxT)
     return adv, returns
 
 

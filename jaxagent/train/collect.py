@@ -9,6 +9,10 @@ they play exactly the batch one process would.
 With `algo.dynamic_sampling` (DAPO), up to `max_sampling_rounds` rollouts of fresh
 tasks are played; groups whose shaped returns vary are kept first, and a batch still
 short is completed with groups without signal.
+
+For an estimator that consumes "baselines" (ReMax), each rollout is followed by a greedy
+one of the same tasks (temperature 0; the G slots of a group play the same greedy
+episode): a row's baseline is the shaped return of its task's greedy episode.
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ class Collected:
     episodes: list             # their `Episode` records
     sampling: dict             # dynamic-sampling statistics (`sampling_rounds`, ...)
     tasks_played: int          # tasks of the stream consumed
+    baselines: np.ndarray | None = None  # [rows] the greedy episode's shaped return, for "baselines"
 
 
 def sampling_seed(key: jax.Array, round_index: int) -> int:
@@ -47,14 +52,19 @@ def collect_batch(config, loop, pool, rows: np.ndarray, key: jax.Array, position
     rounds = config.algo.max_sampling_rounds if config.algo.dynamic_sampling else 1
     row_offset = int(rows[0])
     groups_signal, groups_flat = [], []   # rows of each group in the concatenated rounds
-    round_trajs, all_episodes = [], []
+    round_trajs, round_baselines, all_episodes = [], [], []
     played = 0
     for r in range(rounds):
         task_seeds = [config.env.seed + position + played * n_tasks + j for j in range(n_tasks)]
         seeds = [s for s in task_seeds for _ in range(G)]
         group_ids = [j for j in range(n_tasks) for _ in range(G)]
-        traj, episodes = loop.run(pool, [seeds[i] for i in rows], [group_ids[i] for i in rows],
-                                  seed=sampling_seed(key, r), row_offset=row_offset)
+        my_seeds, my_groups = [seeds[i] for i in rows], [group_ids[i] for i in rows]
+        traj, episodes = loop.run(pool, my_seeds, my_groups, seed=sampling_seed(key, r), row_offset=row_offset)
+        baselines = None
+        if config.algo.uses_greedy_baseline:
+            greedy, _ = loop.run(pool, my_seeds, my_groups, seed=sampling_seed(key, r), row_offset=row_offset,
+                                 sampling=dataclasses.replace(loop.config.sampling, temperature=0.0))
+            baselines = shaped_turn_rewards(config.algo, greedy).sum(axis=1)
         if row_offset:
             # anchor-state ids are per process: keep them apart (GiGPO groups them within
             # an episode group, and a group never spans processes)
@@ -62,11 +72,12 @@ def collect_batch(config, loop, pool, rows: np.ndarray, key: jax.Array, position
             traj = traj.replace(anchor_ids=jnp.asarray(np.where(anchor >= 0, anchor + row_offset * K, anchor)))
         played += 1
         if rounds == 1:
-            return Collected(traj, episodes, {"sampling_rounds": 1}, n_tasks)
+            return Collected(traj, episodes, {"sampling_rounds": 1}, n_tasks, baselines)
         returns = shaped_turn_rewards(config.algo, traj).sum(axis=1)
         failed = np.asarray(traj.failed)
         base = len(all_episodes)
         round_trajs.append(traj)
+        round_baselines.append(baselines)
         all_episodes += episodes
         for j in range(n_tasks):
             group = list(range(j * G, (j + 1) * G))
@@ -83,4 +94,5 @@ def collect_batch(config, loop, pool, rows: np.ndarray, key: jax.Array, position
                         anchor_ids=jnp.asarray(anchor_ids(episodes, K)))
     stats = {"sampling_rounds": played, "groups_with_signal": min(len(groups_signal), n_tasks),
              "groups_with_signal_frac": len(groups_signal) / (played * n_tasks)}
-    return Collected(traj, episodes, stats, played * n_tasks)
+    baselines = None if round_baselines[0] is None else np.concatenate(round_baselines)[keep]
+    return Collected(traj, episodes, stats, played * n_tasks, baselines)

@@ -18,10 +18,14 @@ from jaxagent import algos
 from jaxagent.parallel import MeshConfig
 from jaxagent.train.step import LossConfig, OptimizerConfig, StepConfig
 
-#: the estimator inputs (`jaxagent.algos.ESTIMATOR_INPUTS`) the trainer provides; an
-#: estimator that consumes "values" makes the trainer build and train a critic.
+#: the estimator inputs (`jaxagent.algos.ESTIMATOR_INPUTS`) the trainer provides: "values"
+#: and "turn_values" (the critic's value at each token / at each turn's first policy
+#: token) make it build and train a critic; "baselines" makes it play one greedy episode
+#: per task (ReMax: the greedy episode's shaped return is its group's baseline).
 PROVIDED_INPUTS = ("rewards", "mask", "group_ids", "values", "turn_rewards", "turn_mask", "anchor_ids",
-                   "gamma", "lam")
+                   "turn_values", "baselines", "gamma", "lam")
+#: inputs that come from the critic (consuming one makes the trainer train a critic)
+CRITIC_INPUTS = ("values", "turn_values")
 MODEL_TYPES = ("qwen2", "llama", "qwen3")
 TRUNCATION_MODES = ("keep", "filter", "penalty")
 #: config keys a resumed run may not change: they define the policy, the task stream
@@ -175,9 +179,11 @@ class AlgoSection:
     advantage: a registered estimator (`jaxagent.algos.list_advantage_estimators()`,
       including ones registered by your code) whose declared inputs the trainer
       provides (`PROVIDED_INPUTS`; `jaxagent.algos.get_estimator_spec`). One that
-      consumes "values" (e.g. "gae", PPO) makes the trainer train a critic
-      (initialised from the policy's trunk with a fresh value head) and use the
-      estimator's returns as the value targets.
+      consumes "values" or "turn_values" (e.g. "gae" = PPO, "turn_gae") makes the
+      trainer train a critic (initialised from the policy's trunk with a fresh value
+      head) and use the estimator's returns as the value targets (turn-level returns on
+      every token of their turn); one that consumes "baselines" ("remax") makes it play
+      one greedy episode per task as the baseline.
     gamma, lam: discount and GAE lambda, for estimators that consume them.
     gigpo_step_weight, gigpo_mode: GiGPO's step-group weight and normalisation (its
       `step_weight` and `mode` keyword arguments).
@@ -225,9 +231,6 @@ class AlgoSection:
         if missing:
             raise ValueError(f"advantage: estimator {self.advantage!r} consumes {missing}, which the trainer does "
                              f"not provide (it provides {list(PROVIDED_INPUTS)})")
-        if spec.turn_level and spec.returns and "values" in spec.consumes:
-            raise ValueError(f"advantage: estimator {self.advantage!r} returns turn-level value targets; the "
-                             "critic trains on token-level ones")
         params = inspect.signature(spec.fn).parameters
         takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
         for k in self.estimator_kwargs:
@@ -266,7 +269,12 @@ class AlgoSection:
     @property
     def uses_critic(self) -> bool:
         """The estimator consumes the critic's values (the trainer then trains one)."""
-        return "values" in self.estimator.consumes
+        return any(n in CRITIC_INPUTS for n in self.estimator.consumes)
+
+    @property
+    def uses_greedy_baseline(self) -> bool:
+        """The estimator consumes a greedy episode's return per task ("baselines")."""
+        return "baselines" in self.estimator.consumes
 
     @property
     def uses_groups(self) -> bool:
@@ -401,16 +409,25 @@ class LoggingSection:
       is not a terminal); off = the trainer prints a summary line per iteration.
     transcripts_every, transcripts_per_iteration: readable transcripts of that many
       episodes every N iterations in `<run_dir>/transcripts/` (0 = never).
+    collapse_entropy, collapse_window: print a warning (counted in `collapse_warnings`)
+      when the token entropy is below `collapse_entropy` while training success over the
+      last `collapse_window` iterations is not above the window before (0 = off).
     """
 
     tensorboard: bool = True
     progress: bool = True
     transcripts_every: int = 1
     transcripts_per_iteration: int = 2
+    collapse_entropy: float = 0.05
+    collapse_window: int = 3
 
     def __post_init__(self):
         _check_int("transcripts_every", self.transcripts_every, 0)
         _check_int("transcripts_per_iteration", self.transcripts_per_iteration, 0)
+        _check_int("collapse_window", self.collapse_window, 1)
+        if not (isinstance(self.collapse_entropy, (int, float)) and not isinstance(self.collapse_entropy, bool)
+                and math.isfinite(self.collapse_entropy) and self.collapse_entropy >= 0):
+            raise ValueError(f"collapse_entropy must be a number >= 0, got {self.collapse_entropy!r}")
 
 
 @dataclasses.dataclass(frozen=True)

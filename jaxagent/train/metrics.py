@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 def iteration_metrics(traj, success, step_metrics, adv, old_logp, loss_mask, times: dict, total_s: float, *,
-                      iteration: int, tasks_seen: int) -> dict:
+                      iteration: int, tasks_seen: int, invalid_actions=None) -> dict:
     """The iteration's JSON-able metrics: episode statistics (of every process's
     episodes: `traj` and `success` hold the whole batch), the mean of each update
     metric over the iteration's updates, throughput and seconds per phase."""
@@ -50,6 +50,7 @@ def iteration_metrics(traj, success, step_metrics, adv, old_logp, loss_mask, tim
         v = mean_of(key)
         if v is not None:
             out[key] = v
+    out.update(learning_diagnostics(traj, invalid_actions))
     out["skipped_updates"] = int(sum(float(m["skipped"]) for m in step_metrics))
     out["tokens_per_s"] = policy_tokens / max(times["rollout"], 1e-9)
     out.update({f"time_{k}_s": v for k, v in times.items()})
@@ -87,3 +88,56 @@ def iteration_line(m: dict) -> str:
     parts.append(f"{m['tokens_per_s']:.0f} tok/s")
     parts.append(f"{m['time_iteration_s']:.1f}s")
     return " | ".join(parts)
+
+
+def learning_diagnostics(traj, invalid_actions=None) -> dict:
+    """Whether the batch can teach anything:
+
+    flat_groups_frac    groups whose non-failed episodes' returns do not vary (fewer than
+                        two of them count as flat): no group-relative signal
+    anchor_repeat_frac  played turns whose anchor state (same group, same `anchor_ids`)
+                        occurs more than once: the share of turns GiGPO's step groups
+                        can compare
+    invalid_action_frac actions the env answered with `info["invalid_action"]`, over
+                        the turns played (`invalid_actions`: per row, when given)
+    """
+    ret = np.asarray(traj.episode_return, np.float64)
+    ok = ~np.asarray(traj.failed)
+    gid = np.asarray(traj.group_ids)
+    groups = np.unique(gid)
+    flat = 0
+    for g in groups:
+        r = ret[(gid == g) & ok]
+        flat += r.size < 2 or np.ptp(r) == 0
+    played = np.asarray(traj.turn_mask) & ok[:, None]
+    anchor = np.asarray(traj.anchor_ids)
+    keys = np.stack([np.broadcast_to(gid[:, None], anchor.shape), anchor], -1)[played & (anchor >= 0)]
+    repeat = 0.0
+    if len(keys):
+        _, inverse, counts = np.unique(keys, axis=0, return_inverse=True, return_counts=True)
+        repeat = float((counts[inverse.reshape(-1)] > 1).sum() / max(int(played.sum()), 1))
+    out = {"flat_groups_frac": float(flat / max(len(groups), 1)), "anchor_repeat_frac": repeat}
+    if invalid_actions is not None:
+        turns = int(np.asarray(traj.num_turns).sum())
+        out["invalid_action_frac"] = float(np.asarray(invalid_actions).sum() / max(turns, 1))
+    return out
+
+
+def collapse_warning(history: list[dict], metrics: dict, *, entropy_below: float, window: int) -> str | None:
+    """A warning when the policy's entropy has collapsed (`entropy < entropy_below`) while
+    its training success has not risen: the mean success of the last `window` iterations
+    (this one included) is not above that of the `window` before (RAGEN's "echo trap":
+    a policy repeating itself without getting better). None otherwise, or while there are
+    fewer than `2 * window` iterations."""
+    entropy = metrics.get("entropy")
+    runs = [m.get("success_rate", 0.0) for m in history] + [metrics.get("success_rate", 0.0)]
+    if entropy is None or entropy >= entropy_below or len(runs) < 2 * window:
+        return None
+    recent, earlier = np.mean(runs[-window:]), np.mean(runs[-2 * window:-window])
+    if recent > earlier:
+        return None
+    return (f"warning: entropy collapse at iteration {metrics.get('iteration')}: entropy {entropy:.4f} < "
+            f"{entropy_below} while training success did not rise (last {window} iterations {recent:.3f}, "
+            f"the {window} before {earlier:.3f}); the policy may be repeating itself (lower the learning rate, "
+            f"add loss.entropy_coef, or stop)")
+

@@ -168,18 +168,19 @@ class Placement:
 
         return jax.tree.map(put, batch)
 
-    def global_batch(self, traj, success):
-        """`(traj, success, placed)`: this process's rollout rows become the global batch
-        `placed` (the log-prob pass's input); `traj` / `success` are host-side copies of
-        every process's rows."""
+    def global_batch(self, traj, per_row):
+        """`(traj, per_row, placed)`: this process's rollout rows become the global batch
+        `placed` (the log-prob pass's input); `traj` and `per_row` (a pytree of host
+        arrays with one entry per row, e.g. the episodes' success) are returned as
+        host-side copies of every process's rows."""
         if self.mesh is None:
-            return traj, success, traj
-        placed, success_placed = par.global_batch(jax.tree.map(np.asarray, (traj, success)), self.mesh,
+            return traj, per_row, traj
+        placed, per_row_placed = par.global_batch(jax.tree.map(np.asarray, (traj, per_row)), self.mesh,
                                                   self.config.env.batch_size)
         if self.multi_process:
-            traj, success = par.to_host((placed, success_placed))
+            traj, per_row = par.to_host((placed, per_row_placed))
             traj = jax.tree.map(jnp.asarray, traj)
-        return traj, success, placed
+        return traj, per_row, placed
 
     def fetch(self, tree):
         """Replicated device values (metrics) as host values on every process."""

@@ -51,7 +51,7 @@ from jaxagent.train.advantages import compute_advantages, shape_rewards
 from jaxagent.train.collect import collect_batch
 from jaxagent.train.config import TrainerConfig
 from jaxagent.train.evaluate import evaluate
-from jaxagent.train.metrics import eval_line, iteration_line, iteration_metrics
+from jaxagent.train.metrics import collapse_warning, eval_line, iteration_line, iteration_metrics
 from jaxagent.train.overlap import OffPolicyRollouts
 from jaxagent.train.rundir import Progress, RunDir
 from jaxagent.train.step import UpdateBatch
@@ -172,6 +172,7 @@ class Trainer:
                     self._overlap.wait()
                     ev = self.evaluate(loop, pool)
                     metrics.update({f"eval_{k}": ev[k] for k in ("success_rate", "return_mean", "turns_mean")})
+                self._check_collapse(metrics)
                 self.history.append(metrics)
                 self.rundir.append_metrics(metrics)
                 if run_log is not None:
@@ -185,6 +186,19 @@ class Trainer:
             if run_log is not None:
                 run_log.close()
 
+    def _check_collapse(self, metrics: dict) -> None:
+        """Prints the entropy-collapse warning (`metrics.collapse_warning`) and counts it
+        in `collapse_warnings` (over the whole run)."""
+        lc = self.config.logging
+        count = self.history[-1].get("collapse_warnings", 0) if self.history else 0
+        if lc.collapse_entropy > 0:
+            warning = collapse_warning(self.history, metrics, entropy_below=lc.collapse_entropy,
+                                       window=lc.collapse_window)
+            if warning is not None:
+                self.log(warning)
+                count += 1
+        metrics["collapse_warnings"] = count
+
     # ------------------------------------------------------------------ one iteration
     def iteration_step(self, loop, pool) -> dict:
         """One RL iteration (module docstring); returns its metrics."""
@@ -197,8 +211,9 @@ class Trainer:
         collected, staleness = self._rollout(loop, pool, k_sample, times)
         self.progress.task_position += collected.tasks_played
         self._last_episodes = collected.episodes
-        success = np.array([ep.success for ep in collected.episodes])
-        traj, success, placed = place.global_batch(collected.traj, success)
+        per_row = {"success": np.array([ep.success for ep in collected.episodes]), "baselines": collected.baselines,
+                   "invalid_actions": np.array([ep.invalid_actions for ep in collected.episodes])}
+        traj, per_row, placed = place.global_batch(collected.traj, per_row)
         times.setdefault("rollout", time.perf_counter() - t0)
 
         # ---- log-probs (old policy, KL reference) and the critic's values
@@ -212,7 +227,7 @@ class Trainer:
         # ---- reward shaping, advantages
         t0 = time.perf_counter()
         shaped, loss_mask, shaping = shape_rewards(cfg.algo, traj, loss_mask, old_logp, ref_logp)
-        adv, returns = compute_advantages(cfg.algo, shaped, loss_mask, values)
+        adv, returns = compute_advantages(cfg.algo, shaped, loss_mask, values, per_row["baselines"])
         batch = UpdateBatch(tokens=traj.tokens, loss_mask=loss_mask, advantages=adv, old_logp=old_logp,
                             attention_mask=traj.attention_mask, ref_logp=ref_logp if cfg.loss.kl_coef > 0 else None,
                             rollout_logp=traj.rollout_logp, returns=returns if cfg.algo.uses_critic else None,
@@ -230,8 +245,9 @@ class Trainer:
 
         self.progress.iteration += 1
         total_s = time.perf_counter() - t_start
-        out = iteration_metrics(traj, success, step_metrics, adv, old_logp, loss_mask, times, total_s,
-                                iteration=self.iteration, tasks_seen=self.progress.task_position)
+        out = iteration_metrics(traj, per_row["success"], step_metrics, adv, old_logp, loss_mask, times, total_s,
+                                iteration=self.iteration, tasks_seen=self.progress.task_position,
+                                invalid_actions=per_row["invalid_actions"])
         if cfg.overlap.off_policy:  # the main thread (which drives the device) idled only while it waited
             out.update(staleness=staleness, device_idle_frac=times["rollout_wait"] / max(total_s, 1e-9))
         if cfg.algo.dynamic_sampling:

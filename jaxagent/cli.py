@@ -12,9 +12,10 @@ type and what it does.
 ``jaxagent eval RUN_DIR [--step N] [--episodes N] [--seed S] [--temperature T] [--out JSONL]``
 evaluates a run's checkpoint on held-out seeds (`jaxagent.train.evaluate`).
 
-``jaxagent plot RUN_DIR [--out PNG]`` draws the run's learning curves from its
-metrics.jsonl (`jaxagent.train.plot`); exit status 2 with a message when the run dir or
-its metrics cannot be read.
+``jaxagent plot RUN_DIR [RUN_DIR ...] [--out PNG]`` draws the run's learning curves from
+its metrics.jsonl (`jaxagent.train.plot`); several runs go on one comparison figure
+against episodes, seeds of one recipe as a band; exit status 2 with a message when a
+run dir or its metrics cannot be read.
 
 ``jaxagent bench update [--repeats N] [--quick] [--out JSONL] [--systems jax,torch,tunix]``
 runs the W2 policy-update benchmark of the repository (`jaxagent.bench`), printing JSON
@@ -91,10 +92,13 @@ def _eval(args) -> int:
 
 
 def _plot(args) -> int:
-    from jaxagent.train.plot import RunDataError, plot_run
+    from jaxagent.train.plot import RunDataError, plot_run, plot_runs
 
     try:
-        path = plot_run(args.run_dir, args.out)
+        if len(args.run_dir) == 1:
+            path = plot_run(args.run_dir[0], args.out)
+        else:
+            path = plot_runs(args.run_dir, args.out)
     except (FileNotFoundError, RunDataError) as err:
         print(f"jaxagent plot: error: {err}", file=sys.stderr)
         return 2
@@ -134,8 +138,13 @@ def main(argv: list[str] | None = None) -> int:
                           description="Draw reward, success rate, KL, entropy, loss and tokens/s against the "
                                       "iteration from RUN_DIR/metrics.jsonl (eval_* keys and summary.json "
                                       "references included); prints the PNG's path.")
-    plot.add_argument("run_dir", metavar="RUN_DIR", help="a training run's directory (holds metrics.jsonl)")
-    plot.add_argument("--out", metavar="PNG", default=None, help="output file (default RUN_DIR/learning_curves.png)")
+    plot.add_argument("run_dir", metavar="RUN_DIR", nargs="+",
+                      help="a training run's directory (holds metrics.jsonl); several: one comparison figure "
+                           "against episodes (held-out success sampled and greedy, training success; seeds of "
+                           "one recipe as a band)")
+    plot.add_argument("--out", metavar="PNG", default=None,
+                      help="output file (default RUN_DIR/learning_curves.png; several runs: comparison.png beside "
+                           "the first)")
     from jaxagent import bench as bench_mod
 
     bench = sub.add_parser("bench", help="run a benchmark of the repository (update: the W2 policy update)",

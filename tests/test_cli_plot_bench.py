@@ -153,3 +153,46 @@ def test_bench_update_quick_smoke(tmp_path):
     assert s["median_step_s"] == pytest.approx(float(np.median(s["step_s"])), rel=1e-12)
     assert s["tokens_per_s"] == pytest.approx(s["batch"] * s["seq"] / s["median_step_s"], rel=1e-12)
     assert steps[0]["batch"] == 2 and not [r for r in rows if r["kind"] == "ratio"]
+
+
+def write_seed_run(run_dir: Path, seed: int, lr: float, train_success, eval_at, summary):
+    """A run dir as the trainer writes it: config.yaml, metrics.jsonl, summary.json."""
+    import yaml
+
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"env": {"group_size": 4}, "optim": {"lr": lr},
+                                                         "seed": seed, "run_dir": str(run_dir)}))
+    lines = []
+    for i, s in enumerate(train_success, start=1):
+        rec = {"iteration": i, "tasks_seen": 2 * i, "success_rate": s}
+        if i in eval_at:
+            rec.update(eval_success_rate=eval_at[i][0], eval_greedy_success_rate=eval_at[i][1])
+        lines.append(json.dumps(rec))
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+
+
+def test_plot_several_runs_groups_seeds_of_a_recipe(tmp_path):
+    from jaxagent.train.plot import _mean_band, read_run
+
+    before_after = {"success_before_rl": 0.1, "success_after_rl": 0.5, "success_before_rl_greedy": 0.0,
+                    "success_after_rl_greedy": 0.4}
+    a = tmp_path / "a"
+    write_seed_run(a, 0, 1e-3, [0.1, 0.2, 0.3], {2: (0.3, 0.2)}, before_after)
+    b = tmp_path / "b"
+    write_seed_run(b, 1, 1e-3, [0.3, 0.4, 0.5], {2: (0.5, 0.4)}, {**before_after, "success_after_rl": 0.7})
+    c = tmp_path / "c"
+    write_seed_run(c, 0, 3e-4, [0.0, 0.0, 0.1], {}, before_after)
+    run = read_run(a)
+    assert run.episodes == [8.0, 16.0, 24.0]            # tasks seen x group size
+    assert run.held_out["sampled"] == [(0.0, 0.1), (16.0, 0.3), (24.0, 0.5)]
+    assert run.held_out["greedy"] == [(0.0, 0.0), (16.0, 0.2), (24.0, 0.4)]
+    xs, mean, lo, hi = _mean_band([read_run(a).held_out["sampled"], read_run(b).held_out["sampled"]])
+    assert xs == [0.0, 16.0, 24.0] and lo == [0.1, 0.3, 0.5] and hi == [0.1, 0.5, 0.7]
+    assert mean == pytest.approx([0.1, 0.4, 0.6])
+    out = tmp_path / "cmp.png"
+    assert main(["plot", str(a), str(b), str(c), "--out", str(out)]) == 0
+    desc = Image.open(out).info["Description"]
+    # a and b differ only by seed: one recipe of 2 seeds; c is another recipe (its lr)
+    assert desc == "recipes: optim.lr=0.001 (2 seeds); optim.lr=0.0003 (1 seed)"
+    assert main(["plot", str(a), str(tmp_path / "missing")]) == 2

@@ -334,7 +334,8 @@ class EvalSection:
     every `every` iterations in between (0 = never) as `eval_*` metrics.
     temperature: sampling temperature of the evaluation (None = `rollout.temperature`;
       0 = greedy).
-    greedy: also evaluate with greedy decoding before and after RL
+    greedy: also evaluate with greedy decoding before and after RL (and every `every`
+      iterations, as `eval_greedy_*` metrics)
       (`success_before_rl_greedy` / `success_after_rl_greedy`): whether RL taught the
       policy something its most likely actions did not already do.
     """

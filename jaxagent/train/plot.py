@@ -189,3 +189,139 @@ def plot_run(run_dir, out=None) -> Path:
     finally:
         plt.close(fig)
     return out
+
+
+# ----------------------------------------------------------------------------- several runs
+#: config keys that tell seeds of one recipe apart (not the recipe itself)
+SEED_KEYS = ("seed", "run_dir")
+COMPARE_NAME = "comparison.png"
+
+
+@dataclasses.dataclass
+class RunCurves:
+    """One run's curves for `plot_runs`: x is episodes played (tasks seen x group size)."""
+
+    run_dir: Path
+    recipe: dict                      # the config without SEED_KEYS
+    episodes: list[float]             # per iteration
+    train_success: list[float]
+    held_out: dict[str, list[tuple[float, float]]]   # "sampled" / "greedy" -> [(episodes, success)]
+
+
+def read_run(run_dir) -> RunCurves:
+    """A run's curves: training success per iteration and held-out success (sampled and
+    greedy) before RL, at every `eval.every` iterations, and after RL, against episodes."""
+    import yaml
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"{run_dir}: no such run directory")
+    config_path = run_dir / "config.yaml"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{config_path} is missing: {run_dir} is not a training run directory")
+    config = yaml.safe_load(config_path.read_text()) or {}
+    group = int(config.get("env", {}).get("group_size", 1))
+    records = read_metrics(run_dir / "metrics.jsonl")
+    summary = {}
+    if (run_dir / "summary.json").is_file():
+        summary = json.loads((run_dir / "summary.json").read_text())
+    episodes, train, held = [], [], {"sampled": [], "greedy": []}
+    for n, rec in enumerate(records, start=1):
+        x = float(rec["tasks_seen"] * group) if _is_number(rec.get("tasks_seen")) else float(n)
+        episodes.append(x)
+        train.append(float(rec.get("success_rate", math.nan)))
+        for kind, key in (("sampled", "eval_success_rate"), ("greedy", "eval_greedy_success_rate")):
+            if _is_number(rec.get(key)):
+                held[kind].append((x, float(rec[key])))
+    for kind, suffix in (("sampled", ""), ("greedy", "_greedy")):
+        if _is_number(summary.get(f"success_before_rl{suffix}")):
+            held[kind].insert(0, (0.0, float(summary[f"success_before_rl{suffix}"])))
+        if _is_number(summary.get(f"success_after_rl{suffix}")) and episodes:
+            held[kind].append((episodes[-1], float(summary[f"success_after_rl{suffix}"])))
+    recipe = {k: v for k, v in config.items() if k not in SEED_KEYS}
+    return RunCurves(run_dir, recipe, episodes, train, held)
+
+
+def _recipe_labels(groups: list[list[RunCurves]]) -> list[str]:
+    """A label per recipe: the dotted config keys in which the recipes differ."""
+    def flat(d, prefix=""):
+        out = {}
+        for k, v in d.items():
+            if isinstance(v, dict) and v:
+                out.update(flat(v, f"{prefix}{k}."))
+            else:
+                out[prefix + k] = v
+        return out
+
+    def norm(v):  # a key absent, null or empty means the same default
+        return json.dumps(None if v in ({}, []) else v, sort_keys=True)
+
+    flats = [{k: v for k, v in flat(g[0].recipe).items() if not k.startswith("logging.")} for g in groups]
+    keys = sorted({k for f in flats for k in f if len({norm(x.get(k)) for x in flats}) > 1})
+    labels = []
+    for f, g in zip(flats, groups):
+        label = ", ".join(f"{k}={f.get(k)}" for k in keys) or str(f.get("algo.advantage", g[0].run_dir.name))
+        labels.append(f"{label} ({len(g)} seed{'s' if len(g) > 1 else ''})")
+    return labels
+
+
+def _mean_band(series: list[list[tuple[float, float]]]):
+    """(x, mean, low, high) over runs, point by point (runs of one recipe share their
+    evaluation points; the shortest sets the length)."""
+    n = min(len(s) for s in series)
+    xs = [sum(s[i][0] for s in series) / len(series) for i in range(n)]
+    ys = [[s[i][1] for s in series] for i in range(n)]
+    return xs, [sum(y) / len(y) for y in ys], [min(y) for y in ys], [max(y) for y in ys]
+
+
+def plot_runs(run_dirs, out=None) -> Path:
+    """Several runs on one figure against episodes played: held-out success sampled and
+    greedy, and training success. Runs whose configs differ only in `seed` (and
+    `run_dir`) are seeds of one recipe, drawn as their mean with a min-max band.
+    Default output: `comparison.png` beside the first run directory."""
+    runs = [read_run(d) for d in run_dirs]
+    if not runs:
+        raise ValueError("plot_runs: no run directories given")
+    groups: list[list[RunCurves]] = []
+    for r in runs:
+        for g in groups:
+            if g[0].recipe == r.recipe:
+                g.append(r)
+                break
+        else:
+            groups.append([r])
+    labels = _recipe_labels(groups)
+    out = Path(out) if out is not None else runs[0].run_dir.parent / COMPARE_NAME
+
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    titles = ("held-out success, sampled", "held-out success, greedy", "training success")
+    fig, axes = plt.subplots(1, 3, figsize=(16.5, 4.2 + 0.3 * len(groups)), squeeze=False)
+    try:
+        for gi, (group, label) in enumerate(zip(groups, labels)):
+            color = f"C{gi}"
+            curves = [[r.held_out["sampled"] for r in group], [r.held_out["greedy"] for r in group],
+                      [list(zip(r.episodes, r.train_success)) for r in group]]
+            for ax, series in zip(axes[0], curves):
+                if not all(series):
+                    continue
+                xs, mean, lo, hi = _mean_band(series)
+                ax.plot(xs, mean, color=color, marker="o" if len(xs) < 30 else None, label=label)
+                if len(group) > 1:
+                    ax.fill_between(xs, lo, hi, color=color, alpha=0.2)
+        for ax, title in zip(axes[0], titles):
+            ax.set_title(title)
+            ax.set_xlabel("episodes")
+            ax.set_ylim(-0.03, 1.03)
+            ax.grid(alpha=0.3)
+        handles, names = axes[0][2].get_legend_handles_labels()
+        fig.legend(handles, names, loc="lower center", ncol=1, fontsize="small")
+        fig.tight_layout(rect=(0, 0.06 * len(groups) + 0.02, 1, 1))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=100, metadata={"Description": "recipes: " + "; ".join(labels)})
+    finally:
+        plt.close(fig)
+    return out

@@ -172,6 +172,9 @@ class Trainer:
                     self._overlap.wait()
                     ev = self.evaluate(loop, pool)
                     metrics.update({f"eval_{k}": ev[k] for k in ("success_rate", "return_mean", "turns_mean")})
+                    if cfg.eval.greedy:
+                        evg = self.evaluate(loop, pool, temperature=0.0)
+                        metrics.update({f"eval_greedy_{k}": evg[k] for k in ("success_rate", "return_mean")})
                 self._check_collapse(metrics)
                 self.history.append(metrics)
                 self.rundir.append_metrics(metrics)

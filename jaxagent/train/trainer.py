@@ -134,7 +134,7 @@ class Trainer:
             else:
                 self.rundir.start(ckpt, cfg, self.tokenizer if cfg.model.tokenizer == "bpe" else None)
             self.rundir.write_config(cfg)
-            if self.iteration >= cfg.iterations and ("success_after_rl" in self.summary or not cfg.eval.episodes):
+            if self.iteration >= cfg.iterations and (self._evaluated_after_rl() or not cfg.eval.episodes):
                 self.log(f"nothing to do: {self.iteration} of {cfg.iterations} iterations done")
                 return self.history
             loop = self.agent_loop()
@@ -143,7 +143,7 @@ class Trainer:
                 if not self.resume and (cfg.warm_start.enabled or cfg.eval.episodes):
                     self._before_rl(loop, pool, ckpt)
                 self._iterations(loop, pool, ckpt)
-                if cfg.eval.episodes and "success_after_rl" not in self.summary:
+                if cfg.eval.episodes and not self._evaluated_after_rl():
                     ckpt.wait_until_finished()
                     self._held_out("after_rl", loop, pool)
                     self.summary["iterations_at_eval"] = self.iteration
@@ -340,6 +340,11 @@ class Trainer:
         if evg is not None:
             self.summary.update({f"success_{when}_greedy": evg["success_rate"], f"eval_{when}_greedy": evg})
             self.log(f"held-out evaluation {label}, greedy: {eval_line(evg)}")
+
+    def _evaluated_after_rl(self) -> bool:
+        """The summary's evaluation after RL is of the current policy (a run resumed with
+        more iterations evaluates again)."""
+        return "success_after_rl" in self.summary and self.summary.get("iterations_at_eval") == self.iteration
 
     def _final_line(self) -> None:
         s = self.summary

@@ -157,6 +157,26 @@ def test_resumed_run_equals_an_uninterrupted_one(tmp_path):
     assert learning_metrics(resumed) == learning_metrics(straight)
 
 
+def test_a_finished_run_resumed_for_more_iterations_evaluates_again(tmp_path):
+    """The summary's after-RL evaluation is of the final policy, also after a resume that
+    extends a finished run; the extended run's evaluation equals an uninterrupted run's."""
+    ev = ["eval.episodes=4", "eval.seed=700000", "env.num_workers=0"]
+    a, b = tmp_path / "a", tmp_path / "b"
+    Trainer(config(a, *VARIED, *ev, "iterations=1"), log=lambda *_: None).run()
+    first = json.loads((a / "summary.json").read_text())
+    assert first["iterations_at_eval"] == 1
+    lines = []
+    Trainer(config(a, *VARIED, *ev, "iterations=2"), resume=True, log=lines.append).run()
+    Trainer(config(b, *VARIED, *ev, "iterations=2"), log=lambda *_: None).run()
+    extended, straight = (json.loads((d / "summary.json").read_text()) for d in (a, b))
+    assert extended["iterations_at_eval"] == straight["iterations_at_eval"] == 2
+    for key in ("success_after_rl", "eval_after_rl"):
+        want = {k: v for k, v in straight[key].items() if k != "seconds"} if key == "eval_after_rl" else straight[key]
+        got = {k: v for k, v in extended[key].items() if k != "seconds"} if key == "eval_after_rl" else extended[key]
+        assert got == want, key
+    assert json.loads(lines[-1])["iterations"] == 2   # the final line is the new evaluation's
+
+
 def test_resume_without_a_checkpoint_is_an_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         Trainer(config(tmp_path / "run"), resume=True, log=lambda *_: None).run()

@@ -118,7 +118,8 @@ def test_estimator_declarations_are_checked_with_clear_errors(tmp_path):
                                                           "gamma")
 
 
-@pytest.mark.parametrize("name", ["remax", "turn_gae", "turn_returns"])
+@pytest.mark.parametrize("name", [pytest.param("remax", marks=pytest.mark.slow), "turn_gae",
+                                  pytest.param("turn_returns", marks=pytest.mark.slow)])
 def test_every_builtin_estimator_trains(tmp_path, name):
     """remax (a greedy baseline rollout per task), turn_gae (a critic read at turn starts)
     and turn_returns (REINFORCE over turns) train end to end."""

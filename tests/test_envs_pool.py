@@ -277,10 +277,18 @@ def test_close_stops_workers_and_is_idempotent():
 
 def _script(body: str, context: str = "spawn") -> str:
     return textwrap.dedent(f"""
-        import functools, os, sys, time
+        import functools, os, signal, sys, time
         sys.path.insert(0, {ROOT!r})
         import envs
         if __name__ == "__main__":
+            # A child inherits its parent's blocked and ignored signals; the pytest process
+            # may carry SIGINT blocked (seen in full-suite runs: the script never received
+            # it). Start as a terminal's process does: SIGINT delivered, KeyboardInterrupt.
+            status = open("/proc/self/status").read() if os.path.exists("/proc/self/status") else ""
+            print("inherited", *[ln for ln in status.splitlines() if ln.startswith(("SigBlk", "SigIgn"))],
+                  file=sys.stderr, flush=True)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+            signal.signal(signal.SIGINT, signal.default_int_handler)
             pool = envs.EnvPool(["testing/faulty"] * 4, num_workers=2, mp_context={context!r})
             pool.reset([0, 1, 2, 3])
             print("PIDS", *pool.worker_pids(), flush=True)
@@ -311,10 +319,9 @@ def test_ctrl_c_in_the_parent_leaves_no_workers():
             pool.step(["a"] * 4) if all(pool.status(i) == "running" for i in range(4)) else pool.reset([0, 1, 2, 3])
     """)
     time.sleep(0.3)
-    # Python raises KeyboardInterrupt in whatever bytecode runs when the signal lands; in
-    # a finalizer (`__del__`, a weakref callback, the garbage collector) it is printed as
-    # "Exception ignored" and lost, so a user's Ctrl-C can need a second press (seen
-    # here under load: the script ran on). Press again, as a user would, up to 3 times.
+    # A KeyboardInterrupt raised inside a finalizer (`__del__`, a weakref callback) is
+    # printed as "Exception ignored" and lost, so a Ctrl-C can need a second press; press
+    # again, as a user would, up to 3 times.
     err = ""
     for _ in range(3):
         proc.send_signal(signal.SIGINT)

@@ -21,6 +21,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+from . import advantages as _adv
+from . import losses as _loss
+
 #: what an estimator may consume: name -> meaning (shapes: B rows, T tokens, K turns).
 ESTIMATOR_INPUTS: dict[str, str] = {
     "rewards": "[B, T] float: each turn's reward at the turn's last policy token, 0 elsewhere",
@@ -75,9 +78,6 @@ class EstimatorSpec:
     def turn_level(self) -> bool:
         """Its advantages are per turn (`[B, K]`), not per token."""
         return any(n in TURN_INPUTS for n in self.consumes)
-
-from . import advantages as _adv
-from . import losses as _loss
 
 _OUTCOME = ("rewards", "mask", "group_ids")
 _ADVANTAGE_ESTIMATORS: dict[str, EstimatorSpec] = {

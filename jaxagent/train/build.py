@@ -166,12 +166,12 @@ def build_run(config: TrainerConfig, *, resume: bool = False, log=print) -> Run:
     k_model, k_critic, k_rng = jax.random.split(jax.random.key(config.seed), 3)
     if config.model.path is None:  # the architecture is known: check before building anything
         placement = Placement(config, scratch_config(config.model, tokenizer))
-        estimate = placement.check_memory(placement.model_config, log)
+        estimate = placement.check_memory(log)
         params, model_config = build_policy(config.model, tokenizer, k_model)
     else:
         params, model_config = build_policy(config.model, tokenizer, k_model)
         placement = Placement(config, model_config)
-        estimate = placement.check_memory(model_config, log)
+        estimate = placement.check_memory(log)
     ref = reference_params(config, params, placement)
     state = rl_state(config, params, model_config, placement, critic_key=k_critic, rng_key=k_rng)
     return Run(tokenizer=tokenizer, model_config=model_config, placement=placement, state=state, ref_params=ref,

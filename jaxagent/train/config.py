@@ -134,7 +134,6 @@ class RolloutSection:
     max_tokens_per_turn: tokens the policy may generate in one turn.
     max_context: tokens per episode (prompt, turns and observations) at most.
     temperature, top_k, top_p: sampling (temperature 0 = greedy; top_k 0 = off).
-
     pipeline_groups: > 1 splits each rollout into that many sub-batches so that env
       steps of one overlap the device's decoding of another (same trajectories).
     """

@@ -45,8 +45,6 @@ from typing import Any, Iterable, Sequence, TextIO
 
 import numpy as np
 
-from jaxagent.rollout.agent_loop import episode_success
-
 TRANSCRIPT_RULE = "=" * 78
 
 
@@ -150,8 +148,7 @@ def format_transcript(episode, tokenizer=None) -> str:
             out.append(cut)
     if len(episode.observations) > len(rewards):  # the env's answer to the last action
         out += ["final observation:", _indent(episode.observations[len(rewards)])]
-    success = episode_success(episode.done, episode.rewards, episode.info)
-    flags = (f"return {sum(rewards):+.4g} | success {'yes' if success else 'no'} | "
+    flags = (f"return {sum(rewards):+.4g} | success {'yes' if episode.success else 'no'} | "
              f"done {bool(episode.done)} | truncated {bool(episode.truncated)} | failed {bool(episode.failed)}")
     if episode.end_reason:
         flags += f" | end: {episode.end_reason}"

@@ -207,11 +207,11 @@ class Placement:
         return jnp.asarray(par.to_host(self._values(state.critic_params, probe)))
 
     # ------------------------------------------------------------------ memory
-    def check_memory(self, model_config, log) -> dict:
+    def check_memory(self, log) -> dict:
         """Logs the per-device memory estimate and returns it; raises `DoesNotFitError`
         (naming every component) when it exceeds the device's memory (`memory_stats`,
         else `device_memory_gb`, else no check). Call before anything is compiled."""
-        cfg = self.config
+        cfg, model_config = self.config, self.model_config
         common = dict(param_dtype=cfg.model.dtype)
         est = memory.estimate_memory(model_config, cfg.step_config, self.mesh,
                                      batch_size=cfg.env.batch_size // cfg.mini_batches,

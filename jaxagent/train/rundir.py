@@ -100,7 +100,7 @@ class RunDir:
         """`(state, progress)` of the latest checkpoint (or `step`), checked against
         `config` (`check_resumable`). `FileNotFoundError` when there is none."""
         if ckpt.latest_step() is None:
-            raise FileNotFoundError(f"--resume: no checkpoint in {ckpt.directory}")
+            raise FileNotFoundError(f"no checkpoint in {ckpt.directory}")
         if step is not None and step not in ckpt.all_steps():
             raise ValueError(f"no checkpoint at step {step} in {ckpt.directory}; steps: {ckpt.all_steps()}")
         where = ckpt.directory / str(step if step is not None else ckpt.latest_step())

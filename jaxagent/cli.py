@@ -1,9 +1,12 @@
 """Command line: ``jaxagent <command>`` (also ``python -m jaxagent``).
 
-``jaxagent train --config PATH [key=value ...] [--resume]`` runs the trainer
-(`jaxagent.train.trainer`) on a YAML config with dotted overrides; a config error
+``jaxagent train --config PATH [key=value ...] [--resume [RUN_DIR]] [--step N]`` runs the
+trainer (`jaxagent.train.trainer`) on a YAML config with dotted overrides; a config error
 prints the message naming the key and exits with status 2. Without ``--config`` it
-runs the embedded demo, ``configs/default.yaml`` (overrides still apply).
+runs the embedded demo, ``configs/default.yaml`` (overrides still apply). ``--resume
+RUN_DIR`` continues that run with its own ``config.yaml`` (overrides still apply and are
+checked against what a run must keep); a directory without checkpoints is an error that
+creates nothing.
 
 ``jaxagent config [--config PATH] [key=value ...]`` lists every key of a training
 config, one per line: its dotted name, its value (the defaults without --config), its
@@ -32,29 +35,67 @@ from pathlib import Path
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
 
 
-def _train(args) -> int:
-    if args.config is None:
-        if not DEFAULT_CONFIG.is_file():
-            print(f"jaxagent train: error: the embedded default config {DEFAULT_CONFIG} is missing (it ships "
-                  "with the repository checkout); pass --config PATH", file=sys.stderr)
-            return 2
-        args.config = str(DEFAULT_CONFIG)
+def _resume_target(args) -> tuple[bool, Path | None, list[str]]:
+    """(resume?, the RUN_DIR given to --resume or None, the overrides). `--resume` takes an
+    optional RUN_DIR; a `key=value` right after it is an override, not a directory."""
+    overrides = list(args.overrides)
+    if args.resume is False or args.resume is True:
+        return bool(args.resume), None, overrides
+    if "=" in args.resume and not Path(args.resume).is_dir():
+        return True, None, [args.resume] + overrides
+    return True, Path(args.resume), overrides
+
+
+def _train_config(args):
+    """The config of `jaxagent train`: --config, else (resuming) the run's own config.yaml,
+    else the embedded demo; `--resume RUN_DIR` sets run_dir."""
     from jaxagent.config import ConfigError, load_config
+    from jaxagent.train.trainer import TrainerConfig
+
+    resume, run_dir, overrides = _resume_target(args)
+    if args.step is not None and not resume:
+        raise ConfigError("--step chooses the checkpoint to resume from: it needs --resume")
+    if run_dir is not None:
+        if not run_dir.is_dir():
+            raise FileNotFoundError(f"--resume: the run directory {run_dir} does not exist")
+        given = [o.split("=", 1)[1] for o in overrides if o.startswith("run_dir=")]
+        if given and Path(given[-1]).absolute() != run_dir.absolute():
+            raise ConfigError(f"--resume {run_dir} and the override run_dir={given[-1]} name different runs")
+        overrides.append(f"run_dir={run_dir}")
+    path = args.config
+    if path is None and resume:
+        target = run_dir if run_dir is not None else Path(load_config(TrainerConfig, DEFAULT_CONFIG, overrides).run_dir)
+        if (target / "config.yaml").is_file():
+            path = target / "config.yaml"
+        elif run_dir is not None:
+            raise FileNotFoundError(f"--resume: {run_dir} is not a training run directory "
+                                    f"({run_dir / 'config.yaml'} is missing)")
+    if path is None:
+        if not DEFAULT_CONFIG.is_file():
+            raise FileNotFoundError(f"the embedded default config {DEFAULT_CONFIG} is missing (it ships with "
+                                    "the repository checkout); pass --config PATH")
+        path = DEFAULT_CONFIG
+    return load_config(TrainerConfig, path, overrides), resume
+
+
+def _train(args) -> int:
+    from jaxagent.config import ConfigError
     from jaxagent.train.checkpoint import IncompatibleCheckpointError
-    from jaxagent.train.trainer import Trainer, TrainerConfig
+    from jaxagent.train.rundir import DamagedCheckpointError
+    from jaxagent.train.trainer import Trainer
 
     try:
-        config = load_config(TrainerConfig, args.config, args.overrides)
-        trainer = Trainer(config, resume=args.resume)
+        config, resume = _train_config(args)
+        trainer = Trainer(config, resume=resume, step=args.step)
     except ConfigError as err:
         print(f"jaxagent train: config error: {err}", file=sys.stderr)
         return 2
-    except MemoryError as err:  # the per-device memory estimate does not fit (before compiling)
+    except (MemoryError, FileNotFoundError) as err:  # memory estimate too large; nothing to resume
         print(f"jaxagent train: error: {err}", file=sys.stderr)
         return 2
     try:
         trainer.run()
-    except (IncompatibleCheckpointError, FileExistsError, FileNotFoundError) as err:
+    except (IncompatibleCheckpointError, DamagedCheckpointError, FileExistsError, FileNotFoundError) as err:
         print(f"jaxagent train: error: {err}", file=sys.stderr)
         return 2
     return 0
@@ -79,12 +120,13 @@ def _eval(args) -> int:
     from jaxagent.config import ConfigError
     from jaxagent.train.checkpoint import IncompatibleCheckpointError
     from jaxagent.train.evaluate import evaluate_run
+    from jaxagent.train.rundir import DamagedCheckpointError
 
     try:
         result = evaluate_run(args.run_dir, step=args.step, episodes=args.episodes, seed=args.seed,
                               temperature=args.temperature, out=args.out, num_workers=args.num_workers,
                               log=lambda line: print(line, file=sys.stderr))
-    except (ConfigError, IncompatibleCheckpointError, FileNotFoundError, ValueError) as err:
+    except (ConfigError, IncompatibleCheckpointError, DamagedCheckpointError, FileNotFoundError, ValueError) as err:
         print(f"jaxagent eval: error: {err}", file=sys.stderr)
         return 2
     print(json.dumps(result))
@@ -112,8 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     train = sub.add_parser("train", help="train an agent (the embedded demo, configs/default.yaml, without --config)")
     train.add_argument("--config", metavar="PATH", help="YAML config of a training run (TrainerConfig)")
-    train.add_argument("--resume", action="store_true",
-                       help="continue from the latest checkpoint in the config's run_dir")
+    train.add_argument("--resume", nargs="?", const=True, default=False, metavar="RUN_DIR",
+                       help="continue a run from its newest readable checkpoint: RUN_DIR (its config.yaml is "
+                            "the default config), or the config's run_dir")
+    train.add_argument("--step", type=int, default=None, metavar="N",
+                       help="with --resume: the checkpoint step to continue from (default: the newest)")
     train.add_argument("overrides", nargs="*", metavar="key=value",
                        help="dotted config overrides, e.g. optim.lr=1e-4 env.group_size=8")
     conf = sub.add_parser("config", help="list every training config key with its value, type and meaning")

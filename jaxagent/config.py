@@ -39,6 +39,51 @@ class ConfigError(ValueError):
     """A config file or override that cannot be turned into the typed config."""
 
 
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2 numbers and duplicate keys as errors.
+
+    PyYAML follows YAML 1.1, where ``1e-4`` (no dot, no exponent sign) is a string; YAML 1.2's
+    core schema, and every other config tool, reads it as a float. A key written twice in one
+    mapping would silently keep the last value; here it is an error naming the key and lines.
+    """
+
+
+_Loader.yaml_implicit_resolvers = {k: [r for r in v if r[0] != "tag:yaml.org,2002:float"]
+                                   for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                   |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+                   |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+                   |[-+]?\.(?:inf|Inf|INF)
+                   |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."))
+
+
+def _mapping_without_duplicates(loader, node, deep=False):
+    seen: dict = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            hash(key)
+        except TypeError:
+            continue  # the base constructor reports unhashable keys
+        if key in seen:
+            first = seen[key].start_mark.line + 1
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (first set on line {first})", key_node.start_mark)
+        seen[key] = key_node
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
+
+
+def safe_load(text: str):
+    """``yaml.safe_load`` with YAML 1.2 floats and duplicate keys rejected (see `_Loader`)."""
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+
+
 def load_config(cls, path: str | Path | None = None, overrides: Iterable[str] = ()):
     """Build ``cls`` from the YAML file at ``path`` (optional) and ``key=value`` overrides."""
     data: dict = {}
@@ -56,7 +101,7 @@ def read_yaml(path: str | Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = safe_load(path.read_text())
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {err}") from None
     if data is None:
@@ -281,7 +326,7 @@ def _parse_scalar(tp, text: str, key: str):
             return False
         raise ConfigError(f"{key}: expected a bool (true/false), got {text!r}")
     try:
-        return yaml.safe_load(text)
+        return safe_load(text)
     except yaml.YAMLError as err:
         raise ConfigError(f"{key}: cannot parse {text!r}: {err}") from None
 

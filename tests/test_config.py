@@ -100,3 +100,24 @@ def test_round_trip_through_yaml(tmp_path):
     assert to_dict(cfg)["env"]["stop"] == ["x", "y"]
     again = load_config(Run, _yaml(tmp_path, dump_yaml(cfg)))
     assert again == cfg
+
+
+def test_yaml_1_2_numbers_in_files(tmp_path):
+    # PyYAML alone (YAML 1.1) reads `1e-4` as the string "1e-4"; a config file means a float.
+    import yaml
+
+    assert yaml.safe_load("lr: 1e-4")["lr"] == "1e-4"
+    cfg = load_config(Run, _yaml(tmp_path, "env: {name: a}\noptim:\n  lr: 1e-4\n"))
+    assert cfg.optim.lr == 1e-4 and isinstance(cfg.optim.lr, float)
+    for text, value in (("2E5", 2e5), ("-3e-2", -3e-2), (".5", 0.5), ("1.", 1.0), ("+1.5e+3", 1.5e3)):
+        assert load_config(Run, _yaml(tmp_path, f"env: {{name: a}}\noptim: {{lr: {text}}}\n")).optim.lr == value
+    # Ints stay ints, words stay words.
+    assert load_config(Run, _yaml(tmp_path, "env: {name: e5}\nseed: 12\n")).env.name == "e5"
+
+
+def test_duplicate_keys_name_the_key_and_both_lines(tmp_path):
+    text = "env:\n  name: a\noptim:\n  lr: 0.1\n  warmup_steps: 3\n  lr: 0.2\n"
+    with pytest.raises(ConfigError, match=r"duplicate key 'lr' \(first set on line 4\)[\s\S]*line 6"):
+        load_config(Run, _yaml(tmp_path, text))
+    with pytest.raises(ConfigError, match=r"duplicate key 'env'"):
+        load_config(Run, _yaml(tmp_path, "env: {name: a}\nseed: 1\nenv: {name: b}\n"))

@@ -178,6 +178,10 @@ def test_a_finished_run_resumed_for_more_iterations_evaluates_again(tmp_path):
 
 
 def test_resume_without_a_checkpoint_is_an_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        Trainer(config(tmp_path / "run"), resume=True, log=lambda *_: None).run()
+    assert not (tmp_path / "run").exists()   # nothing created
+    (tmp_path / "run").mkdir()
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         Trainer(config(tmp_path / "run"), resume=True, log=lambda *_: None).run()
 

@@ -150,6 +150,10 @@ def build_run(config: TrainerConfig, *, resume: bool = False, log=print) -> Run:
     demonstrations (fresh runs), builds the tokenizer, checks the memory estimate before
     anything is built or compiled, then builds the policy, the KL reference and the
     placed RL state."""
+    if resume:  # before anything is created: a run dir without checkpoints is named as such
+        from jaxagent.train.rundir import require_checkpoints
+
+        require_checkpoints(config.run_dir)
     dist = config.distributed
     par.initialize(dist.coordinator_address, dist.num_processes, dist.process_id,
                    auto=True if dist.auto else None)

@@ -154,6 +154,10 @@ class CheckpointManager:
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
 
+    def reload(self) -> None:
+        """Re-reads the step directories (after some were moved away on disk)."""
+        self._manager.reload()
+
     # ------------------------------------------------------------------ save
     def save(self, step: int, state: TrainState, extras: dict[str, Any] | None = None) -> None:
         """Starts saving `state` and `extras` as checkpoint `step` (returns once the

@@ -100,7 +100,7 @@ def evaluate_run(run_dir: str | Path, *, step: int | None = None, episodes: int 
     run = build.build_run(config, resume=True, log=log)
     rundir = RunDir(run_dir, primary=False)   # reads only
     with rundir.checkpoints(config.keep_checkpoints) as ckpt:
-        state, progress = rundir.restore(ckpt, run.state, config, step)
+        state, progress, _ = rundir.restore(ckpt, run.state, config, step, log=log)
     loop = build.agent_loop(config, run.tokenizer, run.model_config, run.placement, state)
     with envs.EnvPool([build.env_factory(config)] * config.env.batch_size, num_workers=config.env.num_workers,
                       step_timeout=config.env.step_timeout) as pool:

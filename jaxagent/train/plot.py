@@ -211,7 +211,7 @@ class RunCurves:
 def read_run(run_dir) -> RunCurves:
     """A run's curves: training success per iteration and held-out success (sampled and
     greedy) before RL, at every `eval.every` iterations, and after RL, against episodes."""
-    import yaml
+    from jaxagent.config import safe_load
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -219,7 +219,7 @@ def read_run(run_dir) -> RunCurves:
     config_path = run_dir / "config.yaml"
     if not config_path.is_file():
         raise FileNotFoundError(f"{config_path} is missing: {run_dir} is not a training run directory")
-    config = yaml.safe_load(config_path.read_text()) or {}
+    config = safe_load(config_path.read_text()) or {}
     group = int(config.get("env", {}).get("group_size", 1))
     records = read_metrics(run_dir / "metrics.jsonl")
     summary = {}

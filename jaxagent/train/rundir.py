@@ -1,6 +1,7 @@
 """The run directory: what a run writes and what a resumed run reads back.
 
-    <run_dir>/config.yaml        the config the run was started (or resumed) with
+    <run_dir>/config.yaml        the config the run was last started or resumed with
+    <run_dir>/config.<n>.yaml    the config of each start: 0 the fresh run, n the n-th resume
     <run_dir>/metrics.jsonl      one JSON line per RL iteration
     <run_dir>/summary.json       warm start and held-out evaluations before / after RL
     <run_dir>/warm_start.jsonl   the SFT warm start's progress
@@ -11,11 +12,17 @@
 Only the primary process writes files; every process takes part in orbax saves and
 restores. Every file is written to a temporary name and renamed (atomic), checkpoints
 by orbax's own atomic commit. A fresh run refuses a directory that holds checkpoints.
+A resume whose newest checkpoint cannot be read names the file at fault, moves the step to
+`<run_dir>/damaged-checkpoints/` (so the run can save that step again) and continues from
+the newest readable one; a resume from a chosen older step moves the newer ones to
+`<run_dir>/superseded-checkpoints/`. Nothing is deleted.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
+import shutil
 from pathlib import Path
 
 import jax
@@ -33,6 +40,52 @@ class Progress:
     task_position: int = 0             # tasks of the stream consumed
     history: list = dataclasses.field(default_factory=list)   # one metrics dict per iteration
     summary: dict = dataclasses.field(default_factory=dict)   # warm start and evaluations
+
+
+class DamagedCheckpointError(RuntimeError):
+    """A checkpoint whose files cannot be read (garbled, truncated or missing)."""
+
+
+def checkpoint_steps(run_dir) -> list[int]:
+    """The committed checkpoint steps of a run directory, oldest first, read without
+    creating or changing anything (a step directory with orbax's commit marker)."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    return sorted(int(p.name) for p in root.iterdir()
+                  if p.is_dir() and p.name.isdigit() and (p / "commit_success.txt").exists())
+
+
+def require_checkpoints(run_dir) -> list[int]:
+    """`FileNotFoundError` unless `run_dir` holds a committed checkpoint to resume from."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"--resume: the run directory {run_dir} does not exist")
+    steps = checkpoint_steps(run_dir)
+    if not steps:
+        raise FileNotFoundError(f"--resume: {run_dir} holds no checkpoint to resume from "
+                                f"(no committed {run_dir / 'checkpoints'}/<step>/)")
+    return steps
+
+
+def describe_damage(step_dir: Path, err: BaseException) -> str:
+    """Which file of checkpoint `step_dir` is at fault and what is wrong, as far as it can
+    be told: the JSON items are parsed here; otherwise the file the reader's error names."""
+    step_dir = Path(step_dir)
+    for item in ("_CHECKPOINT_METADATA", "extras/metadata", "meta/metadata", "state/_METADATA"):
+        path = step_dir / item
+        if not path.exists():
+            return f"{path}: missing"
+        try:
+            json.loads(path.read_bytes())
+        except (ValueError, UnicodeDecodeError) as bad:
+            return f"{path}: not valid JSON ({bad})"
+    text = str(err)
+    named = re.findall(r"(?:file://)?(/[^\s\"',:]+)", text)
+    inside = [n for n in named if str(step_dir) in n]
+    first = text.strip().splitlines()[0] if text.strip() else type(err).__name__
+    where = inside[0] if inside else str(step_dir / "state")
+    return f"{where}: cannot be read ({type(err).__name__}: {first[:300]})"
 
 
 class RunDir:
@@ -67,7 +120,18 @@ class RunDir:
             save_tokenizer(tokenizer, self.tokenizer_dir)
 
     def write_config(self, config) -> None:
-        self._write(self.path / "config.yaml", dump_yaml(config))
+        """`config.yaml` (the latest start's) and `config.<n>.yaml` for this start (n = 0 for
+        the fresh run, 1 for the first resume, ...): a resume never loses the history."""
+        if not self.primary:
+            return
+        text = dump_yaml(config)
+        n = len(list(self.path.glob("config.[0-9]*.yaml")))
+        latest = self.path / "config.yaml"
+        if n == 0 and latest.exists():  # a run from before the history was kept
+            self._write(self.path / "config.0.yaml", latest.read_text())
+            n = 1
+        self._write(self.path / f"config.{n}.yaml", text)
+        self._write(latest, text)
 
     def append_metrics(self, metrics: dict) -> None:
         if self.primary:
@@ -96,15 +160,44 @@ class RunDir:
             "iteration": progress.iteration, "task_position": progress.task_position,
             "history": progress.history, "config": to_dict(config), "summary": progress.summary})
 
-    def restore(self, ckpt: CheckpointManager, state, config, step: int | None = None):
-        """`(state, progress)` of the latest checkpoint (or `step`), checked against
-        `config` (`check_resumable`). `FileNotFoundError` when there is none."""
-        if ckpt.latest_step() is None:
+    def restore(self, ckpt: CheckpointManager, state, config, step: int | None = None, log=print):
+        """`(state, progress, step)` of the newest readable checkpoint (or of `step`), checked
+        against `config` (`check_resumable`). `FileNotFoundError` when there is none; a
+        damaged newest checkpoint is reported through `log` and moved aside, and the next
+        older one is tried; `DamagedCheckpointError` when `step` (or every step) is damaged."""
+        steps = ckpt.all_steps()
+        if not steps:
             raise FileNotFoundError(f"no checkpoint in {ckpt.directory}")
-        if step is not None and step not in ckpt.all_steps():
-            raise ValueError(f"no checkpoint at step {step} in {ckpt.directory}; steps: {ckpt.all_steps()}")
-        where = ckpt.directory / str(step if step is not None else ckpt.latest_step())
-        state, extras = ckpt.restore(state, step)  # all processes, with the state's shardings
+        if step is not None and step not in steps:
+            raise FileNotFoundError(f"no checkpoint at step {step} in {ckpt.directory}; steps: {steps}")
+        template, damaged = state, []
+        for candidate in ([step] if step is not None else steps[::-1]):
+            where = ckpt.directory / str(candidate)
+            try:
+                state, extras = ckpt.restore(template, candidate)  # all processes, the state's shardings
+                break
+            except IncompatibleCheckpointError:
+                raise
+            except Exception as err:  # noqa: BLE001 - orbax/TensorStore/JSON errors of damaged files
+                what = describe_damage(where, err)
+                damaged.append(what)
+                if step is not None:
+                    raise DamagedCheckpointError(f"checkpoint {where} is damaged: {what}") from None
+                log(f"checkpoint {where} is damaged, trying an older one: {what}")
+        else:
+            raise DamagedCheckpointError(f"every checkpoint in {ckpt.directory} is damaged:\n  "
+                                         + "\n  ".join(damaged))
+        newer = [s for s in steps if s > candidate]
+        if newer and self.primary:  # out of the way (not deleted), so that the run can save these steps again
+            aside = self.path / ("damaged-checkpoints" if damaged else "superseded-checkpoints")
+            aside.mkdir(exist_ok=True)
+            for s in newer:
+                target = aside / str(s)
+                if target.exists():
+                    shutil.rmtree(target)
+                shutil.move(str(ckpt.directory / str(s)), str(target))
+            log(f"checkpoints {newer} moved to {aside}")
+            ckpt.reload()
         check_resumable(extras.get("config"), to_dict(config), where)
         progress = Progress(iteration=int(extras["iteration"]), task_position=int(extras["task_position"]),
                             history=list(extras.get("history", [])), summary=dict(extras.get("summary", {})))
@@ -112,7 +205,7 @@ class RunDir:
             on_disk = json.loads(self.summary_path.read_text())
             if on_disk.get("iterations_at_eval") == progress.iteration and "success_after_rl" in on_disk:
                 progress.summary = on_disk
-        return state, progress
+        return state, progress, candidate
 
     # ------------------------------------------------------------------ the KL reference
     def save_reference(self, params) -> None:

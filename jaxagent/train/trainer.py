@@ -67,17 +67,22 @@ class Trainer:
         history = trainer.run()            # one metrics dict per iteration
         Trainer(config, resume=True).run() # continues from the latest checkpoint
 
-    `resume=True` restores the latest checkpoint of `<run_dir>/checkpoints`: an error if
-    there is none, if its arrays do not fit the config's model (`CheckpointManager`), or
-    if the config changed a `RESUME_FIXED` key. Without it, a run_dir that already holds
+    `resume=True` restores the newest readable checkpoint of `<run_dir>/checkpoints` (or
+    checkpoint `step`): an error, before anything is created or written, if there is
+    none; an error if its arrays do not fit the config's model (`CheckpointManager`), or
+    if the config changed a `RESUME_FIXED` key. A damaged newest checkpoint is reported
+    and the one before it is used (`RunDir.restore`). Without it, a run_dir that already holds
     checkpoints is an error (nothing is overwritten). `log` receives one line per
     iteration. Construction builds everything (`build.build_run`): the processes are
     connected, the demonstrations played, the tokenizer trained and the memory checked.
     """
 
-    def __init__(self, config: TrainerConfig, *, resume: bool = False, log=print):
+    def __init__(self, config: TrainerConfig, *, resume: bool = False, step: int | None = None, log=print):
+        if step is not None and not resume:
+            raise ValueError("step= chooses the checkpoint to resume from: it needs resume=True")
         self.config = config
         self.resume = resume
+        self.resume_step = step
         run = build.build_run(config, resume=resume, log=log)
         self.placement = run.placement
         self.primary = self.placement.primary
@@ -363,7 +368,7 @@ class Trainer:
 
     def _restore(self, ckpt) -> None:
         cfg = self.config
-        state, self.progress = self.rundir.restore(ckpt, self.state, cfg)
+        state, self.progress, step = self.rundir.restore(ckpt, self.state, cfg, self.resume_step, log=self.log)
         self.state = self.placement.place_state(state)
         self._update = self.placement.update_step(cfg.step_config, self.state)
         if self.ref_params is not None:
@@ -373,7 +378,7 @@ class Trainer:
         # metrics of iterations after the checkpoint (a run killed before its next save)
         # are dropped, so the file holds exactly the iterations the resumed run builds on
         self.rundir.write_metrics(self.history)
-        self.log(f"resumed from {ckpt.directory / str(ckpt.latest_step())} at iteration {self.iteration}")
+        self.log(f"resumed from {ckpt.directory / str(step)} at iteration {self.iteration}")
 
 
 def _seconds_after(x, t0: float) -> float:

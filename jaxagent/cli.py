@@ -82,7 +82,7 @@ def _train(args) -> int:
     from jaxagent.config import ConfigError
     from jaxagent.train.checkpoint import IncompatibleCheckpointError
     from jaxagent.train.rundir import DamagedCheckpointError
-    from jaxagent.train.trainer import Trainer
+    from jaxagent.train.trainer import EnvFailureError, Trainer
 
     try:
         config, resume = _train_config(args)
@@ -98,6 +98,9 @@ def _train(args) -> int:
     except (IncompatibleCheckpointError, DamagedCheckpointError, FileExistsError, FileNotFoundError) as err:
         print(f"jaxagent train: error: {err}", file=sys.stderr)
         return 2
+    except EnvFailureError as err:
+        print(f"jaxagent train: stopped: {err}", file=sys.stderr)
+        return 3
     return 0
 
 

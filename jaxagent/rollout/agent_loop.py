@@ -144,6 +144,9 @@ class Episode:
     failed: bool = False
     end_reason: str = ""
     failure: str = ""
+    #: for a failed episode: the pool's failure kind (exception, crash, timeout ...) and traceback
+    failure_kind: str = ""
+    failure_traceback: str = ""
     system_prompt: str | None = None
     state_key: Hashable = None
     #: the env's info dict of the episode's last step ({} before the first step)
@@ -172,6 +175,12 @@ class Episode:
     def end(self, *, done=False, truncated=False, failed=False, reason: str, failure: str = ""):
         self.done, self.truncated, self.failed = bool(done), bool(truncated), bool(failed)
         self.end_reason, self.failure = reason, failure
+
+    def fail(self, info: dict) -> None:
+        """Ends the episode as failed with what the pool's `info` says about the failure."""
+        self.end(failed=True, reason="env_failed", failure=str(info.get("failure", "")))
+        self.failure_kind = str(info.get("failure_kind", "") or "")
+        self.failure_traceback = str(info.get("traceback", "") or "")
 
 
 class AgentLoop:
@@ -245,7 +254,7 @@ class AgentLoop:
         for ep, res in zip(eps, reset_results):
             obs, info = res
             if info.get("failed"):
-                ep.end(failed=True, reason="env_failed", failure=str(info.get("failure", "")))
+                ep.fail(info)
                 continue
             ep.system_prompt = info.get("system_prompt")
             ep.state_key = info.get("state_key")
@@ -377,7 +386,7 @@ class AgentLoop:
             ep.info = dict(info)
             ep.invalid_actions += "invalid_action" in info
             if info.get("failed"):
-                ep.end(failed=True, reason="env_failed", failure=str(info.get("failure", "")))
+                ep.fail(info)
                 continue
             ep.observations.append(obs)
             ep.state_key = info.get("state_key")

@@ -114,11 +114,36 @@ def rl_state(config: TrainerConfig, params, model_config, placement: Placement, 
     return placement.place_state(state)
 
 
-def env_factory(config: TrainerConfig):
-    """A zero-argument factory of the run's env (`envs.make(env.name, **env.kwargs)`)."""
+def make_env(imports, name: str, kwargs: dict):
+    """`envs.make(name, **kwargs)` after importing `imports` (in an env worker too)."""
     import envs
 
-    return functools.partial(envs.make, config.env.name, **config.env.kwargs)
+    from jaxagent.train.config import import_env_modules
+
+    import_env_modules(imports)
+    return envs.make(name, **kwargs)
+
+
+def env_factory(config: TrainerConfig):
+    """A zero-argument, picklable factory of the run's env (`make_env`)."""
+    return functools.partial(make_env, tuple(config.env.imports), config.env.name, dict(config.env.kwargs))
+
+
+def check_env(config: TrainerConfig) -> None:
+    """Builds and resets one env of the config in this process, so that bad `env.kwargs`
+    (or an env that cannot reset) are named within seconds, before anything is compiled.
+    `ConfigError` with the env's own message."""
+    env = None
+    try:
+        env = env_factory(config)()
+        env.reset(seed=config.env.seed)
+    except Exception as err:  # noqa: BLE001 - whatever the env raises, named with its config
+        raise ConfigError(f"env {config.env.name!r} with kwargs {dict(config.env.kwargs)} cannot be built and reset "
+                          f"(seed {config.env.seed}): {type(err).__name__}: {err}") from None
+    finally:
+        close = getattr(env, "close", None)
+        if callable(close):
+            close()
 
 
 def agent_loop(config: TrainerConfig, tokenizer, model_config, placement: Placement, state: TrainState):
@@ -154,6 +179,7 @@ def build_run(config: TrainerConfig, *, resume: bool = False, log=print) -> Run:
         from jaxagent.train.rundir import require_checkpoints
 
         require_checkpoints(config.run_dir)
+    check_env(config)
     dist = config.distributed
     par.initialize(dist.coordinator_address, dist.num_processes, dist.process_id,
                    auto=True if dist.auto else None)

@@ -99,6 +99,10 @@ class EnvSection:
     seed: task `k` of the run has env seed `seed + k`.
     num_workers: `EnvPool` worker processes (0 = in this process).
     step_timeout: seconds one env step may take before its episode fails.
+    imports: Python modules imported (in this process and in every env worker) before the
+      env is made, so that envs they register (`envs.register`) work from a config.
+    max_failed_iterations: stop the run (with the first failure's kind and traceback) after
+      this many consecutive iterations in which every episode failed (0 = never stop).
     """
 
     name: str = "countdown"
@@ -108,10 +112,14 @@ class EnvSection:
     seed: int = 0
     num_workers: int = 1
     step_timeout: float = 30.0
+    imports: tuple[str, ...] = ()
+    max_failed_iterations: int = 2
 
     def __post_init__(self):
         import envs
 
+        import_env_modules(self.imports)
+        _check_int("max_failed_iterations", self.max_failed_iterations, 0)
         if not envs.is_known(self.name):
             raise ValueError(f"name: unknown env {self.name!r}; known: {', '.join(envs.known_envs())}")
         _check_int("group_size", self.group_size, 1)
@@ -124,6 +132,24 @@ class EnvSection:
     @property
     def batch_size(self) -> int:
         return self.group_size * self.tasks_per_iteration
+
+
+def import_env_modules(modules) -> None:
+    """Imports `env.imports` (modules that register envs), looked up on `sys.path` and in
+    the current directory; an error names the module."""
+    import importlib
+    import os
+    import sys
+
+    if modules and os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())
+    for name in modules:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"imports: expected module names, got {name!r}")
+        try:
+            importlib.import_module(name)
+        except Exception as err:  # noqa: BLE001 - any import-time error, named
+            raise ValueError(f"imports: cannot import {name!r}: {type(err).__name__}: {err}") from None
 
 
 @dataclasses.dataclass(frozen=True)

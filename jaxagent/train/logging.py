@@ -103,6 +103,8 @@ def format_progress(metrics: dict, total_iterations: int, eta_s: float | None = 
     else:
         parts.append("kl -")
     parts.append(f"entropy {_fmt_num(metrics.get('entropy'))}")
+    if _is_number(metrics.get("failed_frac")) and metrics["failed_frac"] > 0:
+        parts.append(f"failed {metrics['failed_frac']:.0%}")
     parts.append(f"{_fmt_num(metrics.get('tokens_per_s'), '.0f')} tok/s")
     if _is_number(i) and i >= total_iterations:
         parts.append("done")

@@ -38,6 +38,7 @@ def iteration_metrics(traj, success, step_metrics, adv, old_logp, loss_mask, tim
         "reward_std": float(ret[ok].std()) if ok.any() else 0.0,
         "success_rate": float(success.mean()),
         "failed_episodes": int(failed.sum()),
+        "failed_frac": float(failed.mean()),
         "truncated_frac": float(np.asarray(traj.truncated).mean()),
         "turns_mean": float(np.asarray(traj.num_turns).mean()),
         "episode_tokens_mean": float(np.asarray(traj.lengths).mean()),
@@ -85,6 +86,8 @@ def iteration_line(m: dict) -> str:
     for key in ("kl", "approx_kl", "entropy", "clipfrac"):
         if key in m:
             parts.append(f"{key} {m[key]:.4f}")
+    if m.get("failed_frac"):
+        parts.append(f"failed {m['failed_frac']:.0%}")
     parts.append(f"{m['tokens_per_s']:.0f} tok/s")
     parts.append(f"{m['time_iteration_s']:.1f}s")
     return " | ".join(parts)

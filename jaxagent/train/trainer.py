@@ -57,7 +57,11 @@ from jaxagent.train.rundir import Progress, RunDir
 from jaxagent.train.step import UpdateBatch
 from jaxagent.train.warmstart import sft_warm_start
 
-__all__ = ["Trainer", "TrainerConfig"]
+__all__ = ["EnvFailureError", "Trainer", "TrainerConfig"]
+
+
+class EnvFailureError(RuntimeError):
+    """Every episode failed for `env.max_failed_iterations` consecutive iterations."""
 
 
 class Trainer:
@@ -97,6 +101,7 @@ class Trainer:
         self._update = self.placement.update_step(config.step_config, self.state)
         self._overlap = OffPolicyRollouts()
         self._last_episodes = None  # the last iteration's episodes (this process's), for transcripts
+        self._failed_streak: list[dict] = []  # iterations in a row in which every episode failed
 
     @property
     def mesh(self):
@@ -181,6 +186,7 @@ class Trainer:
                         evg = self.evaluate(loop, pool, temperature=0.0)
                         metrics.update({f"eval_greedy_{k}": evg[k] for k in ("success_rate", "return_mean")})
                 self._check_collapse(metrics)
+                self._check_failures(metrics)
                 self.history.append(metrics)
                 self.rundir.append_metrics(metrics)
                 if run_log is not None:
@@ -189,6 +195,7 @@ class Trainer:
                     self.log(iteration_line(metrics))
                 if self.iteration % cfg.checkpoint_every == 0 or self.iteration == cfg.iterations:
                     self._save(ckpt)
+                self._stop_on_failures()
         finally:  # never close the pool under a running rollout
             self._overlap.discard()
             if run_log is not None:
@@ -206,6 +213,28 @@ class Trainer:
                 self.log(warning)
                 count += 1
         metrics["collapse_warnings"] = count
+
+    def _check_failures(self, metrics: dict) -> None:
+        """Counts the iterations in a row in which every episode failed, keeping the first
+        failure of this process's episodes (its kind, message and traceback)."""
+        if metrics["failed_frac"] < 1.0:
+            self._failed_streak = []
+            return
+        first = next((ep for ep in self._last_episodes or () if ep.failed), None)
+        self._failed_streak.append({} if first is None else {
+            "kind": first.failure_kind or "unknown", "message": first.failure, "traceback": first.failure_traceback})
+
+    def _stop_on_failures(self) -> None:
+        """`EnvFailureError` once every episode failed for `env.max_failed_iterations`
+        iterations in a row (after the metrics and checkpoint of the last are written)."""
+        limit = self.config.env.max_failed_iterations
+        if not limit or len(self._failed_streak) < limit:
+            return
+        first = self._failed_streak[0]
+        what = (f"{first['kind']}: {first['message']}" if first else "(the failures are in another process's log)")
+        tb = f"\n{first['traceback'].rstrip()}" if first.get("traceback") else ""
+        raise EnvFailureError(f"every episode of the last {limit} iterations failed in the env "
+                              f"(env.max_failed_iterations={limit}); the first failure: {what}{tb}")
 
     # ------------------------------------------------------------------ one iteration
     def iteration_step(self, loop, pool) -> dict:

@@ -265,6 +265,7 @@ def _worker_main(conn, progress, env_fns: dict[int, bytes], parent_pid: int) -> 
     (time.monotonic, one clock for all processes); ``progress[2]``, the number of the
     last batch finished."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a group-wide SIGTERM: the trainer closes the pool
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     runner = _SlotRunner(env_fns, pickled=True)
     items, results = [], []

@@ -28,6 +28,7 @@ lines.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -101,6 +102,14 @@ def _train(args) -> int:
     except EnvFailureError as err:
         print(f"jaxagent train: stopped: {err}", file=sys.stderr)
         return 3
+    except KeyboardInterrupt as err:  # SIGINT / SIGTERM (`jaxagent.train.stop`)
+        signum = getattr(err, "signum", signal.SIGINT)
+        saved = getattr(err, "saved_iteration", None)
+        where = (f"after iteration {saved}, checkpoint saved" if saved is not None else
+                 f"at iteration {trainer.iteration} (the iteration in progress was abandoned)")
+        print(f"jaxagent train: stopped by {signal.Signals(signum).name} {where}; continue with "
+              f"jaxagent train --resume {config.run_dir}", file=sys.stderr)
+        return 128 + int(signum)
     return 0
 
 

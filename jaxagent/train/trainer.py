@@ -55,6 +55,7 @@ from jaxagent.train.metrics import collapse_warning, eval_line, iteration_line, 
 from jaxagent.train.overlap import OffPolicyRollouts
 from jaxagent.train.rundir import Progress, RunDir
 from jaxagent.train.step import UpdateBatch
+from jaxagent.train.stop import Interrupted, StopRequests
 from jaxagent.train.warmstart import sft_warm_start
 
 __all__ = ["EnvFailureError", "Trainer", "TrainerConfig"]
@@ -101,7 +102,8 @@ class Trainer:
         self._update = self.placement.update_step(config.step_config, self.state)
         self._overlap = OffPolicyRollouts()
         self._last_episodes = None  # the last iteration's episodes (this process's), for transcripts
-        self._failed_streak: list[dict] = []  # iterations in a row in which every episode failed
+        self._failed_streak: list[dict] = []
+        self._stops = StopRequests(log)  # iterations in a row in which every episode failed
 
     @property
     def mesh(self):
@@ -138,7 +140,9 @@ class Trainer:
 
         cfg = self.config
         ckpt = self.rundir.checkpoints(cfg.keep_checkpoints)
+        self._stops = StopRequests(self.log)
         try:
+            self._stops.__enter__()
             if self.resume:
                 self._restore(ckpt)
             else:
@@ -159,6 +163,7 @@ class Trainer:
                     self.summary["iterations_at_eval"] = self.iteration
                     self.rundir.write_summary(self.summary)
         finally:
+            self._stops.__exit__()
             ckpt.close()
             self._overlap.close()
         self._final_line()
@@ -174,8 +179,10 @@ class Trainer:
             run_log = RunLogger(self.run_dir, total_iterations=cfg.iterations, tensorboard=lc.tensorboard,
                                 progress=lc.progress, transcripts_every=lc.transcripts_every,
                                 transcripts_per_iteration=lc.transcripts_per_iteration)
+        graceful = not self.placement.multi_process   # several processes must stop at the same iteration
         try:
             while self.iteration < cfg.iterations:
+                self._stops.graceful = graceful
                 metrics = self.iteration_step(loop, pool)
                 if cfg.eval.episodes and cfg.eval.every and self.iteration % cfg.eval.every == 0 \
                         and self.iteration < cfg.iterations:
@@ -193,8 +200,13 @@ class Trainer:
                     run_log.log_iteration(metrics, self._last_episodes)
                 if run_log is None or not cfg.logging.progress:
                     self.log(iteration_line(metrics))
-                if self.iteration % cfg.checkpoint_every == 0 or self.iteration == cfg.iterations:
+                saved = self.iteration % cfg.checkpoint_every == 0 or self.iteration == cfg.iterations
+                if saved or self._stops.requested:
                     self._save(ckpt)
+                self._stops.graceful = False
+                if self._stops.requested:
+                    ckpt.wait_until_finished()
+                    raise Interrupted(self._stops.signum, saved_iteration=self.iteration)
                 self._stop_on_failures()
         finally:  # never close the pool under a running rollout
             self._overlap.discard()

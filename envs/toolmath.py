@@ -95,16 +95,38 @@ def make_problem(template: str, rng: random.Random) -> tuple[str, list[str], Fra
     raise ValueError(f"unknown template {template!r}; known: {', '.join(TEMPLATES)}")
 
 
+#: limits on a tool call's text, checked before it is parsed (a call within them cannot
+#: make the JSON or Python parser raise anything but a syntax error)
+MAX_TOOL_CALL_CHARS = 4000
+MAX_TOOL_CALL_DEPTH = 16
+
+
+def _nesting(text: str) -> int:
+    """The deepest bracket nesting of `text` (strings are not skipped: an upper bound)."""
+    depth = deepest = 0
+    for ch in text:
+        if ch in "[{(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]})":
+            depth = max(depth - 1, 0)
+    return deepest
+
+
 def parse_tool_call(text: str) -> tuple[str, dict]:
     """(name, arguments) from the body of a ``<tool_call>`` tag; raises InvalidAction."""
     body = text.strip()
     body = re.sub(r"^```(?:json)?\s*|\s*```$", "", body)
+    if len(body) > MAX_TOOL_CALL_CHARS:
+        raise InvalidAction(f"the tool call is longer than {MAX_TOOL_CALL_CHARS} characters")
+    if _nesting(body) > MAX_TOOL_CALL_DEPTH:
+        raise InvalidAction(f"the tool call nests brackets deeper than {MAX_TOOL_CALL_DEPTH} levels")
     try:
         call = json.loads(body)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # JSONDecodeError, or an integer past Python's digit limit
         try:
             call = ast.literal_eval(body)
-        except (ValueError, SyntaxError):
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             raise InvalidAction('the tool call is not valid JSON: write {"name": "calculator", '
                                 '"arguments": {"expression": "..."}}') from None
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
@@ -113,7 +135,7 @@ def parse_tool_call(text: str) -> tuple[str, dict]:
     if isinstance(args, str):
         try:
             args = json.loads(args)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             args = {"expression": args}
     if not isinstance(args, dict):
         raise InvalidAction('"arguments" must be a JSON object')

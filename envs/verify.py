@@ -61,9 +61,16 @@ def reference_answer(answer: str) -> str:
     return answer.strip()
 
 
+#: the longest text `parse_number` reads as a number
+MAX_NUMBER_CHARS = 1000
+
+
 def parse_number(text: str) -> Fraction | None:
-    """Read ``text`` as an exact number, or None if it is not one."""
+    """Read ``text`` as an exact number, or None if it is not one (or if it is longer
+    than `MAX_NUMBER_CHARS`: no answer is, and Python refuses to read such integers)."""
     s = text.strip()
+    if len(s) > MAX_NUMBER_CHARS:
+        return None
     s = re.sub(r"^\\text\{(.*)\}$", r"\1", s)
     s = s.replace("\\$", "").replace("$", "").replace("\\%", "").replace("%", "")
     s = s.replace("\\!", "").replace("{,}", "").replace("\\,", "").strip().rstrip(".").strip()

@@ -322,3 +322,31 @@ def test_seeds_reproduce_across_instances_and_differ_between_seeds(name):
     a.reset(3)
     a.step(a.expert_action())
     assert a.reset(5)[0] == first[5] and a.state_key() == (b.reset(5), b.state_key())[1]
+
+
+@pytest.mark.parametrize("action, message", [
+    # a long integer within the limits parses (JSON with more than 4,300 digits, where
+    # json.loads raises ValueError, is past the length limit)
+    ('<tool_call>{"name": "calculator", "arguments": {"expression": "1", "n": ' + "9" * 3900 + "}}</tool_call>",
+     None),
+    ('<tool_call>{"name": "calculator", "arguments": {"expression": "1", "n": ' + "9" * 4400 + "}}</tool_call>",
+     "longer than 4000 characters"),
+    ("<tool_call>" + "[" * 2000 + "]" * 1999 + "</tool_call>", "nests brackets deeper than 16"),
+    ("<tool_call>" + "[" * 200000 + "]" * 200000 + "</tool_call>", "longer than 4000 characters"),   # RecursionError
+    ("<tool_call>" + "{'a': " * 1500 + "1" + "}" * 1500 + "</tool_call>", "longer than 4000 characters"),
+    ("<answer>" + "9" * 5000 + "</answer>", "is not a number"),
+])
+def test_toolmath_abusive_actions_are_invalid_actions_not_crashes(action, message):
+    import envs
+
+    env = envs.make("toolmath")
+    env.reset(seed=3)
+    obs, reward, terminated, truncated, info = env.step(action)
+    assert not terminated
+    if message is None:   # within the limits: a well-formed call whose extra key is ignored
+        assert obs == "<tool_response>1</tool_response>"
+    else:
+        assert message in info["invalid_action"] and reward == env.invalid_penalty
+    # the env still works afterwards
+    obs, *_ = env.step('<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>')
+    assert obs == "<tool_response>42</tool_response>"

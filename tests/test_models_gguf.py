@@ -141,3 +141,19 @@ def test_smollm2_gguf_answers_capital_of_france():
         prompt = prompt["input_ids"]
     answer = tok.decode(greedy(model, list(prompt), 24, tok.eos_token_id))
     assert "Paris" in answer, answer
+
+
+def test_files_that_are_not_gguf_or_cut_short_are_named(tiny_llama_gguf, tmp_path):
+    from jaxagent.models import CheckpointError, load_pretrained, load_tokenizer
+
+    _, path = tiny_llama_gguf
+    wrong = tmp_path / "model.gguf"
+    wrong.write_bytes(b"PK\x03\x04" + b"\0" * 100)     # a zip file with the wrong suffix
+    with pytest.raises(CheckpointError, match=rf"{wrong}: not a GGUF file \(its first bytes are b'PK"):
+        load_pretrained(wrong)
+    with pytest.raises(CheckpointError, match="not a GGUF file"):
+        load_tokenizer(wrong)
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(path.read_bytes()[:200])           # inside the metadata
+    with pytest.raises(CheckpointError, match=rf"{cut}: cannot read GGUF file of 200 bytes"):
+        load_pretrained(cut)

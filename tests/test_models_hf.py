@@ -256,8 +256,8 @@ def test_load_errors_name_missing_unexpected_misshaped(hf_models, tmp_path):
         M.load_pretrained(tmp_path / "bad")
     msg = str(e.value)
     assert "missing tensors ['model.layers.1.mlp.up_proj.weight']" in msg
-    assert "unexpected tensors ['model.layers.0.extra.weight']" in msg
-    assert "model.layers.0.self_attn.k_proj.bias: (5,) (expected (32,))" in msg
+    assert "unexpected tensors ['model.layers.0.extra.weight in model.safetensors']" in msg
+    assert "model.layers.0.self_attn.k_proj.bias in model.safetensors: (5,) (expected (32,))" in msg
 
 
 def test_unsupported_architecture_lists_supported(tmp_path):
@@ -344,3 +344,46 @@ def test_sentencepiece_dir_tokenizer_matches_sentencepiece(tmp_path):
     ids = [i for i in tok("the lazy dog 7")["input_ids"] if i != tok.bos_token_id]
     assert ids == ref
     assert tok.apply_chat_template([{"role": "user", "content": "the fox"}], tokenize=False) == "[user] the fox\n"
+
+
+def test_damaged_model_files_are_named(hf_models, tmp_path):
+    """A truncated or garbled safetensors file, a garbled config.json or index: the error
+    names the file and what is wrong, never a bare library traceback."""
+    import shutil
+
+    _, src = hf_models["qwen2"]
+
+    def copy(name):
+        d = tmp_path / name
+        shutil.copytree(src, d)
+        return d
+
+    d = copy("truncated")
+    f = d / "model.safetensors"
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])      # the data section cut in half
+    with pytest.raises(M.CheckpointError, match=rf"{f}: cannot read"):
+        M.load_pretrained(d)
+    d = copy("header")
+    f = d / "model.safetensors"
+    f.write_bytes(f.read_bytes()[:5])                           # not even the header length
+    with pytest.raises(M.CheckpointError, match=rf"{f}: cannot read safetensors file of 5 bytes \(truncated"):
+        M.load_pretrained(d)
+    d = copy("garbage")
+    (d / "model.safetensors").write_bytes(b"\xff" * 64)
+    with pytest.raises(M.CheckpointError, match=r"model.safetensors: cannot read safetensors file of 64 bytes"):
+        M.load_pretrained(d)
+    d = copy("config")
+    (d / "config.json").write_text('{"model_type": "qwen2", ')
+    with pytest.raises(M.CheckpointError, match=r"config.json: not valid JSON"):
+        M.load_pretrained(d)
+    d = copy("index")
+    (d / "model.safetensors.index.json").write_text("[1, 2]")
+    with pytest.raises(M.CheckpointError, match=r"model.safetensors.index.json: expected a JSON object"):
+        M.load_pretrained(d)
+
+
+def test_misshaped_tensor_names_its_file(hf_models, tmp_path):
+    _, src = hf_models["qwen2"]
+    _copy_ckpt(src, tmp_path / "bad", lambda t: t.__setitem__("model.norm.weight", np.zeros(3, np.float32)))
+    with pytest.raises(M.CheckpointError, match=r"model.norm.weight in model.safetensors: \(3,\)"):
+        M.load_pretrained(tmp_path / "bad")

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxagent.models.config import DecoderConfig, UnsupportedArchitectureError
-from jaxagent.models.hf import check_tensor_shapes, params_from_hf_tensors
+from jaxagent.models.hf import CheckpointError, check_tensor_shapes, params_from_hf_tensors
 from jaxagent.models.model import Model
 
 SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3")
@@ -114,13 +114,32 @@ def gguf_config(reader) -> DecoderConfig:
     )
 
 
+def open_gguf(path):
+    """`gguf.GGUFReader` of `path`; a file that is not GGUF (wrong magic), is cut short or
+    garbled is a `CheckpointError` naming it."""
+    import gguf
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no GGUF file at {path}")
+    with path.open("rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise CheckpointError(f"{path}: not a GGUF file (its first bytes are {magic!r}, a GGUF file starts "
+                              "with b'GGUF')")
+    try:
+        return gguf.GGUFReader(str(path))
+    except Exception as err:  # noqa: BLE001 - struct/numpy errors of a truncated or garbled file
+        raise CheckpointError(f"{path}: cannot read GGUF file of {path.stat().st_size} bytes (truncated or "
+                              f"garbled?): {type(err).__name__}: {err}") from None
+
+
 def load_gguf(path: str | os.PathLike, dtype="float32") -> Model:
     """A `Model` from a GGUF file; its tokenizer: `jaxagent.models.load_tokenizer(path)`."""
-    import gguf
     from gguf.quants import dequantize
 
     path = Path(path)
-    reader = gguf.GGUFReader(str(path))
+    reader = open_gguf(path)
     config = gguf_config(reader)
     arch = config.model_type
     tensors: dict[str, np.ndarray] = {}

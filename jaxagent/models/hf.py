@@ -47,7 +47,32 @@ PACKAGED_MODELS = {
 
 
 class CheckpointError(ValueError):
-    """A checkpoint whose tensors do not match its config (names them)."""
+    """A checkpoint file that cannot be read, or whose tensors do not match its config
+    (names the file and the tensors)."""
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _safetensors_keys(f: Path, *, shapes: bool):
+    """{name: shape} (or the names) of a safetensors file; `CheckpointError` naming it."""
+    from safetensors import safe_open
+
+    size = f.stat().st_size
+    try:
+        with safe_open(str(f), framework="np") as fh:
+            return {n: tuple(fh.get_slice(n).get_shape()) for n in fh.keys()} if shapes else list(fh.keys())
+    except Exception as err:  # noqa: BLE001 - SafetensorError, OSError, ...
+        hint = " (truncated or not a safetensors file?)" if size < 8 or "header" in str(err).lower() else ""
+        raise CheckpointError(f"{f}: cannot read safetensors file of {size} bytes{hint}: "
+                              f"{type(err).__name__}: {err}") from None
 
 
 def packaged_model_path(name: str) -> Path:
@@ -165,18 +190,23 @@ def hf_tensors_from_params(params: Params, config: DecoderConfig) -> dict[str, n
     return out
 
 
-def check_tensor_shapes(found: dict[str, tuple[int, ...]], config: DecoderConfig, source: str) -> None:
-    """Raises `CheckpointError` naming missing, unexpected and mis-shaped tensors."""
+def check_tensor_shapes(found: dict[str, tuple[int, ...]], config: DecoderConfig, source: str,
+                        where: dict | None = None) -> None:
+    """Raises `CheckpointError` naming missing, unexpected and mis-shaped tensors (and,
+    with `where`, the file each mis-shaped or unexpected one is in)."""
+    where = where or {}
+    at = lambda n: f" in {Path(where[n]).name}" if n in where else ""  # noqa: E731
     want = expected_tensors(config)
     ignorable = set()
     if config.tie_word_embeddings:
         ignorable.add("lm_head.weight")  # some tied checkpoints store the copy too
     missing = sorted(set(want) - set(found))
     unexpected = sorted(
-        n for n in set(found) - set(want) if n not in ignorable and not n.endswith(_IGNORED_SUFFIXES)
+        n + at(n) for n in set(found) - set(want) if n not in ignorable and not n.endswith(_IGNORED_SUFFIXES)
     )
     misshaped = sorted(
-        f"{n}: {tuple(found[n])} (expected {want[n]})" for n in set(want) & set(found) if tuple(found[n]) != want[n]
+        f"{n}{at(n)}: {tuple(found[n])} (expected {want[n]})" for n in set(want) & set(found)
+        if tuple(found[n]) != want[n]
     )
     if missing or unexpected or misshaped:
         parts = []
@@ -193,7 +223,9 @@ def check_tensor_shapes(found: dict[str, tuple[int, ...]], config: DecoderConfig
 def _safetensors_files(path: Path) -> list[Path]:
     index = path / "model.safetensors.index.json"
     if index.exists():
-        weight_map = json.loads(index.read_text())["weight_map"]
+        weight_map = _read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index}: has no \"weight_map\" object")
         files = sorted({path / f for f in weight_map.values()})
         absent = [str(f) for f in files if not f.exists()]
         if absent:
@@ -215,10 +247,11 @@ def read_hf_config(path: str | os.PathLike) -> DecoderConfig:
     path = Path(path)
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{path} has no config.json")
+    _read_json(path / "config.json")   # a garbled file is named, before transformers reads it
     try:
         hf_config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
     except (ValueError, KeyError) as e:
-        raw = json.loads((path / "config.json").read_text())
+        raw = _read_json(path / "config.json")
         raise UnsupportedArchitectureError(
             f"{path}/config.json: architecture {raw.get('architectures') or raw.get('model_type')!r} "
             f"is not supported ({e}); supported: {sorted(SUPPORTED_ARCHITECTURES)}"
@@ -245,18 +278,20 @@ def load_pretrained(path: str | os.PathLike, dtype="float32") -> Model:
     shapes: dict[str, tuple[int, ...]] = {}
     where: dict[str, Path] = {}
     for f in files:
-        with safe_open(str(f), framework="np") as fh:
-            for name in fh.keys():
-                shapes[name] = tuple(fh.get_slice(name).get_shape())
-                where[name] = f
-    check_tensor_shapes(shapes, config, str(p))
+        for name, shape in _safetensors_keys(f, shapes=True).items():
+            shapes[name] = shape
+            where[name] = f
+    check_tensor_shapes(shapes, config, str(p), where=where)
     wanted = expected_tensors(config)
     tensors: dict[str, np.ndarray] = {}
     for f in files:
-        with safe_open(str(f), framework="np") as fh:
-            for name in fh.keys():
-                if name in wanted:
-                    tensors[name] = fh.get_tensor(name)
+        try:
+            with safe_open(str(f), framework="np") as fh:
+                for name in fh.keys():
+                    if name in wanted:
+                        tensors[name] = fh.get_tensor(name)
+        except Exception as err:  # noqa: BLE001 - a data section cut short or garbled
+            raise CheckpointError(f"{f}: cannot read its tensors (truncated?): {type(err).__name__}: {err}") from None
     return Model(params=params_from_hf_tensors(tensors, config, dtype), config=config)
 
 

@@ -58,11 +58,12 @@ def _pre_tokenizer(pre: str):
 
 def gguf_tokenizer(path: str | os.PathLike):
     """`PreTrainedTokenizerFast` from a GGUF file's `tokenizer.*` metadata."""
-    import gguf
     import transformers
     from tokenizers import AddedToken, Tokenizer, decoders, models, processors
 
-    reader = gguf.GGUFReader(str(path))
+    from jaxagent.models.gguf import open_gguf
+
+    reader = open_gguf(path)
 
     def field(key, default=None):
         f = reader.fields.get(key)

@@ -1,6 +1,7 @@
 """The shipped training configs (`configs/*.yaml`): each loads, names a real env whose
 kwargs it accepts, fits its first prompt in the context, and the env x algorithm
-configs each run one iteration end to end.
+configs each run one iteration end to end; a slow test runs every config exactly as
+shipped for one iteration.
 
 Every YAML in `configs/` is covered by the glob, so a new config is checked as soon as
 it lands. The end-to-end runs use the config as shipped (model, env kwargs, algorithm,
@@ -32,7 +33,7 @@ FAST_ENV = "frozenlake"
 #: 8 tokens, a context that still holds every shipped env's first prompt (< 700 byte tokens)
 SHRINK = ["iterations=1", "env.group_size=2", "env.tasks_per_iteration=1", "mini_batches=1", "micro_batches=1",
           "epochs=1", "rollout.max_turns=2", "rollout.max_tokens_per_turn=8", "rollout.max_context=1024",
-          "checkpoint_every=1", "env.num_workers=0"]
+          "checkpoint_every=1", "env.num_workers=0", "logprob_rows=null"]
 
 
 def read_jsonl(path) -> list[dict]:
@@ -126,3 +127,21 @@ def test_env_algo_config_runs_one_iteration(tmp_path, env, algo):
 @pytest.mark.parametrize("env, algo", _params(fast=False))
 def test_env_algo_config_runs_one_iteration_slow(tmp_path, env, algo):
     _one_iteration(tmp_path, env, algo)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_shipped_config_runs_one_iteration_as_shipped(tmp_path, path):
+    """Exactly as shipped (batch, context, warm start, evaluation, workers, memory
+    settings), one iteration: the memory estimate lets it start and it does not run out."""
+    cfg = load_config(TrainerConfig, path, [f"run_dir={tmp_path / 'run'}", "iterations=1"])
+    if cfg.model.path is not None:
+        from jaxagent.models.hf import resolve_model_path
+
+        try:
+            resolve_model_path(cfg.model.path)
+        except FileNotFoundError as err:
+            pytest.skip(str(err))
+    Trainer(cfg, log=lambda *_: None).run()
+    (m,) = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert math.isfinite(m["loss"]) and m["failed_episodes"] == 0

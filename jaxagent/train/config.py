@@ -57,6 +57,9 @@ class ModelSection:
     hidden_size ... model_type: the from-scratch architecture (vocab = the tokenizer's).
     init_std: std of the from-scratch initialisation.
     dtype: "float32" or "bfloat16".
+    remat: recompute activations in the backward pass instead of keeping them: False,
+      True / "full" (keep each layer's input only), "dots" (keep the matmul outputs).
+      Less memory for the update (see the memory estimate), the same gradients.
     """
 
     path: str | None = None
@@ -73,8 +76,11 @@ class ModelSection:
     model_type: str = "qwen2"
     init_std: float = 0.02
     dtype: str = "float32"
+    remat: bool | str = False
 
     def __post_init__(self):
+        if self.remat not in (False, True, "full", "dots"):
+            raise ValueError(f"remat must be false, true, 'full' or 'dots', got {self.remat!r}")
         for name in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
             _check_int(name, getattr(self, name), 1)
         _check_int("tokenizer_vocab_size", self.tokenizer_vocab_size, 259)
@@ -467,6 +473,11 @@ class TrainerConfig:
       `env.group_size * env.tasks_per_iteration` episodes is shuffled and cut into
       `mini_batches` updates, `epochs` times; each mini-batch is accumulated over
       `micro_batches` micro-batches.
+    logprob_rows: rows per pass of the log-prob computations over an iteration's batch
+      (old policy, KL reference); None = the whole batch in one pass. The passes run in
+      turn, so their memory is that of `logprob_rows` rows: set it (a divisor of the batch,
+      e.g. the update's micro-batch rows) when the memory check says the log-prob pass
+      does not fit. Values agree with one pass to float32 rounding.
     iterations: the run's length (a resumed run continues up to it).
     seed: model initialisation and `state.rng`.
     run_dir: metrics.jsonl, config.yaml and checkpoints/ go here.
@@ -495,6 +506,7 @@ class TrainerConfig:
     epochs: int = 1
     mini_batches: int = 1
     micro_batches: int = 1
+    logprob_rows: int | None = None
     iterations: int = 2
     seed: int = 0
     run_dir: str = "runs/default"
@@ -518,6 +530,11 @@ class TrainerConfig:
         if (B // self.mini_batches) % self.micro_batches:
             raise ValueError(f"micro_batches ({self.micro_batches}) must divide the mini-batch size "
                              f"{B // self.mini_batches}")
+        if self.logprob_rows is not None:
+            _check_int("logprob_rows", self.logprob_rows, 1)
+            if B % self.logprob_rows:
+                raise ValueError(f"logprob_rows ({self.logprob_rows}) must divide the rollout batch "
+                                 f"env.group_size * env.tasks_per_iteration = {B}")
         if self.rollout.temperature > 0 and self.loss.temperature != self.rollout.temperature:
             raise ValueError(f"loss.temperature ({self.loss.temperature}) must equal rollout.temperature "
                              f"({self.rollout.temperature}): the update's log-probs are the sampler's")
@@ -554,5 +571,5 @@ class TrainerConfig:
     @property
     def step_config(self) -> StepConfig:
         return StepConfig(loss=self.loss, optim=self.optim, critic_optim=self.critic_optim,
-                          num_micro_batches=self.micro_batches)
+                          num_micro_batches=self.micro_batches, remat=self.model.remat)
 

@@ -23,7 +23,9 @@ heads, kv heads, MLP width and vocabulary divided by `tensor` where it divides):
     saved_layer     = per_token_layer                        remat=False
                     = D a                                    remat=True / "full" (layer input)
                     = (H + 2K) hd a + 2 D a + 2 F a          remat="dots" (matmul outputs)
-    trunk           = b T (L saved_layer + per_token_layer)  (+ one layer live while recomputed)
+    trunk           = b T (L saved_layer + per_token_layer)        remat=False
+                    = b T (L saved_layer + 1.5 per_token_layer)    remat (a layer recomputed;
+                                                                   compiled peaks: 0.8-1.8x)
     head            = b T D (a + 4) * 2 + 3 b min(T, seq_chunk) min(V, vocab_chunk) 4
     activations     = trunk + head                    (critic: max with its own trunk;
                                                        the two backward passes run in turn)
@@ -31,6 +33,8 @@ heads, kv heads, MLP width and vocabulary divided by `tensor` where it divides):
 XLA's fusion and scheduling change the real peak by tens of percent either way; the
 estimate is for telling "fits easily" from "cannot fit", not for packing to the byte.
 `check_fits` keeps a margin (`usable_fraction`, default 0.9) for XLA's own buffers.
+`forward_activation_bytes` is the forward-only log-prob pass (one layer live at a time); it
+runs before the update, so a run needs the larger of the two activation figures.
 """
 from __future__ import annotations
 
@@ -190,10 +194,49 @@ def _activation_bytes(cfg, step_config, sizes, rules, B, T, dtype, critic) -> in
         saved = D * a
     else:  # "dots"
         saved = (H + 2 * K) * hd * a + 2 * D * a + 2 * F * a
-    trunk = b * T * (L * saved + per_tok)
+    # the layer being differentiated is live whole; recomputed (remat), also its recomputation
+    trunk = b * T * (L * saved + per_tok) if not remat else int(b * T * (L * saved + 1.5 * per_tok))
     head = 2 * b * T * D * (a + f) + 3 * b * min(T, step_config.seq_chunk) * min(V, step_config.vocab_chunk) * f
     policy = trunk + head
     return int(max(policy, trunk + b * T * D * (a + f)) if critic else policy)
+
+
+def forward_activation_bytes(model_config, step_config=None, mesh=None, *, rows: int, seq_len: int,
+                             param_dtype: str = "float32", rules: Rules = LOGICAL_AXIS_RULES) -> int:
+    """Per-device bytes live in a forward-only pass (the log-prob pass) over `rows` rows of
+    `seq_len` tokens: one layer's activations (nothing is kept for a backward pass) and
+    one chunk of logits (module docstring's notation; compiled peaks: 0.7-1.3x)::
+
+        b T per_token_layer + b min(T, seq_chunk) min(V, vocab_chunk) 4
+    """
+    from jaxagent.train.step import StepConfig
+
+    step_config = step_config if step_config is not None else StepConfig()
+    sizes = axis_sizes(mesh if mesh is not None else MeshConfig())
+    table = rules_dict(rules)
+    cfg, T = model_config, seq_len
+    a, f = int(np.dtype(param_dtype).itemsize), 4
+    b = -(-rows // math.prod(sizes[x] for x in table["batch"] if x in sizes))
+    D, hd = cfg.hidden_size, cfg.head_dim
+    H = _split(cfg.num_heads, table["heads"], sizes)
+    K = _split(cfg.num_kv_heads, table["heads"], sizes)
+    F = _split(cfg.intermediate_size, table["mlp"], sizes)
+    V = _split(cfg.vocab_size, table["vocab"], sizes)
+    per_tok = 4 * D * a + 2 * D * f + 2 * (H + 2 * K) * hd * a + H * T * (f + a) + H * hd * a + 4 * F * a
+    head = b * min(T, step_config.seq_chunk) * min(V, step_config.vocab_chunk) * f
+    return int(b * T * per_tok + head)
+
+
+def host_memory_bytes() -> int | None:
+    """The host's available RAM (Linux `MemAvailable`), for CPU devices; None if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def _kv_bytes(cfg, sizes, rules, Bs, S, dtype) -> int:
@@ -255,6 +298,7 @@ def check_fits(estimate: dict[str, int], device_memory_bytes: int, *, usable_fra
     parts = ", ".join(f"{k} {_gib(estimate.get(k, 0))}" for k in _components(estimate))
     raise DoesNotFitError(
         f"the run needs about {_gib(total)} per device but {_gib(usable)} is usable "
-        f"({usable_fraction:.0%} of {_gib(device_memory_bytes)}): {parts}. To fit: more fsdp/tensor "
-        "shards (MeshConfig), remat=True or more num_micro_batches (activations), LoRA (optimizer "
-        "state and gradients), a smaller batch or sampling context (kv_cache)")
+        f"({usable_fraction:.0%} of {_gib(device_memory_bytes)}): {parts}. To fit: more "
+        "mesh.fsdp / mesh.tensor shards, model.remat or more micro_batches (activations), logprob_rows (the "
+        "log-prob pass), a smaller batch (env.tasks_per_iteration, env.group_size) or context "
+        "(rollout.max_context: every pass and the kv_cache)")

@@ -46,16 +46,33 @@ from jaxagent.train.step import (
 
 
 def _policy_logprobs(params, config, tokens_BxT, attention_mask_BxT, *, temperature: float,
-                     seq_chunk: int, vocab_chunk: int) -> jax.Array:
+                     seq_chunk: int, vocab_chunk: int, row_chunks: int = 1) -> jax.Array:
     from jaxagent.models import token_logprobs
 
-    logp, _ = token_logprobs(params, config, tokens_BxT, attention_mask_BxT=attention_mask_BxT,
-                             temperature=temperature, seq_chunk=seq_chunk, vocab_chunk=vocab_chunk)
-    return logp
+    def one(tokens, mask):
+        logp, _ = token_logprobs(params, config, tokens, attention_mask_BxT=mask,
+                                 temperature=temperature, seq_chunk=seq_chunk, vocab_chunk=vocab_chunk)
+        return logp
+
+    if row_chunks == 1:
+        return one(tokens_BxT, attention_mask_BxT)
+    # `row_chunks` passes one after another (`lax.map`), so that only one chunk's activations
+    # are live; chunk k holds rows k, k + n, k + 2n, ... (each spans every row shard of a mesh)
+    B, T = tokens_BxT.shape
+    n = row_chunks
+
+    def split(x):
+        return x.reshape(B // n, n, T).swapaxes(0, 1)
+
+    out = jax.lax.map(lambda xs: one(*xs), (split(tokens_BxT), split(attention_mask_BxT)))
+    return out.swapaxes(0, 1).reshape(B, T)
 
 
-#: `log pi(tokens[t] | tokens[:t])` `[B, T]` as `train_step` computes it (same kernel).
-policy_logprobs = jax.jit(_policy_logprobs, static_argnames=("config", "temperature", "seq_chunk", "vocab_chunk"))
+#: `log pi(tokens[t] | tokens[:t])` `[B, T]` as `train_step` computes it (same kernel);
+#: `row_chunks` > 1 runs it on that many chunks of rows in turn (less memory, same values
+#: to float32 rounding).
+policy_logprobs = jax.jit(_policy_logprobs,
+                          static_argnames=("config", "temperature", "seq_chunk", "vocab_chunk", "row_chunks"))
 _critic_values = jax.jit(critic_values, static_argnames=("critic_config", "remat"))
 
 
@@ -83,6 +100,12 @@ class Placement:
         #: the sampler runs on the mesh (a mesh in one process)
         self.sampler_on_mesh = self.mesh is not None and not self.multi_process
         self._logprobs = self._values = None
+        #: passes of the log-prob pass over a batch's rows (`logprob_rows`)
+        B = config.env.batch_size
+        self.logprob_chunks = 1 if config.logprob_rows is None else B // config.logprob_rows
+        if self.mesh is not None and config.logprob_rows is not None and config.logprob_rows % self.row_shards:
+            raise ValueError(f"logprob_rows ({config.logprob_rows}) must be divisible by mesh.data * mesh.fsdp "
+                             f"= {self.row_shards}")
         if self.mesh is not None:
             layout = par.activation_constraint(self.mesh)
             rows = jax.NamedSharding(self.mesh, par.batch_spec(2))
@@ -92,7 +115,7 @@ class Placement:
                 with decoder.activation_constraint(layout):
                     return _policy_logprobs(params, model_config, tokens_BxT, attention_mask_BxT,
                                             temperature=sc.loss.temperature, seq_chunk=sc.seq_chunk,
-                                            vocab_chunk=sc.vocab_chunk)
+                                            vocab_chunk=sc.vocab_chunk, row_chunks=self.logprob_chunks)
 
             def values(critic_params, batch):
                 with decoder.activation_constraint(layout):
@@ -194,7 +217,8 @@ class Placement:
             sc = self.config.step_config
             return policy_logprobs(params, self.model_config, tokens_BxT=placed.tokens,
                                    attention_mask_BxT=placed.attention_mask, temperature=sc.loss.temperature,
-                                   seq_chunk=sc.seq_chunk, vocab_chunk=sc.vocab_chunk)
+                                   seq_chunk=sc.seq_chunk, vocab_chunk=sc.vocab_chunk,
+                                   row_chunks=self.logprob_chunks)
         return jnp.asarray(par.to_host(self._logprobs(params, placed.tokens, placed.attention_mask)))
 
     def values(self, state, placed):
@@ -226,12 +250,24 @@ class Placement:
         if cfg.loss.kl_coef > 0 or cfg.algo.kl_reward_coef > 0:
             est["reference"] = est["params"] if not cfg.algo.uses_critic else memory.estimate_memory(
                 model_config, cfg.step_config, self.mesh, batch_size=1, seq_len=1, **common)["params"]
-        est["total"] = sum(v for k, v in est.items() if k != "total")
+        # the log-prob passes (old policy, reference) run before the update, over the batch's
+        # rows `logprob_rows` at a time: the run needs the larger of the two activation figures
+        rows = (len(self.rows) if self.multi_process else cfg.env.batch_size) // self.logprob_chunks
+        est["logprob_pass"] = memory.forward_activation_bytes(
+            model_config, cfg.step_config, self.mesh, rows=rows, seq_len=cfg.rollout.max_context, **common)
+        est["total"] = sum(v for k, v in est.items() if k not in ("total", "activations", "logprob_pass")) \
+            + max(est["activations"], est["logprob_pass"])
+        where = "device"
         try:
             device_bytes = memory.device_memory_bytes()
         except ValueError:
             device_bytes = None if cfg.device_memory_gb is None else int(cfg.device_memory_gb * 2**30)
-        log(memory.format_memory(est, device_bytes))
+            if device_bytes is None and jax.local_devices()[0].platform == "cpu":
+                host = memory.host_memory_bytes()   # CPU devices share the host's RAM
+                if host is not None:
+                    device_bytes, where = host // jax.local_device_count(), "host RAM available"
+        log(memory.format_memory(est, device_bytes) + ("" if where == "device" or device_bytes is None else
+                                                         f" ({where} / {jax.local_device_count()} devices)"))
         if device_bytes is None:
             log("memory check skipped: the device does not report its memory (set device_memory_gb)")
             return est

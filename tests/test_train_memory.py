@@ -1,0 +1,89 @@
+"""The memory estimate against what XLA compiles: the temporary bytes of the compiled
+update and log-prob pass (`Compiled.memory_analysis()`, XLA's own buffer assignment), for
+several shapes, micro-batches and remat; `logprob_rows` bounds the log-prob pass; on CPU
+the check compares against the host's available RAM and refuses, before compiling, a
+config whose log-prob pass cannot fit."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxagent import models as M
+from jaxagent.config import load_config
+from jaxagent.train import StepConfig, UpdateBatch, init_train_state, memory, train_step
+from jaxagent.train.placement import _policy_logprobs, policy_logprobs
+from jaxagent.train.trainer import Trainer, TrainerConfig
+
+SHAPES = [  # D, L, H, K, hd, F, V, B, T
+    (128, 2, 4, 2, 32, 256, 512, 16, 512),
+    (64, 4, 4, 2, 16, 256, 512, 8, 1024),
+    (256, 2, 8, 4, 32, 512, 2048, 8, 256),
+]
+
+
+def model(D, L, H, K, hd, F, V):
+    return M.DecoderConfig(vocab_size=V, hidden_size=D, intermediate_size=F, num_layers=L, num_heads=H,
+                           num_kv_heads=K, head_dim=hd, model_type="qwen2")
+
+
+def measured(fn, *args, **static) -> int:
+    return jax.jit(fn, static_argnames=tuple(static)).lower(*args, **static).compile().memory_analysis() \
+        .temp_size_in_bytes
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("micro, remat", [(1, False), (2, False), (1, True)])
+def test_update_activations_match_the_compiled_step(shape, micro, remat):
+    *arch, B, T = shape
+    cfg, sc = model(*arch), StepConfig(num_micro_batches=micro, remat=remat)
+    state = init_train_state(jax.random.key(1), M.init_params(jax.random.key(0), cfg), cfg, sc)
+    z = jnp.zeros((B, T), jnp.float32)
+    batch = UpdateBatch(tokens=jnp.zeros((B, T), jnp.int32), loss_mask=z + 1, advantages=z + 1, old_logp=z,
+                        attention_mask=jnp.ones((B, T), jnp.int32))
+    est = memory.estimate_memory(cfg, sc, None, batch_size=B, seq_len=T)
+    ratio = measured(train_step, state, batch, config=sc) / (est["activations"] + est["grads"])
+    low = 0.5 if remat else 0.75   # "tens of percent either way" (the memory module's docstring)
+    assert low < ratio < 1.5, ratio
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_logprob_pass_matches_the_compiled_pass_and_logprob_rows_bound_it(shape):
+    *arch, B, T = shape
+    cfg = model(*arch)
+    params = M.init_params(jax.random.key(0), cfg)
+    tokens = jax.random.randint(jax.random.key(1), (B, T), 0, cfg.vocab_size)
+    mask = jnp.ones((B, T), jnp.int32)
+    kw = dict(config=cfg, temperature=1.0, seq_chunk=128, vocab_chunk=8192)
+    peaks = {}
+    for chunks in (1, 4):
+        peaks[chunks] = measured(lambda p, t, m, c=chunks: _policy_logprobs(p, cfg, t, m, temperature=1.0, seq_chunk=128,
+                                                                              vocab_chunk=8192, row_chunks=c),
+                                 params, tokens, mask)
+        est = memory.forward_activation_bytes(cfg, StepConfig(), rows=B // chunks, seq_len=T)
+        assert 0.6 < peaks[chunks] / est < 1.5, (chunks, peaks[chunks] / est)
+    assert peaks[4] < peaks[1] / 3
+    whole = np.asarray(policy_logprobs(params, tokens_BxT=tokens, attention_mask_BxT=mask, **kw))
+    parts = np.asarray(policy_logprobs(params, tokens_BxT=tokens, attention_mask_BxT=mask, row_chunks=4, **kw))
+    np.testing.assert_allclose(parts, whole, atol=1e-5, rtol=1e-6)
+
+
+def test_cpu_check_uses_host_ram_and_refuses_a_log_prob_pass_that_cannot_fit(tmp_path):
+    host = memory.host_memory_bytes()
+    if host is None:
+        pytest.skip("no /proc/meminfo")
+    # 64 rows of 16k tokens through 4 heads: the log-prob pass alone needs ~ 64 * 16k * 4 * 16k * 8 bytes
+    cfg = load_config(TrainerConfig, None, [f"run_dir={tmp_path / 'run'}", "env.name=countdown", "env.group_size=8",
+                                            "env.tasks_per_iteration=8", "rollout.max_context=16384",
+                                            "mini_batches=64"])
+    lines = []
+    with pytest.raises(memory.DoesNotFitError, match=r"logprob_pass [\d.]+ (GiB|TiB).*logprob_rows"):
+        Trainer(cfg, log=lines.append)
+    assert any("host RAM available" in x for x in lines), lines
+    # with the pass cut into rows (and the update into micro-batches) the estimate shrinks by the same factor
+    small = load_config(TrainerConfig, None, [f"run_dir={tmp_path / 'run'}", "env.name=countdown",
+                                              "env.group_size=8", "env.tasks_per_iteration=8",
+                                              "rollout.max_context=16384", "mini_batches=64", "logprob_rows=1"])
+    big = memory.forward_activation_bytes(M.tiny_config(), rows=64, seq_len=16384)
+    one = memory.forward_activation_bytes(M.tiny_config(), rows=1, seq_len=16384)
+    assert 60 < big / one <= 64
+    assert small.logprob_rows == 1

@@ -303,6 +303,25 @@ def known_envs() -> list[str]:
     return sorted(_REGISTRY) + sorted(f"{p}/<...>" for p in _PREFIXES)
 
 
+def import_modules(modules) -> None:
+    """Imports user modules that register envs (`register`), looked up on `sys.path` and in
+    the current directory; `ValueError` naming a module that cannot be imported. The
+    trainer calls it in its process and in every env worker (its `env.imports`)."""
+    import importlib
+    import os
+    import sys
+
+    if modules and os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())
+    for name in modules:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"imports: expected module names, got {name!r}")
+        try:
+            importlib.import_module(name)
+        except Exception as err:  # noqa: BLE001 - any import-time error, named
+            raise ValueError(f"imports: cannot import {name!r}: {type(err).__name__}: {err}") from None
+
+
 def is_known(name: str) -> bool:
     """Whether :func:`make` knows ``name`` (families are not checked further)."""
     _ensure_builtins()

@@ -23,7 +23,8 @@ pickled, runs past ``step_timeout``, or kills its worker process (segfault,
                             "traceback": TEXT_OR_NONE})
 
 with KIND one of ``exception``, ``invalid_result``, ``unpicklable``, ``timeout``,
-``crash``, ``replay_diverged``, ``worker_lost`` (a reset failure returns
+``crash``, ``memory_limit``, ``cpu_limit`` (the optional per-worker resource limits),
+``replay_diverged``, ``worker_lost`` (a reset failure returns
 ``("", info)`` with the same info). The worker process is then restarted (after an
 exception too, unless ``restart_on_exception=False``, which keeps the process and
 drops only the faulty env). Every other episode of that worker is rebuilt in the new
@@ -221,6 +222,10 @@ class _SlotRunner:
         except _BadResult as e:
             self.drop(slot)
             return ("fail", "invalid_result", str(e), None)
+        except MemoryError as e:  # past the worker's memory limit (or the host's)
+            self.drop(slot)
+            return ("fail", "memory_limit", f"the env ran out of memory (MemoryError: {e}); the worker's "
+                    "address space is limited by memory_limit_mb", traceback.format_exc())
         except Exception as e:
             self.drop(slot)
             return ("fail", "exception", f"{type(e).__name__}: {e}", traceback.format_exc())
@@ -259,7 +264,38 @@ def _watch_parent(parent_pid: int) -> None:
             os._exit(3)
 
 
-def _worker_main(conn, progress, env_fns: dict[int, bytes], parent_pid: int) -> None:
+def _set_memory_limit(memory_limit_mb: float | None) -> None:
+    """The worker's address-space limit (``RLIMIT_AS``): an env that allocates past it
+    gets ``MemoryError`` (failure kind ``memory_limit``) instead of taking the host down."""
+    if memory_limit_mb is None:
+        return
+    import resource
+
+    limit = int(memory_limit_mb * 2**20)
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+
+
+def _cpu_budget(cpu_limit_s: float | None, ops: int = 1) -> None:
+    """Arms ``RLIMIT_CPU`` so that the next ``ops`` env calls may use ``cpu_limit_s`` CPU
+    seconds each (the soft limit is the process's total; past it the kernel ends the worker
+    with SIGXCPU, reported as failure kind ``cpu_limit``)."""
+    if cpu_limit_s is None:
+        return
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    soft = math.ceil(usage.ru_utime + usage.ru_stime + cpu_limit_s * ops)
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    if hard != resource.RLIM_INFINITY:
+        soft = min(soft, hard)
+    resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+
+
+def _worker_main(conn, progress, env_fns: dict[int, bytes], parent_pid: int,
+                 memory_limit_mb: float | None = None, cpu_limit_s: float | None = None) -> None:
     """Worker loop. Shared with the parent for its timeouts: ``progress[0]``, the index
     of the item running (-1 between batches); ``progress[1]``, its start time
     (time.monotonic, one clock for all processes); ``progress[2]``, the number of the
@@ -267,6 +303,7 @@ def _worker_main(conn, progress, env_fns: dict[int, bytes], parent_pid: int) -> 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a group-wide SIGTERM: the trainer closes the pool
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+    _set_memory_limit(memory_limit_mb)
     runner = _SlotRunner(env_fns, pickled=True)
     items, results = [], []
     try:
@@ -285,6 +322,7 @@ def _worker_main(conn, progress, env_fns: dict[int, bytes], parent_pid: int) -> 
             seq, items = msg[1], msg[2]
             results = []
             for k, (slot, op, arg) in enumerate(items):
+                _cpu_budget(cpu_limit_s, 1 + len(arg[1]) if op == _REPLAY else 1)
                 progress[1] = time.monotonic()
                 progress[0] = k
                 results.append(runner.run(slot, op, arg))
@@ -417,12 +455,19 @@ class EnvPool:
       restart_on_exception: restart the worker after an env raised (the safe
         default); ``False`` keeps the process and drops only the faulty env.
       mp_context: ``"spawn"`` (default) or ``"forkserver"``.
+      memory_limit_mb: each worker's address-space limit (``RLIMIT_AS``; None = none):
+        an env that allocates past it fails its episode as ``memory_limit``.
+      cpu_limit_s: CPU seconds one env call may use (``RLIMIT_CPU``, re-armed before each
+        call; None = none): past it the worker is ended and the episode fails as
+        ``cpu_limit``. Unlike ``step_timeout`` (wall clock) it also stops a call that
+        burns several cores. Both limits apply to processes the env starts, too.
     """
 
     def __init__(self, env_fns: Sequence[str | Callable[[], Env]], num_workers: int = 1,
                  step_timeout: float = 30.0, reset_timeout: float | None = None,
                  startup_timeout: float = 120.0, restart_on_exception: bool = True,
-                 mp_context: str = "spawn"):
+                 mp_context: str = "spawn", memory_limit_mb: float | None = None,
+                 cpu_limit_s: float | None = None):
         env_fns = list(env_fns)
         if not env_fns:
             raise ValueError("env_fns is empty: give at least one env name or factory")
@@ -440,6 +485,11 @@ class EnvPool:
                           ("reset_timeout", step_timeout if reset_timeout is None else reset_timeout)):
             if not isinstance(val, (int, float)) or not val > 0:
                 raise ValueError(f"{name} must be a positive number of seconds, got {val!r}")
+        for name, val in (("memory_limit_mb", memory_limit_mb), ("cpu_limit_s", cpu_limit_s)):
+            if val is not None and (isinstance(val, bool) or not isinstance(val, (int, float)) or not val > 0):
+                raise ValueError(f"{name} must be a positive number or None (no limit), got {val!r}")
+        self.memory_limit_mb = memory_limit_mb
+        self.cpu_limit_s = cpu_limit_s
         if mp_context not in ("spawn", "forkserver"):
             raise ValueError(f"mp_context must be 'spawn' or 'forkserver' (fork is unsafe with JAX "
                              f"loaded), got {mp_context!r}")
@@ -677,7 +727,8 @@ class EnvPool:
         progress[2] = w.seq
         proc = self._ctx.Process(
             target=_worker_main, name=f"envpool-worker-{w.index}", daemon=True,
-            args=(child_conn, progress, {i: self._pickled[i] for i in w.slots}, os.getpid()))
+            args=(child_conn, progress, {i: self._pickled[i] for i in w.slots}, os.getpid(),
+                  self.memory_limit_mb, self.cpu_limit_s))
         proc.start()
         child_conn.close()
         w.proc, w.conn, w.progress = proc, parent_conn, progress
@@ -797,7 +848,7 @@ class EnvPool:
             if slot.status == "failed" and op != _RESET:
                 continue
             self._record(slot, res)
-            if res[0] == "fail" and res[1] in ("exception", "invalid_result", "unpicklable"):
+            if res[0] == "fail" and res[1] in ("exception", "invalid_result", "unpicklable", "memory_limit"):
                 failed_exception = True
         if failed_exception and self.restart_on_exception:
             w.needs_restart = True
@@ -824,6 +875,7 @@ class EnvPool:
     def _on_death(self, w: _Worker, reason: str | None) -> None:
         k = int(w.progress[0]) if w.ready else -1
         code = w.proc.exitcode if w.proc is not None else None
+        kind = "crash"
         if reason is None:
             reason = f"the worker process died (exit code {code}"
             if code is not None and code < 0:
@@ -832,7 +884,10 @@ class EnvPool:
                 except ValueError:
                     pass
             reason += ")"
-        self._abort_batch(w, k, "crash", reason)
+            if code == -signal.SIGXCPU and self.cpu_limit_s is not None:
+                kind = "cpu_limit"
+                reason = f"the env call used more than cpu_limit_s={self.cpu_limit_s} CPU seconds ({reason})"
+        self._abort_batch(w, k, kind, reason)
 
     def _abort_batch(self, w: _Worker, k: int, kind: str, reason: str) -> None:
         """Worker ``w`` died or hung at item ``k`` of its batch: fail that item's slot,

@@ -22,7 +22,7 @@ import time
 from envs.core import TextEnv
 
 FAULTS = ("crash", "segfault", "hang", "raise", "garbage", "nan_reward", "unpicklable", "unloadable",
-          "nondeterministic", "raise_on_reset", "crash_on_reset")
+          "nondeterministic", "raise_on_reset", "crash_on_reset", "memory_bomb", "cpu_bomb")
 
 
 def _refuse_to_load(what: str):
@@ -49,7 +49,8 @@ class FaultyEnv(TextEnv):
         ``unpicklable``: a lock in ``info``; ``unloadable``: an object in ``info`` that
         pickles but cannot be unpickled; ``nondeterministic``: from the start, the
         observation includes a fresh random number (so replaying it diverges);
-        ``raise_on_reset`` / ``crash_on_reset``: fail in ``reset``.
+        ``raise_on_reset`` / ``crash_on_reset``: fail in ``reset``; ``memory_bomb``:
+        allocates 64 GiB; ``cpu_bomb``: computes for ``hang_s`` seconds.
       at_step: the 1-based step at which the fault fires.
       fault_seeds: if given, the fault fires only in episodes with these seeds.
       horizon: episode length.
@@ -101,6 +102,13 @@ class FaultyEnv(TextEnv):
                 time.sleep(self.hang_s)
             if f == "raise":
                 raise RuntimeError(f"injected fault at step {self._steps} (seed {self.seed})")
+            if f == "memory_bomb":
+                hog = bytearray(64 * 2**30)
+                hog[::4096] = b"x" * len(hog[::4096])
+            if f == "cpu_bomb":
+                end = time.monotonic() + self.hang_s
+                while time.monotonic() < end:
+                    sum(i * i for i in range(10_000))
         for ch in action:
             self.checksum = (self.checksum * 31 + ord(ch)) % 1_000_003
         reward = ((self.seed * 7 + self.checksum) % 10) / 10

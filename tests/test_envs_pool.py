@@ -417,3 +417,33 @@ def test_an_untouched_slot_whose_episode_is_lost_comes_back_failed_in_the_calls_
     assert res[0][1]["failure_kind"] == "crash"
     obs, info = res[1]
     assert obs == "" and info["failure_kind"] == "replay_diverged"
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_resource_limits_end_only_the_abusive_episode(workers):
+    """A memory bomb (64 GiB) under a 1 GiB address-space limit and a CPU bomb under a
+    1 s CPU limit (with a wall-clock timeout far away) fail as `memory_limit` and
+    `cpu_limit`; their neighbours' transcripts equal a fault-free run's; the pool goes on."""
+    n = 5
+    kinds = {1: dict(fault="memory_bomb", at_step=2), 3: dict(fault="cpu_bomb", at_step=1, hang_s=60)}
+    fns = [functools.partial(envs.make, "testing/faulty", **kinds.get(i, {})) for i in range(n)]
+    seeds = [300 + i for i in range(n)]
+    t0 = time.monotonic()
+    with EnvPool(fns, num_workers=workers, step_timeout=120, memory_limit_mb=1024, cpu_limit_s=1) as pool:
+        got = run_episodes(pool, seeds)
+        stats = dict(pool.stats)
+        # the limits are re-armed in the restarted workers: a fresh episode in every slot runs
+        for r in pool.reset([900 + i for i in range(n)]):
+            assert r is not None and not r[1].get("failed")
+    assert time.monotonic() - t0 < 60   # the CPU bomb did not run out its 60 s
+    ref = reference_transcripts([faulty] * n, seeds)
+    for i in range(n):
+        if i in kinds:
+            at = kinds[i]["at_step"]
+            assert got[i][:at] == ref[i][:at]
+            assert got[i][at][-1] == ("memory_limit" if i == 1 else "cpu_limit"), got[i][at]
+        else:
+            assert got[i] == ref[i], i
+    assert stats["memory_limit"] == 1 and stats["cpu_limit"] == 1
+    with pytest.raises(ValueError, match="memory_limit_mb must be a positive number"):
+        EnvPool([faulty], memory_limit_mb=0)

@@ -118,15 +118,22 @@ def make_env(imports, name: str, kwargs: dict):
     """`envs.make(name, **kwargs)` after importing `imports` (in an env worker too)."""
     import envs
 
-    from jaxagent.train.config import import_env_modules
-
-    import_env_modules(imports)
+    envs.import_modules(imports)
     return envs.make(name, **kwargs)
 
 
 def env_factory(config: TrainerConfig):
     """A zero-argument, picklable factory of the run's env (`make_env`)."""
     return functools.partial(make_env, tuple(config.env.imports), config.env.name, dict(config.env.kwargs))
+
+
+def env_pool(config: TrainerConfig, slots: int):
+    """The run's `EnvPool` of `slots` envs, with the config's workers, timeout and limits."""
+    import envs
+
+    e = config.env
+    return envs.EnvPool([env_factory(config)] * slots, num_workers=e.num_workers, step_timeout=e.step_timeout,
+                        memory_limit_mb=e.worker_memory_mb, cpu_limit_s=e.worker_cpu_s)
 
 
 def check_env(config: TrainerConfig) -> None:

@@ -109,6 +109,9 @@ class EnvSection:
       env is made, so that envs they register (`envs.register`) work from a config.
     max_failed_iterations: stop the run (with the first failure's kind and traceback) after
       this many consecutive iterations in which every episode failed (0 = never stop).
+    worker_memory_mb, worker_cpu_s: each env worker's address-space limit and the CPU
+      seconds one env call may use (`EnvPool`'s `memory_limit_mb` / `cpu_limit_s`; null =
+      none). Past them the episode fails as `memory_limit` / `cpu_limit`, the run goes on.
     """
 
     name: str = "countdown"
@@ -120,12 +123,18 @@ class EnvSection:
     step_timeout: float = 30.0
     imports: tuple[str, ...] = ()
     max_failed_iterations: int = 2
+    worker_memory_mb: float | None = 16384
+    worker_cpu_s: float | None = 300
 
     def __post_init__(self):
         import envs
 
         import_env_modules(self.imports)
         _check_int("max_failed_iterations", self.max_failed_iterations, 0)
+        for name in ("worker_memory_mb", "worker_cpu_s"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
+                raise ValueError(f"{name} must be a number > 0 or null (no limit), got {v!r}")
         if not envs.is_known(self.name):
             raise ValueError(f"name: unknown env {self.name!r}; known: {', '.join(envs.known_envs())}")
         _check_int("group_size", self.group_size, 1)
@@ -141,21 +150,10 @@ class EnvSection:
 
 
 def import_env_modules(modules) -> None:
-    """Imports `env.imports` (modules that register envs), looked up on `sys.path` and in
-    the current directory; an error names the module."""
-    import importlib
-    import os
-    import sys
+    """Imports `env.imports` (`envs.import_modules`); an error names the module."""
+    import envs
 
-    if modules and os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.append(os.getcwd())
-    for name in modules:
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"imports: expected module names, got {name!r}")
-        try:
-            importlib.import_module(name)
-        except Exception as err:  # noqa: BLE001 - any import-time error, named
-            raise ValueError(f"imports: cannot import {name!r}: {type(err).__name__}: {err}") from None
+    envs.import_modules(modules)
 
 
 @dataclasses.dataclass(frozen=True)

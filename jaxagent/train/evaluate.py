@@ -78,7 +78,6 @@ def evaluate_run(run_dir: str | Path, *, step: int | None = None, episodes: int 
                  seed: int | None = None, temperature: float | None = None, out: str | Path | None = None,
                  num_workers: int | None = None, log=print) -> dict:
     """`jaxagent eval` (module docstring)."""
-    import envs
     from jaxagent.config import load_config
     from jaxagent.train import build
     from jaxagent.train.config import TrainerConfig
@@ -102,8 +101,7 @@ def evaluate_run(run_dir: str | Path, *, step: int | None = None, episodes: int 
     with rundir.checkpoints(config.keep_checkpoints) as ckpt:
         state, progress, _ = rundir.restore(ckpt, run.state, config, step, log=log)
     loop = build.agent_loop(config, run.tokenizer, run.model_config, run.placement, state)
-    with envs.EnvPool([build.env_factory(config)] * config.env.batch_size, num_workers=config.env.num_workers,
-                      step_timeout=config.env.step_timeout) as pool:
+    with build.env_pool(config, config.env.batch_size) as pool:
         result = evaluate(config, loop, pool, run.placement.sampler_params(state), episodes=episodes,
                           first_seed=seed, temperature=temperature, details=True)
     per_episode = result.pop("per_episode")

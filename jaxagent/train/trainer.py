@@ -136,7 +136,6 @@ class Trainer:
         """Warm start and evaluation before RL (fresh runs, when configured), then RL up to
         `config.iterations`, then the held-out evaluation after RL; returns the metrics
         history (one dict per RL iteration). `self.summary` holds the evaluations."""
-        import envs
 
         cfg = self.config
         ckpt = self.rundir.checkpoints(cfg.keep_checkpoints)
@@ -152,8 +151,7 @@ class Trainer:
                 self.log(f"nothing to do: {self.iteration} of {cfg.iterations} iterations done")
                 return self.history
             loop = self.agent_loop()
-            with envs.EnvPool([build.env_factory(cfg)] * len(self.placement.rows), num_workers=cfg.env.num_workers,
-                              step_timeout=cfg.env.step_timeout) as pool:
+            with build.env_pool(cfg, len(self.placement.rows)) as pool:
                 if not self.resume and (cfg.warm_start.enabled or cfg.eval.episodes):
                     self._before_rl(loop, pool, ckpt)
                 self._iterations(loop, pool, ckpt)

@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 lint: $(STAMP)
-	$(PY) -m ruff check jaxagent envs tests benchmarks
+	$(PY) -m ruff check jaxagent envs tests benchmarks examples
 
 test: $(STAMP) lint
 	$(PY) -m pytest -q

@@ -1,0 +1,130 @@
+"""The `pycode` env and its sandbox (`envs.sandbox`): tasks checked exactly, and code
+that tries to escape or abuse the sandbox contained, with the env worker alive after it.
+
+The file-system checks need bubblewrap (the OS package `bubblewrap`, installed by
+`.ci/run`); without it they check what `envs.sandbox` documents for the fallback."""
+import functools
+import os
+import random
+import time
+
+import psutil
+import pytest
+
+import envs
+from envs import EnvPool
+from envs.pycode import TEMPLATES, expert_program, make_task, solve, tool_call
+from envs.sandbox import Limits, isolation, run_python
+
+BWRAP = isolation() == "bwrap"
+
+
+def test_known_answers():
+    # facts from outside the code under test (Project Euler 10's small case, OEIS A000045, A006877)
+    assert solve("prime_sum", {"n": 10}) == "17"
+    assert solve("prime_sum", {"n": 1000}) == "76127"
+    assert solve("fib_mod", {"n": 100, "m": 1000}) == str(354224848179261915075 % 1000)
+    assert solve("collatz_longest", {"n": 1000}) == "871"
+    assert solve("collatz_longest", {"n": 10}) == "9"
+    assert solve("digit_sum_count", {"a": 1, "b": 20, "k": 5}) == "3"      # 5, 14, 19
+    assert solve("word_rank", {"words": ["bb", "a", "ab", "c"], "k": 3}) == "ab"
+    assert solve("product_residues", {"n": 2, "m": 3}) == "2"   # 1, 2, 2, 4 -> mod 3: {1, 2}
+    assert solve("product_residues", {"n": 3, "m": 4}) == "4"   # 1 2 3 2 4 6 3 6 9 -> mod 4: {0, 1, 2, 3}
+
+
+@pytest.mark.parametrize("template", TEMPLATES)
+def test_the_experts_program_agrees_with_the_answer(template):
+    for seed in range(4):
+        _, params = make_task(template, random.Random(seed))
+        r = run_python(expert_program(template, params))
+        assert r.status == "ok", (template, seed, r)
+        assert r.stdout.strip() == solve(template, params), (template, seed)
+
+
+def test_expert_episodes_succeed_and_mistakes_do_not():
+    for seed in range(6):
+        env = envs.make("pycode")
+        obs, info = env.reset(seed=seed)
+        assert info["isolation"] == isolation()
+        total, turns = 0.0, 0
+        while True:
+            obs, reward, term, trunc, info = env.step(env.expert_action())
+            total, turns = total + reward, turns + 1
+            if term or trunc:
+                break
+        assert total == 1.0 and info["success"] and turns == 2
+    env = envs.make("pycode")
+    env.reset(seed=0)
+    obs, reward, term, _, info = env.step("<answer>-1</answer>")
+    assert term and reward == 0.0 and not info["success"]
+    env.reset(seed=0)
+    obs, reward, term, _, info = env.step("I think it is 12")
+    assert not term and reward == env.invalid_penalty and "run a program" in info["invalid_action"]
+    obs, reward, term, _, info = env.step('<tool_call>{"name": "shell", "arguments": {"code": "ls"}}</tool_call>')
+    assert "no tool named 'shell'" in info["invalid_action"]
+
+
+ABUSE = {
+    "reads a file outside": ("print(open('/etc/hostname').read())", None),
+    "writes outside its directory": ("open({target!r}, 'w').write('x'); print('wrote')", None),
+    "writes its own directory": ("open('a.txt', 'w').write('x'); print(open('a.txt').read())", "ok"),
+    "fork bomb": ("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass", "timeout"),
+    "infinite loop": ("while True:\n    pass", "cpu limit"),
+    "huge output": ("print('x' * 10**8)", None),
+    "memory bomb": ("b = bytearray(8 * 2**30)\nprint(len(b))", "memory limit"),
+    "ctypes crash": ("import ctypes\nctypes.string_at(0)", "killed (SIGSEGV)"),
+    "opens a socket": ("import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=2)\nprint('connected')",
+                       "error"),
+    "leaves a process behind": ("import subprocess\nsubprocess.Popen(['sleep', '300'])\nprint('started')", "ok"),
+}
+
+
+def _sandbox_processes():
+    me = psutil.Process()
+    return [p for p in me.children(recursive=True) if "sleep" in " ".join(p.cmdline() or [])]
+
+
+@pytest.mark.parametrize("name", list(ABUSE))
+def test_abuse_is_contained_and_the_worker_survives(name):
+    code, want = ABUSE[name]
+    # outside /tmp (private to the sandbox under bwrap): beside this file
+    target = os.path.join(os.path.dirname(os.path.abspath(__file__)), f".sandbox-escape-{os.getpid()}")
+    code = code.format(target=target)
+    fns = [functools.partial(envs.make, "pycode", wall_s=3, cpu_s=2, memory_mb=256, max_output=200)] * 2
+    with EnvPool(fns, num_workers=1, step_timeout=60) as pool:
+        pool.reset([0, 1])
+        t0 = time.monotonic()
+        (obs, reward, term, trunc, info), _ = pool.step([tool_call(code), None])
+        assert not info.get("failed"), info           # a tool result, not a worker failure
+        assert time.monotonic() - t0 < 20
+        status = info["tool_status"]
+        if want is not None:
+            assert status == want, (name, obs)
+        if name == "reads a file outside":
+            assert status == "ok"   # the file system is readable (read-only under bwrap)
+        if name == "writes outside its directory":
+            if BWRAP:
+                escaped = os.path.exists(target)
+                if escaped:
+                    os.remove(target)
+                assert status == "error" and "Read-only file system" in obs and not escaped, obs
+            else:   # documented: without bwrap the file system is not isolated
+                pytest.skip(f"isolation {isolation()!r}: writes outside the sandbox are not prevented")
+        if name == "huge output":
+            assert status == "output limit" and len(obs) < 600 and "[output truncated]" in obs, obs
+        if name == "opens a socket":
+            assert "stdout:\nconnected" not in obs and ("Network is unreachable" in obs or "Errno" in obs), obs
+        # nothing is left running, and the same worker still plays both slots
+        assert not _sandbox_processes()
+        (obs, *_), (obs2, *_) = pool.step([tool_call("print(6 * 7)"), tool_call("print(1 + 1)")])
+        assert "stdout:\n42" in obs and "stdout:\n2" in obs2
+        assert pool.stats["restarts"] == 0
+
+
+def test_limits_are_checked():
+    with pytest.raises(ValueError, match="Limits.wall_s must be a number > 0"):
+        Limits(wall_s=0)
+    with pytest.raises(TypeError, match="code must be a str"):
+        run_python(b"print(1)")
+    with pytest.raises(ValueError, match="templates must be a non-empty subset"):
+        envs.make("pycode", templates=("nope",))

@@ -13,7 +13,7 @@
 This package is plain Python: it does not import JAX or ``jaxagent``.
 """
 from envs.core import (Env, InvalidAction, MissingExtraError, TextEnv, import_modules, is_known, known_envs, make,
-                       register)
+                       make_with_imports, register)
 from envs.pool import EnvPool, EnvPoolError
 from envs.tasks import JsonlTasks, ListTasks, QAEnv, ReasoningGymTasks, Task, TaskSource, TfdsTasks
 
@@ -42,6 +42,6 @@ def rollout(env: Env, seed: int, policy=None, max_turns: int = 1000) -> list[dic
     return transcript
 
 
-__all__ = ["Env", "TextEnv", "InvalidAction", "MissingExtraError", "make", "register", "known_envs", "import_modules",
+__all__ = ["Env", "TextEnv", "InvalidAction", "MissingExtraError", "make", "register", "known_envs", "import_modules", "make_with_imports",
            "is_known", "EnvPool", "EnvPoolError", "Task", "TaskSource", "ListTasks", "JsonlTasks",
            "ReasoningGymTasks", "TfdsTasks", "QAEnv", "rollout"]

@@ -27,6 +27,7 @@ register("qa", _lazy("envs.tasks", "QAEnv"))
 register("testing/faulty", _lazy("envs.testing", "FaultyEnv"))
 register("testing/null", _lazy("envs.testing", "NullEnv"))
 register("testing/busy", _lazy("envs.testing", "BusyEnv"))
+register("testing/chaos", _lazy("envs.testing", "ChaosEnv"))
 
 _QA_FAMILY = {"jsonl": "make_jsonl", "tfds": "make_tfds", "reasoning_gym": "make_reasoning_gym"}
 

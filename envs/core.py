@@ -322,6 +322,13 @@ def import_modules(modules) -> None:
             raise ValueError(f"imports: cannot import {name!r}: {type(err).__name__}: {err}") from None
 
 
+def make_with_imports(imports, name: str, kwargs: dict) -> Env:
+    """`make(name, **kwargs)` after `import_modules(imports)`: a picklable env factory (with
+    `functools.partial`) for pool workers, which import the modules themselves."""
+    import_modules(imports)
+    return make(name, **kwargs)
+
+
 def is_known(name: str) -> bool:
     """Whether :func:`make` knows ``name`` (families are not checked further)."""
     _ensure_builtins()

@@ -184,3 +184,65 @@ class BusyEnv(TextEnv):
 
     def state_key(self):
         return ("busy", self.digest)
+
+
+#: the faults `ChaosEnv` injects, with their default weights
+CHAOS_KINDS = {"crash": 3, "raise": 3, "garbage": 2, "memory_bomb": 2, "hang": 1, "cpu_bomb": 1}
+#: the pool's failure kind each injected fault must be reported as
+CHAOS_REPORTED_AS = {"crash": "crash", "raise": "exception", "garbage": "invalid_result",
+                     "memory_bomb": "memory_limit", "hang": "timeout", "cpu_bomb": "cpu_limit"}
+
+
+def chaos_fault(seed: int, checksum: int, step: int, rate: float, kinds: dict[str, float]) -> str | None:
+    """The fault `ChaosEnv` injects at 1-based `step` of an episode whose checksum is
+    `checksum` before that step's action (None = none): a pure function of the seed and
+    the actions so far, so replays and fault-free reference runs agree."""
+    if rate <= 0:
+        return None
+    rng = random.Random(f"chaos:{seed}:{checksum}:{step}")
+    if rng.random() >= rate:
+        return None
+    names = sorted(kinds)
+    return rng.choices(names, weights=[kinds[k] for k in names])[0]
+
+
+class ChaosEnv(FaultyEnv):
+    """`FaultyEnv`'s counting game with faults injected at random (`chaos_fault`): at each
+    step, with probability `fault_rate`, one of `kinds` (default `CHAOS_KINDS`) fires. With
+    `fault_rate=0` its episodes are exactly `FaultyEnv`'s. For the fault soak: run it in a
+    pool with a memory limit (`memory_bomb` allocates 64 GiB), a CPU limit and a step
+    timeout below `hang_s`."""
+
+    def __init__(self, fault_rate: float = 0.1, kinds: dict | None = None, horizon: int = 8, hang_s: float = 30.0):
+        super().__init__(fault=None, horizon=horizon, hang_s=hang_s)
+        kinds = dict(CHAOS_KINDS if kinds is None else kinds)
+        unknown = sorted(set(kinds) - set(CHAOS_KINDS))
+        if unknown:
+            raise ValueError(f"kinds: unknown faults {unknown}; known: {sorted(CHAOS_KINDS)}")
+        if not 0 <= fault_rate <= 1:
+            raise ValueError(f"fault_rate must be in [0, 1], got {fault_rate!r}")
+        self.fault_rate, self.kinds = float(fault_rate), kinds
+        self._pending: str | None = None
+
+    def step(self, action: str):
+        self._pending = chaos_fault(self.seed, self.checksum, self._steps + 1, self.fault_rate, self.kinds)
+        if self._pending == "garbage":
+            return super().step(action)[:3]
+        return super().step(action)
+
+    def _step(self, action: str):
+        kind, self._pending = self._pending, None
+        if kind == "crash":
+            os._exit(17)
+        if kind == "raise":
+            raise RuntimeError(f"chaos: injected exception at step {self._steps} (seed {self.seed})")
+        if kind == "memory_bomb":
+            hog = bytearray(64 * 2**30)
+            hog[::4096] = b"x" * len(hog[::4096])
+        if kind == "hang":
+            time.sleep(self.hang_s)
+        if kind == "cpu_bomb":
+            end = time.monotonic() + self.hang_s
+            while time.monotonic() < end:
+                sum(i * i for i in range(10_000))
+        return super()._step(action)

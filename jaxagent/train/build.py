@@ -114,17 +114,13 @@ def rl_state(config: TrainerConfig, params, model_config, placement: Placement, 
     return placement.place_state(state)
 
 
-def make_env(imports, name: str, kwargs: dict):
-    """`envs.make(name, **kwargs)` after importing `imports` (in an env worker too)."""
+def env_factory(config: TrainerConfig):
+    """A zero-argument, picklable factory of the run's env (`envs.make_with_imports`: an
+    env worker that unpickles it imports `envs` and the config's `env.imports`, not JAX)."""
     import envs
 
-    envs.import_modules(imports)
-    return envs.make(name, **kwargs)
-
-
-def env_factory(config: TrainerConfig):
-    """A zero-argument, picklable factory of the run's env (`make_env`)."""
-    return functools.partial(make_env, tuple(config.env.imports), config.env.name, dict(config.env.kwargs))
+    return functools.partial(envs.make_with_imports, tuple(config.env.imports), config.env.name,
+                             dict(config.env.kwargs))
 
 
 def env_pool(config: TrainerConfig, slots: int):

@@ -39,6 +39,7 @@ the overlap off (the default), resume is exact.
 """
 from __future__ import annotations
 
+import collections
 import json
 import time
 
@@ -113,6 +114,11 @@ class Trainer:
     @property
     def iteration(self) -> int:
         return self.progress.iteration
+
+    @property
+    def last_episodes(self) -> list | None:
+        """The last iteration's episodes (this process's rows, `rollout.Episode`), or None."""
+        return self._last_episodes
 
     @property
     def history(self) -> list[dict]:
@@ -300,6 +306,9 @@ class Trainer:
         if cfg.algo.dynamic_sampling:
             out.update(collected.sampling)
         out.update(shaping)
+        # failed episodes by the pool's failure kind (this process's episodes)
+        kinds = collections.Counter(ep.failure_kind or "unknown" for ep in collected.episodes if ep.failed)
+        out.update({f"failed_{kind}": n for kind, n in sorted(kinds.items())})
         return out
 
     def _rollout(self, loop, pool, key, times: dict):

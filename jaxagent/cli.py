@@ -15,6 +15,9 @@ type and what it does.
 ``jaxagent eval RUN_DIR [--step N] [--episodes N] [--seed S] [--temperature T] [--out JSONL]``
 evaluates a run's checkpoint on held-out seeds (`jaxagent.train.evaluate`).
 
+``jaxagent export RUN_DIR OUT_DIR [--step N] [--overwrite]`` writes a run's policy as a
+Hugging Face directory (`jaxagent.train.evaluate.export_run`).
+
 ``jaxagent plot RUN_DIR [RUN_DIR ...] [--out PNG]`` draws the run's learning curves from
 its metrics.jsonl (`jaxagent.train.plot`); several runs go on one comparison figure
 against episodes, seeds of one recipe as a band; exit status 2 with a message when a
@@ -145,6 +148,23 @@ def _eval(args) -> int:
     return 0
 
 
+def _export(args) -> int:
+    from jaxagent.config import ConfigError
+    from jaxagent.train.checkpoint import IncompatibleCheckpointError
+    from jaxagent.train.evaluate import export_run
+    from jaxagent.train.rundir import DamagedCheckpointError
+
+    try:
+        path = export_run(args.run_dir, args.out_dir, step=args.step, overwrite=args.overwrite,
+                          log=lambda line: print(line, file=sys.stderr))
+    except (ConfigError, IncompatibleCheckpointError, DamagedCheckpointError, FileNotFoundError,
+            FileExistsError, ValueError) as err:
+        print(f"jaxagent export: error: {err}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0
+
+
 def _plot(args) -> int:
     from jaxagent.train.plot import RunDataError, plot_run, plot_runs
 
@@ -191,6 +211,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="sampling temperature (default: the config's; 0 = greedy)")
     ev.add_argument("--num-workers", type=int, default=None, help="env worker processes (default: the config's)")
     ev.add_argument("--out", metavar="JSONL", default=None, help="per-episode results and the summary")
+    exp = sub.add_parser("export", help="write a run's policy as a Hugging Face model directory",
+                         description="Restore a run's checkpoint (the newest, or --step) and write it as a "
+                                     "directory transformers loads: config.json, safetensors (LoRA merged), the "
+                                     "run's tokenizer and chat template, and a generation_config.json whose EOS "
+                                     "ends a turn. Prints the directory.")
+    exp.add_argument("run_dir", metavar="RUN_DIR", help="a training run's directory (config.yaml, checkpoints/)")
+    exp.add_argument("out_dir", metavar="OUT_DIR", help="the directory to write (must be empty or absent)")
+    exp.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
+    exp.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it is not empty")
     plot = sub.add_parser("plot", help="draw a run's learning curves (metrics.jsonl) to a PNG",
                           description="Draw reward, success rate, KL, entropy, loss and tokens/s against the "
                                       "iteration from RUN_DIR/metrics.jsonl (eval_* keys and summary.json "
@@ -219,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
         return _plot(args)
     if args.command == "eval":
         return _eval(args)
+    if args.command == "export":
+        return _export(args)
     if args.command == "bench":
         return bench_mod.run(args)
     if args.command == "envs":

@@ -42,3 +42,43 @@ def test_eval_plays_held_out_seeds_and_writes_jsonl(tmp_path):
 def test_eval_errors_exit_2(tmp_path):
     done = eval_cli(tmp_path)
     assert done.returncode == 2 and "config.yaml is missing" in done.stderr
+
+
+def test_export_writes_a_directory_transformers_loads_with_the_same_policy(tmp_path):
+    """`jaxagent export RUN_DIR OUT_DIR`: the checkpoint's policy, with the run's trained
+    "bpe" tokenizer and chat template, loads in transformers with the same logits, and
+    its generation config stops at the end of a turn."""
+    import jax.numpy as jnp
+    import numpy as np
+    import torch
+    import transformers
+
+    from jaxagent.models import Model
+    from jaxagent.train.evaluate import restore_run, run_config
+
+    run = tmp_path / "run"
+    cfg = load_config(TrainerConfig, ROOT / "configs" / "default.yaml",
+                      [f"run_dir={run}", "iterations=1", "warm_start.episodes=16", "warm_start.epochs=1",
+                       "eval.episodes=0", "env.tasks_per_iteration=2", "env.num_workers=0"])
+    Trainer(cfg, log=lambda *_: None).run()
+    out = tmp_path / "hf"
+    done = subprocess.run([sys.executable, "-m", "jaxagent", "export", str(run), str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == str(out)
+    tok = transformers.AutoTokenizer.from_pretrained(str(out))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    text = tok.apply_chat_template([{"role": "user", "content": "hello"}], tokenize=False, add_generation_prompt=True)
+    ids = tok(text)["input_ids"]
+    _, state, _ = restore_run(run_config(run), log=lambda *_: None)
+    ours = np.asarray(Model(params=state.params, config=state.model_config)(jnp.asarray([ids], jnp.int32)))
+    with torch.no_grad():
+        theirs = hf(torch.tensor([ids])).logits.numpy()
+    assert np.max(np.abs(ours - theirs)) < 1e-4
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    gen = transformers.GenerationConfig.from_pretrained(str(out))
+    assert end in (gen.eos_token_id if isinstance(gen.eos_token_id, list) else [gen.eos_token_id])
+    # a second export into the same directory is refused unless --overwrite
+    again = subprocess.run([sys.executable, "-m", "jaxagent", "export", str(run), str(out)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 2 and "exists and is not empty" in again.stderr

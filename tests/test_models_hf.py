@@ -387,3 +387,38 @@ def test_misshaped_tensor_names_its_file(hf_models, tmp_path):
     _copy_ckpt(src, tmp_path / "bad", lambda t: t.__setitem__("model.norm.weight", np.zeros(3, np.float32)))
     with pytest.raises(M.CheckpointError, match=r"model.norm.weight in model.safetensors: \(3,\)"):
         M.load_pretrained(tmp_path / "bad")
+
+
+def test_exported_directory_stops_generate_at_the_end_of_a_turn(tmp_path):
+    """With the trainer's ChatML tokenizer, the exported directory names <|im_end|> as EOS
+    (config.json and generation_config.json): transformers' `generate` stops there. The
+    model is forced (a logits processor) to emit <|im_end|> as its 3rd new token."""
+    from jaxagent.rollout.byte_tokenizer import byte_chat_tokenizer
+
+    tok = byte_chat_tokenizer()
+    config = M.tiny_config(vocab_size=len(tok))
+    model = M.Model(params=M.init_params(jax.random.key(0), config, std=0.05), config=config)
+    out = M.save_pretrained(model, tmp_path / "export", tokenizer=tok)
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    gen = transformers.GenerationConfig.from_pretrained(str(out))
+    assert end in (gen.eos_token_id if isinstance(gen.eos_token_id, list) else [gen.eos_token_id])
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    assert hf.config.eos_token_id is not None
+
+    class ForceEndAt(transformers.LogitsProcessor):
+        def __init__(self, start, k):
+            self.start, self.k = start, k
+
+        def __call__(self, input_ids, scores):
+            if input_ids.shape[1] - self.start == self.k - 1:
+                scores[:] = -1e9
+                scores[:, end] = 0.0
+            else:
+                scores[:, end] = -1e9   # never earlier
+            return scores
+
+    prompt = torch.tensor([tok.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")])
+    out_ids = hf.generate(prompt, max_new_tokens=20, do_sample=False,
+                          logits_processor=transformers.LogitsProcessorList([ForceEndAt(prompt.shape[1], 3)]))
+    new = out_ids[0, prompt.shape[1]:].tolist()
+    assert new[-1] == end and len(new) == 3, new      # stopped at the end of the turn, not after 20

@@ -296,6 +296,37 @@ def load_pretrained(path: str | os.PathLike, dtype="float32") -> Model:
 
 
 # ---------------------------------------------------------------- save
+#: tokens that end an assistant turn in the chat formats this package writes or loads
+TURN_END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
+
+
+def turn_end_ids(tokenizer) -> list[int]:
+    """Ids of the tokenizer's end-of-turn tokens (`TURN_END_TOKENS`) and its EOS token,
+    the ones that should stop generation after a turn."""
+    ids = []
+    vocab = tokenizer.get_vocab()
+    for tok in (*TURN_END_TOKENS, getattr(tokenizer, "eos_token", None)):
+        if tok is not None and tok in vocab and vocab[tok] not in ids:
+            ids.append(int(vocab[tok]))
+    return ids
+
+
+def _save_generation_config(directory: Path, hf_config, tokenizer) -> None:
+    """`generation_config.json` whose EOS ends a turn, and the same ids in `config.json`
+    when the model's config names none (so transformers' `generate` stops there)."""
+    import transformers
+
+    eos = turn_end_ids(tokenizer)
+    if not eos:
+        return
+    if hf_config.eos_token_id is None:
+        hf_config.eos_token_id = eos[0] if len(eos) == 1 else eos
+        hf_config.save_pretrained(str(directory))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    transformers.GenerationConfig(eos_token_id=eos, pad_token_id=pad,
+                                  bos_token_id=hf_config.bos_token_id).save_pretrained(str(directory))
+
+
 def save_pretrained(model: Model, path: str | os.PathLike, *, tokenizer=None,
                     max_shard_bytes: int = 4 * 1024**3, overwrite: bool = False) -> Path:
     """Writes `config.json` and safetensors (sharded above `max_shard_bytes`, with
@@ -303,7 +334,8 @@ def save_pretrained(model: Model, path: str | os.PathLike, *, tokenizer=None,
 
     LoRA adapters are merged first. The directory appears whole or not at all (written
     to a temporary sibling, then renamed). `tokenizer` (a transformers tokenizer), if
-    given, is saved alongside.
+    given, is saved alongside, with a `generation_config.json` whose EOS ids are the
+    tokenizer's end-of-turn tokens (`turn_end_ids`), so that `generate` stops after a turn.
     """
     from safetensors.numpy import save_file
 
@@ -344,6 +376,7 @@ def save_pretrained(model: Model, path: str | os.PathLike, *, tokenizer=None,
             )
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
+            _save_generation_config(tmp, hf_config, tokenizer)
         if path.exists():
             old = path.with_name(f".{path.name}.old-{os.getpid()}")
             os.replace(path, old)

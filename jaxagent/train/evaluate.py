@@ -74,32 +74,60 @@ def evaluate(config, loop, pool, params, *, episodes: int | None = None, first_s
                            sampling_seed=config.seed * 7919, details=details)
 
 
-def evaluate_run(run_dir: str | Path, *, step: int | None = None, episodes: int | None = None,
-                 seed: int | None = None, temperature: float | None = None, out: str | Path | None = None,
-                 num_workers: int | None = None, log=print) -> dict:
-    """`jaxagent eval` (module docstring)."""
+def run_config(run_dir: str | Path, overrides=()):
+    """A run directory's `config.yaml` (with `run_dir` set to where the run is now)."""
     from jaxagent.config import load_config
-    from jaxagent.train import build
     from jaxagent.train.config import TrainerConfig
-    from jaxagent.train.rundir import RunDir
 
     run_dir = Path(run_dir)
     config_path = run_dir / "config.yaml"
     if not config_path.is_file():
         raise FileNotFoundError(f"{run_dir} is not a training run directory: {config_path} is missing")
-    overrides = [f"run_dir={run_dir}"]
-    if num_workers is not None:
-        overrides.append(f"env.num_workers={num_workers}")
-    config = load_config(TrainerConfig, config_path, overrides)
+    return load_config(TrainerConfig, config_path, [f"run_dir={run_dir}", *overrides])
+
+
+def restore_run(config, step: int | None = None, log=print):
+    """`(run, state, progress)`: the run of `config` built and its checkpoint (the newest
+    readable, or `step`) restored, reading the run directory only."""
+    from jaxagent.train import build
+    from jaxagent.train.rundir import RunDir
+
+    run = build.build_run(config, resume=True, log=log)
+    rundir = RunDir(config.run_dir, primary=False)   # reads only
+    with rundir.checkpoints(config.keep_checkpoints) as ckpt:
+        state, progress, _ = rundir.restore(ckpt, run.state, config, step, log=log)
+    return run, state, progress
+
+
+def export_run(run_dir: str | Path, out_dir: str | Path, *, step: int | None = None, overwrite: bool = False,
+               log=print) -> Path:
+    """`jaxagent export`: a run's policy (checkpoint `step`, default the newest) as a
+    Hugging Face directory that transformers loads: config, safetensors (LoRA merged),
+    the run's tokenizer and chat template, and a generation config whose EOS ends a turn."""
+    from jaxagent.train.checkpoint import export_policy
+
+    config = run_config(run_dir)
+    run, state, progress = restore_run(config, step, log=log)
+    path = export_policy(state, out_dir, tokenizer=run.tokenizer, overwrite=overwrite)
+    log(f"exported {Path(run_dir) / 'checkpoints' / str(progress.iteration)} to {path}")
+    return path
+
+
+def evaluate_run(run_dir: str | Path, *, step: int | None = None, episodes: int | None = None,
+                 seed: int | None = None, temperature: float | None = None, out: str | Path | None = None,
+                 num_workers: int | None = None, log=print) -> dict:
+    """`jaxagent eval` (module docstring)."""
+    from jaxagent.train import build
+
+    run_dir = Path(run_dir)
+    overrides = [] if num_workers is None else [f"env.num_workers={num_workers}"]
+    config = run_config(run_dir, overrides)
     episodes = config.eval.episodes if episodes is None else episodes
     if not isinstance(episodes, int) or episodes < 1:
         raise ValueError(f"episodes must be a positive int (the run's eval.episodes is {config.eval.episodes}), "
                          f"got {episodes!r}")
     seed = config.eval.seed if seed is None else seed
-    run = build.build_run(config, resume=True, log=log)
-    rundir = RunDir(run_dir, primary=False)   # reads only
-    with rundir.checkpoints(config.keep_checkpoints) as ckpt:
-        state, progress, _ = rundir.restore(ckpt, run.state, config, step, log=log)
+    run, state, progress = restore_run(config, step, log=log)
     loop = build.agent_loop(config, run.tokenizer, run.model_config, run.placement, state)
     with build.env_pool(config, config.env.batch_size) as pool:
         result = evaluate(config, loop, pool, run.placement.sampler_params(state), episodes=episodes,

@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from jaxagent.config import load_config
 from jaxagent.train.evaluate import evaluate_run
 from jaxagent.train.trainer import Trainer, TrainerConfig
@@ -78,7 +80,8 @@ def test_export_writes_a_directory_transformers_loads_with_the_same_policy(tmp_p
     end = tok.convert_tokens_to_ids("<|im_end|>")
     gen = transformers.GenerationConfig.from_pretrained(str(out))
     assert end in (gen.eos_token_id if isinstance(gen.eos_token_id, list) else [gen.eos_token_id])
-    # a second export into the same directory is refused unless --overwrite
-    again = subprocess.run([sys.executable, "-m", "jaxagent", "export", str(run), str(out)], cwd=ROOT,
-                           capture_output=True, text=True, timeout=300)
-    assert again.returncode == 2 and "exists and is not empty" in again.stderr
+    # a second export into the same directory is refused unless overwrite=True (--overwrite)
+    from jaxagent.train.evaluate import export_run
+
+    with pytest.raises(FileExistsError, match="exists and is not empty"):
+        export_run(run, out, log=lambda *_: None)

@@ -31,8 +31,19 @@ def measured(fn, *args, **static) -> int:
         .temp_size_in_bytes
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
-@pytest.mark.parametrize("micro, remat", [(1, False), (2, False), (1, True)])
+def _cases():
+    """Two shapes without and with remat in the default run; the rest (micro-batches, the
+    third shape) are slow."""
+    out = []
+    for i, shape in enumerate(SHAPES):
+        for micro, remat in ((1, False), (2, False), (1, True)):
+            slow = i == 2 or micro > 1
+            out.append(pytest.param(shape, micro, remat, id=f"{shape}-{micro}-{remat}",
+                                    marks=(pytest.mark.slow,) if slow else ()))
+    return out
+
+
+@pytest.mark.parametrize("shape, micro, remat", _cases())
 def test_update_activations_match_the_compiled_step(shape, micro, remat):
     *arch, B, T = shape
     cfg, sc = model(*arch), StepConfig(num_micro_batches=micro, remat=remat)
@@ -46,7 +57,8 @@ def test_update_activations_match_the_compiled_step(shape, micro, remat):
     assert low < ratio < 1.5, ratio
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("shape", [SHAPES[0], pytest.param(SHAPES[1], marks=pytest.mark.slow),
+                                   pytest.param(SHAPES[2], marks=pytest.mark.slow)], ids=str)
 def test_logprob_pass_matches_the_compiled_pass_and_logprob_rows_bound_it(shape):
     *arch, B, T = shape
     cfg = model(*arch)

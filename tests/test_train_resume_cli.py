@@ -151,3 +151,22 @@ def test_describe_damage_names_a_missing_item(tmp_path):
     (step / "extras").mkdir(parents=True)
     (step / "_CHECKPOINT_METADATA").write_text("{}")
     assert describe_damage(step, RuntimeError("x")) == f"{step / 'extras' / 'metadata'}: missing"
+
+
+def test_a_checkpoint_from_before_a_new_config_key_still_resumes():
+    """A key the checkpoint's config does not have (added to the package later) is the
+    default unless this run sets it; a changed recorded key is still refused."""
+    from jaxagent.config import to_dict
+    from jaxagent.train.checkpoint import IncompatibleCheckpointError
+    from jaxagent.train.rundir import check_resumable
+
+    current = to_dict(load_config(TrainerConfig, CONFIG))
+    saved = to_dict(load_config(TrainerConfig, CONFIG))
+    del saved["model"]["remat"]                     # as written before `model.remat` existed
+    check_resumable(saved, current, "ckpt")
+    current["model"]["remat"] = True                # this run changes it: refused
+    with pytest.raises(IncompatibleCheckpointError, match=r"model\.remat: checkpoint None, this run True"):
+        check_resumable(saved, current, "ckpt")
+    current = to_dict(load_config(TrainerConfig, CONFIG, ["model.hidden_size=48"]))
+    with pytest.raises(IncompatibleCheckpointError, match=r"model\.hidden_size"):
+        check_resumable(saved, current, "ckpt")

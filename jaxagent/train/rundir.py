@@ -231,14 +231,20 @@ def check_resumable(saved: dict | None, current: dict, where) -> None:
     `current` differs from the checkpoint's `saved` (both as `to_dict` gives them)."""
     if saved is None:
         return
+    from jaxagent.train.config import TrainerConfig
+
+    defaults = to_dict(TrainerConfig())
     diffs = []
     for key in RESUME_FIXED:
-        a, b = saved, current
+        a, b, d = saved, current, defaults
         for part in key.split("."):
-            a, b = (a or {}).get(part), (b or {}).get(part)
+            a, b, d = (a or {}).get(part), (b or {}).get(part), (d or {}).get(part)
         if isinstance(a, dict) and isinstance(b, dict):
+            # a key the checkpoint's version did not have was that version's behaviour: the
+            # default, so only a non-default value in this run is a change
             diffs += [f"{key}.{k}: checkpoint {a.get(k)!r}, this run {b.get(k)!r}"
-                      for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+                      for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)
+                      and not (k not in a and isinstance(d, dict) and b.get(k) == d.get(k))]
         elif a != b:
             diffs.append(f"{key}: checkpoint {a!r}, this run {b!r}")
     if diffs:

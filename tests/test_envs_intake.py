@@ -432,9 +432,10 @@ def stub_server():
     server.server_close()
 
 
-def test_http_simulator_against_local_stub(stub_server):
+def test_http_simulator_against_local_stub(stub_server, monkeypatch):
+    monkeypatch.setenv("JAXAGENT_TEST_SIM_KEY", "k")
     env = envs.make("intake", simulator={"type": "openai", "base_url": stub_server, "model": "stub-model",
-                                         "api_key": "k", "timeout": 10})
+                                         "api_key_env": "JAXAGENT_TEST_SIM_KEY", "timeout": 10})
     env.reset(1)
     obs, r, term, trunc, info = env.step("Have you had thoughts of suicide?")
     assert obs == 'Patient: "stub reply 1"'
@@ -513,3 +514,43 @@ def test_arbitrary_text_never_raises():
             assert isinstance(obs, str) and obs and isinstance(r, float) and r == r
             done = term or trunc
         assert "rubric" in info
+
+
+def test_the_simulators_api_key_never_lands_in_a_config_a_message_or_a_run_dir(stub_server, monkeypatch, tmp_path):
+    """The key comes from the environment variable the config names; a key written in the
+    config is refused; errors and the client's repr never show it; a run's config.yaml and
+    checkpoint hold the variable's name only."""
+    secret = "sk-do-not-leak-1234567890"
+    monkeypatch.setenv("JAXAGENT_TEST_SIM_KEY", secret)
+    spec = {"type": "openai", "base_url": stub_server, "model": "stub-model", "api_key_env": "JAXAGENT_TEST_SIM_KEY"}
+    with pytest.raises(ValueError, match="does not go in the config") as err:
+        envs.make("intake", simulator={**spec, "api_key": secret})
+    assert secret not in str(err.value)
+    with pytest.raises(ValueError, match="options") as err:          # a mistyped option
+        envs.make("intake", simulator={**spec, "modle": "x"})
+    assert secret not in str(err.value)
+    with pytest.raises(ValueError, match="JAXAGENT_TEST_NO_SUCH_KEY.*is not set"):
+        envs.make("intake", simulator={**spec, "api_key_env": "JAXAGENT_TEST_NO_SUCH_KEY"})
+    env = envs.make("intake", simulator=spec)
+    assert secret not in repr(env.simulator.generate) and "***" in repr(env.simulator.generate)
+    env.reset(1)
+    env.step("How is your sleep?")
+    assert _Stub.requests[-1][1]["Authorization"] == f"Bearer {secret}"
+    # a training run with this simulator: nothing under the run directory holds the key
+    from jaxagent.config import load_config
+    from jaxagent.train.trainer import Trainer, TrainerConfig
+
+    import pathlib
+    root = pathlib.Path(__file__).resolve().parents[1]
+    run = tmp_path / "run"
+    cfg = load_config(TrainerConfig, root / "configs" / "tiny_countdown_grpo.yaml", [
+        f"run_dir={run}", "env.name=intake", "iterations=1", "env.group_size=2", "env.tasks_per_iteration=1",
+        "mini_batches=1", "rollout.max_turns=1", "rollout.max_tokens_per_turn=8", "rollout.max_context=2048",
+        "env.num_workers=1",
+        f"env.kwargs={{max_turns: 2, simulator: {{type: openai, base_url: '{stub_server}', model: stub-model, "
+        "api_key_env: JAXAGENT_TEST_SIM_KEY}}"])
+    Trainer(cfg, log=lambda *_: None).run()
+    files = [p for p in run.rglob("*") if p.is_file()]
+    assert files and (run / "config.yaml").read_text().count("JAXAGENT_TEST_SIM_KEY") == 1
+    for p in files:
+        assert secret.encode() not in p.read_bytes(), p

@@ -40,6 +40,7 @@ is about was already elicited. A question about no domain is off-topic.
 from __future__ import annotations
 
 import json
+import os
 import random
 import urllib.error
 import urllib.request
@@ -306,8 +307,11 @@ class OpenAIChatClient:
         if not isinstance(timeout, (int, float)) or timeout <= 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         self.url = base_url.rstrip("/") + "/chat/completions"
-        self.model, self.api_key = model, api_key
+        self.model, self._api_key = model, api_key
         self.temperature, self.max_tokens, self.seed, self.timeout = temperature, max_tokens, seed, timeout
+
+    def __repr__(self) -> str:   # never the key
+        return f"OpenAIChatClient({self.url!r}, model={self.model!r}, api_key={'***' if self._api_key else None})"
 
     def __call__(self, messages: list[dict]) -> str:
         body: dict[str, Any] = {"model": self.model, "messages": messages, "temperature": self.temperature,
@@ -315,8 +319,8 @@ class OpenAIChatClient:
         if self.seed is not None:
             body["seed"] = self.seed
         headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
         req = urllib.request.Request(self.url, data=json.dumps(body).encode(), headers=headers, method="POST")
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
@@ -339,8 +343,9 @@ class OpenAIChatClient:
 def make_simulator(spec: Any) -> Simulator:
     """A simulator from config: ``None`` or ``"rule"`` (rule-based), an object with a
     ``reply`` method, a ``generate(messages) -> str`` callable, or a dict
-    ``{"type": "openai", "base_url": ..., "model": ..., ...}`` (an
-    :class:`OpenAIChatClient` and its keyword arguments)."""
+    ``{"type": "openai", "base_url": ..., "model": ..., "api_key_env": "NAME", ...}`` (an
+    :class:`OpenAIChatClient` and its keyword arguments; the API key is read from the
+    environment variable ``NAME``, in each env worker, and never appears in a config)."""
     if spec is None or spec == "rule":
         return RuleBasedSimulator()
     if hasattr(spec, "reply"):
@@ -351,10 +356,21 @@ def make_simulator(spec: Any) -> Simulator:
         kind = spec.get("type")
         if kind != "openai":
             raise ValueError(f"simulator dict needs type 'openai', got {kind!r}")
-        kwargs = {k: v for k, v in spec.items() if k != "type"}
+        if "api_key" in spec:   # a secret in a config would be written to config.yaml and checkpoints
+            raise ValueError("simulator: an API key does not go in the config (it would be written to the run "
+                             "directory); put it in an environment variable and name the variable in "
+                             "'api_key_env'")
+        kwargs = {k: v for k, v in spec.items() if k not in ("type", "api_key_env")}
+        name = spec.get("api_key_env")
+        if name is not None:
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"simulator: api_key_env must name an environment variable, got {name!r}")
+            if name not in os.environ:
+                raise ValueError(f"simulator: the environment variable {name} (api_key_env) is not set")
+            kwargs["api_key"] = os.environ[name]
         try:
             return LLMSimulator(OpenAIChatClient(**kwargs))
-        except TypeError as e:
-            raise ValueError(f"bad simulator config {spec!r}: {e}") from None
+        except TypeError as e:   # e.g. a mistyped option; the message names options, never values
+            raise ValueError(f"bad simulator config (options {sorted(spec)}): {e}") from None
     raise ValueError(f"simulator must be None, 'rule', a callable, an object with reply(), or an "
                      f"{{'type': 'openai', ...}} dict; got {spec!r}")

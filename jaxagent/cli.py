@@ -12,8 +12,9 @@ creates nothing.
 config, one per line: its dotted name, its value (the defaults without --config), its
 type and what it does.
 
-``jaxagent eval RUN_DIR [--step N] [--episodes N] [--seed S] [--temperature T] [--out JSONL]``
-evaluates a run's checkpoint on held-out seeds (`jaxagent.train.evaluate`).
+``jaxagent eval RUN_DIR [--step N] [--episodes N] [--seed S] [--temperature T] [--out JSONL]
+[env.kwargs.KEY=VALUE ...]`` evaluates a run's checkpoint on held-out seeds, optionally on
+other env settings (`jaxagent.train.evaluate`); ``--step 0`` is the warm-started policy.
 
 ``jaxagent export RUN_DIR OUT_DIR [--step N] [--overwrite]`` writes a run's policy as a
 Hugging Face directory (`jaxagent.train.evaluate.export_run`).
@@ -140,7 +141,7 @@ def _eval(args) -> int:
     try:
         result = evaluate_run(args.run_dir, step=args.step, episodes=args.episodes, seed=args.seed,
                               temperature=args.temperature, out=args.out, num_workers=args.num_workers,
-                              log=lambda line: print(line, file=sys.stderr))
+                              overrides=args.overrides, log=lambda line: print(line, file=sys.stderr))
     except (ConfigError, IncompatibleCheckpointError, DamagedCheckpointError, FileNotFoundError, ValueError) as err:
         print(f"jaxagent eval: error: {err}", file=sys.stderr)
         return 2
@@ -211,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="sampling temperature (default: the config's; 0 = greedy)")
     ev.add_argument("--num-workers", type=int, default=None, help="env worker processes (default: the config's)")
     ev.add_argument("--out", metavar="JSONL", default=None, help="per-episode results and the summary")
+    ev.add_argument("overrides", nargs="*", metavar="key=value",
+                    help="env / rollout / eval settings to evaluate on instead of the run's, e.g. "
+                         "env.kwargs.cases=adversarial env.kwargs.persona=minimising")
     exp = sub.add_parser("export", help="write a run's policy as a Hugging Face model directory",
                          description="Restore a run's checkpoint (the newest, or --step) and write it as a "
                                      "directory transformers loads: config.json, safetensors (LoRA merged), the "
@@ -236,7 +240,14 @@ def main(argv: list[str] | None = None) -> int:
     bench = sub.add_parser("bench", help="run a benchmark of the repository (update: the W2 policy update)",
                            description=bench_mod.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     bench_mod.add_arguments(bench)
-    args = parser.parse_args(argv)
+    # `key=value` overrides may come after options too (`eval RUN --step 0 env.kwargs.x=1`):
+    # argparse takes one run of positionals, so the rest are collected here
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        stray = [x for x in extra if x.startswith("-") or "=" not in x]
+        if stray or not hasattr(args, "overrides"):
+            parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
+        args.overrides = list(args.overrides) + extra
     if args.command is None:
         parser.print_help()
         return 2

@@ -85,3 +85,33 @@ def test_export_writes_a_directory_transformers_loads_with_the_same_policy(tmp_p
 
     with pytest.raises(FileExistsError, match="exists and is not empty"):
         export_run(run, out, log=lambda *_: None)
+
+
+def test_eval_on_other_env_settings_and_the_warm_started_step(tmp_path):
+    """`jaxagent eval RUN_DIR --step 0 env.kwargs.cases=adversarial`: the warm-started
+    policy (step 0 is kept whatever keep_checkpoints says) on the adversarial intake
+    cases; the last line holds the env's own summary (rubric, triage rates)."""
+    run = tmp_path / "run"
+    cfg = load_config(TrainerConfig, ROOT / "configs" / "tiny_countdown_grpo.yaml", [
+        f"run_dir={run}", "env.name=intake", "env.kwargs={max_turns: 2}", "iterations=2", "checkpoint_every=1",
+        "keep_checkpoints=1", "env.group_size=2", "env.tasks_per_iteration=1", "mini_batches=1",
+        "rollout.max_turns=2", "rollout.max_tokens_per_turn=8", "rollout.max_context=2048", "env.num_workers=0",
+        "warm_start.episodes=2", "warm_start.batch_size=2"])
+    Trainer(cfg, log=lambda *_: None).run()
+    from jaxagent.train.rundir import checkpoint_steps
+
+    assert checkpoint_steps(run) == [0, 2]
+    done = eval_cli(run, "--step", 0, "--episodes", 3, "env.kwargs.cases=adversarial", "env.kwargs.max_turns=2")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["iteration"] == 0 and summary["episodes"] == 3
+    assert summary["overrides"] == ["env.kwargs.cases=adversarial", "env.kwargs.max_turns=2"]
+    env = summary["env_summary"]
+    for key in ("rubric_mean", "components", "under_triage_rate", "over_triage_rate", "assessment_rate"):
+        assert key in env, key
+    assert 0 <= env["under_triage_rate"] <= 1 and set(env["components"]) >= {"triage", "history"}
+    # the run's own model cannot be overridden, and a bad env setting is named
+    done = eval_cli(run, "model.hidden_size=8")
+    assert done.returncode == 2 and "eval overrides may set env.*, rollout.*, eval.* only" in done.stderr
+    done = eval_cli(run, "--episodes", 2, "env.kwargs.cases=nonsense")
+    assert done.returncode == 2 and "cases" in done.stderr and "Traceback" not in done.stderr

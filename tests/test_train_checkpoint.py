@@ -82,17 +82,21 @@ def test_keep_n_and_step_selection(tmp_path):
             ck.save(10 * k, state, {"k": k})
             bump(state.params)  # donated at once, as the training loop does: the async save is unaffected
         ck.wait_until_finished()
-        assert ck.all_steps() == [20, 30] and ck.latest_step() == 30
+        # the 2 newest, and step 0 (the warm-started policy), which keep-N never deletes
+        assert ck.all_steps() == [0, 20, 30] and ck.latest_step() == 30
         restored, extras = ck.restore(make_state(0), step=20)
         assert extras == {"k": 2}
         assert_bitwise_equal(restored, make_state(2))
+        restored, extras = ck.restore(make_state(1), step=0)
+        assert extras == {"k": 0}
+        assert_bitwise_equal(restored, make_state(0))
         with pytest.raises(FileNotFoundError, match="committed steps"):
-            ck.restore(make_state(0), step=0)
+            ck.restore(make_state(0), step=10)
         with pytest.raises(FileExistsError, match="30"):
             ck.save(30, make_state(0))
         with pytest.raises(TypeError, match="JSON"):
             ck.save(40, make_state(0), {"bad": object()})
-    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == ["20", "30"]
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == ["0", "20", "30"]
 
 
 def test_restore_with_incompatible_config_names_the_fields(tmp_path):

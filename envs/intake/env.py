@@ -207,6 +207,15 @@ class IntakeEnv(TextEnv):
             CONDITIONS[self.case.primary].name, self.case.triage)
         return obs, total, terminated, info
 
+    @staticmethod
+    def summarize(episodes: list[dict]) -> dict:
+        """The env's own summary of evaluated episodes (each a dict with the last `info`
+        and `done`: ended with an assessment): rubric mean and components, under- and
+        over-triage rates, assessment rate (`envs.intake.eval.summarize`)."""
+        from envs.intake.eval import summarize
+
+        return summarize([e.get("info") or {} for e in episodes], [bool(e.get("done")) for e in episodes])
+
     def state_key(self):
         if self.patient is None:
             return ("intake",)

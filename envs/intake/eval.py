@@ -35,6 +35,26 @@ from envs.intake.policies import POLICIES, make_policy
 from envs.intake.rubric import COMPONENTS
 
 
+def summarize(final_infos: list[dict], assessed: list[bool]) -> dict:
+    """The summary's rubric and triage figures (module docstring) from each episode's last
+    `info` and whether it ended with a valid assessment. An episode without a rubric in
+    its info (it failed in the pool) is left out of the rubric means and counted in
+    `scored_episodes`' complement."""
+    scored = [(info, a) for info, a in zip(final_infos, assessed) if isinstance(info.get("rubric"), dict)]
+    n = len(scored)
+    if n == 0:
+        return {"scored_episodes": 0}
+    totals = [info["rubric"]["total"] for info, _ in scored]
+    return {"scored_episodes": n,
+            "rubric_mean": statistics.fmean(totals), "rubric_std": statistics.pstdev(totals),
+            "components": {c: statistics.fmean(info["rubric"][c] for info, _ in scored) for c in COMPONENTS},
+            "under_triage_rate": sum(bool(info["under_triage"]) for info, _ in scored) / n,
+            "over_triage_rate": sum(bool(info["over_triage"]) for info, _ in scored) / n,
+            "triage_accuracy": sum(info["triage_given"] == info["triage_reference"] for info, _ in scored) / n,
+            "assessment_rate": sum(bool(a) for _, a in scored) / n,
+            "mean_questions": statistics.fmean(info["questions"] for info, _ in scored)}
+
+
 def evaluate(policy: str, cases: str = "standard", episodes: int = 50, seed: int = 0, max_turns: int = 32,
              persona: str | None = None) -> dict:
     """Run ``episodes`` episodes of ``policy`` and return the summary (see the module docstring)."""
@@ -42,8 +62,7 @@ def evaluate(policy: str, cases: str = "standard", episodes: int = 50, seed: int
         raise ValueError(f"episodes must be a positive int, got {episodes!r}")
     env = IntakeEnv(cases, max_turns=max_turns, persona=persona)
     make_policy(policy)  # validates the name before any episode runs
-    totals, comps = [], {c: [] for c in COMPONENTS}
-    under = over = exact = assessed = questions = invalid = 0
+    infos, assessed, invalid = [], [], 0
     for i in range(episodes):
         act = make_policy(policy, seed + i)
         obs, info = env.reset(seed + i)
@@ -52,20 +71,12 @@ def evaluate(policy: str, cases: str = "standard", episodes: int = 50, seed: int
             invalid += "invalid_action" in info
             if terminated or truncated:
                 break
-        totals.append(info["rubric"]["total"])
-        for c in COMPONENTS:
-            comps[c].append(info["rubric"][c])
-        under += info["under_triage"]
-        over += info["over_triage"]
-        exact += info["triage_given"] == info["triage_reference"]
-        assessed += terminated
-        questions += info["questions"]
-    n = episodes
-    return {"policy": policy, "cases": cases, "episodes": n, "seed": seed,
-            "rubric_mean": statistics.fmean(totals), "rubric_std": statistics.pstdev(totals),
-            "components": {c: statistics.fmean(v) for c, v in comps.items()},
-            "under_triage_rate": under / n, "over_triage_rate": over / n, "triage_accuracy": exact / n,
-            "assessment_rate": assessed / n, "mean_questions": questions / n, "invalid_actions": invalid}
+        infos.append(info)
+        assessed.append(terminated)
+    out = {"policy": policy, "cases": cases, "episodes": episodes, "seed": seed}
+    out.update({k: v for k, v in summarize(infos, assessed).items() if k != "scored_episodes"})
+    out["invalid_actions"] = invalid
+    return out
 
 
 def main(argv=None) -> int:

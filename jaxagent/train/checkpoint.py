@@ -18,7 +18,8 @@ Guarantees (all from orbax's `CheckpointManager`, configured here):
 - asynchronous: `save` returns once the arrays are copied off the device; writing goes
   on in a background thread (the state can be donated to the next step at once).
   `wait_until_finished()` / `close()` block until it is on disk.
-- keep-N: only the `max_to_keep` newest steps are kept.
+- keep-N: only the `max_to_keep` newest steps are kept, and step 0 (the warm-started
+  policy before RL), which is never deleted.
 - exact: restoring gives bitwise the saved arrays (params, optimizer state, RNG key).
 - compatible or a clear error: `restore` compares the checkpoint's configs and leaf
   shapes/dtypes with the template state's and raises `IncompatibleCheckpointError`
@@ -115,6 +116,11 @@ def _abstract(tree):
     return jax.tree.map(spec, tree)
 
 
+#: orbax keeps every step divisible by `keep_period`: with this one, only step 0 (the
+#: policy after the warm start, before RL: `jaxagent eval --step 0`) in practice
+KEEP_STEP_ZERO = 10**15
+
+
 class CheckpointManager:
     """Async, keep-N, atomic checkpoints of a `TrainState` and JSON extras.
 
@@ -133,6 +139,7 @@ class CheckpointManager:
         self.directory = Path(directory).absolute()
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep,
+            keep_period=KEEP_STEP_ZERO,   # step 0 (the warm-started policy) is never deleted
             enable_async_checkpointing=async_save,
             cleanup_tmp_directories=True,
             create=True,

@@ -56,8 +56,8 @@ def evaluate_policy(loop, pool, params, *, episodes: int, first_seed: int, tempe
     if details:
         out["per_episode"] = [
             {"seed": int(ep.seed), "success": bool(ep.success), "return": float(sum(ep.rewards)),
-             "turns": len(ep.rewards), "failed": bool(ep.failed), "end_reason": ep.end_reason,
-             "info": jsonable(ep.info)} for ep in played]
+             "turns": len(ep.rewards), "failed": bool(ep.failed), "done": bool(ep.done),
+             "end_reason": ep.end_reason, "info": jsonable(ep.info)} for ep in played]
     return out
 
 
@@ -113,27 +113,45 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, step: int | None = N
     return path
 
 
+#: the sections `jaxagent eval` may override (the env's settings, episode limits and the
+#: evaluation); the model and everything a checkpoint must match come from the run
+EVAL_OVERRIDABLE = ("env.", "rollout.", "eval.")
+
+
 def evaluate_run(run_dir: str | Path, *, step: int | None = None, episodes: int | None = None,
                  seed: int | None = None, temperature: float | None = None, out: str | Path | None = None,
-                 num_workers: int | None = None, log=print) -> dict:
-    """`jaxagent eval` (module docstring)."""
+                 num_workers: int | None = None, overrides=(), log=print) -> dict:
+    """`jaxagent eval` (module docstring). `overrides`: `key=value` for `EVAL_OVERRIDABLE`
+    keys (e.g. `env.kwargs.cases=adversarial`): the checkpoint is restored with the run's
+    own config and evaluated on the overridden env. The summary holds the env's own
+    summary (`summarize`, e.g. intake's rubric and triage rates) under `env_summary`."""
     from jaxagent.train import build
 
+    from jaxagent.config import ConfigError
+
     run_dir = Path(run_dir)
-    overrides = [] if num_workers is None else [f"env.num_workers={num_workers}"]
-    config = run_config(run_dir, overrides)
+    bad = [o for o in overrides if not o.split("=", 1)[0].startswith(EVAL_OVERRIDABLE)]
+    if bad:
+        raise ConfigError(f"eval overrides may set {', '.join(k + '*' for k in EVAL_OVERRIDABLE)} only, got {bad[0]!r}")
+    workers = [] if num_workers is None else [f"env.num_workers={num_workers}"]
+    trained = run_config(run_dir, workers)
+    config = run_config(run_dir, [*workers, *overrides])
     episodes = config.eval.episodes if episodes is None else episodes
     if not isinstance(episodes, int) or episodes < 1:
         raise ValueError(f"episodes must be a positive int (the run's eval.episodes is {config.eval.episodes}), "
                          f"got {episodes!r}")
     seed = config.eval.seed if seed is None else seed
-    run, state, progress = restore_run(config, step, log=log)
+    run, state, progress = restore_run(trained, step, log=log)
+    build.check_env(config)
     loop = build.agent_loop(config, run.tokenizer, run.model_config, run.placement, state)
     with build.env_pool(config, config.env.batch_size) as pool:
         result = evaluate(config, loop, pool, run.placement.sampler_params(state), episodes=episodes,
                           first_seed=seed, temperature=temperature, details=True)
     per_episode = result.pop("per_episode")
-    result.update(run_dir=str(run_dir), iteration=progress.iteration, first_seed=seed)
+    result.update(run_dir=str(run_dir), iteration=progress.iteration, first_seed=seed, overrides=list(overrides))
+    summarize = getattr(build.env_factory(config)(), "summarize", None)
+    if callable(summarize):
+        result["env_summary"] = summarize(per_episode)
     if out is not None:
         out = Path(out)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,7 @@ first update.
     python -m pytest -q -m slow tests/test_train_fault_soak.py      # ~ 5-10 min on 2 cores
 """
 import collections
+import json
 import os
 
 import psutil
@@ -107,6 +108,9 @@ def soak(tmp_path, iterations):
 @pytest.mark.slow
 def test_fault_soak_twenty_iterations_a_thousand_faults(tmp_path):
     faults, healthy, counted, metrics = soak(tmp_path, 20)
+    print(json.dumps({"iterations": len(metrics), "faults": faults, "healthy_episodes": healthy,
+                      "failed_by_kind": dict(counted),
+                      "seconds": round(sum(m["time_iteration_s"] for m in metrics), 1)}))   # shown with -s
     assert len(metrics) == 20
     assert faults >= 1000 and healthy >= 50, (faults, healthy)
     assert sum(counted.values()) == faults and all(counted[k] > 0 for k in CHAOS_REPORTED_AS.values()), counted

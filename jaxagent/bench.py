@@ -1,13 +1,22 @@
-"""`jaxagent bench update`: the W2 policy-update benchmark, run from the repository.
+"""`jaxagent bench WORKLOAD`: the repository's benchmarks from one command.
 
-Runs `benchmarks/w2_model_step.py` (W2 of `benchmarks/README.md`: one GRPO/PPO update of the tiny
-Qwen2, forward + backward + AdamW, jaxagent vs PyTorch vs Tunix on the same weights and
-batch) with this Python, passing the options through; its JSON lines go to stdout (and,
-with `--out`, are appended to that file). The benchmarks live in the repository, not in
-the installed package: this works from a checkout (an editable install) and says so
-otherwise.
+    jaxagent bench {generate,update,multiturn,advantages,envpool,overlap} [--quick] [--repeats N]
+                   [--out JSONL] [--systems LIST]
 
-    jaxagent bench update [--repeats N] [--quick] [--out JSONL] [--systems jax,torch,tunix]
+Each workload is a script of `benchmarks/` (`benchmarks/README.md` has what each measures
+and its results), run with this Python and the options passed through; its JSON lines go
+to stdout (and, with `--out`, are appended to that file):
+
+    generate    W1  batched generation: jaxagent vs Tunix vs Hugging Face        w1_generate.py
+    update      W2  one policy update (forward + backward + AdamW) vs PyTorch, Tunix   w2_model_step.py
+    multiturn   W3  multi-turn rollouts with env steps between turns            w3_multiturn.py
+    advantages  W4  the advantage kernels vs NumPy / PyTorch references         w4_advantages.py
+    envpool     W5  EnvPool throughput and overhead                              w5_envpool.py
+    overlap     W7  rollout/update overlap (off-policy by one step)              w7_overlap.py
+
+`--systems` is for the workloads that compare systems (generate, update, multiturn). The
+benchmarks live in the repository, not in the installed package: this works from a
+checkout (an editable install) and says so otherwise.
 """
 from __future__ import annotations
 
@@ -16,8 +25,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-WORKLOADS = {"update": "w2_model_step.py"}
-DEFAULT_SYSTEMS = "jax,torch,tunix"
+#: workload -> its script in benchmarks/
+WORKLOADS = {"generate": "w1_generate.py", "update": "w2_model_step.py", "multiturn": "w3_multiturn.py",
+             "advantages": "w4_advantages.py", "envpool": "w5_envpool.py", "overlap": "w7_overlap.py"}
+#: the workloads that take --systems, and its default for each
+SYSTEMS = {"generate": "jaxagent,tunix,hf", "update": "jax,torch,tunix", "multiturn": None}
+DEFAULT_SYSTEMS = SYSTEMS["update"]
 
 
 def benchmarks_dir() -> Path:
@@ -27,19 +40,24 @@ def benchmarks_dir() -> Path:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("workload", choices=sorted(WORKLOADS),
-                        help="update: W2, one policy update (forward + backward + AdamW) of the tiny Qwen2")
+                        help="generate (W1), update (W2), multiturn (W3), advantages (W4), envpool (W5), "
+                             "overlap (W7); see benchmarks/README.md")
     parser.add_argument("--repeats", type=int, default=None, metavar="N",
                         help="timed steps per system, interleaved (default 5; 3 with --quick)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: batch 2, few repeats")
     parser.add_argument("--out", metavar="JSONL", default=None, help="also append the JSON lines to this file")
-    parser.add_argument("--systems", default=DEFAULT_SYSTEMS,
-                        help=f"comma list of jax, torch, tunix (default {DEFAULT_SYSTEMS}); "
-                             "a peer that is not installed is reported as skipped")
+    parser.add_argument("--systems", default=None,
+                        help="generate, update, multiturn: the comma list of systems to compare (default: the "
+                             f"script's; update: {DEFAULT_SYSTEMS}); a peer that is not installed is reported "
+                             "as skipped")
 
 
 def command(args: argparse.Namespace) -> list[str]:
     """The benchmark's command line for parsed `args`."""
-    cmd = [sys.executable, str(benchmarks_dir() / WORKLOADS[args.workload]), "--systems", args.systems]
+    cmd = [sys.executable, str(benchmarks_dir() / WORKLOADS[args.workload])]
+    systems = args.systems if args.systems is not None else SYSTEMS.get(args.workload)
+    if systems is not None:
+        cmd += ["--systems", systems]
     if args.repeats is not None:
         cmd += ["--repeats", str(args.repeats)]
     if args.quick:
@@ -58,6 +76,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.repeats is not None and args.repeats < 1:
         print("jaxagent bench: error: --repeats must be >= 1", file=sys.stderr)
+        return 2
+    if args.systems is not None and args.workload not in SYSTEMS:
+        print(f"jaxagent bench: error: the {args.workload} workload compares no systems: drop --systems "
+              f"(it is for {', '.join(sorted(SYSTEMS))})", file=sys.stderr)
         return 2
     return subprocess.run(command(args), cwd=script.parents[1]).returncode
 

@@ -24,9 +24,9 @@ its metrics.jsonl (`jaxagent.train.plot`); several runs go on one comparison fig
 against episodes, seeds of one recipe as a band; exit status 2 with a message when a
 run dir or its metrics cannot be read.
 
-``jaxagent bench update [--repeats N] [--quick] [--out JSONL] [--systems jax,torch,tunix]``
-runs the W2 policy-update benchmark of the repository (`jaxagent.bench`), printing JSON
-lines.
+``jaxagent bench {generate,update,multiturn,advantages,envpool,overlap} [--repeats N] [--quick]
+[--out JSONL] [--systems LIST]`` runs one of the repository's benchmarks (`jaxagent.bench`),
+printing JSON lines.
 """
 
 from __future__ import annotations
@@ -237,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
                            "the first)")
     from jaxagent import bench as bench_mod
 
-    bench = sub.add_parser("bench", help="run a benchmark of the repository (update: the W2 policy update)",
+    bench = sub.add_parser("bench", help="run a benchmark of the repository (generate, update, multiturn, "
+                                         "advantages, envpool, overlap)",
                            description=bench_mod.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     bench_mod.add_arguments(bench)
     # `key=value` overrides may come after options too (`eval RUN --step 0 env.kwargs.x=1`):

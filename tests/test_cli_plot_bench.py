@@ -119,7 +119,7 @@ def test_cli_plot_exit_codes(tmp_path, capsys):
 
 # ----------------------------------------------------------------------------- bench
 def _bench_args(**kw):
-    ns = dict(workload="update", repeats=None, quick=False, out=None, systems=bench.DEFAULT_SYSTEMS)
+    ns = dict(workload="update", repeats=None, quick=False, out=None, systems=None)
     ns.update(kw)
     return argparse.Namespace(**ns)
 
@@ -129,12 +129,29 @@ def test_bench_command_line_and_missing_benchmarks(tmp_path, monkeypatch, capsys
     cmd = bench.command(_bench_args(repeats=7, quick=True, out="x.jsonl", systems="jax,tunix"))
     assert cmd[:2] == [sys.executable, str(ROOT / "benchmarks" / "w2_model_step.py")]
     assert cmd[2:] == ["--systems", "jax,tunix", "--repeats", "7", "--quick", "--out", str(Path("x.jsonl").resolve())]
+    # every workload is a script of the repository; --systems only where systems are compared
+    for workload, script in bench.WORKLOADS.items():
+        assert (ROOT / "benchmarks" / script).is_file(), script
+        cmd = bench.command(_bench_args(workload=workload, quick=True))
+        assert cmd[1] == str(ROOT / "benchmarks" / script) and "--quick" in cmd
+        assert ("--systems" in cmd) == (bench.SYSTEMS.get(workload) is not None), workload
+    assert main(["bench", "envpool", "--systems", "jax"]) == 2
+    assert "compares no systems" in capsys.readouterr().err
     monkeypatch.setattr(bench, "benchmarks_dir", lambda: tmp_path / "nowhere")
     assert main(["bench", "update"]) == 2
     err = capsys.readouterr().err
     assert "w2_model_step.py not found" in err and "checkout" in err
     with pytest.raises(SystemExit):
         main(["bench", "nonsense"])
+
+
+def test_bench_envpool_quick_smoke(tmp_path):
+    out = tmp_path / "w5.jsonl"
+    proc = subprocess.run([sys.executable, "-m", "jaxagent", "bench", "envpool", "--quick", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rows and [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")] == rows
 
 
 @pytest.mark.slow

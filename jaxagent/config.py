@@ -220,7 +220,11 @@ def _convert(tp, value, key: str):
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        for option in (a for a in args if a is not type(None)):
+        options = [a for a in args if a is not type(None)]
+        if isinstance(value, dict) and sum(map(dataclasses.is_dataclass, options)) == 1:
+            # a mapping for an optional section: its own errors (unknown key, bad value) say more
+            return from_dict(next(a for a in options if dataclasses.is_dataclass(a)), value, key)
+        for option in options:
             try:
                 return _convert(option, value, key)
             except ConfigError:

@@ -69,21 +69,27 @@ def scratch_config(section: ModelSection, tokenizer):
         vocab_size=len(tokenizer), hidden_size=section.hidden_size, intermediate_size=section.intermediate_size,
         num_layers=section.num_layers, num_heads=section.num_heads, num_kv_heads=section.num_kv_heads,
         head_dim=section.head_dim, qkv_bias=section.qkv_bias, tie_word_embeddings=section.tie_word_embeddings,
-        model_type=section.model_type)
+        model_type=section.model_type, lora=section.lora)
 
 
 def build_policy(section: ModelSection, tokenizer, key: jax.Array):
     """`(params, model_config)`: loaded from `section.path`, else initialised from `key`."""
     from jaxagent import models
 
+    k_init, k_lora = jax.random.split(key)
     if section.path is not None:
         model = models.load_pretrained(section.path, dtype=section.dtype)
         if model.config.vocab_size < len(tokenizer):
             raise ConfigError(f"model.tokenizer has {len(tokenizer)} tokens but the model's vocabulary "
                               f"has {model.config.vocab_size}")
-        return model.params, model.config
-    config = scratch_config(section, tokenizer)
-    return models.init_params(key, config, dtype=section.dtype, std=section.init_std), config
+        params, config = model.params, model.config
+    else:
+        config = scratch_config(section, tokenizer).replace(lora=None)
+        params = models.init_params(k_init if section.lora else key, config, dtype=section.dtype,
+                                    std=section.init_std)
+    if section.lora is not None:   # float32 adapters on any base dtype: the trained weights stay exact
+        params, config = models.add_lora(k_lora, params, config, section.lora, adapter_dtype="float32")
+    return params, config
 
 
 def needs_reference(config: TrainerConfig) -> bool:
@@ -91,12 +97,28 @@ def needs_reference(config: TrainerConfig) -> bool:
     return config.loss.kl_coef > 0 or config.algo.kl_reward_coef > 0
 
 
+def reference_copy(params):
+    """What the trainer keeps of `params` as its KL reference: a copy (the state's are
+    donated to the update); with LoRA, of the adapters only (`split_lora`: the frozen
+    leaves are None), since the base weights never change and are the state's own."""
+    from jaxagent.models import has_lora, split_lora
+
+    return jax.tree.map(jnp.copy, split_lora(params)[0] if has_lora(params) else params)
+
+
+def full_reference(ref, state_params):
+    """The reference's full params: `ref` itself, or (LoRA) its adapters over the frozen
+    base weights of the current state (no second copy of them)."""
+    from jaxagent.models import combine_lora, has_lora, split_lora
+
+    return combine_lora(ref, split_lora(state_params)[1]) if has_lora(state_params) else ref
+
+
 def reference_params(config: TrainerConfig, params, placement: Placement):
-    """The KL reference: a placed copy of `params` (the state's are donated to the
-    update), or None when the run needs none."""
+    """The KL reference (`reference_copy`), placed, or None when the run needs none."""
     if not needs_reference(config):
         return None
-    return placement.place_params(jax.tree.map(jnp.copy, params))
+    return placement.place_params(reference_copy(params))
 
 
 def rl_state(config: TrainerConfig, params, model_config, placement: Placement, *, critic_key: jax.Array,

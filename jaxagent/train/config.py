@@ -15,6 +15,7 @@ import math
 from typing import Any
 
 from jaxagent import algos
+from jaxagent.models import LoraConfig
 from jaxagent.parallel import MeshConfig
 from jaxagent.train.step import LossConfig, OptimizerConfig, StepConfig
 
@@ -60,6 +61,10 @@ class ModelSection:
     remat: recompute activations in the backward pass instead of keeping them: False,
       True / "full" (keep each layer's input only), "dots" (keep the matmul outputs).
       Less memory for the update (see the memory estimate), the same gradients.
+    lora: low-rank adapters `{rank, alpha, targets}` (`jaxagent.models.LoraConfig`) on the
+      policy; only they are trained (optimizer state for the adapters only), and the KL
+      reference shares the frozen base weights with the policy (a copy of the adapters
+      alone). None = train every weight.
     """
 
     path: str | None = None
@@ -77,6 +82,7 @@ class ModelSection:
     init_std: float = 0.02
     dtype: str = "float32"
     remat: bool | str = False
+    lora: LoraConfig | None = None
 
     def __post_init__(self):
         if self.remat not in (False, True, "full", "dots"):

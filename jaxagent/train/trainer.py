@@ -184,6 +184,10 @@ class Trainer:
                                 progress=lc.progress, transcripts_every=lc.transcripts_every,
                                 transcripts_per_iteration=lc.transcripts_per_iteration)
         graceful = not self.placement.multi_process   # several processes must stop at the same iteration
+        if self.iteration < cfg.iterations:   # the first line otherwise comes only after compilation
+            say = run_log.message if run_log is not None else self.log
+            say(f"iteration {self.iteration + 1}: rollout, log-probs and update compile on the first "
+                "iteration of a process (later ones reuse them)")
         try:
             while self.iteration < cfg.iterations:
                 self._stops.graceful = graceful

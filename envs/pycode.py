@@ -19,11 +19,10 @@ calls the tool with its program, then answers with what it printed).
 from __future__ import annotations
 
 import random
-import re
 
-from envs.core import InvalidAction, TextEnv, last_tagged
+from envs.core import InvalidAction, TextEnv
 from envs.sandbox import Limits, isolation, run_python
-from envs.toolmath import parse_tool_call
+from envs.toolmath import parse_turn
 from envs.verify import answers_match
 
 TEMPLATES = ("prime_sum", "fib_mod", "digit_sum_count", "collatz_longest", "word_rank", "product_residues")
@@ -172,16 +171,8 @@ class PyCode(TextEnv):
         return self.question, {"template": self.template, "isolation": isolation()}
 
     def _step(self, action: str):
-        calls = re.findall(r"<tool_call>(.*?)</tool_call>", action, re.DOTALL | re.IGNORECASE)
-        tagged = last_tagged(action, "answer")
-        if calls and tagged is not None:
-            raise InvalidAction("a turn holds either one tool call or the final answer, not both")
-        if len(calls) > 1:
-            raise InvalidAction("make one tool call per turn")
-        if calls:
-            name, args = parse_tool_call(calls[0])
-            if name != "python":
-                raise InvalidAction(f"there is no tool named {name!r}; the only tool is 'python'")
+        args, tagged = parse_turn(action, "python")
+        if args is not None:
             code = args.get("code")
             if not isinstance(code, str) or not code.strip():
                 raise InvalidAction('the python tool needs a "code" argument (a non-empty string)')
@@ -192,8 +183,6 @@ class PyCode(TextEnv):
             self._outputs.append(r.stdout.strip())
             return (f"<tool_response>{text}</tool_response>", 0.0, False,
                     {"tool_status": r.status, "tool_seconds": round(r.seconds, 3)})
-        if tagged is None:
-            raise InvalidAction("run a program or give the final answer in <answer></answer> tags")
         given = tagged.strip()
         ok = given == self.answer or answers_match(given, self.answer)
         return ("Correct." if ok else "Incorrect."), 1.0 if ok else 0.0, True, {"success": ok, "answer": given}

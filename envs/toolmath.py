@@ -142,6 +142,28 @@ def parse_tool_call(text: str) -> tuple[str, dict]:
     return call["name"], args
 
 
+def parse_turn(action: str, tool: str, *, boxed: bool = False) -> tuple[dict | None, str | None]:
+    """`(arguments, None)` for a turn that calls `tool` once, `(None, answer)` for a turn that
+    answers in `<answer>` tags (or `\\boxed{}` with `boxed`; the answer is then None and
+    `extract_answer` reads it); `InvalidAction` for anything else: both at once, several
+    calls, another tool's name, no call and no answer."""
+    calls = re.findall(r"<tool_call>(.*?)</tool_call>", action, re.DOTALL | re.IGNORECASE)
+    tagged = last_tagged(action, "answer")
+    answered = tagged is not None or (boxed and "\\boxed{" in action)
+    if calls and answered:
+        raise InvalidAction("a turn holds either one tool call or the final answer, not both")
+    if len(calls) > 1:
+        raise InvalidAction("make one tool call per turn")
+    if calls:
+        name, args = parse_tool_call(calls[0])
+        if name != tool:
+            raise InvalidAction(f"there is no tool named {name!r}; the only tool is {tool!r}")
+        return args, None
+    if not answered:
+        raise InvalidAction("make a tool call or give the final answer in <answer></answer> tags")
+    return None, tagged
+
+
 class ToolMath(TextEnv):
     """Word problems with a calculator tool; see the module docstring.
 
@@ -187,17 +209,8 @@ class ToolMath(TextEnv):
         return self.question, {"template": self.template}
 
     def _step(self, action: str):
-        calls = re.findall(r"<tool_call>(.*?)</tool_call>", action, re.DOTALL | re.IGNORECASE)
-        tagged = last_tagged(action, "answer")
-        boxed = "\\boxed{" in action
-        if calls and (tagged is not None or boxed):
-            raise InvalidAction("a turn holds either one tool call or the final answer, not both")
-        if len(calls) > 1:
-            raise InvalidAction("make one tool call per turn")
-        if calls:
-            name, args = parse_tool_call(calls[0])
-            if name != "calculator":
-                raise InvalidAction(f"there is no tool named {name!r}; the only tool is 'calculator'")
+        args, _ = parse_turn(action, "calculator", boxed=True)
+        if args is not None:
             expr = args.get("expression")
             if not isinstance(expr, str):
                 raise InvalidAction('the calculator needs an "expression" argument (a string)')
@@ -207,8 +220,6 @@ class ToolMath(TextEnv):
                 return f"<tool_response>error: {e}</tool_response>", 0.0, False, {"tool_error": str(e)}
             self._seen.append(value)
             return f"<tool_response>{format_number(value)}</tool_response>", 0.0, False, {"tool_call": expr}
-        if tagged is None and not boxed:
-            raise InvalidAction("make a tool call or give the final answer in <answer></answer> tags")
         given = extract_answer(action)
         if given is None or parse_number(given) is None:
             raise InvalidAction(f"the answer {given!r} is not a number")

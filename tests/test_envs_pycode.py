@@ -59,7 +59,7 @@ def test_expert_episodes_succeed_and_mistakes_do_not():
     assert term and reward == 0.0 and not info["success"]
     env.reset(seed=0)
     obs, reward, term, _, info = env.step("I think it is 12")
-    assert not term and reward == env.invalid_penalty and "run a program" in info["invalid_action"]
+    assert not term and reward == env.invalid_penalty and "make a tool call or give the final answer" in info["invalid_action"]
     obs, reward, term, _, info = env.step('<tool_call>{"name": "shell", "arguments": {"code": "ls"}}</tool_call>')
     assert "no tool named 'shell'" in info["invalid_action"]
 

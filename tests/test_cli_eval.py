@@ -46,6 +46,7 @@ def test_eval_errors_exit_2(tmp_path):
     assert done.returncode == 2 and "config.yaml is missing" in done.stderr
 
 
+@pytest.mark.slow
 def test_export_writes_a_directory_transformers_loads_with_the_same_policy(tmp_path):
     """`jaxagent export RUN_DIR OUT_DIR`: the checkpoint's policy, with the run's trained
     "bpe" tokenizer and chat template, loads in transformers with the same logits, and

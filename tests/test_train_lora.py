@@ -43,7 +43,12 @@ def test_lora_run_trains_the_adapters_only_with_an_adapter_reference(tmp_path):
         np.testing.assert_array_equal(x, y)          # the base: bitwise unchanged
     moved = [not np.array_equal(x, y) for x, y in zip(jax.tree.leaves(adapters), jax.tree.leaves(a2))]
     assert any(moved)                                # the B matrices start at 0 and move
-    # a resumed LoRA run continues exactly (the adapter reference restored from disk)
+
+
+@pytest.mark.slow
+def test_a_lora_run_resumes_exactly(tmp_path):
+    """2 iterations + resume to 3 == 3 in one run (the adapter reference restored from disk)."""
+    Trainer(config(tmp_path / "run", "iterations=2"), log=lambda *_: None).run()
     more = Trainer(config(tmp_path / "run", "iterations=3"), resume=True, log=lambda *_: None).run()
     straight = Trainer(config(tmp_path / "b", "iterations=3"), log=lambda *_: None).run()
     strip = lambda ms: [{k: v for k, v in m.items() if not k.startswith("time_") and k != "tokens_per_s"}

@@ -109,7 +109,7 @@ def _garble(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("what", ["metadata", "data"])
+@pytest.mark.parametrize("what", ["metadata", pytest.param("data", marks=pytest.mark.slow)])
 def test_a_damaged_newest_checkpoint_is_named_and_the_run_falls_back(finished, tmp_path, what):
     run = tmp_path / "run"
     shutil.copytree(finished, run)

@@ -75,6 +75,7 @@ def test_sigterm_ends_the_iteration_saves_and_exits_143(tmp_path):
     no_orphans(workers)
 
 
+@pytest.mark.slow
 def test_a_second_sigint_abandons_the_iteration(tmp_path):
     run = tmp_path / "run"
     proc = start(run, tmp_path / "log")

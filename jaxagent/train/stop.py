@@ -11,6 +11,7 @@ progress is abandoned, and the newest checkpoint is the one to resume from.
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -40,6 +41,7 @@ class StopRequests:
         self.graceful = False
         self.signum: int | None = None
         self._previous: dict = {}
+        self._unraisable = None
 
     @property
     def requested(self) -> bool:
@@ -49,12 +51,26 @@ class StopRequests:
         if threading.current_thread() is threading.main_thread():
             for s in SIGNALS:
                 self._previous[s] = signal.signal(s, self._handle)
+            # A signal can arrive while Python runs a finalizer or a gc callback (JAX has
+            # one), where the exception the handler raises is printed as "Exception ignored
+            # in ..." and dropped. The stop is then still requested (`signum` is set, and
+            # the iteration ends with a checkpoint), so the dropped exception is not shown.
+            self._unraisable = sys.unraisablehook
+            sys.unraisablehook = self._hook
         return self
 
     def __exit__(self, *exc) -> None:
         for s, handler in self._previous.items():
             signal.signal(s, handler)
         self._previous.clear()
+        if getattr(self, "_unraisable", None) is not None:
+            sys.unraisablehook = self._unraisable
+            self._unraisable = None
+
+    def _hook(self, unraisable) -> None:
+        if isinstance(unraisable.exc_value, Interrupted):
+            return
+        (self._unraisable or sys.__unraisablehook__)(unraisable)
 
     def _handle(self, signum, frame) -> None:
         if self.signum is None and self.graceful:

@@ -112,7 +112,9 @@ def test_eval_on_other_env_settings_and_the_warm_started_step(tmp_path):
         assert key in env, key
     assert 0 <= env["under_triage_rate"] <= 1 and set(env["components"]) >= {"triage", "history"}
     # the run's own model cannot be overridden, and a bad env setting is named
-    done = eval_cli(run, "model.hidden_size=8")
-    assert done.returncode == 2 and "eval overrides may set env.*, rollout.*, eval.* only" in done.stderr
-    done = eval_cli(run, "--episodes", 2, "env.kwargs.cases=nonsense")
-    assert done.returncode == 2 and "cases" in done.stderr and "Traceback" not in done.stderr
+    from jaxagent.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"eval overrides may set env\.\*, rollout\.\*, eval\.\* only"):
+        evaluate_run(run, overrides=["model.hidden_size=8"], log=lambda *_: None)
+    with pytest.raises(ConfigError, match="cases"):
+        evaluate_run(run, episodes=2, overrides=["env.kwargs.cases=nonsense"], log=lambda *_: None)

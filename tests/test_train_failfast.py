@@ -50,11 +50,6 @@ def test_a_run_whose_episodes_all_fail_stops_with_the_first_failure(tmp_path):
     lines = read_jsonl(run / "metrics.jsonl")
     assert [m["iteration"] for m in lines] == [1, 2]          # stopped, with what it had written
     assert all(m["failed_frac"] == 1.0 and m["failed_episodes"] == 8 for m in lines)
-    out = cli("--config", CONFIG, f"run_dir={tmp_path / 'cli'}", "rollout.max_context=256", *broken,
-              "logging.progress=false")
-    assert out.returncode == 3, out.stderr
-    assert "jaxagent train: stopped: every episode of the last 2 iterations failed" in out.stderr
-    assert "failed 100%" in out.stdout   # on the iteration line
     # a run where only some episodes fail goes on, and says how many failed
     some = ["env.name=testing/faulty", "env.kwargs={fault: raise, at_step: 1, horizon: 2, fault_seeds: [0]}",
             "iterations=3", "env.num_workers=0"]
@@ -77,3 +72,14 @@ def test_an_env_of_a_user_module_trains_from_the_cli(tmp_path):
     assert out.returncode == 2 and "unknown env 'guess'" in out.stderr
     out = cli("--config", CONFIG, f"run_dir={run}3", "env.imports=[no_such_envs_mod]", "env.name=guess")
     assert out.returncode == 2 and "cannot import 'no_such_envs_mod'" in out.stderr
+
+
+@pytest.mark.slow
+def test_the_command_line_exits_3_when_every_episode_fails(tmp_path):
+    broken = ["env.name=testing/faulty", "env.kwargs={fault: raise, at_step: 1, horizon: 2}", "iterations=5",
+              "env.max_failed_iterations=2", "env.num_workers=1"]
+    out = cli("--config", CONFIG, f"run_dir={tmp_path / 'cli'}", "rollout.max_context=256", *broken,
+              "logging.progress=false")
+    assert out.returncode == 3, out.stderr
+    assert "jaxagent train: stopped: every episode of the last 2 iterations failed" in out.stderr
+    assert "failed 100%" in out.stdout   # on the iteration line

@@ -147,6 +147,13 @@ def test_every_shipped_config_runs_one_iteration_as_shipped(tmp_path, path):
             resolve_model_path(cfg.model.path)
         except FileNotFoundError as err:
             pytest.skip(str(err))
-    Trainer(cfg, log=lambda *_: None).run()
+    # in a fresh process, as a user runs it: the memory check compares with the host's
+    # available RAM, which an earlier big config in this process would still hold
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "jaxagent", "train", "--config", str(path),
+                          f"run_dir={tmp_path / 'run'}", "iterations=1"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
     (m,) = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert math.isfinite(m["loss"]) and m["failed_episodes"] == 0

@@ -25,6 +25,17 @@ FAULTS = ("crash", "segfault", "hang", "raise", "garbage", "nan_reward", "unpick
           "nondeterministic", "raise_on_reset", "crash_on_reset", "memory_bomb", "cpu_bomb")
 
 
+def _bomb(kind: str, seconds: float) -> None:
+    """`memory_bomb`: touch 64 GiB; `cpu_bomb`: compute for `seconds`."""
+    if kind == "memory_bomb":
+        hog = bytearray(64 * 2**30)
+        hog[::4096] = b"x" * len(hog[::4096])
+    else:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            sum(i * i for i in range(10_000))
+
+
 def _refuse_to_load(what: str):
     raise RuntimeError(f"{what} cannot be rebuilt here")
 
@@ -102,13 +113,8 @@ class FaultyEnv(TextEnv):
                 time.sleep(self.hang_s)
             if f == "raise":
                 raise RuntimeError(f"injected fault at step {self._steps} (seed {self.seed})")
-            if f == "memory_bomb":
-                hog = bytearray(64 * 2**30)
-                hog[::4096] = b"x" * len(hog[::4096])
-            if f == "cpu_bomb":
-                end = time.monotonic() + self.hang_s
-                while time.monotonic() < end:
-                    sum(i * i for i in range(10_000))
+            if f in ("memory_bomb", "cpu_bomb"):
+                _bomb(f, self.hang_s)
         for ch in action:
             self.checksum = (self.checksum * 31 + ord(ch)) % 1_000_003
         reward = ((self.seed * 7 + self.checksum) % 10) / 10
@@ -236,13 +242,8 @@ class ChaosEnv(FaultyEnv):
             os._exit(17)
         if kind == "raise":
             raise RuntimeError(f"chaos: injected exception at step {self._steps} (seed {self.seed})")
-        if kind == "memory_bomb":
-            hog = bytearray(64 * 2**30)
-            hog[::4096] = b"x" * len(hog[::4096])
         if kind == "hang":
             time.sleep(self.hang_s)
-        if kind == "cpu_bomb":
-            end = time.monotonic() + self.hang_s
-            while time.monotonic() < end:
-                sum(i * i for i in range(10_000))
+        if kind in ("memory_bomb", "cpu_bomb"):
+            _bomb(kind, self.hang_s)
         return super()._step(action)

@@ -14,7 +14,9 @@ Action: one of ``up``, ``down``, ``left``, ``right`` (see
 :func:`envs.core.parse_direction`). Walking into a wall, or pushing a box into a wall
 or another box, leaves the state unchanged (a valid move that achieves nothing).
 Reward: 1.0 when every box is on a target (the episode terminates), plus
-``step_penalty`` on every step.
+``step_penalty`` on every step, plus ``noop_penalty`` on a move that leaves the state
+unchanged (into a wall, or pushing a box that cannot move); such a move also sets
+``info["noop"]``.
 
 Expert: the first move of the solver's plan from the current state (a pure function
 of the state, memoised); from an unsolvable state (a box pushed into a corner) it
@@ -266,13 +268,17 @@ class Sokoban(TextEnv):
       max_steps: step limit (default 100).
       step_penalty: reward added on every step (e.g. -0.01).
       invalid_penalty: reward for an action that names no single direction.
+      noop_penalty: reward added for a move that changes nothing (default 0.0; e.g.
+        -0.1). A success-only reward cannot tell a no-op from a useful move, so a
+        greedy policy can loop on one; this charges for it.
     """
 
     has_expert = True
     random_actions = tuple(f"<action>{d}</action>" for d in ("up", "down", "left", "right"))
 
     def __init__(self, height: int = 7, width: int = 7, num_boxes: int = 2, max_steps: int = 100,
-                 step_penalty: float = 0.0, invalid_penalty: float = -0.1):
+                 step_penalty: float = 0.0, invalid_penalty: float = -0.1,
+                 noop_penalty: float = 0.0):
         for name, v, lo in (("height", height, 5), ("width", width, 5), ("num_boxes", num_boxes, 1)):
             if not isinstance(v, int) or v < lo:
                 raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
@@ -280,7 +286,11 @@ class Sokoban(TextEnv):
             raise ValueError(f"num_boxes={num_boxes} does not fit a {height}x{width} room")
         super().__init__(max_steps=max_steps, invalid_penalty=invalid_penalty)
         self.height, self.width, self.num_boxes = height, width, num_boxes
+        for name, v in (("step_penalty", step_penalty), ("noop_penalty", noop_penalty)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or abs(v) == float("inf"):
+                raise ValueError(f"{name} must be a finite number, got {v!r}")
         self.step_penalty = float(step_penalty)
+        self.noop_penalty = float(noop_penalty)
         self.level: Level | None = None
         self.player = -1
         self.boxes: frozenset = frozenset()
@@ -314,12 +324,15 @@ class Sokoban(TextEnv):
         o = self.level.offsets[d]
         nxt = self.player + o
         reward = self.step_penalty
+        noop = False
         if not self.level.floor(nxt):
             lead = f"You move {d} into a wall; nothing happens."
+            noop = True
         elif nxt in self.boxes:
             beyond = nxt + o
             if not self.level.floor(beyond) or beyond in self.boxes:
                 lead = f"You push {d} but the box does not move."
+                noop = True
             else:
                 self.boxes = (self.boxes - {nxt}) | {beyond}
                 self.player = nxt
@@ -327,6 +340,8 @@ class Sokoban(TextEnv):
         else:
             self.player = nxt
             lead = f"You move {d}."
+        if noop:
+            return self._render(lead), reward + self.noop_penalty, False, {"noop": True}
         solved = self.boxes <= self.level.targets
         if solved:
             return self._render(lead + " Every box is on a target: solved!"), reward + 1.0, True, {"success": True}

@@ -168,6 +168,34 @@ def test_sokoban_push_rules_and_expert_recovers_after_detour():
         assert term and r == 1.0
 
 
+def test_sokoban_noop_penalty_charges_exactly_the_moves_that_change_nothing():
+    env = envs.make("sokoban", height=6, width=6, num_boxes=1, noop_penalty=-0.25, step_penalty=-0.01)
+    plain = envs.make("sokoban", height=6, width=6, num_boxes=1)
+    seen = {"wall": 0, "move": 0}
+    for seed in range(30):
+        env.reset(seed)
+        for d in ("up", "down", "left", "right"):
+            key = env.state_key()
+            nxt = env.player + env.level.offsets[d]
+            kind = "wall" if not env.level.floor(nxt) else ("box" if nxt in env.boxes else "move")
+            if kind == "box":
+                continue
+            obs, r, term, trunc, info = env.step(f"<action>{d}</action>")
+            if kind == "wall":
+                assert r == pytest.approx(-0.26) and info.get("noop") is True
+                assert env.state_key() == key and "into a wall" in obs
+                plain.reset(seed)
+                assert plain.step(f"<action>{d}</action>")[1] == 0.0
+            elif not term:
+                assert r == pytest.approx(-0.01) and "noop" not in info and env.state_key() != key
+            seen[kind] += 1
+            env.reset(seed)
+    assert seen["wall"] > 10 and seen["move"] > 10
+    for bad in (float("nan"), "x", True):
+        with pytest.raises(ValueError, match="noop_penalty"):
+            envs.make("sokoban", noop_penalty=bad)
+
+
 # ---------------------------------------------------------------- Countdown
 
 def _fraction_eval(expr):

@@ -274,3 +274,30 @@ def test_run_arguments_seed_sampling_and_row_offset():
     np.testing.assert_array_equal(tok(greedy), tok(want))
     with pytest.raises(ValueError, match="row_offset"):
         loop.run(pool, seeds, row_offset=-1)
+
+
+def test_invalid_and_noop_actions_are_counted_per_episode_and_in_evaluation():
+    """Counts from the loop equal a fresh replay's count of the env's `invalid_action`
+    and `noop` infos; the held-out summary's fractions are those counts over turns."""
+    from jaxagent.train.evaluate import evaluate_policy
+    kw = dict(height=6, width=6, num_boxes=1, max_steps=8)
+    cfg = AgentLoopConfig(max_turns=8, max_tokens_per_turn=3, max_context=CTX, sampling=SamplingConfig(0.1))
+    loop = AgentLoop(eager_stop_params(), CFG, TOK, cfg)
+    with envs.EnvPool([functools.partial(envs.make, "sokoban", **kw)] * 8, num_workers=1) as pool:
+        _, eps = loop.run(pool, list(range(8)), seed=5)
+        summary = evaluate_policy(loop, pool, eager_stop_params(), episodes=8, first_seed=0, temperature=0.1,
+                                  sampling_seed=5)
+    totals = {"invalid_action": 0, "noop": 0, "turns": 0}
+    for ep in eps:
+        env = envs.make("sokoban", **kw)
+        env.reset(ep.seed)
+        infos = [env.step(a)[4] for a in ep.actions]
+        assert ep.invalid_actions == sum("invalid_action" in i for i in infos)
+        assert ep.noop_actions == sum(bool(i.get("noop")) for i in infos)
+        totals["invalid_action"] += ep.invalid_actions
+        totals["noop"] += ep.noop_actions
+        totals["turns"] += len(ep.actions)
+    assert totals["invalid_action"] > 0 and totals["noop"] > 0  # both kinds occurred
+    # the evaluation played the same seeds with the same sampling seed: the same episodes
+    assert summary["invalid_action_frac"] == totals["invalid_action"] / totals["turns"]
+    assert summary["noop_action_frac"] == totals["noop"] / totals["turns"]

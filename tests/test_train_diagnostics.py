@@ -21,7 +21,8 @@ def test_flat_groups_anchor_repeats_and_invalid_actions():
         failed=[0, 0, 0, 0, 0, 1],
         anchor_ids=[[5, 6, -1], [5, 7, -1], [5, 6, 9], [8, -1, -1], [6, 6, -1], [6, 6, 6]],
         turn_mask=[[1, 1, 0], [1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 1, 1]])
-    got = learning_diagnostics(traj, invalid_actions=np.array([0, 1, 0, 2, 0, 5]))
+    got = learning_diagnostics(traj, invalid_actions=np.array([0, 1, 0, 2, 0, 5]),
+                               noop_actions=np.array([1, 0, 0, 0, 2, 0]))
     assert got["flat_groups_frac"] == 2 / 3
     # played turns of live episodes: 2 + 2 + 3 + 1 + 2 = 10. Repeated (group, anchor):
     # group 0 anchor 5 (two turns); group 1: 5, 6, 9, 8 all once; group 2 anchor 6 twice
@@ -29,7 +30,9 @@ def test_flat_groups_anchor_repeats_and_invalid_actions():
     assert got["anchor_repeat_frac"] == 4 / 10
     # invalid actions over all turns played (failed rows included): 8 / 13
     assert got["invalid_action_frac"] == 8 / 13
+    assert got["noop_action_frac"] == 3 / 13
     assert "invalid_action_frac" not in learning_diagnostics(traj)
+    assert "noop_action_frac" not in learning_diagnostics(traj)
 
 
 def test_collapse_warning_needs_low_entropy_and_no_rise():

@@ -153,6 +153,8 @@ class Episode:
     info: dict = dataclasses.field(default_factory=dict)
     #: steps the env answered with `info["invalid_action"]` (a malformed action)
     invalid_actions: int = 0
+    #: steps the env answered with `info["noop"]` (a valid action that changed nothing)
+    noop_actions: int = 0
 
     @property
     def finished(self) -> bool:
@@ -385,6 +387,7 @@ class AgentLoop:
             ep.rewards[-1] = float(reward)
             ep.info = dict(info)
             ep.invalid_actions += "invalid_action" in info
+            ep.noop_actions += bool(info.get("noop"))
             if info.get("failed"):
                 ep.fail(info)
                 continue

@@ -13,7 +13,8 @@ with seed `sampling_seed + c * len(pool)`, so two evaluations differ only by the
 (the latest, or `step`), and plays `episodes` episodes on seeds `seed, seed + 1, ...`
 (default: the config's `eval` section) with the run's env, limits and sampling
 (`temperature` overrides it; 0 = greedy). Returns the summary (success rate, mean return
-and turns); with `out`, writes one JSON line per episode (seed, success, return, turns,
+and turns, the fractions of actions that were malformed, `invalid_action_frac`, or
+changed nothing, `noop_action_frac`); with `out`, writes one JSON line per episode (seed, success, return, turns,
 end reason, the env's last info: e.g. `intake`'s rubric components) followed by the
 summary line.
 """
@@ -48,10 +49,13 @@ def evaluate_policy(loop, pool, params, *, episodes: int, first_seed: int, tempe
         _, eps = loop.run(pool, seeds, list(range(B)), seed=sampling_seed + start, sampling=sampling)
         played += eps[:k]
     ok = np.array([ep.success for ep in played])
+    turns = max(sum(len(ep.rewards) for ep in played), 1)
     out = {"episodes": episodes, "success_rate": float(ok.mean()),
            "return_mean": float(np.mean([sum(ep.rewards) for ep in played])),
            "turns_mean": float(np.mean([len(ep.rewards) for ep in played])),
            "failed_episodes": int(sum(ep.failed for ep in played)),
+           "invalid_action_frac": sum(ep.invalid_actions for ep in played) / turns,
+           "noop_action_frac": sum(ep.noop_actions for ep in played) / turns,
            "temperature": float(temperature), "seconds": time.perf_counter() - t0}
     if details:
         out["per_episode"] = [

@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 def iteration_metrics(traj, success, step_metrics, adv, old_logp, loss_mask, times: dict, total_s: float, *,
-                      iteration: int, tasks_seen: int, invalid_actions=None) -> dict:
+                      iteration: int, tasks_seen: int, invalid_actions=None, noop_actions=None) -> dict:
     """The iteration's JSON-able metrics: episode statistics (of every process's
     episodes: `traj` and `success` hold the whole batch), the mean of each update
     metric over the iteration's updates, throughput and seconds per phase."""
@@ -51,7 +51,7 @@ def iteration_metrics(traj, success, step_metrics, adv, old_logp, loss_mask, tim
         v = mean_of(key)
         if v is not None:
             out[key] = v
-    out.update(learning_diagnostics(traj, invalid_actions))
+    out.update(learning_diagnostics(traj, invalid_actions, noop_actions))
     out["skipped_updates"] = int(sum(float(m["skipped"]) for m in step_metrics))
     out["tokens_per_s"] = policy_tokens / max(times["rollout"], 1e-9)
     out.update({f"time_{k}_s": v for k, v in times.items()})
@@ -93,7 +93,7 @@ def iteration_line(m: dict) -> str:
     return " | ".join(parts)
 
 
-def learning_diagnostics(traj, invalid_actions=None) -> dict:
+def learning_diagnostics(traj, invalid_actions=None, noop_actions=None) -> dict:
     """Whether the batch can teach anything:
 
     flat_groups_frac    groups whose non-failed episodes' returns do not vary (fewer than
@@ -103,6 +103,8 @@ def learning_diagnostics(traj, invalid_actions=None) -> dict:
                         can compare
     invalid_action_frac actions the env answered with `info["invalid_action"]`, over
                         the turns played (`invalid_actions`: per row, when given)
+    noop_action_frac    valid actions that changed nothing (`info["noop"]`, e.g. a move
+                        into a wall), over the turns played (`noop_actions`: per row)
     """
     ret = np.asarray(traj.episode_return, np.float64)
     ok = ~np.asarray(traj.failed)
@@ -120,9 +122,10 @@ def learning_diagnostics(traj, invalid_actions=None) -> dict:
         _, inverse, counts = np.unique(keys, axis=0, return_inverse=True, return_counts=True)
         repeat = float((counts[inverse.reshape(-1)] > 1).sum() / max(int(played.sum()), 1))
     out = {"flat_groups_frac": float(flat / max(len(groups), 1)), "anchor_repeat_frac": repeat}
-    if invalid_actions is not None:
-        turns = int(np.asarray(traj.num_turns).sum())
-        out["invalid_action_frac"] = float(np.asarray(invalid_actions).sum() / max(turns, 1))
+    turns = int(np.asarray(traj.num_turns).sum())
+    for key, counts in (("invalid_action_frac", invalid_actions), ("noop_action_frac", noop_actions)):
+        if counts is not None:
+            out[key] = float(np.asarray(counts).sum() / max(turns, 1))
     return out
 
 

@@ -196,10 +196,12 @@ class Trainer:
                         and self.iteration < cfg.iterations:
                     self._overlap.wait()
                     ev = self.evaluate(loop, pool)
-                    metrics.update({f"eval_{k}": ev[k] for k in ("success_rate", "return_mean", "turns_mean")})
+                    metrics.update({f"eval_{k}": ev[k] for k in ("success_rate", "return_mean", "turns_mean",
+                                                                 "invalid_action_frac", "noop_action_frac")})
                     if cfg.eval.greedy:
                         evg = self.evaluate(loop, pool, temperature=0.0)
-                        metrics.update({f"eval_greedy_{k}": evg[k] for k in ("success_rate", "return_mean")})
+                        metrics.update({f"eval_greedy_{k}": evg[k] for k in ("success_rate", "return_mean",
+                                                                             "noop_action_frac")})
                 self._check_collapse(metrics)
                 self._check_failures(metrics)
                 self.history.append(metrics)
@@ -269,7 +271,8 @@ class Trainer:
         self.progress.task_position += collected.tasks_played
         self._last_episodes = collected.episodes
         per_row = {"success": np.array([ep.success for ep in collected.episodes]), "baselines": collected.baselines,
-                   "invalid_actions": np.array([ep.invalid_actions for ep in collected.episodes])}
+                   "invalid_actions": np.array([ep.invalid_actions for ep in collected.episodes]),
+                   "noop_actions": np.array([ep.noop_actions for ep in collected.episodes])}
         traj, per_row, placed = place.global_batch(collected.traj, per_row)
         times.setdefault("rollout", time.perf_counter() - t0)
 
@@ -305,7 +308,7 @@ class Trainer:
         total_s = time.perf_counter() - t_start
         out = iteration_metrics(traj, per_row["success"], step_metrics, adv, old_logp, loss_mask, times, total_s,
                                 iteration=self.iteration, tasks_seen=self.progress.task_position,
-                                invalid_actions=per_row["invalid_actions"])
+                                invalid_actions=per_row["invalid_actions"], noop_actions=per_row["noop_actions"])
         if cfg.overlap.off_policy:  # the main thread (which drives the device) idled only while it waited
             out.update(staleness=staleness, device_idle_frac=times["rollout_wait"] / max(total_s, 1e-9))
         if cfg.algo.dynamic_sampling:

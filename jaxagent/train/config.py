@@ -448,6 +448,9 @@ class LoggingSection:
     collapse_entropy, collapse_window: print a warning (counted in `collapse_warnings`)
       when the token entropy is below `collapse_entropy` while training success over the
       last `collapse_window` iterations is not above the window before (0 = off).
+    episodes_per_iteration, episodes_max_mb: the episode store (`jaxagent.train.episodes`):
+      that many episodes of each iteration, with tokens, texts, rewards and per-token
+      signals, in `<run_dir>/episodes/` (0 = off), at most `episodes_max_mb` MiB a run.
     """
 
     tensorboard: bool = True
@@ -456,8 +459,14 @@ class LoggingSection:
     transcripts_per_iteration: int = 2
     collapse_entropy: float = 0.05
     collapse_window: int = 3
+    episodes_per_iteration: int = 8
+    episodes_max_mb: float = 64.0
 
     def __post_init__(self):
+        _check_int("episodes_per_iteration", self.episodes_per_iteration, 0)
+        if not (isinstance(self.episodes_max_mb, (int, float)) and not isinstance(self.episodes_max_mb, bool)
+                and math.isfinite(self.episodes_max_mb) and self.episodes_max_mb > 0):
+            raise ValueError(f"episodes_max_mb must be a number > 0, got {self.episodes_max_mb!r}")
         _check_int("transcripts_every", self.transcripts_every, 0)
         _check_int("transcripts_per_iteration", self.transcripts_per_iteration, 0)
         _check_int("collapse_window", self.collapse_window, 1)

@@ -46,13 +46,13 @@ from jaxagent.train.step import (
 
 
 def _policy_logprobs(params, config, tokens_BxT, attention_mask_BxT, *, temperature: float,
-                     seq_chunk: int, vocab_chunk: int, row_chunks: int = 1) -> jax.Array:
+                     seq_chunk: int, vocab_chunk: int, row_chunks: int = 1, with_entropy: bool = False):
     from jaxagent.models import token_logprobs
 
     def one(tokens, mask):
-        logp, _ = token_logprobs(params, config, tokens, attention_mask_BxT=mask,
-                                 temperature=temperature, seq_chunk=seq_chunk, vocab_chunk=vocab_chunk)
-        return logp
+        logp, ent = token_logprobs(params, config, tokens, attention_mask_BxT=mask,
+                                   temperature=temperature, seq_chunk=seq_chunk, vocab_chunk=vocab_chunk)
+        return (logp, ent) if with_entropy else logp
 
     if row_chunks == 1:
         return one(tokens_BxT, attention_mask_BxT)
@@ -65,14 +65,15 @@ def _policy_logprobs(params, config, tokens_BxT, attention_mask_BxT, *, temperat
         return x.reshape(B // n, n, T).swapaxes(0, 1)
 
     out = jax.lax.map(lambda xs: one(*xs), (split(tokens_BxT), split(attention_mask_BxT)))
-    return out.swapaxes(0, 1).reshape(B, T)
+    return jax.tree.map(lambda x: x.swapaxes(0, 1).reshape(B, T), out)
 
 
 #: `log pi(tokens[t] | tokens[:t])` `[B, T]` as `train_step` computes it (same kernel);
 #: `row_chunks` > 1 runs it on that many chunks of rows in turn (less memory, same values
-#: to float32 rounding).
-policy_logprobs = jax.jit(_policy_logprobs,
-                          static_argnames=("config", "temperature", "seq_chunk", "vocab_chunk", "row_chunks"))
+#: to float32 rounding); `with_entropy` returns `(logp, entropy)`, the entropy of each
+#: next-token distribution (for the episode store).
+policy_logprobs = jax.jit(_policy_logprobs, static_argnames=("config", "temperature", "seq_chunk", "vocab_chunk",
+                                                             "row_chunks", "with_entropy"))
 _critic_values = jax.jit(critic_values, static_argnames=("critic_config", "remat"))
 
 
@@ -111,17 +112,20 @@ class Placement:
             rows = jax.NamedSharding(self.mesh, par.batch_spec(2))
             sc = config.step_config
 
-            def logprobs(params, tokens_BxT, attention_mask_BxT):
+            def logprobs(params, tokens_BxT, attention_mask_BxT, with_entropy):
                 with decoder.activation_constraint(layout):
                     return _policy_logprobs(params, model_config, tokens_BxT, attention_mask_BxT,
                                             temperature=sc.loss.temperature, seq_chunk=sc.seq_chunk,
-                                            vocab_chunk=sc.vocab_chunk, row_chunks=self.logprob_chunks)
+                                            vocab_chunk=sc.vocab_chunk, row_chunks=self.logprob_chunks,
+                                            with_entropy=with_entropy)
 
             def values(critic_params, batch):
                 with decoder.activation_constraint(layout):
                     return critic_values(critic_params, model_config, batch)
 
-            self._logprobs = jax.jit(logprobs, out_shardings=rows)
+            self._logprobs = {
+                flag: jax.jit(functools.partial(logprobs, with_entropy=flag), out_shardings=(rows, rows) if flag else rows)
+                for flag in (False, True)}
             self._values = jax.jit(values, out_shardings=rows)
 
     # ------------------------------------------------------------------ description
@@ -210,16 +214,18 @@ class Placement:
         return jax.device_get(tree) if not self.multi_process else par.to_host(tree)
 
     # ------------------------------------------------------------------ passes
-    def logprobs(self, params, placed):
+    def logprobs(self, params, placed, *, with_entropy: bool = False):
         """`log pi(tokens)` `[B, T]` of a batch from `global_batch`, with `params` placed
-        like the state's; a host-side (one-device) array of every row."""
+        like the state's; a host-side (one-device) array of every row. `with_entropy`:
+        `(logp, entropy)`."""
         if self.mesh is None:
             sc = self.config.step_config
             return policy_logprobs(params, self.model_config, tokens_BxT=placed.tokens,
                                    attention_mask_BxT=placed.attention_mask, temperature=sc.loss.temperature,
                                    seq_chunk=sc.seq_chunk, vocab_chunk=sc.vocab_chunk,
-                                   row_chunks=self.logprob_chunks)
-        return jnp.asarray(par.to_host(self._logprobs(params, placed.tokens, placed.attention_mask)))
+                                   row_chunks=self.logprob_chunks, with_entropy=with_entropy)
+        out = self._logprobs[with_entropy](params, placed.tokens, placed.attention_mask)
+        return jax.tree.map(lambda x: jnp.asarray(par.to_host(x)), out)
 
     def values(self, state, placed):
         """The critic's values `[B, T]` of a batch from `global_batch` (host-side)."""

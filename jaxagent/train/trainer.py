@@ -51,6 +51,7 @@ from jaxagent.train import build
 from jaxagent.train.advantages import compute_advantages, shape_rewards
 from jaxagent.train.collect import collect_batch
 from jaxagent.train.config import TrainerConfig
+from jaxagent.train.episodes import EpisodeStore
 from jaxagent.train.evaluate import evaluate
 from jaxagent.train.metrics import collapse_warning, eval_line, iteration_line, iteration_metrics
 from jaxagent.train.overlap import OffPolicyRollouts
@@ -103,8 +104,13 @@ class Trainer:
         self._update = self.placement.update_step(config.step_config, self.state)
         self._overlap = OffPolicyRollouts()
         self._last_episodes = None  # the last iteration's episodes (this process's), for transcripts
-        self._failed_streak: list[dict] = []
-        self._stops = StopRequests(log)  # iterations in a row in which every episode failed
+        self._failed_streak: list[dict] = []  # iterations in a row in which every episode failed
+        self._stops = StopRequests(log)
+        lc = config.logging
+        #: the episode store (`jaxagent.train.episodes`), or None when off
+        self._store = None if not lc.episodes_per_iteration else EpisodeStore(
+            config.run_dir, per_iteration=lc.episodes_per_iteration, max_mb=lc.episodes_max_mb)
+        self._store_full_said = False
 
     @property
     def mesh(self):
@@ -279,7 +285,10 @@ class Trainer:
         # ---- log-probs (old policy, KL reference) and the critic's values
         t0 = time.perf_counter()
         loss_mask = traj.loss_mask * (~traj.failed)[:, None].astype(traj.loss_mask.dtype)
-        old_logp = place.logprobs(self.state.params, placed)
+        store = self._store is not None
+        old_logp = place.logprobs(self.state.params, placed, with_entropy=store)
+        if store:
+            old_logp, entropy = old_logp
         ref_logp = None if self.ref_params is None else place.logprobs(
             build.full_reference(self.ref_params, self.state.params), placed)
         values = place.values(self.state, placed) if cfg.algo.uses_critic else None
@@ -309,6 +318,8 @@ class Trainer:
         out = iteration_metrics(traj, per_row["success"], step_metrics, adv, old_logp, loss_mask, times, total_s,
                                 iteration=self.iteration, tasks_seen=self.progress.task_position,
                                 invalid_actions=per_row["invalid_actions"], noop_actions=per_row["noop_actions"])
+        if store:
+            self._store_episodes(collected.episodes, traj, adv, old_logp, entropy, loss_mask)
         if cfg.overlap.off_policy:  # the main thread (which drives the device) idled only while it waited
             out.update(staleness=staleness, device_idle_frac=times["rollout_wait"] / max(total_s, 1e-9))
         if cfg.algo.dynamic_sampling:
@@ -318,6 +329,21 @@ class Trainer:
         kinds = collections.Counter(ep.failure_kind or "unknown" for ep in collected.episodes if ep.failed)
         out.update({f"failed_{kind}": n for kind, n in sorted(kinds.items())})
         return out
+
+    def _store_episodes(self, episodes, traj, adv, old_logp, entropy, loss_mask) -> None:
+        """This iteration's sample of episodes with their per-token signals, in the
+        episode store (`jaxagent.train.episodes`); every process fetches, one writes."""
+        signals = self.placement.fetch({"advantage": adv, "logp": old_logp, "rollout_logp": traj.rollout_logp,
+                                        "entropy": entropy, "loss_mask": loss_mask})
+        signals = {k: np.asarray(v, np.float64) for k, v in signals.items()}
+        signals["ratio"] = np.exp(signals["logp"] - signals["rollout_logp"])
+        if not self.primary:
+            return
+        if not self._store.write(self.iteration, episodes, self.tokenizer, signals, rows=self.placement.rows):
+            if not self._store_full_said:
+                self._store_full_said = True
+                self.log(f"episode store: {self._store.dir} reached logging.episodes_max_mb="
+                         f"{self.config.logging.episodes_max_mb:g} MiB; later iterations' episodes are not stored")
 
     def _rollout(self, loop, pool, key, times: dict):
         """`(collected, staleness)`: this iteration's batch, played now with the current

@@ -1,0 +1,169 @@
+"""The episode store: a bounded sample of each iteration's episodes with their tokens,
+texts, rewards and per-token training signals, for `jaxagent view` and for reading.
+
+    store = EpisodeStore(run_dir, per_iteration=8, max_mb=64)
+    store.write(iteration, episodes, rows, signals, tokenizer)
+
+`<run_dir>/episodes/iter_000123.jsonl` holds one JSON object per stored episode of
+iteration 123 (a file of an iteration that is played again is replaced; each file is
+written to a temporary name and renamed, so a reader never sees half a file):
+
+    iteration, index, seed, group_id, return, rewards (per turn), success, done,
+    truncated, failed, end_reason, failure, failure_kind, invalid_actions, noop_actions,
+    info (the env's info of the last step, e.g. `intake`'s rubric components),
+    why (why it was kept: "failed", "truncated", "highest_return", "lowest_return",
+    "sample"), system_prompt, and
+    segments: [{kind: "prompt" | "policy" | "observation", turn, text, tokens}, ...]
+      where a policy segment also has, per token: `pieces` (each token's text),
+      `advantage`, `logp` (the trainer's log-prob before the update), `rollout_logp`
+      (the sampler's), `ratio` = exp(logp - rollout_logp), `entropy` (the trainer's
+      next-token entropy), and `loss_mask` (0 where the update ignores the token).
+
+Which episodes (`select_for_store`): the failed ones, the truncated ones, the highest-
+and the lowest-return one (in that order of priority), then one of each task group
+not yet in, then the rest, up to `per_iteration`. The store is bounded: once the run's files total
+`max_mb`, later iterations are not stored (`write` returns False and the trainer says
+so once). Resume: the byte count restarts from what is on disk.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from jaxagent.train.metrics import jsonable
+
+#: the per-token signals of a policy segment, in the order the viewer offers them
+SIGNALS = ("advantage", "logp", "rollout_logp", "ratio", "entropy")
+
+
+def select_for_store(episodes: Sequence, n: int) -> list[tuple[int, str]]:
+    """`(index, why)` of up to `n` episodes to store (module docstring)."""
+    if n <= 0 or not episodes:
+        return []
+    returns = [sum(ep.rewards) for ep in episodes]
+    chosen: dict[int, str] = {}
+
+    def take(i: int, why: str) -> None:
+        if len(chosen) < n and i not in chosen:
+            chosen[i] = why
+
+    for i, ep in enumerate(episodes):
+        if ep.failed:
+            take(i, "failed")
+    for i, ep in enumerate(episodes):
+        if ep.truncated and not ep.failed:
+            take(i, "truncated")
+    live = [i for i, ep in enumerate(episodes) if not ep.failed]
+    if live:
+        take(max(live, key=lambda i: returns[i]), "highest_return")
+        take(min(live, key=lambda i: returns[i]), "lowest_return")
+    seen = {episodes[i].group_id for i in chosen}
+    for i, ep in enumerate(episodes):
+        if ep.group_id not in seen:
+            seen.add(ep.group_id)
+            take(i, "sample")
+    for i in range(len(episodes)):
+        take(i, "sample")
+    return list(chosen.items())
+
+
+def _floats(values) -> list:
+    return [round(float(v), 6) if math.isfinite(float(v)) else None for v in values]
+
+
+def episode_record(ep, *, iteration: int, why: str, tokenizer, signals: dict | None = None) -> dict:
+    """One stored episode (module docstring). `signals` maps each name of `SIGNALS` and
+    `loss_mask` to this episode's row, aligned with `ep.tokens` (None: no signals)."""
+    segments, pos, turn = [], 0, 0
+    for kind, toks in ep.segments:
+        toks = [int(t) for t in toks]
+        seg = {"kind": kind, "turn": turn, "tokens": toks, "text": tokenizer.decode(toks)}
+        if kind == "policy":
+            seg["pieces"] = [tokenizer.decode([t]) for t in toks]
+            if signals is not None:
+                for name, row in signals.items():
+                    seg[name] = _floats(np.asarray(row)[pos:pos + len(toks)])
+            turn += 1
+        segments.append(seg)
+        pos += len(toks)
+    return jsonable({
+        "iteration": int(iteration), "index": int(ep.index), "seed": ep.seed, "group_id": int(ep.group_id),
+        "return": float(sum(ep.rewards)), "rewards": [float(r) for r in ep.rewards], "success": bool(ep.success),
+        "done": bool(ep.done), "truncated": bool(ep.truncated), "failed": bool(ep.failed),
+        "end_reason": ep.end_reason, "failure": ep.failure, "failure_kind": ep.failure_kind,
+        "invalid_actions": int(ep.invalid_actions), "noop_actions": int(ep.noop_actions),
+        "info": ep.info, "why": why, "system_prompt": ep.system_prompt, "segments": segments})
+
+
+class EpisodeStore:
+    """Writes the episode store of a run (module docstring).
+
+    Args:
+      run_dir: the run's directory; files go to `<run_dir>/episodes/`.
+      per_iteration: episodes stored per iteration (0 = none).
+      max_mb: the most the run's store may hold on disk, in MiB.
+    """
+
+    def __init__(self, run_dir, *, per_iteration: int = 8, max_mb: float = 64.0):
+        if not isinstance(per_iteration, int) or isinstance(per_iteration, bool) or per_iteration < 0:
+            raise ValueError(f"per_iteration must be an int >= 0, got {per_iteration!r}")
+        if isinstance(max_mb, bool) or not isinstance(max_mb, (int, float)) or not max_mb > 0:
+            raise ValueError(f"max_mb must be a number > 0, got {max_mb!r}")
+        self.dir = Path(run_dir) / "episodes"
+        self.per_iteration = per_iteration
+        self.max_bytes = int(max_mb * 2 ** 20)
+        self.full = False
+
+    def path(self, iteration: int) -> Path:
+        return self.dir / f"iter_{int(iteration):06d}.jsonl"
+
+    def used_bytes(self, *, besides: Path | None = None) -> int:
+        if not self.dir.is_dir():
+            return 0
+        return sum(p.stat().st_size for p in self.dir.glob("iter_*.jsonl") if p != besides)
+
+    def write(self, iteration: int, episodes: Sequence, tokenizer, signals: dict | None = None,
+              rows: Sequence[int] | None = None) -> bool:
+        """Stores iteration `iteration`'s chosen episodes; False when the store is full
+        (nothing written). `signals[name]` is a `[B, T]` array of the batch, and episode
+        `i` is its row `rows[i]` (default `i`)."""
+        if self.full:
+            return False
+        chosen = select_for_store(episodes, self.per_iteration)
+        if not chosen:
+            return True
+        lines = []
+        for i, why in chosen:
+            row = i if rows is None else int(rows[i])
+            sig = None if signals is None else {k: np.asarray(v)[row] for k, v in signals.items()}
+            rec = episode_record(episodes[i], iteration=iteration, why=why, tokenizer=tokenizer, signals=sig)
+            lines.append(json.dumps(rec, ensure_ascii=False, allow_nan=False))
+        data = ("\n".join(lines) + "\n").encode("utf-8")
+        path = self.path(iteration)
+        if self.used_bytes(besides=path) + len(data) > self.max_bytes:
+            self.full = True
+            return False
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_bytes(data)
+        tmp.replace(path)
+        return True
+
+
+def read_store(run_dir) -> list[dict]:
+    """Every stored episode of a run, in iteration order (a line that is not valid JSON,
+    e.g. of a file another tool truncated, is an error naming the file and line)."""
+    out = []
+    for path in sorted((Path(run_dir) / "episodes").glob("iter_*.jsonl")):
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{n}: not valid JSON ({err})") from None
+    return out

@@ -1,0 +1,126 @@
+"""The episode store (`jaxagent.train.episodes`): which episodes are kept, its size
+bound, and a real run's stored tokens and per-token signals against the episodes and
+against a float64 NumPy pass over the policy's own parameters."""
+import json
+import types
+
+import jax
+import numpy as np
+import pytest
+
+from jaxagent import models as M
+from jaxagent.train.episodes import EpisodeStore, read_store, select_for_store
+from test_train_loop import VARIED, config
+from train_testlib import host
+
+
+def fake(index, group, rewards, failed=False, truncated=False):
+    return types.SimpleNamespace(index=index, group_id=group, rewards=rewards, failed=failed, truncated=truncated)
+
+
+def test_selection_keeps_failed_truncated_and_the_extremes_first():
+    eps = [fake(0, 0, [0.2]), fake(1, 0, [0.9]), fake(2, 1, [0.5], truncated=True), fake(3, 1, [0.0]),
+           fake(4, 2, [0.1], failed=True), fake(5, 2, [0.3]), fake(6, 3, [0.4])]
+    assert select_for_store(eps, 4) == [(4, "failed"), (2, "truncated"), (1, "highest_return"),
+                                        (3, "lowest_return")]
+    # then the first episode of each group not yet in (group 3), then the rest in order
+    assert select_for_store(eps, 7)[4:] == [(6, "sample"), (0, "sample"), (5, "sample")]
+    assert select_for_store(eps, 2) == [(4, "failed"), (2, "truncated")]
+    assert select_for_store(eps, 0) == [] and select_for_store([], 3) == []
+
+
+class _Tok:
+    def decode(self, ids):
+        return "".join(chr(65 + i % 26) for i in ids)
+
+
+def test_the_store_is_bounded_and_atomic(tmp_path):
+    ep = types.SimpleNamespace(index=0, seed=1, group_id=0, rewards=[1.0], success=True, done=True, truncated=False,
+                               failed=False, end_reason="terminated", failure="", failure_kind="", invalid_actions=0,
+                               noop_actions=0, info={"x": np.float32(1.5)}, system_prompt=None,
+                               segments=[("prompt", [1, 2]), ("policy", [3, 4]), ("observation", [5])])
+    store = EpisodeStore(tmp_path, per_iteration=2, max_mb=1.0)
+    assert store.write(1, [ep], _Tok())
+    size = store.path(1).stat().st_size
+    (rec,) = read_store(tmp_path)
+    assert [s["text"] for s in rec["segments"]] == ["BC", "DE", "F"] and rec["segments"][1]["pieces"] == ["D", "E"]
+    assert rec["info"] == {"x": 1.5} and rec["why"] == "highest_return"
+    # rewriting an iteration replaces its file and does not count twice
+    store.max_bytes = size + 10
+    assert store.write(1, [ep], _Tok()) and store.write(1, [ep], _Tok())
+    assert not store.write(2, [ep], _Tok()) and store.full and not store.path(2).exists()
+    assert not store.write(3, [ep], _Tok())  # full stays full
+    assert not list((tmp_path / "episodes").glob("*.tmp"))
+    with pytest.raises(ValueError, match="per_iteration"):
+        EpisodeStore(tmp_path, per_iteration=-1)
+    with pytest.raises(ValueError, match="max_mb"):
+        EpisodeStore(tmp_path, max_mb=0)
+    store.path(4).write_text('{"a": 1}\n{"b": \n')
+    with pytest.raises(ValueError, match=r"iter_000004.jsonl:2: not valid JSON"):
+        read_store(tmp_path)
+
+
+def _log_softmax64(logits):
+    z = np.asarray(logits, np.float64)
+    z = z - z.max(-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+
+def test_a_real_run_stores_its_episodes_tokens_and_signals(tmp_path):
+    from jaxagent.train.trainer import Trainer
+    cfg = config(tmp_path / "run", *VARIED, "iterations=1", "logging.episodes_per_iteration=5")
+    trainer = Trainer(cfg, log=lambda *_: None)
+    params = host(trainer.state.params)   # iteration 1 plays and scores with these (no warm start)
+    trainer.run()
+    recs = read_store(tmp_path / "run")
+    assert len(recs) == 5 and {r["iteration"] for r in recs} == {1}
+    by_index = {ep.index: ep for ep in trainer.last_episodes}
+    whys = [r["why"] for r in recs]
+    assert "highest_return" in whys and "lowest_return" in whys
+    rets = [sum(ep.rewards) for ep in trainer.last_episodes]
+    assert max(r["return"] for r in recs) == pytest.approx(max(rets))
+    assert min(r["return"] for r in recs) == pytest.approx(min(rets))
+    mc = trainer.model_config
+    forward = jax.jit(lambda p, t: M.forward(p, mc, t))
+    policy_tokens = 0
+    for rec in recs:
+        ep = by_index[rec["index"]]
+        tokens = [t for s in rec["segments"] for t in s["tokens"]]
+        assert tokens == ep.tokens
+        # each turn's text is the whole turn as sampled (special tokens shown); its action
+        # is that without special tokens
+        policy = [s for s in rec["segments"] if s["kind"] == "policy"]
+        assert [s["turn"] for s in policy] == list(range(len(ep.actions)))
+        for seg, action in zip(policy, ep.actions):
+            assert seg["text"] == trainer.tokenizer.decode(seg["tokens"])
+            assert action == trainer.tokenizer.decode(seg["tokens"], skip_special_tokens=True)
+        assert rec["rewards"] == ep.rewards and rec["seed"] == ep.seed
+        logp_ref = _log_softmax64(np.asarray(forward(params, np.asarray([tokens], np.int32)))[0])
+        pos = 0
+        for seg in rec["segments"]:
+            n = len(seg["tokens"])
+            if seg["kind"] == "policy":
+                for j in range(n):
+                    t = pos + j
+                    ref = logp_ref[t - 1]
+                    assert seg["rollout_logp"][j] == pytest.approx(ep.logp[t], abs=1e-6)
+                    assert seg["logp"][j] == pytest.approx(ref[tokens[t]], abs=2e-4)
+                    assert seg["entropy"][j] == pytest.approx(-(np.exp(ref) * ref).sum(), abs=2e-4)
+                    assert seg["ratio"][j] == pytest.approx(np.exp(seg["logp"][j] - seg["rollout_logp"][j]), rel=1e-5)
+                    assert seg["ratio"][j] == pytest.approx(1.0, abs=1e-3)  # on-policy: sampler = trainer
+                    assert seg["loss_mask"][j] == 1.0
+                # GRPO: one advantage per episode, on every one of its tokens
+                assert len(set(seg["advantage"])) == 1
+                policy_tokens += n
+            pos += n
+    assert policy_tokens > 0
+    # the file is JSON lines a browser's JSON.parse reads (no NaN, no Infinity)
+    for line in (tmp_path / "run" / "episodes" / "iter_000001.jsonl").read_text().splitlines():
+        json.loads(line, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+
+
+def test_the_store_can_be_switched_off(tmp_path):
+    from jaxagent.train.trainer import Trainer
+    cfg = config(tmp_path / "run", *VARIED, "iterations=1", "logging.episodes_per_iteration=0")
+    Trainer(cfg, log=lambda *_: None).run()
+    assert not (tmp_path / "run" / "episodes").exists()

@@ -181,6 +181,26 @@ def _plot(args) -> int:
     return 0
 
 
+def _view(args) -> int:
+    from jaxagent import view
+
+    try:
+        if args.out is not None:
+            print(view.write_site(args.run_dir, args.out))
+            return 0
+        view.serve(args.run_dir, port=args.port,
+                   ready=lambda url: print(f"jaxagent view: serving {url} (Ctrl-C stops)", flush=True))
+    except (FileNotFoundError, ValueError) as err:
+        print(f"jaxagent view: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:   # e.g. the port is taken
+        print(f"jaxagent view: error: cannot serve on port {args.port}: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="jaxagent", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -235,6 +255,17 @@ def main(argv: list[str] | None = None) -> int:
     plot.add_argument("--out", metavar="PNG", default=None,
                       help="output file (default RUN_DIR/learning_curves.png; several runs: comparison.png beside "
                            "the first)")
+    view = sub.add_parser("view", help="a web page of runs: learning curves and stored episodes with token signals",
+                          description="Show runs in the browser: their learning curves, and the episode store's "
+                                      "episodes (conversation, per-turn rewards, final info, policy tokens coloured "
+                                      "by advantage, log-probs, their ratio or entropy), two runs side by side. "
+                                      "Serves the page on --port (rebuilt on every load, so a running run shows "
+                                      "its newest iterations), or writes it as static files with --out.")
+    view.add_argument("run_dir", metavar="RUN_DIR", nargs="+", help="training run directories")
+    where = view.add_mutually_exclusive_group()
+    where.add_argument("--port", type=int, default=8765, help="serve on http://127.0.0.1:PORT/ (default 8765)")
+    where.add_argument("--out", metavar="DIR", default=None,
+                       help="write the page and its data to DIR (open DIR/index.html; no server needed)")
     from jaxagent import bench as bench_mod
 
     bench = sub.add_parser("bench", help="run a benchmark of the repository (generate, update, multiturn, "
@@ -260,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
         return _plot(args)
     if args.command == "eval":
         return _eval(args)
+    if args.command == "view":
+        return _view(args)
     if args.command == "export":
         return _export(args)
     if args.command == "bench":

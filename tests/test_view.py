@@ -1,0 +1,172 @@
+"""`jaxagent view`: the static site of a tiny real run, read back in Python and driven in
+headless Chromium (selenium; the OS packages `chromium` and `chromium-driver`, which
+`.ci/run` installs): open an episode, switch the colouring, compare the shown values
+with the stored ones, filter, and put two runs side by side."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from jaxagent import view
+from jaxagent.train.episodes import read_store
+from test_train_loop import VARIED, config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    from jaxagent.train.trainer import Trainer
+    d = tmp_path_factory.mktemp("view") / "run"
+    Trainer(config(d, *VARIED, "iterations=2", "logging.episodes_per_iteration=6"), log=lambda *_: None).run()
+    return d
+
+
+def _load_js(path: Path, call: str):
+    text = path.read_text(encoding="utf-8")
+    assert text.startswith(call + "(") and text.endswith(");\n")
+    return text[len(call) + 1:-3]
+
+
+def test_the_site_holds_the_runs_metrics_and_stored_episodes(run_dir, tmp_path):
+    index = view.write_site([run_dir], tmp_path / "site")
+    assert index.name == "index.html" and (tmp_path / "site" / "viewer.js").is_file()
+    runs = json.loads(_load_js(tmp_path / "site" / "data" / "runs.js", "JAXAGENT.setRuns"))
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert runs[0]["metrics"] == metrics and runs[0]["id"] == "run0"
+    stored = read_store(run_dir)
+    assert sorted(runs[0]["iterations"]) == ["1", "2"]
+    assert sum(len(v) for v in runs[0]["iterations"].values()) == len(stored) == 12
+    body = _load_js(tmp_path / "site" / "data" / "run0" / "iter_2.js", "JAXAGENT.loaded")
+    run_id, it, episodes = json.loads(f"[{body}]")
+    assert (run_id, it) == ("run0", 2) and episodes == [r for r in stored if r["iteration"] == 2]
+    # nothing of the page comes from outside the site
+    for name in view.STATIC_FILES:
+        text = (tmp_path / "site" / name).read_text()
+        assert "http://" not in text.replace("http://www.w3.org/2000/svg", "") and "https://" not in text
+
+
+def test_bad_run_directories_are_named(tmp_path):
+    with pytest.raises(view.ViewError, match="no such run directory"):
+        view.write_site([tmp_path / "nope"], tmp_path / "site")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(view.ViewError, match="neither metrics.jsonl nor an episode store"):
+        view.write_site([tmp_path / "empty"], tmp_path / "site")
+    assert not (tmp_path / "site").exists()   # nothing written when a run cannot be read
+    out = subprocess.run([sys.executable, "-m", "jaxagent", "view", str(tmp_path / "nope"), "--out",
+                          str(tmp_path / "site")], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 2 and "jaxagent view: error:" in out.stderr and "nope" in out.stderr
+
+
+def test_serve_rebuilds_the_site_on_every_page_load(run_dir, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    urls = []
+    thread = threading.Thread(target=view.serve, args=([copy],), kwargs={"port": 0, "ready": urls.append},
+                              daemon=True)
+    thread.start()
+    for _ in range(100):
+        if urls:
+            break
+        time.sleep(0.05)
+    url = urls[0]
+    assert b"viewer.js" in urllib.request.urlopen(url, timeout=10).read()
+    first = urllib.request.urlopen(url + "data/runs.js", timeout=10).read()
+    with (copy / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"iteration": 3, "success_rate": 0.5}) + "\n")
+    urllib.request.urlopen(url, timeout=10).read()
+    second = urllib.request.urlopen(url + "data/runs.js", timeout=10).read()
+    assert second != first and b'"iteration": 3' in second
+
+
+# ---------------------------------------------------------------------------- in a browser
+def _driver():
+    from selenium import webdriver   # a test dependency (pyproject's `test` extra)
+    binary = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver_path = shutil.which("chromedriver")
+    if not binary or not driver_path:
+        if os.environ.get("JAXAGENT_BROWSER") == "require":
+            pytest.fail("JAXAGENT_BROWSER=require but chromium or chromedriver is not on PATH")
+        pytest.skip("headless Chromium is not installed (apt-get install chromium chromium-driver; .ci/run does)")
+    from selenium.webdriver.chrome.service import Service
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = binary
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--allow-file-access-from-files", "--window-size=1400,1000"):
+        opts.add_argument(arg)
+    return webdriver.Chrome(service=Service(driver_path), options=opts)
+
+
+def test_the_page_in_headless_chromium(run_dir, tmp_path):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    other = tmp_path / "other"
+    shutil.copytree(run_dir, other)
+    index = view.write_site([run_dir, other], tmp_path / "site")
+    stored = [r for r in read_store(run_dir) if r["iteration"] == 2]
+    driver = _driver()
+    try:
+        driver.get(index.as_uri())
+        wait = WebDriverWait(driver, 20)
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#pane0 tr.episode-row"))
+        assert driver.execute_script("return window.JAXAGENT.state.runs.length") == 2
+        # the curves: one chart per metric present, a line per run
+        titles = [c.get_attribute("data-title") for c in driver.find_elements(By.CSS_SELECTOR, ".chart")]
+        assert "training success" in titles and "entropy" in titles
+        chart = driver.find_element(By.CSS_SELECTOR, '.chart[data-title="training success"]')
+        assert len(chart.find_elements(By.CSS_SELECTOR, "polyline")) == 2
+        # both panes show the last iteration's stored episodes
+        for k in (0, 1):
+            rows = driver.find_elements(By.CSS_SELECTOR, f"#pane{k} tr.episode-row")
+            assert sorted(int(r.get_attribute("data-index")) for r in rows) == sorted(r["index"] for r in stored)
+        Select(driver.find_element(By.CSS_SELECTOR, "#pane1 .run-select")).select_by_index(1)
+        # open the first episode; its policy tokens carry the stored advantages
+        rec = stored[0]
+        driver.find_element(By.CSS_SELECTOR, f'#pane0 tr.episode-row[data-index="{rec["index"]}"]').click()
+        policy = [s for s in rec["segments"] if s["kind"] == "policy"]
+
+        def shown():
+            spans = driver.find_elements(By.CSS_SELECTOR, "#pane0 .segment.policy .tok")
+            return [float(s.get_attribute("data-value")) for s in spans]
+
+        wait.until(lambda d: len(shown()) == sum(len(s["tokens"]) for s in policy))
+        assert shown() == pytest.approx([v for s in policy for v in s["advantage"]], abs=1e-9)
+        for signal in ("logp", "entropy", "ratio"):
+            Select(driver.find_element(By.CSS_SELECTOR, "#pane0 .signal-select")).select_by_value(signal)
+            want = [v for s in policy for v in s[signal]]
+            wait.until(lambda d: shown() == pytest.approx(want, abs=1e-9))
+        # hovering a token shows every signal of it
+        first = driver.find_element(By.CSS_SELECTOR, "#pane0 .segment.policy .tok")
+        ActionChains(driver).move_to_element(first).perform()
+        tip = driver.find_element(By.ID, "tooltip")
+        wait.until(lambda d: tip.is_displayed())
+        text = tip.text
+        assert f"id {policy[0]['tokens'][0]}" in text
+        # the page prints a value as JavaScript's +v.toFixed(5)
+        entropy = float(f"{policy[0]['entropy'][0]:.5f}")
+        assert f"entropy      {entropy!r}" in text
+        # per-turn rewards and the episode's header
+        heads = [h.text for h in driver.find_elements(By.CSS_SELECTOR, "#pane0 .turn-head")]
+        assert len(heads) == len(policy) and all("reward" in h for h in heads)
+        # a return filter that excludes everything, then one that keeps the best only
+        best = max(r["return"] for r in stored)
+        box = driver.find_element(By.CSS_SELECTOR, "#pane0 .filter-min")
+        box.send_keys(str(best + 1))
+        wait.until(lambda d: not d.find_elements(By.CSS_SELECTOR, "#pane0 tr.episode-row"))
+        box.clear()
+        box.send_keys(repr(best))
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#pane0 tr.episode-row"))
+                   == sum(r["return"] >= best for r in stored))
+        driver.save_screenshot(str(tmp_path / "page.png"))
+        assert (tmp_path / "page.png").stat().st_size > 10_000
+    finally:
+        driver.quit()

@@ -205,6 +205,13 @@ def build_run(config: TrainerConfig, *, resume: bool = False, log=print) -> Run:
 
         require_checkpoints(config.run_dir)
     check_env(config)
+    if config.logging.trackers:  # a missing tracker package is named before anything is compiled
+        from jaxagent.train.trackers import check_available
+
+        try:
+            check_available(config.logging.trackers)
+        except ValueError as err:
+            raise ConfigError(f"logging.trackers: {err}") from None
     dist = config.distributed
     par.initialize(dist.coordinator_address, dist.num_processes, dist.process_id,
                    auto=True if dist.auto else None)
@@ -235,3 +242,17 @@ def build_run(config: TrainerConfig, *, resume: bool = False, log=print) -> Run:
 
 def _silent(*_, **__) -> None:
     return None
+
+
+def trackers(config, run_dir) -> list:
+    """The run's experiment trackers besides TensorBoard (`logging.trackers`), each
+    given the flattened training config."""
+    lc = config.logging
+    if not lc.trackers:
+        return []
+    from jaxagent.config import to_dict
+    from jaxagent.train.trackers import flatten, make_trackers
+
+    options = {"wandb": {"project": lc.wandb_project, "mode": lc.wandb_mode},
+               "mlflow": {"tracking_uri": lc.mlflow_tracking_uri, "experiment": lc.mlflow_experiment}}
+    return make_trackers(lc.trackers, run_dir, config=flatten(to_dict(config)), options=options)

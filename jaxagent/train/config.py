@@ -451,6 +451,12 @@ class LoggingSection:
     episodes_per_iteration, episodes_max_mb: the episode store (`jaxagent.train.episodes`):
       that many episodes of each iteration, with tokens, texts, rewards and per-token
       signals, in `<run_dir>/episodes/` (0 = off), at most `episodes_max_mb` MiB a run.
+    trackers: experiment trackers besides TensorBoard that get every scalar
+      (`jaxagent.train.trackers`): `wandb` and/or `mlflow` (their extras must be installed).
+    wandb_project, wandb_mode: the W&B project, and `offline` (files in
+      `<run_dir>/wandb/`, `wandb sync` uploads them) or `online`.
+    mlflow_tracking_uri, mlflow_experiment: where MLflow records the run (null: the file
+      store `<run_dir>/mlruns`) and under which experiment.
     """
 
     tensorboard: bool = True
@@ -461,8 +467,24 @@ class LoggingSection:
     collapse_window: int = 3
     episodes_per_iteration: int = 8
     episodes_max_mb: float = 64.0
+    trackers: tuple[str, ...] = ()
+    wandb_project: str = "jaxagent"
+    wandb_mode: str = "offline"
+    mlflow_tracking_uri: str | None = None
+    mlflow_experiment: str = "jaxagent"
 
     def __post_init__(self):
+        from jaxagent.train.trackers import KNOWN
+
+        object.__setattr__(self, "trackers", tuple(self.trackers))
+        for name in self.trackers:
+            if name not in KNOWN or name == "tensorboard":
+                raise ValueError(f"trackers: unknown tracker {name!r} (known: wandb, mlflow; TensorBoard is "
+                                 "logging.tensorboard)")
+        if len(set(self.trackers)) != len(self.trackers):
+            raise ValueError(f"trackers: {list(self.trackers)} names a tracker twice")
+        if self.wandb_mode not in ("offline", "online"):
+            raise ValueError(f"wandb_mode must be 'offline' or 'online', got {self.wandb_mode!r}")
         _check_int("episodes_per_iteration", self.episodes_per_iteration, 0)
         if not (isinstance(self.episodes_max_mb, (int, float)) and not isinstance(self.episodes_max_mb, bool)
                 and math.isfinite(self.episodes_max_mb) and self.episodes_max_mb > 0):

@@ -21,10 +21,9 @@ Per `log_iteration(metrics, episodes)`:
 Robustness: logging never stops training. A sink that raises (a full disk, a closed
 stream, tensorboardX missing) is reported once with `warnings.warn` and the run goes
 on; TensorBoard is then switched off for the run, the other sinks keep trying.
-Events are written synchronously with tensorboardX's `EventsWriter` (the record format
-of `tensorboardX.SummaryWriter`, without its writer thread): `SummaryWriter` queues
-events for a background thread, and if that thread dies on a write error its bounded
-queue fills and the next `add_scalar` blocks the training loop forever.
+The sinks of scalars are trackers (`jaxagent.train.trackers`): TensorBoard (through
+tensorboardX's public `FileWriter`), and optionally Weights & Biases and MLflow; a
+tracker that raises is switched off for the run and reported once.
 
 Resume: re-opening a run_dir keeps everything there. A new event file is added next
 to the old ones (TensorBoard reads them all); when event files already exist, the new
@@ -36,7 +35,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import os
 import sys
 import time
 import warnings
@@ -187,42 +185,6 @@ def numeric_items(metrics: dict) -> Iterable[tuple[str, float]]:
         yield key, float(value)
 
 
-# ----------------------------------------------------------------------------- TensorBoard
-class _EventFile:
-    """Synchronous TensorBoard event file (tensorboardX's record format and protos)."""
-
-    def __init__(self, directory: Path, purge_from: int | None):
-        from tensorboardX.event_file_writer import EventsWriter
-        from tensorboardX.proto import event_pb2
-
-        self._event_pb2 = event_pb2
-        directory.mkdir(parents=True, exist_ok=True)
-        # EventsWriter names files events.out.tfevents.<seconds>.<host><suffix> and opens
-        # them "wb": a suffix keeps a reopen within the same second from truncating one
-        n = 0
-        while True:
-            suffix = f".{os.getpid()}.{n}"
-            if not any(p.name.endswith(suffix) for p in directory.glob("events.out.tfevents.*")):
-                break
-            n += 1
-        self._writer = EventsWriter(str(directory / "events"), suffix)
-        self.path = Path(self._writer._file_name)
-        if purge_from is not None:
-            self._writer.write_event(event_pb2.Event(
-                wall_time=time.time(), step=int(purge_from),
-                session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
-
-    def scalars(self, step: int, values: Iterable[tuple[str, float]]) -> None:
-        from tensorboardX.proto.summary_pb2 import Summary
-
-        summary = Summary(value=[Summary.Value(tag=tag, simple_value=v) for tag, v in values])
-        self._writer.write_event(self._event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary))
-        self._writer.flush()
-
-    def close(self) -> None:
-        self._writer.close()
-
-
 # ----------------------------------------------------------------------------- the logger
 class RunLogger:
     """TensorBoard scalars, a progress line and transcripts of a run (module docstring).
@@ -231,6 +193,8 @@ class RunLogger:
       run_dir: the run's directory (created if missing; existing content is kept).
       total_iterations: the run's length, for the progress bar and the ETA.
       tensorboard: write event files under `<run_dir>/tensorboard/`.
+      trackers: more trackers (`jaxagent.train.trackers`: W&B, MLflow) that get the
+        same scalars.
       progress: draw the progress line on `stream`.
       stream: where the progress line goes (default stderr, so stdout stays clean).
       transcripts_every: write transcripts when `iteration % transcripts_every == 0`
@@ -239,7 +203,8 @@ class RunLogger:
     """
 
     def __init__(self, run_dir, *, total_iterations: int, tensorboard: bool = True, progress: bool = True,
-                 stream: TextIO | None = None, transcripts_every: int = 1, transcripts_per_iteration: int = 2):
+                 stream: TextIO | None = None, transcripts_every: int = 1, transcripts_per_iteration: int = 2,
+                 trackers: Sequence = ()):
         if transcripts_every < 0 or transcripts_per_iteration < 0:
             raise ValueError("transcripts_every and transcripts_per_iteration must be >= 0")
         self.run_dir = Path(run_dir)
@@ -251,7 +216,10 @@ class RunLogger:
         self.transcripts_per_iteration = transcripts_per_iteration
         self.tensorboard_dir = self.run_dir / "tensorboard"
         self.transcripts_dir = self.run_dir / "transcripts"
-        self._events: _EventFile | None = None
+        from jaxagent.train.trackers import TensorBoardTracker
+
+        #: the scalar sinks still on (a tracker that raised is dropped)
+        self.trackers = ([TensorBoardTracker(self.run_dir)] if tensorboard else []) + list(trackers)
         self._warned: set[str] = set()
         self._tty = _isatty(self.stream)
         self._bar = ""            # the progress line now on a terminal ("" = none drawn)
@@ -272,8 +240,10 @@ class RunLogger:
         iteration = metrics.get("iteration", len(self._durations))
         if isinstance(iteration, numbers.Integral):
             iteration = int(iteration)
-        if self.tensorboard:
-            self._guard("tensorboard", self._write_scalars, iteration, metrics, disable="tensorboard")
+        if self.trackers:
+            items = [(scalar_tag(k), v) for k, v in numeric_items(metrics)]
+            for tracker in list(self.trackers):
+                self._guard(tracker.name, tracker.scalars, iteration, items, disable=tracker)
         if (episodes and self.transcripts_every and self.transcripts_per_iteration
                 and isinstance(iteration, int) and iteration % self.transcripts_every == 0):
             self._guard("transcripts", self._write_transcripts, iteration, metrics, episodes)
@@ -305,9 +275,9 @@ class RunLogger:
         self._closed = True
         if self._tty and self._bar:
             self._guard("progress", lambda: (self.stream.write("\n"), self.stream.flush()))
-        if self._events is not None:
-            self._guard("tensorboard", self._events.close)
-            self._events = None
+        for tracker in self.trackers:
+            self._guard(tracker.name, tracker.close)
+        self.trackers = []
 
     def __enter__(self) -> "RunLogger":
         return self
@@ -316,12 +286,6 @@ class RunLogger:
         self.close()
 
     # ------------------------------------------------------------------ sinks
-    def _write_scalars(self, iteration, metrics: dict) -> None:
-        if self._events is None:
-            existing = self.tensorboard_dir.is_dir() and any(self.tensorboard_dir.glob("*tfevents*"))
-            self._events = _EventFile(self.tensorboard_dir, purge_from=iteration if existing else None)
-        self._events.scalars(iteration, ((scalar_tag(k), v) for k, v in numeric_items(metrics)))
-
     def _write_transcripts(self, iteration: int, metrics: dict, episodes: Sequence) -> None:
         chosen = select_episodes(episodes, self.transcripts_per_iteration)
         head = (f"iteration {iteration}: {len(chosen)} of {len(episodes)} episodes | "
@@ -346,20 +310,25 @@ class RunLogger:
         self.stream.flush()
 
     # ------------------------------------------------------------------ robustness
-    def _guard(self, sink: str, fn, *args, disable: str | None = None) -> None:
+    def _guard(self, sink: str, fn, *args, disable=None) -> None:
         try:
             fn(*args)
         except Exception as err:  # logging must never stop training
-            self._warn(sink, err)
-            if disable == "tensorboard":
-                self.tensorboard = False
-                self._events = None
+            self._warn(sink, err, off=disable is not None)
+            if disable is not None:
+                if disable in self.trackers:
+                    self.trackers.remove(disable)
+                try:
+                    disable.close()
+                except Exception:
+                    pass
+                self.tensorboard = self.tensorboard and disable.name != "tensorboard"
 
-    def _warn(self, sink: str, err: BaseException) -> None:
+    def _warn(self, sink: str, err: BaseException, off: bool = False) -> None:
         if sink in self._warned:
             return
         self._warned.add(sink)
-        what = "switched off for this run" if sink == "tensorboard" else "training continues"
+        what = "switched off for this run" if off else "training continues"
         warnings.warn(f"RunLogger: {sink} logging failed ({type(err).__name__}: {err}); {what}",
                       RuntimeWarning, stacklevel=3)
 

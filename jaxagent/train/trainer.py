@@ -188,7 +188,8 @@ class Trainer:
             lc = cfg.logging
             run_log = RunLogger(self.run_dir, total_iterations=cfg.iterations, tensorboard=lc.tensorboard,
                                 progress=lc.progress, transcripts_every=lc.transcripts_every,
-                                transcripts_per_iteration=lc.transcripts_per_iteration)
+                                transcripts_per_iteration=lc.transcripts_per_iteration,
+                                trackers=build.trackers(cfg, self.run_dir))
         graceful = not self.placement.multi_process   # several processes must stop at the same iteration
         if self.iteration < cfg.iterations:   # the first line otherwise comes only after compilation
             say = run_log.message if run_log is not None else self.log

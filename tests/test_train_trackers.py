@@ -1,0 +1,120 @@
+"""Experiment trackers (`jaxagent.train.trackers`): MLflow's local file store and W&B's
+offline mode, each read back after a real training run and after a resume; a failing
+tracker is switched off, and a missing one is a config error naming its extra."""
+import sys
+import types
+import warnings
+
+import pytest
+
+from jaxagent.config import ConfigError
+from jaxagent.train.logging import RunLogger
+from jaxagent.train.trackers import WandbTracker, check_available, flatten
+from test_train_loop import VARIED, config
+
+
+def test_flatten_gives_dotted_keys():
+    assert flatten({"a": {"b": 1, "c": {"d": [1, 2]}}, "e": {}, "f": None}) == {
+        "a.b": 1, "a.c.d": [1, 2], "e": {}, "f": None}
+
+
+def test_mlflow_records_a_run_and_its_resume(tmp_path):
+    pytest.importorskip("mlflow")
+    from jaxagent.train.trainer import Trainer
+    run = tmp_path / "run"
+    Trainer(config(run, *VARIED, "iterations=2", "logging.trackers=[mlflow]"), log=lambda *_: None).run()
+    Trainer(config(run, *VARIED, "iterations=3", "logging.trackers=[mlflow]"), resume=True, log=lambda *_: None).run()
+    from mlflow.tracking import MlflowClient
+    client = MlflowClient(tracking_uri=(run / "mlruns").resolve().as_uri())
+    run_id = (run / "mlflow_run_id").read_text().strip()
+    got = client.get_run(run_id)
+    assert got.info.status == "FINISHED"
+    assert got.data.params["optim.lr"] == "0.001" and got.data.params["env.name"] == "testing/faulty"
+    history = client.get_metric_history(run_id, "train/success_rate")
+    import json
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert sorted((m.step, m.value) for m in history) == [(m["iteration"], pytest.approx(m["success_rate"]))
+                                                           for m in metrics]
+    assert len(client.search_runs([got.info.experiment_id])) == 1   # the resume continued the same run
+
+
+class _FakeRun:
+    def __init__(self, calls):
+        self.calls = calls
+
+    def log(self, data, step):
+        self.calls.append(("log", step, dict(data)))
+
+    def finish(self):
+        self.calls.append(("finish",))
+
+
+def test_wandb_tracker_calls_and_a_real_offline_run(tmp_path, monkeypatch):
+    # what the tracker asks of wandb (a stand-in module records it) ...
+    calls = []
+    fake = types.SimpleNamespace(
+        init=lambda **kw: (calls.append(("init", kw)), _FakeRun(calls))[1],
+        Settings=lambda **kw: kw)
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    t = WandbTracker(tmp_path / "a", config={"optim.lr": 1e-3})
+    t.scalars(3, [("train/x", 1.5)])
+    t.close()
+    init = calls[0][1]
+    run_id = (tmp_path / "a" / "wandb_run_id").read_text().strip()
+    assert init["mode"] == "offline" and init["id"] == run_id and len(run_id) == 8 and init["resume"] == "allow"
+    assert init["config"] == {"optim.lr": 1e-3} and init["dir"] == str(tmp_path / "a")
+    assert calls[1:] == [("log", 3, {"train/x": 1.5}), ("finish",)]
+    # a second tracker of the same run dir (a resume) continues the same W&B run
+    WandbTracker(tmp_path / "a", config={}).close()
+    assert calls[3][1]["id"] == run_id
+    monkeypatch.undo()
+    # ... and the real package in offline mode: a run's files, no network
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    from jaxagent.train.trainer import Trainer
+    run = tmp_path / "run"
+    Trainer(config(run, *VARIED, "iterations=2", "logging.trackers=[wandb]"), log=lambda *_: None).run()
+    run_id = (run / "wandb_run_id").read_text().strip()
+    (offline,) = list((run / "wandb").glob(f"offline-run-*-{run_id}"))
+    data = offline / f"run-{run_id}.wandb"
+    assert data.stat().st_size > 0 and b"train/success_rate" in data.read_bytes()
+
+
+def test_a_failing_tracker_is_switched_off_with_one_warning(tmp_path):
+    class Broken:
+        name = "broken"
+        closed = False
+
+        def scalars(self, step, items):
+            raise OSError("disk full")
+
+        def close(self):
+            Broken.closed = True
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with RunLogger(tmp_path, total_iterations=3, tensorboard=False, progress=False,
+                       trackers=[Broken()]) as log:
+            for i in (1, 2, 3):
+                log.log_iteration({"iteration": i, "reward_mean": 1.0})
+            assert log.trackers == []
+    msgs = [str(w.message) for w in caught if "broken" in str(w.message)]
+    assert len(msgs) == 1 and "disk full" in msgs[0] and "switched off" in msgs[0] and Broken.closed
+
+
+def test_tracker_config_errors(tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match="unknown tracker 'neptune'"):
+        config(tmp_path, "logging.trackers=[neptune]")
+    with pytest.raises(ValueError, match="names a tracker twice"):
+        config(tmp_path, "logging.trackers=[mlflow, mlflow]")
+    with pytest.raises(ValueError, match="wandb_mode"):
+        config(tmp_path, "logging.wandb_mode=cloud")
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    with pytest.raises(ValueError, match=r"pip install 'jaxagent\[wandb\]'"):
+        check_available(["wandb"])
+    from jaxagent.train.trainer import Trainer
+    with pytest.raises(ConfigError, match=r"logging.trackers: .*jaxagent\[wandb\]"):
+        Trainer(config(tmp_path / "run", *VARIED, "logging.trackers=[wandb]"), log=lambda *_: None)
+    assert not (tmp_path / "run").exists()

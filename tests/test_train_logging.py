@@ -165,13 +165,20 @@ def test_progress_bar_on_a_terminal_redraws_in_place(tmp_path):
     del m["kl"]
     m["approx_kl"] = 0.005
     with RunLogger(tmp_path, total_iterations=2, stream=stream, tensorboard=False) as log:
+        log.phase("iteration 1: rollout (compiling)")
+        assert "iter 0/2 | now: iteration 1: rollout (compiling)" in stream.getvalue()
         log.log_iteration(m)
+        log.phase("iteration 2: update")
         log.log_iteration(metrics(2))
-        assert "\n" not in stream.getvalue() and stream.getvalue().count("\r") == 2
+        # drawn in place (tqdm): carriage returns, no new line yet
+        assert "\n" not in stream.getvalue() and stream.getvalue().count("\r") >= 4
+        assert "ETA ?" in stream.getvalue()                  # no ETA from the compiling iteration alone
         log.message("saved checkpoint 2")
         assert "saved checkpoint 2\n" in stream.getvalue()
     text = stream.getvalue()
     assert text.endswith("\n") and "approx_kl 0.0050" in text and "iter 2/2" in text and "done" in text
+    # the live line ends as the last iteration's line
+    assert text.rstrip("\n").split("\r")[-1].strip().startswith("iter 2/2")
 
 
 def test_format_progress_and_eta():
@@ -182,6 +189,8 @@ def test_format_progress_and_eta():
     log = RunLogger.__new__(RunLogger)
     log.total_iterations, log._durations = 10, [30.0, 2.0, 4.0]  # the first (compilation) is left out
     assert log.eta_seconds(4) == pytest.approx(6 * 3.0)
+    log._durations = [30.0]
+    assert log.eta_seconds(1) is None
 
 
 # ----------------------------------------------------------------------------- transcripts

@@ -31,10 +31,11 @@ from jaxagent.train.metrics import jsonable
 
 
 def evaluate_policy(loop, pool, params, *, episodes: int, first_seed: int, temperature: float,
-                    sampling_seed: int = 0, details: bool = False) -> dict:
+                    sampling_seed: int = 0, details: bool = False, progress=None) -> dict:
     """Success rate, mean return and turns of `params` (module docstring). With
     `details`, `per_episode` lists each episode's seed, success, return, turns, end
-    reason and the env's last info."""
+    reason and the env's last info. `progress(done, episodes)` is called after each
+    chunk (and with 0 before the first)."""
     if not isinstance(episodes, int) or isinstance(episodes, bool) or episodes < 1:
         raise ValueError(f"evaluate_policy: episodes must be a positive int, got {episodes!r}")
     t0 = time.perf_counter()
@@ -42,12 +43,16 @@ def evaluate_policy(loop, pool, params, *, episodes: int, first_seed: int, tempe
     sampling = dataclasses.replace(loop.config.sampling, temperature=float(temperature))
     B = len(pool)
     played = []
+    if progress is not None:
+        progress(0, episodes)
     for start in range(0, episodes, B):
         seeds = list(range(first_seed + start, first_seed + min(start + B, episodes)))
         k = len(seeds)
         seeds += [seeds[-1]] * (B - k)  # padding slots, dropped below
         _, eps = loop.run(pool, seeds, list(range(B)), seed=sampling_seed + start, sampling=sampling)
         played += eps[:k]
+        if progress is not None:
+            progress(len(played), episodes)
     ok = np.array([ep.success for ep in played])
     turns = max(sum(len(ep.rewards) for ep in played), 1)
     out = {"episodes": episodes, "success_rate": float(ok.mean()),
@@ -65,8 +70,37 @@ def evaluate_policy(loop, pool, params, *, episodes: int, first_seed: int, tempe
     return out
 
 
+class EvalProgress:
+    """`progress` for `evaluate_policy` on a terminal: a tqdm bar of episodes on `stream`
+    (stderr), removed when done; off a terminal it shows nothing. `label` names the
+    evaluation (e.g. "held-out evaluation before RL, greedy")."""
+
+    def __init__(self, label: str, stream=None):
+        import sys
+
+        self.label, self.stream = label, sys.stderr if stream is None else stream
+        self._bar = None
+        try:
+            self.enabled = bool(self.stream.isatty())
+        except Exception:
+            self.enabled = False
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        if self._bar is None:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, desc=self.label, unit="episode", file=self.stream, leave=False,
+                             dynamic_ncols=True)
+        self._bar.update(done - self._bar.n)
+        if done >= total:
+            self._bar.close()
+            self._bar = None
+
+
 def evaluate(config, loop, pool, params, *, episodes: int | None = None, first_seed: int | None = None,
-             temperature: float | None = None, details: bool = False) -> dict:
+             temperature: float | None = None, details: bool = False, progress=None) -> dict:
     """`evaluate_policy` with the `TrainerConfig`'s defaults: its `eval` section's
     episodes, seeds and temperature (else `rollout.temperature`), sampling seed
     `config.seed * 7919`."""
@@ -75,7 +109,7 @@ def evaluate(config, loop, pool, params, *, episodes: int | None = None, first_s
     if temperature is None:
         temperature = config.rollout.temperature if config.eval.temperature is None else config.eval.temperature
     return evaluate_policy(loop, pool, params, episodes=episodes, first_seed=first_seed, temperature=temperature,
-                           sampling_seed=config.seed * 7919, details=details)
+                           sampling_seed=config.seed * 7919, details=details, progress=progress)
 
 
 def run_config(run_dir: str | Path, overrides=()):
@@ -150,7 +184,8 @@ def evaluate_run(run_dir: str | Path, *, step: int | None = None, episodes: int 
     loop = build.agent_loop(config, run.tokenizer, run.model_config, run.placement, state)
     with build.env_pool(config, config.env.batch_size) as pool:
         result = evaluate(config, loop, pool, run.placement.sampler_params(state), episodes=episodes,
-                          first_seed=seed, temperature=temperature, details=True)
+                          first_seed=seed, temperature=temperature, details=True,
+                          progress=EvalProgress(f"evaluating {run_dir.name}"))
     per_episode = result.pop("per_episode")
     result.update(run_dir=str(run_dir), iteration=progress.iteration, first_seed=seed, overrides=list(overrides))
     summarize = getattr(build.env_factory(config)(), "summarize", None)

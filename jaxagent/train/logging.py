@@ -222,7 +222,8 @@ class RunLogger:
         self.trackers = ([TensorBoardTracker(self.run_dir)] if tensorboard else []) + list(trackers)
         self._warned: set[str] = set()
         self._tty = _isatty(self.stream)
-        self._bar = ""            # the progress line now on a terminal ("" = none drawn)
+        self._bar = None          # the tqdm display on a terminal (made on the first draw)
+        self._line = ""           # the last progress line drawn
         self._t_last = time.monotonic()
         self._durations: list[float] = []
         self._closed = False
@@ -253,17 +254,33 @@ class RunLogger:
     def message(self, text: str) -> None:
         """Print a line of text without breaking the progress bar (it is redrawn below)."""
         def write():
-            if self._tty and self._bar:
-                self.stream.write("\r" + " " * len(self._bar) + "\r" + text + "\n" + self._bar)
+            if self._bar is not None:
+                self._bar.write(text, file=self.stream)
             else:
                 self.stream.write(text + "\n")
-            self.stream.flush()
+                self.stream.flush()
         self._guard("progress", write)
 
+    @property
+    def iterations_logged(self) -> int:
+        """Iterations logged by this logger (this process's session)."""
+        return len(self._durations)
+
+    def phase(self, text: str) -> None:
+        """What the run is doing now (`rollout`, `update (compiling)`, `held-out evaluation
+        64/256` ...), shown after the last progress line on a terminal; a log file gets
+        only the per-iteration lines and messages."""
+        if not (self.progress and self._tty):
+            return
+        def draw():
+            head = self._line or f"iter 0/{self.total_iterations}"
+            self._display(f"{head} | now: {text}")
+        self._guard("progress", draw)
+
     def eta_seconds(self, iteration: int) -> float | None:
-        """Remaining iterations x the mean of the last 10 iteration times of this session
-        (the first, which includes compilation, only while it is the only one)."""
-        recent = self._durations[1:] or self._durations
+        """Remaining iterations x the mean of the last 10 iteration times of this session,
+        leaving out its first (which compiles): None until a second iteration is done."""
+        recent = self._durations[1:]
         if not recent:
             return None
         recent = recent[-10:]
@@ -273,8 +290,9 @@ class RunLogger:
         if self._closed:
             return
         self._closed = True
-        if self._tty and self._bar:
-            self._guard("progress", lambda: (self.stream.write("\n"), self.stream.flush()))
+        if self._bar is not None:
+            self._guard("progress", self._bar.close)
+            self._bar = None
         for tracker in self.trackers:
             self._guard(tracker.name, tracker.close)
         self.trackers = []
@@ -301,13 +319,22 @@ class RunLogger:
     def _draw(self, metrics: dict) -> None:
         i = metrics["iteration"]
         line = format_progress(metrics, self.total_iterations, self.eta_seconds(i) if _is_number(i) else None)
+        self._line = line
         if self._tty:
-            pad = " " * max(len(self._bar) - len(line), 0)
-            self.stream.write("\r" + line + pad)
-            self._bar = line
+            self._display(line)
         else:
             self.stream.write(line + "\n")
-        self.stream.flush()
+            self.stream.flush()
+
+    def _display(self, line: str) -> None:
+        """The live line on a terminal, drawn in place by tqdm (which also keeps it below
+        the messages `message` prints)."""
+        if self._bar is None:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=self.total_iterations, file=self.stream, bar_format="{desc}", leave=True,
+                             dynamic_ncols=True)
+        self._bar.set_description_str(line, refresh=True)
 
     # ------------------------------------------------------------------ robustness
     def _guard(self, sink: str, fn, *args, disable=None) -> None:

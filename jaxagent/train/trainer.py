@@ -52,7 +52,7 @@ from jaxagent.train.advantages import compute_advantages, shape_rewards
 from jaxagent.train.collect import collect_batch
 from jaxagent.train.config import TrainerConfig
 from jaxagent.train.episodes import EpisodeStore
-from jaxagent.train.evaluate import evaluate
+from jaxagent.train.evaluate import EvalProgress, evaluate
 from jaxagent.train.metrics import collapse_warning, eval_line, iteration_line, iteration_metrics
 from jaxagent.train.overlap import OffPolicyRollouts
 from jaxagent.train.rundir import Progress, RunDir
@@ -111,6 +111,7 @@ class Trainer:
         self._store = None if not lc.episodes_per_iteration else EpisodeStore(
             config.run_dir, per_iteration=lc.episodes_per_iteration, max_mb=lc.episodes_max_mb)
         self._store_full_said = False
+        self._run_log = None   # the RunLogger while RL iterations run (primary process)
 
     @property
     def mesh(self):
@@ -140,7 +141,14 @@ class Trainer:
 
     def evaluate(self, loop, pool, **kwargs) -> dict:
         """The current policy on held-out seeds (`evaluate.evaluate`; keywords: episodes,
-        first_seed, temperature, details)."""
+        first_seed, temperature, details, progress). Progress shows on a terminal: on the
+        run's progress line during RL, else as a bar of its own."""
+        if "progress" not in kwargs and self.primary:
+            greedy = kwargs.get("temperature") == 0.0
+            label = "held-out evaluation" + (", greedy" if greedy else "")
+            run_log = self._run_log
+            kwargs["progress"] = (EvalProgress(label) if run_log is None
+                                  else (lambda done, total: run_log.phase(f"{label} {done}/{total}")))
         return evaluate(self.config, loop, pool, self.placement.sampler_params(self.state), **kwargs)
 
     # ------------------------------------------------------------------ run
@@ -190,6 +198,7 @@ class Trainer:
                                 progress=lc.progress, transcripts_every=lc.transcripts_every,
                                 transcripts_per_iteration=lc.transcripts_per_iteration,
                                 trackers=build.trackers(cfg, self.run_dir))
+            self._run_log = run_log
         graceful = not self.placement.multi_process   # several processes must stop at the same iteration
         if self.iteration < cfg.iterations:   # the first line otherwise comes only after compilation
             say = run_log.message if run_log is not None else self.log
@@ -229,6 +238,7 @@ class Trainer:
             self._overlap.discard()
             if run_log is not None:
                 run_log.close()
+            self._run_log = None
 
     def _check_collapse(self, metrics: dict) -> None:
         """Prints the entropy-collapse warning (`metrics.collapse_warning`) and counts it
@@ -274,6 +284,7 @@ class Trainer:
         self.state = self.state.replace(rng=place.replicated(rng))
 
         # ---- rollout: this process's rows, then the global batch
+        self._phase("rollout")
         collected, staleness = self._rollout(loop, pool, k_sample, times)
         self.progress.task_position += collected.tasks_played
         self._last_episodes = collected.episodes
@@ -284,6 +295,7 @@ class Trainer:
         times.setdefault("rollout", time.perf_counter() - t0)
 
         # ---- log-probs (old policy, KL reference) and the critic's values
+        self._phase("log-probs")
         t0 = time.perf_counter()
         loss_mask = traj.loss_mask * (~traj.failed)[:, None].astype(traj.loss_mask.dtype)
         store = self._store is not None
@@ -310,6 +322,7 @@ class Trainer:
             self._start_rollout(loop, pool, k_sample, staleness=1)
 
         # ---- updates (all dispatched before any metric is read)
+        self._phase("update")
         t0 = time.perf_counter()
         step_metrics = self._updates(batch, k_shuffle)
         times["update"] = time.perf_counter() - t0
@@ -330,6 +343,13 @@ class Trainer:
         kinds = collections.Counter(ep.failure_kind or "unknown" for ep in collected.episodes if ep.failed)
         out.update({f"failed_{kind}": n for kind, n in sorted(kinds.items())})
         return out
+
+    def _phase(self, what: str) -> None:
+        """Shows what the iteration is doing on the progress line (a terminal's); the first
+        iteration of a process also compiles."""
+        if self._run_log is not None:
+            first = self._run_log.iterations_logged == 0
+            self._run_log.phase(f"iteration {self.iteration + 1}: {what}" + (" (compiling)" if first else ""))
 
     def _store_episodes(self, episodes, traj, adv, old_logp, entropy, loss_mask) -> None:
         """This iteration's sample of episodes with their per-token signals, in the

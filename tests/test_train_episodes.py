@@ -46,10 +46,25 @@ def test_the_store_is_bounded_and_atomic(tmp_path):
     assert [s["text"] for s in rec["segments"]] == ["BC", "DE", "F"] and rec["segments"][1]["pieces"] == ["D", "E"]
     assert rec["info"] == {"x": 1.5} and rec["why"] == "highest_return"
     # rewriting an iteration replaces its file and does not count twice
-    store.max_bytes = size + 10
+    store.max_bytes = 4 * size + 10
     assert store.write(1, [ep], _Tok()) and store.write(1, [ep], _Tok())
-    assert not store.write(2, [ep], _Tok()) and store.full and not store.path(2).exists()
-    assert not store.write(3, [ep], _Tok())  # full stays full
+    for i in (2, 3, 4):
+        assert store.write(i, [ep], _Tok())
+    assert sorted(store._stored()) == [1, 2, 3, 4] and store.stride == 1
+    # the fifth would pass the bound: every other iteration goes, then only even ones are stored
+    assert not store.write(5, [ep], _Tok())
+    assert sorted(store._stored()) == [2, 4] and store.stride == 2
+    assert store.write(6, [ep], _Tok()) and not store.write(7, [ep], _Tok()) and store.write(8, [ep], _Tok())
+    assert sorted(store._stored()) == [2, 4, 6, 8]
+    assert not store.write(10, [ep], _Tok()) and store.stride == 4   # 10 is not a multiple of 4
+    assert sorted(store._stored()) == [4, 8] and store.used_bytes() <= store.max_bytes
+    # a resumed run goes on with the stride on disk
+    again = EpisodeStore(tmp_path, per_iteration=2, max_mb=1.0)
+    assert again.stride == 4 and not again.write(14, [ep], _Tok()) and again.write(12, [ep], _Tok())
+    # an iteration larger than the whole bound alone is not stored, and nothing is deleted
+    tiny = EpisodeStore(tmp_path, per_iteration=2, max_mb=1.0)
+    tiny.max_bytes = size - 1
+    assert not tiny.write(16, [ep], _Tok()) and sorted(tiny._stored()) == [4, 8, 12]
     assert not list((tmp_path / "episodes").glob("*.tmp"))
     with pytest.raises(ValueError, match="per_iteration"):
         EpisodeStore(tmp_path, per_iteration=-1)

@@ -450,7 +450,8 @@ class LoggingSection:
       last `collapse_window` iterations is not above the window before (0 = off).
     episodes_per_iteration, episodes_max_mb: the episode store (`jaxagent.train.episodes`):
       that many episodes of each iteration, with tokens, texts, rewards and per-token
-      signals, in `<run_dir>/episodes/` (0 = off), at most `episodes_max_mb` MiB a run.
+      signals, in `<run_dir>/episodes/` (0 = off), at most `episodes_max_mb` MiB a run
+      (past it, evenly spaced iterations are kept: every 2nd, then every 4th, ...).
     trackers: experiment trackers besides TensorBoard that get every scalar
       (`jaxagent.train.trackers`): `wandb` and/or `mlflow` (their extras must be installed).
     wandb_project, wandb_mode: the W&B project, and `offline` (files in

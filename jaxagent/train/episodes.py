@@ -21,9 +21,11 @@ written to a temporary name and renamed, so a reader never sees half a file):
 
 Which episodes (`select_for_store`): the failed ones, the truncated ones, the highest-
 and the lowest-return one (in that order of priority), then one of each task group
-not yet in, then the rest, up to `per_iteration`. The store is bounded: once the run's files total
-`max_mb`, later iterations are not stored (`write` returns False and the trainer says
-so once). Resume: the byte count restarts from what is on disk.
+not yet in, then the rest, up to `per_iteration`. The store is bounded by `max_mb`: when it would grow
+past it, every other stored iteration is deleted and from then on only every second
+iteration is stored (then every fourth, ...), so a long run keeps evenly spaced
+iterations from all of it (`EpisodeStore.write`; the stride is in `episodes/stride`,
+so a resumed run goes on with it).
 """
 from __future__ import annotations
 
@@ -116,26 +118,51 @@ class EpisodeStore:
         self.dir = Path(run_dir) / "episodes"
         self.per_iteration = per_iteration
         self.max_bytes = int(max_mb * 2 ** 20)
-        self.full = False
+        #: only iterations that are multiples of `stride` are kept (it doubles when full)
+        self.stride = self._saved_stride()
 
     def path(self, iteration: int) -> Path:
         return self.dir / f"iter_{int(iteration):06d}.jsonl"
 
-    def used_bytes(self, *, besides: Path | None = None) -> int:
+    def _saved_stride(self) -> int:
+        try:
+            return max(int((self.dir / "stride").read_text().strip()), 1)
+        except (FileNotFoundError, ValueError):
+            return 1
+
+    def _stored(self) -> dict[int, Path]:
         if not self.dir.is_dir():
-            return 0
-        return sum(p.stat().st_size for p in self.dir.glob("iter_*.jsonl") if p != besides)
+            return {}
+        return {int(p.stem[len("iter_"):]): p for p in self.dir.glob("iter_*.jsonl") if p.stem[5:].isdigit()}
+
+    def used_bytes(self, *, besides: Path | None = None) -> int:
+        return sum(p.stat().st_size for p in self._stored().values() if p != besides)
+
+    def _thin(self) -> None:
+        """Doubles the stride and deletes the stored iterations it no longer keeps."""
+        self.stride *= 2
+        for i, p in self._stored().items():
+            if i % self.stride:
+                p.unlink()
+        tmp = self.dir / "stride.tmp"
+        tmp.write_text(f"{self.stride}\n")
+        tmp.replace(self.dir / "stride")
 
     def write(self, iteration: int, episodes: Sequence, tokenizer, signals: dict | None = None,
               rows: Sequence[int] | None = None) -> bool:
-        """Stores iteration `iteration`'s chosen episodes; False when the store is full
-        (nothing written). `signals[name]` is a `[B, T]` array of the batch, and episode
-        `i` is its row `rows[i]` (default `i`)."""
-        if self.full:
+        """Stores iteration `iteration`'s chosen episodes; True when it was stored.
+        `signals[name]` is a `[B, T]` array of the batch, and episode `i` is its row
+        `rows[i]` (default `i`).
+
+        The bound: when the store would exceed `max_mb`, the stride doubles, and the
+        stored iterations that are not multiples of it are deleted; an iteration that is
+        not a multiple of the stride is not stored. So a long run keeps evenly spaced
+        iterations over all of it (1, 2, 3, ... then 2, 4, 6, ... then 4, 8, ...)."""
+        if iteration % self.stride:
             return False
         chosen = select_for_store(episodes, self.per_iteration)
         if not chosen:
-            return True
+            return False
         lines = []
         for i, why in chosen:
             row = i if rows is None else int(rows[i])
@@ -143,11 +170,14 @@ class EpisodeStore:
             rec = episode_record(episodes[i], iteration=iteration, why=why, tokenizer=tokenizer, signals=sig)
             lines.append(json.dumps(rec, ensure_ascii=False, allow_nan=False))
         data = ("\n".join(lines) + "\n").encode("utf-8")
+        if len(data) > self.max_bytes:
+            return False   # one iteration alone is over the bound
         path = self.path(iteration)
-        if self.used_bytes(besides=path) + len(data) > self.max_bytes:
-            self.full = True
-            return False
         self.dir.mkdir(parents=True, exist_ok=True)
+        while self.used_bytes(besides=path) + len(data) > self.max_bytes:
+            self._thin()
+            if iteration % self.stride:
+                return False
         tmp = path.with_suffix(".jsonl.tmp")
         tmp.write_bytes(data)
         tmp.replace(path)

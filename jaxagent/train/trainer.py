@@ -110,7 +110,6 @@ class Trainer:
         #: the episode store (`jaxagent.train.episodes`), or None when off
         self._store = None if not lc.episodes_per_iteration else EpisodeStore(
             config.run_dir, per_iteration=lc.episodes_per_iteration, max_mb=lc.episodes_max_mb)
-        self._store_full_said = False
         self._run_log = None   # the RunLogger while RL iterations run (primary process)
 
     @property
@@ -360,11 +359,12 @@ class Trainer:
         signals["ratio"] = np.exp(signals["logp"] - signals["rollout_logp"])
         if not self.primary:
             return
-        if not self._store.write(self.iteration, episodes, self.tokenizer, signals, rows=self.placement.rows):
-            if not self._store_full_said:
-                self._store_full_said = True
-                self.log(f"episode store: {self._store.dir} reached logging.episodes_max_mb="
-                         f"{self.config.logging.episodes_max_mb:g} MiB; later iterations' episodes are not stored")
+        stride = self._store.stride
+        self._store.write(self.iteration, episodes, self.tokenizer, signals, rows=self.placement.rows)
+        if self._store.stride != stride:
+            self.log(f"episode store: {self._store.dir} reached logging.episodes_max_mb="
+                     f"{self.config.logging.episodes_max_mb:g} MiB; it now keeps every {self._store.stride}th "
+                     "iteration (the others are deleted)")
 
     def _rollout(self, loop, pool, key, times: dict):
         """`(collected, staleness)`: this iteration's batch, played now with the current

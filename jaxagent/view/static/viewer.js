@@ -195,7 +195,6 @@ window.JAXAGENT = (() => {
       el("span", { class: "bar" }), signal === "ratio" ? `log ratio ±${fmt(scale)}`
         : signal === "advantage" ? `±${fmt(scale)}` : `0 … ${fmt(scale)}${signal.endsWith("logp") ? " (−log-prob)" : ""}`));
     if (rec.failure) box.append(el("div", { class: "info failure" }, "failure: " + rec.failure));
-    if (rec.system_prompt) box.append(el("div", { class: "segment prompt" }, "system: " + rec.system_prompt));
     for (const seg of rec.segments) {
       if (seg.kind !== "policy") {
         box.append(el("div", { class: "segment " + seg.kind }, seg.text));

@@ -1,0 +1,56 @@
+"""The README's screenshot of `jaxagent view`: builds the static site of RUN_DIR, opens
+it in headless Chromium, opens the first stored episode of the last iteration in the
+left pane (coloured by SIGNAL) and the lowest-return one in the right, and saves PNG.
+
+    .venv/bin/python docs/screenshot_view.py RUN_DIR docs/view.png [--signal advantage]
+"""
+import argparse
+import shutil
+import tempfile
+from pathlib import Path
+
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import Select, WebDriverWait
+
+from jaxagent import view
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run_dir", nargs="+")
+    ap.add_argument("out")
+    ap.add_argument("--signal", default="advantage")
+    ap.add_argument("--width", type=int, default=1500)
+    ap.add_argument("--height", type=int, default=1700)
+    args = ap.parse_args()
+    site = Path(tempfile.mkdtemp(prefix="jaxagent-shot-"))
+    index = view.write_site(args.run_dir, site)
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = shutil.which("chromium")
+    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+              f"--window-size={args.width},{args.height}"):
+        opts.add_argument(a)
+    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=opts)
+    try:
+        driver.get(index.as_uri())
+        wait = WebDriverWait(driver, 30)
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#pane0 tr.episode-row"))
+        if len(args.run_dir) > 1:
+            Select(driver.find_element(By.CSS_SELECTOR, "#pane1 .run-select")).select_by_index(1)
+        for k, pick in ((0, "highest_return"), (1, "lowest_return")):
+            rows = driver.find_elements(By.CSS_SELECTOR, f"#pane{k} tr.episode-row")
+            row = next((r for r in rows if pick in r.text), rows[0])
+            row.click()
+            Select(driver.find_element(By.CSS_SELECTOR, f"#pane{k} .signal-select")).select_by_value(args.signal)
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#pane1 .segment.policy .tok"))
+        driver.save_screenshot(args.out)
+    finally:
+        driver.quit()
+        shutil.rmtree(site, ignore_errors=True)
+    print(args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -11,7 +11,6 @@ import pytest
 from jaxagent import models as M
 from jaxagent.train.episodes import EpisodeStore, read_store, select_for_store
 from test_train_loop import VARIED, config
-from train_testlib import host
 
 
 def fake(index, group, rewards, failed=False, truncated=False):
@@ -81,27 +80,21 @@ def _log_softmax64(logits):
     return z - np.log(np.exp(z).sum(-1, keepdims=True))
 
 
-def test_a_real_run_stores_its_episodes_tokens_and_signals(tmp_path):
-    from jaxagent.train.trainer import Trainer
-    cfg = config(tmp_path / "run", *VARIED, "iterations=1", "logging.episodes_per_iteration=5")
-    trainer = Trainer(cfg, log=lambda *_: None)
-    params = host(trainer.state.params)   # iteration 1 plays and scores with these (no warm start)
-    trainer.run()
-    recs = read_store(tmp_path / "run")
-    assert len(recs) == 5 and {r["iteration"] for r in recs} == {1}
-    by_index = {ep.index: ep for ep in trainer.last_episodes}
-    whys = [r["why"] for r in recs]
+def test_a_real_run_stores_its_episodes_tokens_and_signals(stored_run):
+    trainer = stored_run.trainer
+    recs = read_store(stored_run.run_dir)
+    assert len(recs) == 12 and [r["iteration"] for r in recs] == [1] * 6 + [2] * 6
+    by_index = {ep.index: ep for ep in stored_run.last_episodes}
+    rets = [sum(ep.rewards) for ep in stored_run.last_episodes]
+    last = [r for r in recs if r["iteration"] == 2]
+    whys = [r["why"] for r in last]
     assert "highest_return" in whys and "lowest_return" in whys
-    rets = [sum(ep.rewards) for ep in trainer.last_episodes]
-    assert max(r["return"] for r in recs) == pytest.approx(max(rets))
-    assert min(r["return"] for r in recs) == pytest.approx(min(rets))
-    mc = trainer.model_config
-    forward = jax.jit(lambda p, t: M.forward(p, mc, t))
-    policy_tokens = 0
-    for rec in recs:
+    assert max(r["return"] for r in last) == pytest.approx(max(rets))
+    assert min(r["return"] for r in last) == pytest.approx(min(rets))
+    # iteration 2's records against its episodes
+    for rec in last:
         ep = by_index[rec["index"]]
-        tokens = [t for s in rec["segments"] for t in s["tokens"]]
-        assert tokens == ep.tokens
+        assert [t for s in rec["segments"] for t in s["tokens"]] == ep.tokens
         # each turn's text is the whole turn as sampled (special tokens shown); its action
         # is that without special tokens
         policy = [s for s in rec["segments"] if s["kind"] == "policy"]
@@ -110,7 +103,18 @@ def test_a_real_run_stores_its_episodes_tokens_and_signals(tmp_path):
             assert seg["text"] == trainer.tokenizer.decode(seg["tokens"])
             assert action == trainer.tokenizer.decode(seg["tokens"], skip_special_tokens=True)
         assert rec["rewards"] == ep.rewards and rec["seed"] == ep.seed
-        logp_ref = _log_softmax64(np.asarray(forward(params, np.asarray([tokens], np.int32)))[0])
+        pos = 0
+        for seg in rec["segments"]:
+            if seg["kind"] == "policy":
+                assert seg["rollout_logp"] == pytest.approx(ep.logp[pos:pos + len(seg["tokens"])], abs=1e-6)
+            pos += len(seg["tokens"])
+    # iteration 1's signals against a float64 NumPy pass over the parameters it played with
+    mc = trainer.model_config
+    forward = jax.jit(lambda p, t: M.forward(p, mc, t))
+    policy_tokens = 0
+    for rec in recs[:6]:
+        tokens = [t for s in rec["segments"] for t in s["tokens"]]
+        logp_ref = _log_softmax64(np.asarray(forward(stored_run.params_before, np.asarray([tokens], np.int32)))[0])
         pos = 0
         for seg in rec["segments"]:
             n = len(seg["tokens"])
@@ -118,20 +122,21 @@ def test_a_real_run_stores_its_episodes_tokens_and_signals(tmp_path):
                 for j in range(n):
                     t = pos + j
                     ref = logp_ref[t - 1]
-                    assert seg["rollout_logp"][j] == pytest.approx(ep.logp[t], abs=1e-6)
                     assert seg["logp"][j] == pytest.approx(ref[tokens[t]], abs=2e-4)
                     assert seg["entropy"][j] == pytest.approx(-(np.exp(ref) * ref).sum(), abs=2e-4)
                     assert seg["ratio"][j] == pytest.approx(np.exp(seg["logp"][j] - seg["rollout_logp"][j]), rel=1e-5)
                     assert seg["ratio"][j] == pytest.approx(1.0, abs=1e-3)  # on-policy: sampler = trainer
+                    assert seg["rollout_logp"][j] == pytest.approx(ref[tokens[t]], abs=2e-4)
                     assert seg["loss_mask"][j] == 1.0
                 # GRPO: one advantage per episode, on every one of its tokens
                 assert len(set(seg["advantage"])) == 1
                 policy_tokens += n
             pos += n
     assert policy_tokens > 0
-    # the file is JSON lines a browser's JSON.parse reads (no NaN, no Infinity)
-    for line in (tmp_path / "run" / "episodes" / "iter_000001.jsonl").read_text().splitlines():
-        json.loads(line, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+    # the files are JSON lines a browser's JSON.parse reads (no NaN, no Infinity)
+    for path in (stored_run.run_dir / "episodes").glob("iter_*.jsonl"):
+        for line in path.read_text().splitlines():
+            json.loads(line, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
 
 
 def test_the_store_can_be_switched_off(tmp_path):

@@ -2,6 +2,7 @@
 offline mode, each read back after a real training run and after a resume; a failing
 tracker is switched off, and a missing one is a config error naming its extra."""
 import sys
+import time
 import types
 import warnings
 
@@ -67,17 +68,27 @@ def test_wandb_tracker_calls_and_a_real_offline_run(tmp_path, monkeypatch):
     # a second tracker of the same run dir (a resume) continues the same W&B run
     WandbTracker(tmp_path / "a", config={}).close()
     assert calls[3][1]["id"] == run_id
-    monkeypatch.undo()
-    # ... and the real package in offline mode: a run's files, no network
+
+
+def test_wandb_offline_run_as_run_logger_drives_it(tmp_path, monkeypatch):
+    """The real package in offline mode: a run's files, no network."""
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    from jaxagent.train.trainer import Trainer
     run = tmp_path / "run"
-    Trainer(config(run, *VARIED, "iterations=2", "logging.trackers=[wandb]"), log=lambda *_: None).run()
+    tracker = WandbTracker(run, config={"optim.lr": 1e-3, "env.name": "sokoban"})
+    with RunLogger(run, total_iterations=2, tensorboard=False, progress=False, trackers=[tracker]) as log:
+        for i in (1, 2):
+            log.log_iteration({"iteration": i, "success_rate": 0.25 * i})
+        assert log.trackers == [tracker]   # nothing failed
     run_id = (run / "wandb_run_id").read_text().strip()
     (offline,) = list((run / "wandb").glob(f"offline-run-*-{run_id}"))
     data = offline / f"run-{run_id}.wandb"
-    assert data.stat().st_size > 0 and b"train/success_rate" in data.read_bytes()
+    # W&B's service process writes the file just after `finish` returns
+    for _ in range(300):
+        if b"train/success_rate" in data.read_bytes():
+            break
+        time.sleep(0.1)
+    assert b"train/success_rate" in data.read_bytes() and b"sokoban" in data.read_bytes()
 
 
 def test_a_failing_tracker_is_switched_off_with_one_warning(tmp_path):

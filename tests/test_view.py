@@ -16,17 +16,13 @@ import pytest
 
 from jaxagent import view
 from jaxagent.train.episodes import read_store
-from test_train_loop import VARIED, config
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    from jaxagent.train.trainer import Trainer
-    d = tmp_path_factory.mktemp("view") / "run"
-    Trainer(config(d, *VARIED, "iterations=2", "logging.episodes_per_iteration=6"), log=lambda *_: None).run()
-    return d
+def run_dir(stored_run):
+    return stored_run.run_dir
 
 
 def _load_js(path: Path, call: str):

@@ -120,6 +120,23 @@ def test_reopening_a_run_appends_and_purges_the_replayed_iterations(tmp_path):
     assert scalars(tmp_path)["train/reward_mean"] == {1: 1.5, 2: 2.5, 3: 9.0, 4: 4.5}
 
 
+def test_tensorboard_itself_reads_the_scalars_and_drops_the_replayed_points(tmp_path):
+    """TensorBoard's own event reader (the `tensorboard` extra) over a run and its resume."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    with RunLogger(tmp_path, total_iterations=4, progress=False) as log:
+        for i in (1, 2, 3):
+            log.log_iteration(metrics(i))
+    with RunLogger(tmp_path, total_iterations=4, progress=False) as log:   # resumed from iteration 2
+        log.log_iteration(metrics(3, reward_mean=9.0))
+        log.log_iteration(metrics(4))
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    assert "train/reward_mean" in acc.Tags()["scalars"]
+    got = [(e.step, e.value) for e in acc.Scalars("train/reward_mean")]
+    assert got == [(1, 1.5), (2, 2.5), (3, 9.0), (4, 4.5)]
+
+
 def test_a_failing_tensorboard_writer_warns_once_and_training_goes_on(tmp_path):
     (tmp_path / "tensorboard").write_text("a file where the event directory should be")
     stream = io.StringIO()

@@ -120,6 +120,9 @@ def test_the_page_in_headless_chromium(run_dir, tmp_path):
         assert "training success" in titles and "entropy" in titles
         chart = driver.find_element(By.CSS_SELECTOR, '.chart[data-title="training success"]')
         assert len(chart.find_elements(By.CSS_SELECTOR, "polyline")) == 2
+        # any other metric can be drawn: the phase times, for one
+        Select(driver.find_element(By.CSS_SELECTOR, ".metric-select")).select_by_value("time_update_s")
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, '.chart[data-title="time_update_s"] polyline'))
         # both panes show the last iteration's stored episodes
         for k in (0, 1):
             rows = driver.find_elements(By.CSS_SELECTOR, f"#pane{k} tr.episode-row")

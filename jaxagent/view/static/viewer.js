@@ -144,7 +144,27 @@ window.JAXAGENT = (() => {
       })).filter((s) => s.pts.length);
       if (series.length) box.append(chart(title, series));
     }
-    if (!box.children.length) box.append(el("p", { class: "empty" }, "no metrics yet"));
+    if (!box.children.length) {
+      box.append(el("p", { class: "empty" }, "no metrics yet"));
+      return;
+    }
+    // any other numeric metric (the monitors of an env or a recipe, phase times ...), chosen here
+    const shown = new Set(CHARTS.map((c) => c[1]));
+    const keys = [...new Set(state.runs.flatMap((r) => r.metrics.flatMap((m) => Object.keys(m)
+      .filter((k) => isNum(m[k]) && k !== "iteration" && !shown.has(k)))))].sort();
+    if (!keys.length) return;
+    const holder = el("div", { class: "chart-any" });
+    const pick = el("select", { class: "metric-select" }, keys.map((k) => el("option", { value: k }, k)));
+    const draw = () => {
+      const key = pick.value;
+      const series = state.runs.map((run, k) => ({
+        name: run.name, color: color(k), pts: seriesOf(run, key), markers: key.startsWith("eval_"),
+      })).filter((s) => s.pts.length);
+      holder.replaceChildren(chart(key, series));
+    };
+    pick.addEventListener("change", draw);
+    box.append(el("div", { class: "chart any" }, el("h3", {}, "any metric: ", pick), holder));
+    draw();
   }
 
   // ------------------------------------------------------------------ colouring

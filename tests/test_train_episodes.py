@@ -144,3 +144,30 @@ def test_the_store_can_be_switched_off(tmp_path):
     cfg = config(tmp_path / "run", *VARIED, "iterations=1", "logging.episodes_per_iteration=0")
     Trainer(cfg, log=lambda *_: None).run()
     assert not (tmp_path / "run" / "episodes").exists()
+
+
+def test_a_store_that_cannot_write_is_switched_off_and_training_goes_on(tmp_path, monkeypatch):
+    import warnings
+
+    from jaxagent.train.trainer import Trainer
+
+    def full_disk(self, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(EpisodeStore, "write", full_disk)
+    trainer = Trainer(config(tmp_path / "run", *VARIED, "iterations=2"), log=lambda *_: None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = trainer.run()
+    assert len(history) == 2 and trainer._store is None
+    msgs = [str(w.message) for w in caught if "episode store" in str(w.message)]
+    assert len(msgs) == 1 and "No space left" in msgs[0] and "off for this run" in msgs[0]
+
+
+def test_drop_after_removes_the_iterations_a_resume_plays_again(tmp_path):
+    store = EpisodeStore(tmp_path)
+    store.dir.mkdir(parents=True)
+    for i in (1, 2, 3, 4):
+        store.path(i).write_text("{}\n")
+    store.drop_after(2)
+    assert sorted(store._stored()) == [1, 2]

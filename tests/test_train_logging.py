@@ -127,6 +127,10 @@ def test_tensorboard_itself_reads_the_scalars_and_drops_the_replayed_points(tmp_
     with RunLogger(tmp_path, total_iterations=4, progress=False) as log:
         for i in (1, 2, 3):
             log.log_iteration(metrics(i))
+            # on disk as soon as the iteration is logged, before the writer closes
+            acc = EventAccumulator(str(tmp_path / "tensorboard"))
+            acc.Reload()
+            assert [e.step for e in acc.Scalars("train/reward_mean")] == list(range(1, i + 1))
     with RunLogger(tmp_path, total_iterations=4, progress=False) as log:   # resumed from iteration 2
         log.log_iteration(metrics(3, reward_mean=9.0))
         log.log_iteration(metrics(4))

@@ -10,7 +10,7 @@ import pytest
 
 from jaxagent.config import ConfigError
 from jaxagent.train.logging import RunLogger
-from jaxagent.train.trackers import WandbTracker, check_available, flatten
+from jaxagent.train.trackers import MlflowTracker, WandbTracker, check_available, flatten
 from test_train_loop import VARIED, config
 
 
@@ -46,8 +46,8 @@ class _FakeRun:
     def log(self, data, step):
         self.calls.append(("log", step, dict(data)))
 
-    def finish(self):
-        self.calls.append(("finish",))
+    def finish(self, exit_code=0):
+        self.calls.append(("finish", exit_code))
 
 
 def test_wandb_tracker_calls_and_a_real_offline_run(tmp_path, monkeypatch):
@@ -64,7 +64,7 @@ def test_wandb_tracker_calls_and_a_real_offline_run(tmp_path, monkeypatch):
     run_id = (tmp_path / "a" / "wandb_run_id").read_text().strip()
     assert init["mode"] == "offline" and init["id"] == run_id and len(run_id) == 8 and init["resume"] == "allow"
     assert init["config"] == {"optim.lr": 1e-3} and init["dir"] == str(tmp_path / "a")
-    assert calls[1:] == [("log", 3, {"train/x": 1.5}), ("finish",)]
+    assert calls[1:] == [("log", 3, {"train/x": 1.5}), ("finish", 0)]
     # a second tracker of the same run dir (a resume) continues the same W&B run
     WandbTracker(tmp_path / "a", config={}).close()
     assert calls[3][1]["id"] == run_id
@@ -99,8 +99,8 @@ def test_a_failing_tracker_is_switched_off_with_one_warning(tmp_path):
         def scalars(self, step, items):
             raise OSError("disk full")
 
-        def close(self):
-            Broken.closed = True
+        def close(self, failed=False):
+            Broken.closed = failed
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -129,3 +129,48 @@ def test_tracker_config_errors(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"logging.trackers: .*jaxagent\[wandb\]"):
         Trainer(config(tmp_path / "run", *VARIED, "logging.trackers=[wandb]"), log=lambda *_: None)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_tracker_that_cannot_start_is_left_out_and_training_goes_on(tmp_path, monkeypatch):
+    """No network, no key, a server that does not answer: a warning, then training."""
+    pytest.importorskip("mlflow")
+    import mlflow.tracking
+
+    def refuse(*args, **kwargs):
+        raise ConnectionError("the tracking server does not answer")
+
+    monkeypatch.setattr(mlflow.tracking.MlflowClient, "create_experiment", refuse)
+    monkeypatch.setattr(mlflow.tracking.MlflowClient, "get_experiment_by_name", refuse)
+    from jaxagent.train.trainer import Trainer
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = Trainer(config(tmp_path / "run", *VARIED, "iterations=1", "logging.trackers=[mlflow]",
+                                 "logging.episodes_per_iteration=0"), log=lambda *_: None).run()
+    assert len(history) == 1
+    msgs = [str(w.message) for w in caught if "mlflow could not start" in str(w.message)]
+    assert len(msgs) == 1 and "does not answer" in msgs[0]
+
+
+def test_a_crash_marks_the_tracker_run_failed(tmp_path):
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+    tracker = MlflowTracker(tmp_path, config={"a": 1})
+    with pytest.raises(RuntimeError):
+        with RunLogger(tmp_path, total_iterations=2, tensorboard=False, progress=False, trackers=[tracker]) as log:
+            log.log_iteration({"iteration": 1, "success_rate": 0.5})
+            raise RuntimeError("the update blew up")
+    client = MlflowClient(tracking_uri=(tmp_path / "mlruns").resolve().as_uri())
+    assert client.get_run(tracker.run_id).info.status == "FAILED"
+
+
+def test_a_fresh_start_in_an_abandoned_directory_starts_new_tracker_runs(tmp_path):
+    pytest.importorskip("mlflow")
+    from jaxagent.train.trainer import Trainer
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "mlflow_run_id").write_text("0123456789abcdef\n")   # left by a start killed before its first save
+    (run / "episodes").mkdir()
+    (run / "episodes" / "iter_000007.jsonl").write_text("{}\n")
+    Trainer(config(run, *VARIED, "iterations=1", "logging.trackers=[mlflow]"), log=lambda *_: None).run()
+    assert (run / "mlflow_run_id").read_text().strip() != "0123456789abcdef"
+    assert sorted(p.name for p in (run / "episodes").glob("iter_*")) == ["iter_000001.jsonl"]

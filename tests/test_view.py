@@ -49,6 +49,29 @@ def test_the_site_holds_the_runs_metrics_and_stored_episodes(run_dir, tmp_path):
         assert "http://" not in text.replace("http://www.w3.org/2000/svg", "") and "https://" not in text
 
 
+def test_a_run_that_just_started_or_is_being_written_shows(run_dir, tmp_path):
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / "config.yaml").write_text("seed: 0\n")
+    (fresh / "metrics.jsonl").write_text("")          # a fresh run's empty file
+    run, by_iter = view.read_run(fresh)
+    assert run["metrics"] == [] and by_iter == {} and run["iterations"] == {}
+    live = tmp_path / "live"
+    shutil.copytree(run_dir, live)
+    whole = (live / "metrics.jsonl").read_text()
+    (live / "metrics.jsonl").write_text(whole + '{"iteration": 3, "succ')   # a line being appended
+    run, _ = view.read_run(live)
+    assert [m["iteration"] for m in run["metrics"]] == [1, 2]
+    (live / "metrics.jsonl").write_text('{"iteration": 1}\nnot json\n{"iteration": 3}\n')
+    with pytest.raises(view.ViewError, match=r"metrics.jsonl:2: not valid JSON"):
+        view.read_run(live)
+    # a NaN metric is shown as a gap (None), never written as NaN
+    (live / "metrics.jsonl").write_text(whole.replace('"approx_kl": ', '"approx_kl": NaN, "x": ', 1))
+    site = view.write_site([live, fresh], tmp_path / "site")
+    text = (site.parent / "data" / "runs.js").read_text()
+    assert "NaN" not in text and '"approx_kl": null' in text
+
+
 def test_bad_run_directories_are_named(tmp_path):
     with pytest.raises(view.ViewError, match="no such run directory"):
         view.write_site([tmp_path / "nope"], tmp_path / "site")
@@ -107,14 +130,17 @@ def test_the_page_in_headless_chromium(run_dir, tmp_path):
 
     other = tmp_path / "other"
     shutil.copytree(run_dir, other)
-    index = view.write_site([run_dir, other], tmp_path / "site")
+    fresh = tmp_path / "fresh"   # a run that has just started: no metrics, no store
+    fresh.mkdir()
+    (fresh / "config.yaml").write_text("seed: 0\n")
+    index = view.write_site([run_dir, other, fresh], tmp_path / "site")
     stored = [r for r in read_store(run_dir) if r["iteration"] == 2]
     driver = _driver()
     try:
         driver.get(index.as_uri())
         wait = WebDriverWait(driver, 20)
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#pane0 tr.episode-row"))
-        assert driver.execute_script("return window.JAXAGENT.state.runs.length") == 2
+        assert driver.execute_script("return window.JAXAGENT.state.runs.length") == 3
         # the curves: one chart per metric present, a line per run
         titles = [c.get_attribute("data-title") for c in driver.find_elements(By.CSS_SELECTOR, ".chart")]
         assert "training success" in titles and "entropy" in titles
@@ -127,7 +153,10 @@ def test_the_page_in_headless_chromium(run_dir, tmp_path):
         for k in (0, 1):
             rows = driver.find_elements(By.CSS_SELECTOR, f"#pane{k} tr.episode-row")
             assert sorted(int(r.get_attribute("data-index")) for r in rows) == sorted(r["index"] for r in stored)
+        Select(driver.find_element(By.CSS_SELECTOR, "#pane1 .run-select")).select_by_index(2)
+        assert "no episode store" in driver.find_element(By.CSS_SELECTOR, "#pane1 .episode-list").text
         Select(driver.find_element(By.CSS_SELECTOR, "#pane1 .run-select")).select_by_index(1)
+        assert len(driver.find_elements(By.CSS_SELECTOR, "#pane1 tr.episode-row")) == len(stored)
         # open the first episode; its policy tokens carry the stored advantages
         rec = stored[0]
         driver.find_element(By.CSS_SELECTOR, f'#pane0 tr.episode-row[data-index="{rec["index"]}"]').click()

@@ -205,13 +205,6 @@ def build_run(config: TrainerConfig, *, resume: bool = False, log=print) -> Run:
 
         require_checkpoints(config.run_dir)
     check_env(config)
-    if config.logging.trackers:  # a missing tracker package is named before anything is compiled
-        from jaxagent.train.trackers import check_available
-
-        try:
-            check_available(config.logging.trackers)
-        except ValueError as err:
-            raise ConfigError(f"logging.trackers: {err}") from None
     dist = config.distributed
     par.initialize(dist.coordinator_address, dist.num_processes, dist.process_id,
                    auto=True if dist.auto else None)
@@ -244,6 +237,18 @@ def _silent(*_, **__) -> None:
     return None
 
 
+def check_trackers(config) -> None:
+    """`ConfigError` naming the extra to install when a tracker's package is missing
+    (training only: evaluating or exporting a run needs no tracker)."""
+    if config.logging.trackers:
+        from jaxagent.train.trackers import check_available
+
+        try:
+            check_available(config.logging.trackers)
+        except ValueError as err:
+            raise ConfigError(f"logging.trackers: {err}") from None
+
+
 def trackers(config, run_dir) -> list:
     """The run's experiment trackers besides TensorBoard (`logging.trackers`), each
     given the flattened training config."""
@@ -253,6 +258,13 @@ def trackers(config, run_dir) -> list:
     from jaxagent.config import to_dict
     from jaxagent.train.trackers import flatten, make_trackers
 
+    import warnings
+
     options = {"wandb": {"project": lc.wandb_project, "mode": lc.wandb_mode},
                "mlflow": {"tracking_uri": lc.mlflow_tracking_uri, "experiment": lc.mlflow_experiment}}
-    return make_trackers(lc.trackers, run_dir, config=flatten(to_dict(config)), options=options)
+
+    def skip(name, err):   # logging never stops training
+        warnings.warn(f"logging.trackers: {name} could not start ({type(err).__name__}: {err}); "
+                      "training continues without it", RuntimeWarning, stacklevel=2)
+
+    return make_trackers(lc.trackers, run_dir, config=flatten(to_dict(config)), options=options, on_error=skip)

@@ -2,7 +2,7 @@
 texts, rewards and per-token training signals, for `jaxagent view` and for reading.
 
     store = EpisodeStore(run_dir, per_iteration=8, max_mb=64)
-    store.write(iteration, episodes, rows, signals, tokenizer)
+    store.write(iteration, episodes, tokenizer, signals, rows=rows)
 
 `<run_dir>/episodes/iter_000123.jsonl` holds one JSON object per stored episode of
 iteration 123 (a file of an iteration that is played again is replaced; each file is
@@ -25,7 +25,8 @@ not yet in, then the rest, up to `per_iteration`. The store is bounded by `max_m
 past it, every other stored iteration is deleted and from then on only every second
 iteration is stored (then every fourth, ...), so a long run keeps evenly spaced
 iterations from all of it (`EpisodeStore.write`; the stride is in `episodes/stride`,
-so a resumed run goes on with it).
+so a resumed run goes on with it). With several processes, the store holds the first
+process's episodes: "highest", "lowest" and "one per group" are among its rows.
 """
 from __future__ import annotations
 
@@ -78,8 +79,9 @@ def _floats(values) -> list:
 
 
 def episode_record(ep, *, iteration: int, why: str, tokenizer, signals: dict | None = None) -> dict:
-    """One stored episode (module docstring). `signals` maps each name of `SIGNALS` and
-    `loss_mask` to this episode's row, aligned with `ep.tokens` (None: no signals)."""
+    """One stored episode (module docstring). `signals` maps names of `SIGNALS` and
+    `loss_mask` to this episode's row, aligned with `ep.tokens` (None: no signals);
+    `ratio` is computed from `logp` and `rollout_logp` when not given."""
     segments, pos, turn = [], 0, 0
     for kind, toks in ep.segments:
         toks = [int(t) for t in toks]
@@ -88,7 +90,10 @@ def episode_record(ep, *, iteration: int, why: str, tokenizer, signals: dict | N
             seg["pieces"] = [tokenizer.decode([t]) for t in toks]
             if signals is not None:
                 for name, row in signals.items():
-                    seg[name] = _floats(np.asarray(row)[pos:pos + len(toks)])
+                    seg[name] = _floats(np.asarray(row, np.float64)[pos:pos + len(toks)])
+                if "logp" in signals and "rollout_logp" in signals and "ratio" not in signals:
+                    seg["ratio"] = _floats(np.exp(np.asarray(seg["logp"], np.float64)
+                                                  - np.asarray(seg["rollout_logp"], np.float64)))
             turn += 1
         segments.append(seg)
         pos += len(toks)
@@ -139,14 +144,23 @@ class EpisodeStore:
         return sum(p.stat().st_size for p in self._stored().values() if p != besides)
 
     def _thin(self) -> None:
-        """Doubles the stride and deletes the stored iterations it no longer keeps."""
+        """Doubles the stride and deletes the stored iterations it no longer keeps (the
+        stride is written first, so a crash in between leaves extra files, not a stale
+        stride)."""
         self.stride *= 2
-        for i, p in self._stored().items():
-            if i % self.stride:
-                p.unlink()
         tmp = self.dir / "stride.tmp"
         tmp.write_text(f"{self.stride}\n")
         tmp.replace(self.dir / "stride")
+        for i, p in self._stored().items():
+            if i % self.stride:
+                p.unlink(missing_ok=True)
+
+    def drop_after(self, iteration: int) -> None:
+        """Deletes the stored iterations after `iteration` (a resume from that checkpoint
+        plays them again)."""
+        for i, p in self._stored().items():
+            if i > iteration:
+                p.unlink(missing_ok=True)
 
     def write(self, iteration: int, episodes: Sequence, tokenizer, signals: dict | None = None,
               rows: Sequence[int] | None = None) -> bool:
@@ -189,7 +203,11 @@ def read_store(run_dir) -> list[dict]:
     e.g. of a file another tool truncated, is an error naming the file and line)."""
     out = []
     for path in sorted((Path(run_dir) / "episodes").glob("iter_*.jsonl")):
-        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:   # thinned out by the running run after the listing
+            continue
+        for n, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             try:

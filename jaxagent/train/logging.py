@@ -286,7 +286,9 @@ class RunLogger:
         recent = recent[-10:]
         return max(self.total_iterations - iteration, 0) * sum(recent) / len(recent)
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
+        """Ends the progress line and closes the trackers; `failed` marks their runs failed
+        (training stopped on an error)."""
         if self._closed:
             return
         self._closed = True
@@ -294,14 +296,14 @@ class RunLogger:
             self._guard("progress", self._bar.close)
             self._bar = None
         for tracker in self.trackers:
-            self._guard(tracker.name, tracker.close)
+            self._guard(tracker.name, tracker.close, failed)
         self.trackers = []
 
     def __enter__(self) -> "RunLogger":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        self.close(failed=exc_type is not None and not issubclass(exc_type, KeyboardInterrupt))
 
     # ------------------------------------------------------------------ sinks
     def _write_transcripts(self, iteration: int, metrics: dict, episodes: Sequence) -> None:
@@ -346,7 +348,7 @@ class RunLogger:
                 if disable in self.trackers:
                     self.trackers.remove(disable)
                 try:
-                    disable.close()
+                    disable.close(failed=True)
                 except Exception:
                     pass
                 self.tensorboard = self.tensorboard and disable.name != "tensorboard"

@@ -107,12 +107,20 @@ class RunDir:
     # ------------------------------------------------------------------ a fresh run
     def start(self, ckpt: CheckpointManager, config, tokenizer=None) -> None:
         """A fresh run: `FileExistsError` when the directory holds checkpoints; an empty
-        metrics file, the trained tokenizer (when given)."""
+        metrics file, the trained tokenizer (when given). What an abandoned earlier start
+        left (one killed before its first checkpoint) does not carry over: its episode
+        store is removed, and so are its trackers' run ids (new tracker runs start)."""
         if ckpt.latest_step() is not None:
             raise FileExistsError(f"{ckpt.directory} already holds checkpoints (latest "
                                   f"{ckpt.latest_step()}); resume, or choose another run_dir")
         if not self.primary:
             return
+        from jaxagent.train.trackers import ID_FILES
+
+        for name in ID_FILES:
+            (self.path / name).unlink(missing_ok=True)
+        if (self.path / "episodes").is_dir():
+            shutil.rmtree(self.path / "episodes")
         self.metrics_path.write_text("")
         if tokenizer is not None:
             from jaxagent.train.warmstart import save_tokenizer

@@ -9,19 +9,31 @@ Every tracker has `name`, `scalars(step, items)` and `close()`; `RunLogger` call
 and a tracker that raises is reported once and switched off for the run (logging
 never stops training). The tags are `RunLogger`'s (`train/...`, `eval/...`, `time/...`).
 
-- `tensorboard`: event files in `<run_dir>/tensorboard/` through tensorboardX's public
-  `FileWriter` (`add_event`, `flush` after every iteration). On a resume with event files
-  already there, the new file starts with a `SessionLog.START` at the first iteration
-  logged, so TensorBoard drops the old run's points from there on.
+- `tensorboard`: event files in `<run_dir>/tensorboard/`, in tensorboardX's record format,
+  written and flushed synchronously with every iteration by its `EventsWriter` (the
+  writer `SummaryWriter` uses underneath). tensorboardX's public `SummaryWriter` and
+  `FileWriter` hand events to a background thread: their `flush` returns before the
+  thread has written the event (so a file is an iteration behind and a killed run loses
+  its last points), and if that thread dies on a write error its bounded queue fills and
+  the next call blocks training. On a resume with event files already there, the new
+  file starts with a `SessionLog.START` at the first iteration logged, so TensorBoard
+  drops the old run's points from there on.
 - `wandb`: one W&B run per training run. `mode` is `offline` by default (files in
   `<run_dir>/wandb/`, uploaded later with `wandb sync`; no network, no account) or
-  `online`. The run's id is kept in `<run_dir>/wandb_run_id`, so a resumed training run
-  continues its W&B run. The run config is the flattened training config.
+  `online`. The run's id is kept in `<run_dir>/wandb_run_id` and a resumed training run
+  asks W&B to resume that id (`resume="allow"`); online, W&B continues the run (it drops
+  points at steps it already has, so a replayed iteration keeps its first values);
+  offline, each start writes its own directory under `<run_dir>/wandb/` with that id,
+  to be synced in order. The run config is the flattened training config.
 - `mlflow`: one MLflow run per training run, in `tracking_uri` (default: the local file
   store `<run_dir>/mlruns`, which MLflow 3 keeps in maintenance mode; `MLFLOW_ALLOW_FILE_STORE`
   is set for it) under experiment `experiment`. Its id is kept in `<run_dir>/mlflow_run_id`
-  (resume continues it); params are the flattened training config (values cut at 500
-  characters); MLflow metric names may not hold every character, so tags keep theirs.
+  (resume continues it; a replayed iteration adds a second value at its step); params
+  are the flattened training config (values cut at 500 characters).
+
+A fresh run (not a resume) starts new tracker runs: `RunDir.start` removes the saved ids
+of an abandoned earlier start in the same directory. `close(failed=True)` marks the
+tracker run failed (MLflow `FAILED`, W&B exit code 1).
 
 W&B and MLflow are optional (`pip install 'jaxagent[wandb]'` / `'jaxagent[mlflow]'`); a
 tracker whose package is missing is a config error naming the extra.
@@ -45,24 +57,27 @@ class TensorBoardTracker:
         self.dir = Path(run_dir) / "tensorboard"
         self._writer = None
 
+    def _event(self, step: int, **fields):
+        from tensorboardX.proto.event_pb2 import Event
+
+        self._writer.write_event(Event(wall_time=time.time(), step=int(step), **fields))
+
     def scalars(self, step: int, items: Iterable[tuple[str, float]]) -> None:
-        from tensorboardX import FileWriter
-        from tensorboardX.proto.event_pb2 import Event, SessionLog
+        from tensorboardX.event_file_writer import EventsWriter
+        from tensorboardX.proto.event_pb2 import SessionLog
         from tensorboardX.proto.summary_pb2 import Summary
 
         if self._writer is None:
             existing = self.dir.is_dir() and any(self.dir.glob("*tfevents*"))
             self.dir.mkdir(parents=True, exist_ok=True)
-            # a unique suffix: two writers opened within one second must not share a file
-            self._writer = FileWriter(str(self.dir), flush_secs=3600, filename_suffix=f".{os.getpid()}.{time.time_ns()}")
+            # a unique suffix: EventsWriter names files by the second and opens them "wb"
+            self._writer = EventsWriter(str(self.dir / "events"), f".{os.getpid()}.{time.time_ns()}")
             if existing:
-                self._writer.add_event(Event(wall_time=time.time(), step=int(step),
-                                             session_log=SessionLog(status=SessionLog.START)))
-        summary = Summary(value=[Summary.Value(tag=tag, simple_value=v) for tag, v in items])
-        self._writer.add_event(Event(wall_time=time.time(), step=int(step), summary=summary))
+                self._event(step, session_log=SessionLog(status=SessionLog.START))
+        self._event(step, summary=Summary(value=[Summary.Value(tag=tag, simple_value=v) for tag, v in items]))
         self._writer.flush()
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
@@ -102,9 +117,9 @@ class WandbTracker:
     def scalars(self, step: int, items: Iterable[tuple[str, float]]) -> None:
         self._run.log(dict(items), step=int(step))
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         if self._run is not None:
-            self._run.finish()
+            self._run.finish(exit_code=1 if failed else 0)
             self._run = None
 
 
@@ -150,9 +165,9 @@ class MlflowTracker:
         for i in range(0, len(metrics), 1000):
             self._client.log_batch(self.run_id, metrics=metrics[i:i + 1000])
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         if self._client is not None:
-            self._client.set_terminated(self.run_id)
+            self._client.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")
             self._client = None
 
 
@@ -168,22 +183,33 @@ def check_available(names: Iterable[str]) -> None:
             raise ValueError(f"tracker {name!r} needs the {module} package: pip install '{extra}'")
 
 
-def make_trackers(names: Iterable[str], run_dir, *, config: dict, options: dict | None = None) -> list:
+def make_trackers(names: Iterable[str], run_dir, *, config: dict, options: dict | None = None,
+                  on_error=None) -> list:
     """The trackers `names` of a run (module docstring); `options[name]` are keyword
-    arguments of that tracker (e.g. `{"wandb": {"project": "p", "mode": "online"}}`)."""
+    arguments of that tracker (e.g. `{"wandb": {"project": "p", "mode": "online"}}`).
+    A tracker that cannot start (no network, no API key, a server that does not answer)
+    is left out and reported with `on_error(name, exception)` (None: raise)."""
     names = list(names)
     check_available(names)
     options = options or {}
+    makers = {"tensorboard": lambda kw: TensorBoardTracker(run_dir),
+              "wandb": lambda kw: WandbTracker(run_dir, config=config, **kw),
+              "mlflow": lambda kw: MlflowTracker(run_dir, config=config, **kw)}
     out = []
     for name in names:
-        kw = dict(options.get(name, {}))
-        if name == "tensorboard":
-            out.append(TensorBoardTracker(run_dir))
-        elif name == "wandb":
-            out.append(WandbTracker(run_dir, config=config, **kw))
-        else:
-            out.append(MlflowTracker(run_dir, config=config, **kw))
+        try:
+            out.append(makers[name](dict(options.get(name, {}))))
+        except Exception as err:
+            if on_error is None:
+                for t in out:
+                    t.close(failed=True)
+                raise
+            on_error(name, err)
     return out
+
+
+#: files a tracker keeps in the run directory to continue its run on a resume
+ID_FILES = ("wandb_run_id", "mlflow_run_id")
 
 
 def flatten(config: dict, prefix: str = "") -> dict:

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import collections
 import json
+import sys
 import time
 
 import jax
@@ -90,6 +91,7 @@ class Trainer:
         self.config = config
         self.resume = resume
         self.resume_step = step
+        build.check_trackers(config)   # before anything is built: a missing package is a config error
         run = build.build_run(config, resume=resume, log=log)
         self.placement = run.placement
         self.primary = self.placement.primary
@@ -236,7 +238,8 @@ class Trainer:
         finally:  # never close the pool under a running rollout
             self._overlap.discard()
             if run_log is not None:
-                run_log.close()
+                error = sys.exc_info()[0]
+                run_log.close(failed=error is not None and not issubclass(error, (Interrupted, KeyboardInterrupt)))
             self._run_log = None
 
     def _check_collapse(self, metrics: dict) -> None:
@@ -297,12 +300,15 @@ class Trainer:
         self._phase("log-probs")
         t0 = time.perf_counter()
         loss_mask = traj.loss_mask * (~traj.failed)[:, None].astype(traj.loss_mask.dtype)
-        store = self._store is not None
-        old_logp = place.logprobs(self.state.params, placed, with_entropy=store)
-        if store:
+        # the same pass on every process (the config decides): its entropy is for the store
+        signals = bool(cfg.logging.episodes_per_iteration)
+        old_logp = place.logprobs(self.state.params, placed, with_entropy=signals)
+        if signals:
             old_logp, entropy = old_logp
         ref_logp = None if self.ref_params is None else place.logprobs(
-            build.full_reference(self.ref_params, self.state.params), placed)
+            build.full_reference(self.ref_params, self.state.params), placed, with_entropy=signals)
+        if signals and ref_logp is not None:
+            ref_logp = ref_logp[0]   # one compiled pass for both
         values = place.values(self.state, placed) if cfg.algo.uses_critic else None
         times["logprobs"] = _seconds_after(old_logp, t0)
 
@@ -331,7 +337,7 @@ class Trainer:
         out = iteration_metrics(traj, per_row["success"], step_metrics, adv, old_logp, loss_mask, times, total_s,
                                 iteration=self.iteration, tasks_seen=self.progress.task_position,
                                 invalid_actions=per_row["invalid_actions"], noop_actions=per_row["noop_actions"])
-        if store:
+        if signals and self._store is not None:
             self._store_episodes(collected.episodes, traj, adv, old_logp, entropy, loss_mask)
         if cfg.overlap.off_policy:  # the main thread (which drives the device) idled only while it waited
             out.update(staleness=staleness, device_idle_frac=times["rollout_wait"] / max(total_s, 1e-9))
@@ -352,15 +358,23 @@ class Trainer:
 
     def _store_episodes(self, episodes, traj, adv, old_logp, entropy, loss_mask) -> None:
         """This iteration's sample of episodes with their per-token signals, in the
-        episode store (`jaxagent.train.episodes`); every process fetches, one writes."""
-        signals = self.placement.fetch({"advantage": adv, "logp": old_logp, "rollout_logp": traj.rollout_logp,
-                                        "entropy": entropy, "loss_mask": loss_mask})
-        signals = {k: np.asarray(v, np.float64) for k, v in signals.items()}
-        signals["ratio"] = np.exp(signals["logp"] - signals["rollout_logp"])
-        if not self.primary:
+        episode store (`jaxagent.train.episodes`). The primary process writes its own
+        rows (the arrays are whole host-side batches on every process, so no collective
+        is needed); a write that fails switches the store off with one warning."""
+        if not self.primary or self.iteration % self._store.stride:
             return
+        signals = {"advantage": adv, "logp": old_logp, "rollout_logp": traj.rollout_logp, "entropy": entropy,
+                   "loss_mask": loss_mask}
         stride = self._store.stride
-        self._store.write(self.iteration, episodes, self.tokenizer, signals, rows=self.placement.rows)
+        try:
+            self._store.write(self.iteration, episodes, self.tokenizer, signals, rows=self.placement.rows)
+        except Exception as err:   # logging never stops training
+            import warnings
+
+            warnings.warn(f"episode store: writing iteration {self.iteration} to {self._store.dir} failed "
+                          f"({type(err).__name__}: {err}); the store is off for this run", RuntimeWarning)
+            self._store = None
+            return
         if self._store.stride != stride:
             self.log(f"episode store: {self._store.dir} reached logging.episodes_max_mb="
                      f"{self.config.logging.episodes_max_mb:g} MiB; it now keeps every {self._store.stride}th "
@@ -481,6 +495,8 @@ class Trainer:
         # metrics of iterations after the checkpoint (a run killed before its next save)
         # are dropped, so the file holds exactly the iterations the resumed run builds on
         self.rundir.write_metrics(self.history)
+        if self._store is not None and self.primary:   # the same for the episode store
+            self._store.drop_after(self.iteration)
         self.log(f"resumed from {ckpt.directory / str(step)} at iteration {self.iteration}")
 
 

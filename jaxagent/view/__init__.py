@@ -34,7 +34,6 @@ import threading
 from pathlib import Path
 
 from jaxagent.train.episodes import read_store
-from jaxagent.train.plot import read_metrics
 
 STATIC = Path(__file__).resolve().parent / "static"
 STATIC_FILES = ("index.html", "viewer.js", "viewer.css")
@@ -67,13 +66,35 @@ def digest(rec: dict) -> dict:
         "turns": len(rec.get("rewards", ()))}
 
 
+def read_metrics_live(path: Path) -> list[dict]:
+    """The lines of a `metrics.jsonl` that a running run may be writing: an empty file is
+    no metrics, and a last line without its newline (being appended) is left out; any
+    other line that is not a JSON object is an error naming the file and line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    out = []
+    # the last piece is "" when the file ends with a newline, else a line being appended
+    for n, line in enumerate(text.split("\n")[:-1], 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ViewError(f"{path}:{n}: not valid JSON ({err})") from None
+        if not isinstance(rec, dict):
+            raise ViewError(f"{path}:{n}: not a JSON object")
+        out.append(rec)
+    return out
+
+
 def read_run(run_dir) -> tuple[dict, dict[int, list[dict]]]:
     """`(run, episodes by iteration)` of one run directory; errors name the file."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ViewError(f"{run_dir}: no such run directory")
-    metrics_path = run_dir / "metrics.jsonl"
-    metrics = read_metrics(metrics_path) if metrics_path.is_file() else []
+    metrics = read_metrics_live(run_dir / "metrics.jsonl")
     summary = {}
     if (run_dir / "summary.json").is_file():
         try:
@@ -81,7 +102,7 @@ def read_run(run_dir) -> tuple[dict, dict[int, list[dict]]]:
         except json.JSONDecodeError as err:
             raise ViewError(f"{run_dir / 'summary.json'}: not valid JSON ({err})") from None
     stored = read_store(run_dir)
-    if not metrics and not stored:
+    if not metrics and not stored and not (run_dir / "config.yaml").is_file():
         raise ViewError(f"{run_dir}: neither metrics.jsonl nor an episode store (episodes/) to show; "
                         "is it a training run's directory?")
     by_iter: dict[int, list[dict]] = {}
@@ -134,14 +155,15 @@ def serve(run_dirs, *, port: int = 8765, host: str = "127.0.0.1", ready=None) ->
 
     class Handler(http.server.SimpleHTTPRequestHandler):
         def do_GET(self):
-            if self.path.split("?")[0] in ("/", "/index.html"):
-                with lock:
+            # every request under the lock: a page load's rebuild never races another's reads
+            with lock:
+                if self.path.split("?")[0] in ("/", "/index.html"):
                     try:
                         write_site(run_dirs, site)
                     except (ValueError, OSError) as err:
                         self.send_error(500, str(err))
                         return
-            super().do_GET()
+                super().do_GET()
 
         def log_message(self, *args):
             pass

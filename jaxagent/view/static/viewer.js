@@ -305,8 +305,13 @@ window.JAXAGENT = (() => {
       pane.iteration = its.length ? its[its.length - 1] : null;
       if (pane.iteration !== null) iterSel.value = pane.iteration;
     };
+    const showList = () => {
+      if (pane.iteration === null) {
+        pane.listBox.replaceChildren(el("p", { class: "empty" }, "this run has no episode store (yet)"));
+      } else renderList(pane);
+    };
     runSel.addEventListener("change", () => {
-      pane.run = +runSel.value; pane.selected = null; fillIterations(); renderList(pane); renderEpisode(pane, null);
+      pane.run = +runSel.value; pane.selected = null; fillIterations(); showList(); renderEpisode(pane, null);
     });
     iterSel.addEventListener("change", () => {
       pane.iteration = +iterSel.value; pane.selected = null; renderList(pane); renderEpisode(pane, null);
@@ -323,8 +328,7 @@ window.JAXAGENT = (() => {
     pane.episodeBox = el("div", { class: "episode" });
     root.append(pane.listBox, pane.episodeBox);
     fillIterations();
-    if (pane.iteration === null) pane.listBox.append(el("p", { class: "empty" }, "this run has no episode store"));
-    else renderList(pane);
+    showList();
     return [pane, root];
   }
 

@@ -72,6 +72,18 @@ def test_eval_lines_and_summary_references_are_drawn(tmp_path):
     assert text["Description"] == "panels: reward, success rate, KL, entropy, loss, tokens/s, eval"
 
 
+def test_learning_diagnostics_have_their_panel(tmp_path):
+    diag = {"flat_groups_frac": 0.25, "anchor_repeat_frac": 0.9, "invalid_action_frac": 0.02,
+            "noop_action_frac": 0.4, "failed_frac": 0.0}
+    records = [{**full_record(i), **{k: v * i for k, v in diag.items()}} for i in (1, 2)]
+    panels = {p.title: p for p in build_panels(records)}
+    got = panels["diagnostics"].lines
+    assert set(got) == set(diag)
+    assert got["noop_action_frac"] == ([1.0, 2.0], [0.4, 0.8])
+    _, text = png_info(plot_run(write_run(tmp_path / "run", records)))
+    assert text["Description"] == "panels: reward, success rate, KL, entropy, loss, diagnostics, tokens/s"
+
+
 def test_summary_alone_gives_the_success_panel(tmp_path):
     run = write_run(tmp_path / "run", [{"iteration": 1, "entropy": 2.0}], {"success_before_rl": 0.1})
     _, text = png_info(plot_run(run))

@@ -4,7 +4,9 @@
 
 One panel per group of metrics present in the file, against `iteration` (PANELS):
 reward (`reward_mean`, with a +-`reward_std` band), success rate, KL (`kl`,
-`approx_kl`), entropy, loss (`loss`, `pg_loss`, `value_loss`) and tokens/s. Evaluation
+`approx_kl`), entropy, loss (`loss`, `pg_loss`, `value_loss`), the learning diagnostics
+(flat groups, anchor repeats, invalid and no-op actions, failed episodes, clip
+fraction) and tokens/s. Evaluation
 results (keys `eval_*`, in the same lines or in lines of their own with an
 `iteration`) are drawn on the panel of the metric they evaluate (`eval_success_rate`
 on the success panel) as markers, and any other `eval_*` keys on an extra "eval"
@@ -28,6 +30,9 @@ PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("KL", ("kl", "approx_kl")),
     ("entropy", ("entropy",)),
     ("loss", ("loss", "pg_loss", "value_loss")),
+    # the learning diagnostics (fractions): what the batch can teach, malformed and no-op actions
+    ("diagnostics", ("flat_groups_frac", "anchor_repeat_frac", "invalid_action_frac", "noop_action_frac",
+                     "failed_frac", "clipfrac")),
     ("tokens/s", ("tokens_per_s",)),
 )
 SUMMARY_KEYS = ("success_before_rl", "success_after_rl")

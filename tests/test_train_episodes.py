@@ -139,11 +139,14 @@ def test_a_real_run_stores_its_episodes_tokens_and_signals(stored_run):
             json.loads(line, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
 
 
-def test_the_store_can_be_switched_off(tmp_path):
+def test_the_store_can_be_switched_off_and_changes_no_number_of_the_run(tmp_path, stored_run):
     from jaxagent.train.trainer import Trainer
-    cfg = config(tmp_path / "run", *VARIED, "iterations=1", "logging.episodes_per_iteration=0")
-    Trainer(cfg, log=lambda *_: None).run()
+    from test_train_loop import learning_metrics
+    cfg = config(tmp_path / "run", *VARIED, "iterations=2", "logging.episodes_per_iteration=0")
+    history = Trainer(cfg, log=lambda *_: None).run()
     assert not (tmp_path / "run" / "episodes").exists()
+    # the same run with the store on (the shared fixture): every metric equal, to the bit
+    assert learning_metrics(history) == learning_metrics(stored_run.trainer.history)
 
 
 def test_a_store_that_cannot_write_is_switched_off_and_training_goes_on(tmp_path, monkeypatch):

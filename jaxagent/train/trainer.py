@@ -52,7 +52,8 @@ from jaxagent.train import build
 from jaxagent.train.advantages import compute_advantages, shape_rewards
 from jaxagent.train.collect import collect_batch
 from jaxagent.train.config import TrainerConfig
-from jaxagent.train.episodes import EpisodeStore
+from jaxagent.train.episodes import EpisodeStore, select_for_store
+from jaxagent.train.placement import policy_logprobs
 from jaxagent.train.evaluate import EvalProgress, evaluate
 from jaxagent.train.metrics import collapse_warning, eval_line, iteration_line, iteration_metrics
 from jaxagent.train.overlap import OffPolicyRollouts
@@ -300,15 +301,11 @@ class Trainer:
         self._phase("log-probs")
         t0 = time.perf_counter()
         loss_mask = traj.loss_mask * (~traj.failed)[:, None].astype(traj.loss_mask.dtype)
-        # the same pass on every process (the config decides): its entropy is for the store
-        signals = bool(cfg.logging.episodes_per_iteration)
-        old_logp = place.logprobs(self.state.params, placed, with_entropy=signals)
-        if signals:
-            old_logp, entropy = old_logp
+        old_logp = place.logprobs(self.state.params, placed)
         ref_logp = None if self.ref_params is None else place.logprobs(
-            build.full_reference(self.ref_params, self.state.params), placed, with_entropy=signals)
-        if signals and ref_logp is not None:
-            ref_logp = ref_logp[0]   # one compiled pass for both
+            build.full_reference(self.ref_params, self.state.params), placed)
+        # the stored episodes' token entropies, from the params the log-probs were taken with
+        entropy = self._store_entropy(collected.episodes, placed) if cfg.logging.episodes_per_iteration else None
         values = place.values(self.state, placed) if cfg.algo.uses_critic else None
         times["logprobs"] = _seconds_after(old_logp, t0)
 
@@ -337,7 +334,7 @@ class Trainer:
         out = iteration_metrics(traj, per_row["success"], step_metrics, adv, old_logp, loss_mask, times, total_s,
                                 iteration=self.iteration, tasks_seen=self.progress.task_position,
                                 invalid_actions=per_row["invalid_actions"], noop_actions=per_row["noop_actions"])
-        if signals and self._store is not None:
+        if entropy is not None and self._store is not None:
             self._store_episodes(collected.episodes, traj, adv, old_logp, entropy, loss_mask)
         if cfg.overlap.off_policy:  # the main thread (which drives the device) idled only while it waited
             out.update(staleness=staleness, device_idle_frac=times["rollout_wait"] / max(total_s, 1e-9))
@@ -355,6 +352,31 @@ class Trainer:
         if self._run_log is not None:
             first = self._run_log.iterations_logged == 0
             self._run_log.phase(f"iteration {self.iteration + 1}: {what}" + (" (compiling)" if first else ""))
+
+    def _store_entropy(self, episodes, placed):
+        """`[B, T]` token entropies for the episodes the store will keep this iteration
+        (NaN elsewhere), by a pass of its own: the log-prob pass the update uses stays the
+        same computation with the store on or off, so a run's numbers do not depend on it.
+        On one device the pass covers only the chosen rows (`per_iteration` of them); on a
+        mesh every process runs it over the whole batch, every iteration."""
+        cfg = self.config
+        if self.placement.mesh is not None:
+            return self.placement.logprobs(self.state.params, placed, with_entropy=True)[1]
+        if not self.primary or self._store is None or (self.iteration + 1) % self._store.stride:
+            return None
+        chosen = [i for i, _ in select_for_store(episodes, cfg.logging.episodes_per_iteration)]
+        if not chosen:
+            return None
+        rows = np.asarray([int(self.placement.rows[i]) for i in chosen])
+        n = cfg.logging.episodes_per_iteration   # padded to one shape: one compilation
+        take = np.concatenate([rows, np.full(n - len(rows), rows[0])])
+        sc = cfg.step_config
+        _, ent = policy_logprobs(self.state.params, self.model_config, tokens_BxT=placed.tokens[take],
+                                 attention_mask_BxT=placed.attention_mask[take], temperature=sc.loss.temperature,
+                                 seq_chunk=sc.seq_chunk, vocab_chunk=sc.vocab_chunk, with_entropy=True)
+        out = np.full(np.shape(placed.tokens), np.nan, np.float32)
+        out[rows] = np.asarray(ent)[:len(rows)]
+        return out
 
     def _store_episodes(self, episodes, traj, adv, old_logp, entropy, loss_mask) -> None:
         """This iteration's sample of episodes with their per-token signals, in the

@@ -184,13 +184,14 @@ def test_bench_update_quick_smoke(tmp_path):
     assert steps[0]["batch"] == 2 and not [r for r in rows if r["kind"] == "ratio"]
 
 
-def write_seed_run(run_dir: Path, seed: int, lr: float, train_success, eval_at, summary):
+def write_seed_run(run_dir: Path, seed: int, lr: float, train_success, eval_at, summary, logging=None):
     """A run dir as the trainer writes it: config.yaml, metrics.jsonl, summary.json."""
     import yaml
 
     run_dir.mkdir(parents=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump({"env": {"group_size": 4}, "optim": {"lr": lr},
-                                                         "seed": seed, "run_dir": str(run_dir)}))
+                                                         "seed": seed, "run_dir": str(run_dir),
+                                                         "logging": logging or {}}))
     lines = []
     for i, s in enumerate(train_success, start=1):
         rec = {"iteration": i, "tasks_seen": 2 * i, "success_rate": s}
@@ -209,7 +210,9 @@ def test_plot_several_runs_groups_seeds_of_a_recipe(tmp_path):
     a = tmp_path / "a"
     write_seed_run(a, 0, 1e-3, [0.1, 0.2, 0.3], {2: (0.3, 0.2)}, before_after)
     b = tmp_path / "b"
-    write_seed_run(b, 1, 1e-3, [0.3, 0.4, 0.5], {2: (0.5, 0.4)}, {**before_after, "success_after_rl": 0.7})
+    # b logged differently (its episode store off): still a seed of a's recipe
+    write_seed_run(b, 1, 1e-3, [0.3, 0.4, 0.5], {2: (0.5, 0.4)}, {**before_after, "success_after_rl": 0.7},
+                   logging={"episodes_per_iteration": 0})
     c = tmp_path / "c"
     write_seed_run(c, 0, 3e-4, [0.0, 0.0, 0.1], {}, before_after)
     run = read_run(a)

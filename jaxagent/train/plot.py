@@ -243,7 +243,8 @@ def read_run(run_dir) -> RunCurves:
             held[kind].insert(0, (0.0, float(summary[f"success_before_rl{suffix}"])))
         if _is_number(summary.get(f"success_after_rl{suffix}")) and episodes:
             held[kind].append((episodes[-1], float(summary[f"success_after_rl{suffix}"])))
-    recipe = {k: v for k, v in config.items() if k not in SEED_KEYS}
+    # logging settings (trackers, the episode store ...) change no number of a run
+    recipe = {k: v for k, v in config.items() if k not in SEED_KEYS and k != "logging"}
     return RunCurves(run_dir, recipe, episodes, train, held)
 
 
@@ -282,7 +283,8 @@ def _mean_band(series: list[list[tuple[float, float]]]):
 def plot_runs(run_dirs, out=None) -> Path:
     """Several runs on one figure against episodes played: held-out success sampled and
     greedy, and training success. Runs whose configs differ only in `seed` (and
-    `run_dir`) are seeds of one recipe, drawn as their mean with a min-max band.
+    `run_dir`, and the `logging` section) are seeds of one recipe, drawn as their mean
+    with a min-max band.
     Default output: `comparison.png` beside the first run directory."""
     runs = [read_run(d) for d in run_dirs]
     if not runs:

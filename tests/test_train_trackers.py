@@ -23,8 +23,15 @@ def test_mlflow_records_a_run_and_its_resume(tmp_path):
     pytest.importorskip("mlflow")
     from jaxagent.train.trainer import Trainer
     run = tmp_path / "run"
-    Trainer(config(run, *VARIED, "iterations=2", "logging.trackers=[mlflow]"), log=lambda *_: None).run()
-    Trainer(config(run, *VARIED, "iterations=3", "logging.trackers=[mlflow]"), resume=True, log=lambda *_: None).run()
+    # what a start killed before its first checkpoint left: a fresh start does not carry it over
+    run.mkdir()
+    (run / "mlflow_run_id").write_text("0123456789abcdef\n")
+    (run / "episodes").mkdir()
+    (run / "episodes" / "iter_000007.jsonl").write_text("{}\n")
+    Trainer(config(run, *VARIED, "iterations=1", "logging.trackers=[mlflow]"), log=lambda *_: None).run()
+    assert (run / "mlflow_run_id").read_text().strip() != "0123456789abcdef"
+    assert sorted(p.name for p in (run / "episodes").glob("iter_*")) == ["iter_000001.jsonl"]
+    Trainer(config(run, *VARIED, "iterations=2", "logging.trackers=[mlflow]"), resume=True, log=lambda *_: None).run()
     from mlflow.tracking import MlflowClient
     client = MlflowClient(tracking_uri=(run / "mlruns").resolve().as_uri())
     run_id = (run / "mlflow_run_id").read_text().strip()
@@ -161,16 +168,3 @@ def test_a_crash_marks_the_tracker_run_failed(tmp_path):
             raise RuntimeError("the update blew up")
     client = MlflowClient(tracking_uri=(tmp_path / "mlruns").resolve().as_uri())
     assert client.get_run(tracker.run_id).info.status == "FAILED"
-
-
-def test_a_fresh_start_in_an_abandoned_directory_starts_new_tracker_runs(tmp_path):
-    pytest.importorskip("mlflow")
-    from jaxagent.train.trainer import Trainer
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "mlflow_run_id").write_text("0123456789abcdef\n")   # left by a start killed before its first save
-    (run / "episodes").mkdir()
-    (run / "episodes" / "iter_000007.jsonl").write_text("{}\n")
-    Trainer(config(run, *VARIED, "iterations=1", "logging.trackers=[mlflow]"), log=lambda *_: None).run()
-    assert (run / "mlflow_run_id").read_text().strip() != "0123456789abcdef"
-    assert sorted(p.name for p in (run / "episodes").glob("iter_*")) == ["iter_000001.jsonl"]

@@ -1,6 +1,7 @@
 """The README's screenshot of `jaxagent view`: builds the static site of RUN_DIR, opens
-it in headless Chromium, opens the first stored episode of the last iteration in the
-left pane (coloured by SIGNAL) and the lowest-return one in the right, and saves PNG.
+it in headless Chromium, opens the highest-return stored episode of the last iteration
+in the left pane and the lowest-return one in the right (coloured by SIGNAL), and saves
+a PNG.
 
     .venv/bin/python docs/screenshot_view.py RUN_DIR docs/view.png [--signal advantage]
 """
@@ -39,9 +40,9 @@ def main() -> None:
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#pane0 tr.episode-row"))
         if len(args.run_dir) > 1:
             Select(driver.find_element(By.CSS_SELECTOR, "#pane1 .run-select")).select_by_index(1)
-        for k, pick in ((0, "highest_return"), (1, "lowest_return")):
+        for k, best in ((0, max), (1, min)):   # the stored episode of the highest / lowest return
             rows = driver.find_elements(By.CSS_SELECTOR, f"#pane{k} tr.episode-row")
-            row = next((r for r in rows if pick in r.text), rows[0])
+            row = best(rows, key=lambda r: float(r.find_elements(By.TAG_NAME, "td")[3].text))
             row.click()
             Select(driver.find_element(By.CSS_SELECTOR, f"#pane{k} .signal-select")).select_by_value(args.signal)
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#pane1 .segment.policy .tok"))

@@ -20,11 +20,18 @@ def fake(index, group, rewards, failed=False, truncated=False):
 def test_selection_keeps_failed_truncated_and_the_extremes_first():
     eps = [fake(0, 0, [0.2]), fake(1, 0, [0.9]), fake(2, 1, [0.5], truncated=True), fake(3, 1, [0.0]),
            fake(4, 2, [0.1], failed=True), fake(5, 2, [0.3]), fake(6, 3, [0.4])]
-    assert select_for_store(eps, 4) == [(4, "failed"), (2, "truncated"), (1, "highest_return"),
-                                        (3, "lowest_return")]
+    assert select_for_store(eps, 4) == [(1, "highest_return"), (3, "lowest_return"), (4, "failed"),
+                                        (2, "truncated")]
     # then the first episode of each group not yet in (group 3), then the rest in order
     assert select_for_store(eps, 7)[4:] == [(6, "sample"), (0, "sample"), (5, "sample")]
-    assert select_for_store(eps, 2) == [(4, "failed"), (2, "truncated")]
+    assert select_for_store(eps, 2) == [(1, "highest_return"), (3, "lowest_return")]
+    # where most episodes are truncated, they get a quarter of the slots first, not all
+    many = [fake(i, i // 2, [0.1 * i], truncated=i < 6) for i in range(8)]
+    got = select_for_store(many, 4)
+    assert got == [(7, "highest_return"), (0, "lowest_return"), (1, "truncated"), (2, "sample")]
+    assert select_for_store(many, 8) == [(7, "highest_return"), (0, "lowest_return"), (1, "truncated"),
+                                         (2, "truncated"), (4, "sample"), (3, "truncated"), (5, "truncated"),
+                                         (6, "sample")]
     assert select_for_store(eps, 0) == [] and select_for_store([], 3) == []
 
 

@@ -19,9 +19,9 @@ written to a temporary name and renamed, so a reader never sees half a file):
       (the sampler's), `ratio` = exp(logp - rollout_logp), `entropy` (the trainer's
       next-token entropy), and `loss_mask` (0 where the update ignores the token).
 
-Which episodes (`select_for_store`): the failed ones, the truncated ones, the highest-
-and the lowest-return one (in that order of priority), then one of each task group
-not yet in, then the rest, up to `per_iteration`. The store is bounded by `max_mb`: when it would grow
+Which episodes (`select_for_store`), up to `per_iteration`: the highest- and the
+lowest-return one; failed and truncated ones, up to a quarter of the slots each; one
+of each task group not yet in; then the other failed and truncated ones; then the rest. The store is bounded by `max_mb`: when it would grow
 past it, every other stored iteration is deleted and from then on only every second
 iteration is stored (then every fourth, ...), so a long run keeps evenly spaced
 iterations from all of it (`EpisodeStore.write`; the stride is in `episodes/stride`,
@@ -50,25 +50,39 @@ def select_for_store(episodes: Sequence, n: int) -> list[tuple[int, str]]:
     returns = [sum(ep.rewards) for ep in episodes]
     chosen: dict[int, str] = {}
 
-    def take(i: int, why: str) -> None:
+    def take(i: int, why: str) -> bool:
         if len(chosen) < n and i not in chosen:
             chosen[i] = why
+            return True
+        return False
 
-    for i, ep in enumerate(episodes):
-        if ep.failed:
-            take(i, "failed")
-    for i, ep in enumerate(episodes):
-        if ep.truncated and not ep.failed:
-            take(i, "truncated")
+    def take_some(indices, why: str, k: int) -> None:
+        added = 0
+        for i in indices:
+            if added == k:
+                break
+            added += take(i, why)
+
     live = [i for i, ep in enumerate(episodes) if not ep.failed]
     if live:
         take(max(live, key=lambda i: returns[i]), "highest_return")
         take(min(live, key=lambda i: returns[i]), "lowest_return")
+    # failed and truncated episodes: a quarter of the slots each at first (where most
+    # episodes are truncated, they must not crowd out the rest), more at the end
+    share = max(1, n // 4)
+    failed = [i for i, ep in enumerate(episodes) if ep.failed]
+    truncated = [i for i, ep in enumerate(episodes) if ep.truncated and not ep.failed]
+    take_some(failed, "failed", share)
+    take_some(truncated, "truncated", share)
     seen = {episodes[i].group_id for i in chosen}
     for i, ep in enumerate(episodes):
         if ep.group_id not in seen:
             seen.add(ep.group_id)
             take(i, "sample")
+    for i in failed:
+        take(i, "failed")
+    for i in truncated:
+        take(i, "truncated")
     for i in range(len(episodes)):
         take(i, "sample")
     return list(chosen.items())

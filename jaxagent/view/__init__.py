@@ -108,7 +108,15 @@ def read_run(run_dir) -> tuple[dict, dict[int, list[dict]]]:
     by_iter: dict[int, list[dict]] = {}
     for rec in stored:
         by_iter.setdefault(int(rec["iteration"]), []).append(rec)
-    summary = _finite({k: v for k, v in summary.items() if not isinstance(v, (dict, list))})
+    # scalars, and one level of the evaluations' dicts as dotted keys
+    # ("eval_after_rl_greedy.noop_action_frac")
+    flat = {}
+    for k, v in summary.items():
+        if isinstance(v, dict):
+            flat.update({f"{k}.{kk}": vv for kk, vv in v.items() if not isinstance(vv, (dict, list))})
+        elif not isinstance(v, list):
+            flat[k] = v
+    summary = _finite(flat)
     run = {"name": str(run_dir), "metrics": _finite(metrics), "summary": summary,
            "iterations": {str(i): [digest(r) for r in recs] for i, recs in sorted(by_iter.items())}}
     return run, by_iter

@@ -25,7 +25,8 @@ window.JAXAGENT = (() => {
     ["turns with a repeated anchor state", "anchor_repeat_frac"],
     ["invalid actions", "invalid_action_frac"],
     ["no-op actions", "noop_action_frac"],
-    ["held-out no-op actions, greedy", "eval_greedy_noop_action_frac"],
+    ["held-out no-op actions, greedy", "eval_greedy_noop_action_frac", "eval_before_rl_greedy.noop_action_frac",
+     "eval_after_rl_greedy.noop_action_frac"],
     ["failed episodes", "failed_frac"],
     ["collapse warnings (total)", "collapse_warnings"],
   ];

@@ -63,7 +63,7 @@ def test_a_run_that_just_started_or_is_being_written_shows(run_dir, tmp_path):
     run, _ = view.read_run(live)
     assert [m["iteration"] for m in run["metrics"]] == [1, 2]
     (live / "metrics.jsonl").write_text('{"iteration": 1}\nnot json\n{"iteration": 3}\n')
-    with pytest.raises(view.ViewError, match=r"metrics.jsonl:2: not valid JSON"):
+    with pytest.raises(ValueError, match=r"metrics.jsonl, line 2: not valid JSON"):
         view.read_run(live)
     # a NaN metric is shown as a gap (None), never written as NaN
     (live / "metrics.jsonl").write_text(whole.replace('"approx_kl": ', '"approx_kl": NaN, "x": ', 1))

@@ -60,15 +60,20 @@ def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def read_metrics(path) -> list[dict]:
-    """The JSON objects of a metrics.jsonl (blank lines skipped); errors name the line."""
+def read_metrics(path, *, live: bool = False) -> list[dict]:
+    """The JSON objects of a metrics.jsonl (blank lines skipped); errors name the line.
+
+    `live`: the file of a run that may be running (`jaxagent view`): a missing or empty
+    file is no records, and a last line without its newline (being appended) is left out."""
     path = Path(path)
     if not path.is_file():
+        if live:
+            return []
         raise FileNotFoundError(f"{path}: no such file (a run writes metrics.jsonl after its first iteration)")
     records = []
     with path.open(encoding="utf-8") as f:
         for number, line in enumerate(f, start=1):
-            if not line.strip():
+            if not line.strip() or (live and not line.endswith("\n")):
                 continue
             try:
                 rec = json.loads(line)
@@ -77,7 +82,7 @@ def read_metrics(path) -> list[dict]:
             if not isinstance(rec, dict):
                 raise RunDataError(f"{path}, line {number}: expected a JSON object, got {type(rec).__name__}")
             records.append(rec)
-    if not records:
+    if not records and not live:
         raise RunDataError(f"{path} is empty: no iteration has been logged yet")
     return records
 

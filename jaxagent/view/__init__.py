@@ -34,6 +34,7 @@ import threading
 from pathlib import Path
 
 from jaxagent.train.episodes import read_store
+from jaxagent.train.plot import read_metrics
 
 STATIC = Path(__file__).resolve().parent / "static"
 STATIC_FILES = ("index.html", "viewer.js", "viewer.css")
@@ -66,35 +67,12 @@ def digest(rec: dict) -> dict:
         "turns": len(rec.get("rewards", ()))}
 
 
-def read_metrics_live(path: Path) -> list[dict]:
-    """The lines of a `metrics.jsonl` that a running run may be writing: an empty file is
-    no metrics, and a last line without its newline (being appended) is left out; any
-    other line that is not a JSON object is an error naming the file and line."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return []
-    out = []
-    # the last piece is "" when the file ends with a newline, else a line being appended
-    for n, line in enumerate(text.split("\n")[:-1], 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ViewError(f"{path}:{n}: not valid JSON ({err})") from None
-        if not isinstance(rec, dict):
-            raise ViewError(f"{path}:{n}: not a JSON object")
-        out.append(rec)
-    return out
-
-
 def read_run(run_dir) -> tuple[dict, dict[int, list[dict]]]:
     """`(run, episodes by iteration)` of one run directory; errors name the file."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ViewError(f"{run_dir}: no such run directory")
-    metrics = read_metrics_live(run_dir / "metrics.jsonl")
+    metrics = read_metrics(run_dir / "metrics.jsonl", live=True)
     summary = {}
     if (run_dir / "summary.json").is_file():
         try:

@@ -153,6 +153,18 @@ def to_dict(cfg) -> dict:
     return plain(cfg)
 
 
+def flatten(config: dict, prefix: str = "") -> dict:
+    """A nested config dict as dotted keys (`optim.lr`), lists and scalars as values."""
+    out = {}
+    for k, v in config.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
 def dump_yaml(cfg) -> str:
     return yaml.safe_dump(to_dict(cfg), sort_keys=False)
 

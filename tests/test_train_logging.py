@@ -122,7 +122,6 @@ def test_reopening_a_run_appends_and_purges_the_replayed_iterations(tmp_path):
 
 def test_tensorboard_itself_reads_the_scalars_and_drops_the_replayed_points(tmp_path):
     """TensorBoard's own event reader (the `tensorboard` extra) over a run and its resume."""
-    pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     with RunLogger(tmp_path, total_iterations=4, progress=False) as log:
         for i in (1, 2, 3):

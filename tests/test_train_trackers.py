@@ -20,7 +20,6 @@ def test_flatten_gives_dotted_keys():
 
 
 def test_mlflow_records_a_run_and_its_resume(tmp_path):
-    pytest.importorskip("mlflow")
     from jaxagent.train.trainer import Trainer
     run = tmp_path / "run"
     # what a start killed before its first checkpoint left: a fresh start does not carry it over
@@ -79,7 +78,6 @@ def test_wandb_tracker_calls_and_a_real_offline_run(tmp_path, monkeypatch):
 
 def test_wandb_offline_run_as_run_logger_drives_it(tmp_path, monkeypatch):
     """The real package in offline mode: a run's files, no network."""
-    pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_SILENT", "true")
     run = tmp_path / "run"
     tracker = WandbTracker(run, config={"optim.lr": 1e-3, "env.name": "sokoban"})
@@ -141,7 +139,6 @@ def test_tracker_config_errors(tmp_path, monkeypatch):
 def test_a_tracker_that_cannot_start_is_left_out_with_a_warning(tmp_path, monkeypatch):
     """No network, no key, a server that does not answer: a warning, and the run's
     logger gets the trackers that did start (training is never stopped by one)."""
-    pytest.importorskip("mlflow")
     import mlflow.tracking
 
     from jaxagent.train import build
@@ -164,7 +161,6 @@ def test_a_tracker_that_cannot_start_is_left_out_with_a_warning(tmp_path, monkey
 
 
 def test_a_crash_marks_the_tracker_run_failed(tmp_path):
-    pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient
     tracker = MlflowTracker(tmp_path, config={"a": 1})
     with pytest.raises(RuntimeError):

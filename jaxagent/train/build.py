@@ -255,8 +255,8 @@ def trackers(config, run_dir) -> list:
     lc = config.logging
     if not lc.trackers:
         return []
-    from jaxagent.config import to_dict
-    from jaxagent.train.trackers import flatten, make_trackers
+    from jaxagent.config import flatten, to_dict
+    from jaxagent.train.trackers import make_trackers
 
     import warnings
 

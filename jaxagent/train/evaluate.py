@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxagent.train.logging import _isatty
 from jaxagent.train.metrics import jsonable
 
 
@@ -80,10 +81,7 @@ class EvalProgress:
 
         self.label, self.stream = label, sys.stderr if stream is None else stream
         self._bar = None
-        try:
-            self.enabled = bool(self.stream.isatty())
-        except Exception:
-            self.enabled = False
+        self.enabled = _isatty(self.stream)
 
     def __call__(self, done: int, total: int) -> None:
         if not self.enabled:

@@ -209,12 +209,10 @@ class RunLogger:
             raise ValueError("transcripts_every and transcripts_per_iteration must be >= 0")
         self.run_dir = Path(run_dir)
         self.total_iterations = int(total_iterations)
-        self.tensorboard = tensorboard
         self.progress = progress
         self.stream = sys.stderr if stream is None else stream
         self.transcripts_every = transcripts_every
         self.transcripts_per_iteration = transcripts_per_iteration
-        self.tensorboard_dir = self.run_dir / "tensorboard"
         self.transcripts_dir = self.run_dir / "transcripts"
         from jaxagent.train.trackers import TensorBoardTracker
 
@@ -351,7 +349,6 @@ class RunLogger:
                     disable.close(failed=True)
                 except Exception:
                     pass
-                self.tensorboard = self.tensorboard and disable.name != "tensorboard"
 
     def _warn(self, sink: str, err: BaseException, off: bool = False) -> None:
         if sink in self._warned:

@@ -23,6 +23,8 @@ import json
 import math
 from pathlib import Path
 
+from jaxagent.config import flatten
+
 #: (title, metric keys) of each panel, in drawing order
 PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("reward", ("reward_mean",)),
@@ -255,19 +257,10 @@ def read_run(run_dir) -> RunCurves:
 
 def _recipe_labels(groups: list[list[RunCurves]]) -> list[str]:
     """A label per recipe: the dotted config keys in which the recipes differ."""
-    def flat(d, prefix=""):
-        out = {}
-        for k, v in d.items():
-            if isinstance(v, dict) and v:
-                out.update(flat(v, f"{prefix}{k}."))
-            else:
-                out[prefix + k] = v
-        return out
-
     def norm(v):  # a key absent, null or empty means the same default
         return json.dumps(None if v in ({}, []) else v, sort_keys=True)
 
-    flats = [{k: v for k, v in flat(g[0].recipe).items() if not k.startswith("logging.")} for g in groups]
+    flats = [{k: v for k, v in flatten(g[0].recipe).items() if not k.startswith("logging.")} for g in groups]
     keys = sorted({k for f in flats for k in f if len({norm(x.get(k)) for x in flats}) > 1})
     labels = []
     for f, g in zip(flats, groups):

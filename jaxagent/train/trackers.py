@@ -46,6 +46,8 @@ import uuid
 from pathlib import Path
 from typing import Iterable
 
+from jaxagent.config import flatten  # noqa: F401  (the flattened config trackers get)
+
 KNOWN = ("tensorboard", "wandb", "mlflow")
 EXTRAS = {"wandb": ("wandb", "jaxagent[wandb]"), "mlflow": ("mlflow", "jaxagent[mlflow]")}
 
@@ -210,15 +212,3 @@ def make_trackers(names: Iterable[str], run_dir, *, config: dict, options: dict 
 
 #: files a tracker keeps in the run directory to continue its run on a resume
 ID_FILES = ("wandb_run_id", "mlflow_run_id")
-
-
-def flatten(config: dict, prefix: str = "") -> dict:
-    """A nested config dict as dotted keys (`optim.lr`), lists and scalars as values."""
-    out = {}
-    for k, v in config.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out

@@ -43,6 +43,7 @@ import collections
 import json
 import sys
 import time
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -391,8 +392,6 @@ class Trainer:
         try:
             self._store.write(self.iteration, episodes, self.tokenizer, signals, rows=self.placement.rows)
         except Exception as err:   # logging never stops training
-            import warnings
-
             warnings.warn(f"episode store: writing iteration {self.iteration} to {self._store.dir} failed "
                           f"({type(err).__name__}: {err}); the store is off for this run", RuntimeWarning)
             self._store = None

@@ -48,6 +48,8 @@ bench: $(STAMP)
 	$(PY) benchmarks/w4_advantages.py --out benchmarks/results/w4_advantages.jsonl
 	$(PY) benchmarks/w5_envpool.py --out benchmarks/results/w5_envpool.jsonl
 	$(PY) benchmarks/w7_overlap.py --out benchmarks/results/w7_overlap.jsonl
+	$(PY) benchmarks/w8_iteration.py --out benchmarks/results/w8_iteration.jsonl
+	$(PY) benchmarks/w9_uneven.py --out benchmarks/results/w9_uneven.jsonl
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -14,6 +14,16 @@ guarantee below (timeouts, fault isolation, replay, determinism) holds the same
 whether the caller collects at once or later, since timeouts are measured from when
 each item starts in its worker, not from when the caller collects.
 
+Episodes that do not wait for each other: ``send({slot: (op, arg), ...})`` starts
+resets (``("reset", seed)``) and steps (``("step", action)``) of some slots while
+other slots' calls are still running, and ``poll(timeout)`` returns ``{slot: result}``
+for those finished so far (waiting up to ``timeout`` for the first). A worker runs its
+slots' items one after another, so a slow step holds the other slots of its worker
+only; an item sent to a busy worker starts when the worker's current batch is done.
+The guarantees below hold for ``send`` / ``poll`` too, and the results are those
+``reset`` / ``step`` would give. While ``send`` calls are outstanding the calls above
+are refused, and the other way round.
+
 Faults end only the episode that caused them. A step that raises, returns something
 that is not a valid 5-tuple (see ``envs.core``), returns a result that cannot be
 pickled, runs past ``step_timeout``, or kills its worker process (segfault,
@@ -74,6 +84,7 @@ _MAX_SILENT_DEATHS = 3
 
 # Item ops sent to workers.
 _RESET, _STEP, _REPLAY, _EXPERT = "reset", "step", "replay", "expert"
+_ASYNC = "send"  # `_inflight` while send() calls are outstanding
 
 
 class EnvPoolError(RuntimeError):
@@ -623,7 +634,88 @@ class EnvPool:
             self._inflight = None
             self._call = None
 
+    def send(self, ops: dict[int, tuple[str, Any]]) -> None:
+        """Start resets and steps of some slots, whatever other slots are doing; returns at
+        once. ``ops`` maps a slot to ``("reset", seed)`` or ``("step", action)``; a slot
+        must not have a call in flight. Results come from :meth:`poll`. With
+        ``num_workers=0`` the envs run here, before it returns."""
+        if self._closed:
+            raise RuntimeError("the EnvPool is closed")
+        if self._inflight not in (None, _ASYNC):
+            raise RuntimeError(f"a {self._inflight} is still in flight: collect() it first")
+        if not isinstance(ops, dict):
+            raise TypeError(f"send: ops must be a dict slot -> (op, arg), got {type(ops).__name__}")
+        checked = {}
+        for i, op in ops.items():
+            self._check_slot_index(i)
+            slot = self._slots[i]
+            if slot.pending is not None or (self._inflight == _ASYNC and i in self._results):
+                what = slot.pending[0] if slot.pending is not None else "result not polled"
+                raise ValueError(f"send: slot {i} already has a {what} in flight; poll() its result first")
+            if not (isinstance(op, tuple) and len(op) == 2 and op[0] in (_RESET, _STEP)):
+                raise ValueError(f"send: slot {i}: an op is ('reset', seed) or ('step', action), got {op!r}")
+            kind, arg = op
+            if kind == _RESET and (not isinstance(arg, numbers.Integral) or isinstance(arg, bool)):
+                raise TypeError(f"send: slot {i}: the seed must be an int, got {type(arg).__name__} {arg!r}")
+            if kind == _STEP:
+                if slot.status != "running":
+                    raise ValueError(f"send: slot {i} has no episode in progress (status {slot.status!r}); "
+                                     "reset it first")
+                if not isinstance(arg, str):
+                    raise TypeError(f"send: slot {i}: the action must be a str, got {type(arg).__name__}")
+            checked[i] = (kind, int(arg) if kind == _RESET else arg)
+        if self._inflight is None:
+            self._inflight, self._results = _ASYNC, {}
+        for i, op in checked.items():
+            self._slots[i].pending = op
+        if self._runner is not None:
+            for i in checked:
+                self._record(self._slots[i], self._runner.run(i, *checked[i]))
+            return
+        for w in {self._slots[i].worker for i in checked}:
+            self._advance(self._workers[w])
+
+    def poll(self, timeout: float | None = None) -> dict[int, Any]:
+        """Results of :meth:`send` calls finished since the last poll, ``{slot: result}``
+        (shaped as ``reset`` / ``step`` results; failures as described above). Waits up to
+        ``timeout`` seconds (None: as long as it takes) for the first one when none is in;
+        ``{}`` when nothing was sent. A slot whose episode was lost (its worker restarted
+        and its replay failed) comes back failed though nothing was sent to it."""
+        if self._closed:
+            raise RuntimeError("the EnvPool is closed")
+        if self._inflight is None:
+            return {}
+        if self._inflight != _ASYNC:
+            raise RuntimeError(f"a {self._inflight} is in flight: collect() it, not poll()")
+        try:
+            if self._runner is None:
+                end = None if timeout is None else time.monotonic() + max(0.0, timeout)
+                first = True
+                while not self._results and any(w.batch is not None for w in self._workers):
+                    now = time.monotonic()
+                    if end is not None and now >= end and not first:
+                        break
+                    first = False
+                    self._wait_once(self._poll_s if end is None else max(0.0, min(self._poll_s, end - now)))
+                for s in self._slots:  # cannot happen unless a worker vanished mid-call
+                    if s.pending is not None and self._workers[s.worker].batch is None:
+                        self._fail(s, "worker_lost", "no result came back for this slot", None)
+        except BaseException:
+            self.close()
+            raise
+        out, self._results = self._results, {}
+        if not self.in_flight() and not any(w.batch is not None for w in self._workers):
+            self._inflight, self._results = None, None
+        return out
+
+    def in_flight(self) -> list[int]:
+        """The slots with a :meth:`send` call whose result :meth:`poll` has not returned."""
+        unpolled = self._results if self._inflight == _ASYNC else {}
+        return [s.index for s in self._slots if s.pending is not None or s.index in unpolled]
+
     def _check_handle(self, handle: PoolCall | None, what: str) -> None:
+        if self._inflight == _ASYNC:
+            raise RuntimeError(f"{what}() while send() calls are outstanding: poll() them")
         if self._inflight is None:
             raise RuntimeError(f"{what}() without a submitted reset/step")
         if handle is not None and handle is not self._call:
@@ -670,8 +762,26 @@ class EnvPool:
     def _check_idle(self) -> None:
         if self._closed:
             raise RuntimeError("the EnvPool is closed")
+        if self._inflight == _ASYNC:
+            if self.in_flight() or self._results:
+                raise RuntimeError("send() calls are outstanding: poll() their results first")
+            try:  # only a restarted worker's replay is still running: it belongs to no call
+                self._wait_all()
+            except BaseException:
+                self.close()
+                raise
+            self._inflight, self._results = None, None
         if self._inflight is not None:
             raise RuntimeError(f"a {self._inflight} is still in flight: collect() it first")
+
+    def _advance(self, w: _Worker) -> None:
+        """send/poll: give an idle worker the items its slots have waiting."""
+        if w.batch is not None or not any(self._slots[i].pending is not None for i in w.slots):
+            return
+        if w.needs_restart:
+            self._restart(w)
+        else:
+            self._send_batch(w, self._ops_for(w))
 
     def _submit(self, ops: list, kind: str) -> PoolCall:
         self._check_idle()
@@ -770,33 +880,39 @@ class EnvPool:
         """Take in results until every worker's batch is answered (True); with
         ``block=False``, one pass over what has arrived, then False if some is missing."""
         while True:
-            waiting = [w for w in self._workers if w.batch is not None or not w.ready]
-            if not any(w.batch is not None for w in waiting):
+            if not any(w.batch is not None for w in self._workers):
                 return True
-            by_handle = {}
-            for w in waiting:
-                by_handle[w.conn] = w
-                by_handle[w.proc.sentinel] = w
-            now = time.monotonic()
-            # Deadlines move as workers go from item to item (a short step after a long
-            # replay), so look again at least every poll interval.
-            deadline = min(self._deadline(w) for w in waiting)
-            timeout = min(max(0.0, deadline - now), self._poll_s) if block else 0.0
-            ready = mpc.wait(list(by_handle), timeout=timeout)
-            handled = set()
-            for h in ready:
-                w = by_handle[h]
-                if w.index in handled:
-                    continue
-                handled.add(w.index)
-                self._on_ready(w)
-            now = time.monotonic()
-            for w in waiting:
-                if w.index not in handled and (w.batch is not None or not w.ready) \
-                        and self._deadline(w) <= now:
-                    self._on_timeout(w)
+            self._wait_once(self._poll_s if block else 0.0)
             if not block:
                 return not any(w.batch is not None for w in self._workers)
+
+    def _wait_once(self, wait: float) -> None:
+        """One pass: wait up to ``wait`` seconds (less if a deadline is due) for workers'
+        answers, take in those that arrived, and apply the timeouts that are due."""
+        waiting = [w for w in self._workers if w.batch is not None or not w.ready]
+        if not any(w.batch is not None for w in waiting):
+            return
+        by_handle = {}
+        for w in waiting:
+            by_handle[w.conn] = w
+            by_handle[w.proc.sentinel] = w
+        now = time.monotonic()
+        # Deadlines move as workers go from item to item (a short step after a long
+        # replay), so look again at least every poll interval.
+        deadline = min(self._deadline(w) for w in waiting)
+        ready = mpc.wait(list(by_handle), timeout=min(max(0.0, deadline - now), wait))
+        handled = set()
+        for h in ready:
+            w = by_handle[h]
+            if w.index in handled:
+                continue
+            handled.add(w.index)
+            self._on_ready(w)
+        now = time.monotonic()
+        for w in waiting:
+            if w.index not in handled and (w.batch is not None or not w.ready) \
+                    and self._deadline(w) <= now:
+                self._on_timeout(w)
 
     def _on_ready(self, w: _Worker) -> None:
         try:
@@ -852,6 +968,8 @@ class EnvPool:
                 failed_exception = True
         if failed_exception and self.restart_on_exception:
             w.needs_restart = True
+        if self._inflight == _ASYNC:
+            self._advance(w)
 
     def _on_timeout(self, w: _Worker) -> None:
         if w.conn.poll():  # its answer arrived after all
@@ -913,7 +1031,7 @@ class EnvPool:
         info = {"failed": True, "failure_kind": kind, "failure": message, "traceback": tb}
         # The result has the shape of the call's results; a slot the call did not touch
         # can fail too (its episode could not be rebuilt in a restarted worker).
-        op = slot.pending[0] if slot.pending is not None else self._inflight
+        op = slot.pending[0] if slot.pending is not None else (_STEP if self._inflight == _ASYNC else self._inflight)
         if op == _RESET:
             self._results[slot.index] = ("", info)
         elif op == _EXPERT:

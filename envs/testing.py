@@ -5,6 +5,9 @@
   return an unpicklable result, or behave non-deterministically, at a chosen step.
 - :class:`NullEnv` (``"testing/null"``): a step that does no work, to measure a pool's
   own overhead per step.
+- :class:`UnevenEnv` (``"testing/uneven"``): episodes of seeded uneven length whose
+  steps wait (sleep) a seeded log-normal latency, as a remote tool or a simulated user
+  would (the W9 benchmark).
 - :class:`BusyEnv` (``"testing/busy"``): a step that does a fixed amount of CPU work
   (a chain of SHA-256 hashes), to measure how a pool scales with workers.
 
@@ -13,6 +16,7 @@ Neither is a benchmark of anything an agent would learn.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import random
 import signal
@@ -247,3 +251,44 @@ class ChaosEnv(FaultyEnv):
         if kind in ("memory_bomb", "cpu_bomb"):
             _bomb(kind, self.hang_s)
         return super()._step(action)
+
+
+class UnevenEnv(TextEnv):
+    """W9's env (``"testing/uneven"``): `prompt_words` / `obs_words` random words per observation; the episode
+    lasts `randint(min_turns, max_turns)` steps (from its seed); step `t` first sleeps a
+    log-normal latency seeded by (seed, t)."""
+
+    system_prompt = "w1 w2"
+    action_format = "Any words."
+
+    def __init__(self, prompt_words: int = 54, obs_words: int = 10, min_turns: int = 2, max_turns: int = 8,
+                 median_ms: float = 20.0, sigma: float = 1.0, cap_s: float = 1.0, vocab_words: int = 4090):
+        super().__init__(max_steps=max_turns + 1)
+        self.prompt_words, self.obs_words = prompt_words, obs_words
+        self.min_turns, self.max_turns = min_turns, max_turns
+        self.median_s, self.sigma, self.cap_s = median_ms / 1e3, sigma, cap_s
+        self.vocab_words = vocab_words
+        self.seed, self.length, self.waited_s = 0, 0, 0.0
+
+    def _words(self, n: int, t: int) -> str:
+        rng = random.Random(f"obs-{self.seed}-{t}")
+        return " ".join(f"w{rng.randrange(self.vocab_words)}" for _ in range(n))
+
+    def latency(self, t: int) -> float:
+        """Seconds step `t` (1-based) waits in episode `self.seed`."""
+        rng = random.Random(f"latency-{self.seed}-{t}")
+        return min(self.cap_s, self.median_s * math.exp(self.sigma * rng.gauss(0.0, 1.0)))
+
+    def _reset(self, seed: int):
+        self.seed = seed
+        self.length = random.Random(f"length-{seed}").randint(self.min_turns, self.max_turns)
+        return self._words(self.prompt_words, 0), {}
+
+    def _step(self, action: str):
+        wait = self.latency(self._steps)
+        time.sleep(wait)
+        self.waited_s += wait
+        return self._words(self.obs_words, self._steps), 0.0, self._steps >= self.length, {"latency_s": wait}
+
+    def state_key(self):
+        return (self.seed, self._steps)

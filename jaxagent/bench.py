@@ -1,7 +1,7 @@
 """`jaxagent bench WORKLOAD`: the repository's benchmarks from one command.
 
-    jaxagent bench {generate,update,multiturn,advantages,envpool,overlap} [--quick] [--repeats N]
-                   [--out JSONL] [--systems LIST]
+    jaxagent bench {generate,update,multiturn,advantages,envpool,overlap,iteration,rollout}
+                   [--quick] [--repeats N] [--out JSONL] [--systems LIST]
 
 Each workload is a script of `benchmarks/` (`benchmarks/README.md` has what each measures
 and its results), run with this Python and the options passed through; its JSON lines go
@@ -12,9 +12,12 @@ to stdout (and, with `--out`, are appended to that file):
     multiturn   W3  multi-turn rollouts with env steps between turns            w3_multiturn.py
     advantages  W4  the advantage kernels vs NumPy / PyTorch references         w4_advantages.py
     envpool     W5  EnvPool throughput and overhead                              w5_envpool.py
-    overlap     W7  rollout/update overlap (off-policy by one step)              w7_overlap.py
+    overlap     W7  env steps overlapped with decoding (pipeline_groups)         w7_overlap.py
+    iteration   W8  a whole GRPO iteration vs Tunix's GRPOLearner                w8_iteration.py
+    rollout     W9  episodes of uneven latency: continuous vs turn-synchronous   w9_uneven.py
 
-`--systems` is for the workloads that compare systems (generate, update, multiturn). The
+`--systems` is for the workloads that compare systems (generate, update, multiturn,
+iteration). The
 benchmarks live in the repository, not in the installed package: this works from a
 checkout (an editable install) and says so otherwise.
 """
@@ -27,9 +30,11 @@ from pathlib import Path
 
 #: workload -> its script in benchmarks/
 WORKLOADS = {"generate": "w1_generate.py", "update": "w2_model_step.py", "multiturn": "w3_multiturn.py",
-             "advantages": "w4_advantages.py", "envpool": "w5_envpool.py", "overlap": "w7_overlap.py"}
+             "advantages": "w4_advantages.py", "envpool": "w5_envpool.py", "overlap": "w7_overlap.py",
+             "iteration": "w8_iteration.py", "rollout": "w9_uneven.py"}
 #: the workloads that take --systems, and its default for each
-SYSTEMS = {"generate": "jaxagent,tunix,hf", "update": "jax,torch,tunix", "multiturn": None}
+SYSTEMS = {"generate": "jaxagent,tunix,hf", "update": "jax,torch,tunix", "multiturn": None,
+           "iteration": "jaxagent,tunix"}
 DEFAULT_SYSTEMS = SYSTEMS["update"]
 
 
@@ -41,13 +46,14 @@ def benchmarks_dir() -> Path:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("workload", choices=sorted(WORKLOADS),
                         help="generate (W1), update (W2), multiturn (W3), advantages (W4), envpool (W5), "
-                             "overlap (W7); see benchmarks/README.md")
+                             "overlap (W7), iteration (W8), rollout (W9); see benchmarks/README.md")
     parser.add_argument("--repeats", type=int, default=None, metavar="N",
                         help="timed steps per system, interleaved (default 5; 3 with --quick)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: batch 2, few repeats")
     parser.add_argument("--out", metavar="JSONL", default=None, help="also append the JSON lines to this file")
     parser.add_argument("--systems", default=None,
-                        help="generate, update, multiturn: the comma list of systems to compare (default: the "
+                        help="generate, update, multiturn, iteration: the comma list of systems to compare "
+                             "(default: the "
                              f"script's; update: {DEFAULT_SYSTEMS}); a peer that is not installed is reported "
                              "as skipped")
 

@@ -88,6 +88,7 @@ def test_export_writes_a_directory_transformers_loads_with_the_same_policy(tmp_p
         export_run(run, out, log=lambda *_: None)
 
 
+@pytest.mark.slow  # ~15-30 s on 2 cores: `make test-slow`
 def test_eval_on_other_env_settings_and_the_warm_started_step(tmp_path):
     """`jaxagent eval RUN_DIR --step 0 env.kwargs.cases=adversarial`: the warm-started
     policy (step 0 is kept whatever keep_checkpoints says) on the adversarial intake

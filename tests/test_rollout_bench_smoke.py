@@ -28,9 +28,11 @@ def rate_of(rate, tokens, median_s):
 
 @pytest.mark.slow
 def test_w1_generate_quick(tmp_path):
-    rows = [r for r in run("w1_generate", tmp_path) if "skipped" not in r]
+    out = [r for r in run("w1_generate", tmp_path) if "skipped" not in r]
+    versus = [r for r in out if r["system"] == "jaxagent_vs_ceiling"]
+    rows = [r for r in out if r["system"] != "jaxagent_vs_ceiling"]
     systems = {r["system"] for r in rows}
-    assert "jaxagent" in systems
+    assert {"jaxagent", "ceiling"} <= systems
     if importlib.util.find_spec("torch"):
         assert "hf" in systems
     if importlib.util.find_spec("tunix"):
@@ -38,8 +40,16 @@ def test_w1_generate_quick(tmp_path):
     assert {r["mode"] for r in rows} == {"greedy", "temperature_1.0"}
     # each rate is the batch's new tokens over the median call
     assert all(rate_of(r["tokens_per_s"], r["batch"] * r["new_tokens"], r["median_s"]) for r in rows), rows
-    # same weights and prompts: every system's greedy tokens equal jaxagent's
-    assert all(r["greedy_agree_with_jaxagent"] == 1.0 for r in rows if r["mode"] == "greedy")
+    # same weights and prompts: every system's greedy tokens equal jaxagent's (the ceiling samples none)
+    assert all(r["greedy_agree_with_jaxagent"] == 1.0 for r in rows if r["mode"] == "greedy" and r["system"] != "ceiling")
+    # jaxagent against the matmul-only ceiling, one line per mode, from the same run's rates
+    assert sorted(r["mode"] for r in versus) == ["greedy", "temperature_1.0"], versus
+    rate = {(r["system"], r["mode"]): r["tokens_per_s"] for r in rows}
+    for r in versus:
+        assert r["jaxagent_tokens_per_s"] == rate[("jaxagent", r["mode"])]
+        assert r["ceiling_tokens_per_s"] == rate[("ceiling", r["mode"])]
+        assert 0 < r["fraction"] < 1.5, r
+        assert r["fraction"] == pytest.approx(r["jaxagent_tokens_per_s"] / r["ceiling_tokens_per_s"], abs=1e-3)
 
 
 @pytest.mark.slow

@@ -174,6 +174,24 @@ def test_continuation_equals_a_full_forward_of_the_concatenation():
                                   [len(PROMPTS[0]) + 4 + 3 + 5, len(PROMPTS[1]) + 4 + 5, len(PROMPTS[2]) + 4 + 5])
 
 
+@pytest.mark.parametrize("sampling", [pytest.param(GREEDY, marks=pytest.mark.slow),
+                                      pytest.param(SamplingConfig(1.0), marks=pytest.mark.slow),
+                                      SamplingConfig(0.8, top_k=20, top_p=0.9)])
+def test_unrolled_layers_equal_the_layer_scan_bit_for_bit(sampling):
+    """decode_kernel's two paths (layers unrolled on per-layer window buffers, the CPU
+    default; a layer scan on the stacked cache) give the same tokens, log-probs and cache,
+    over windowed segments, a stop token, inactive rows, per-row limits and a continuation."""
+    outs = []
+    for unroll in (False, True):
+        s = Sampler(PARAMS, CFG, max_len=40, min_bucket=4, window_segments=3, unroll_layers=unroll)
+        st, g1 = s.generate(PROMPTS, max_new_tokens=9, sampling=sampling, seed=5, stop_tokens=[11])
+        st = s.append(st, [[70, 71, 72], None, [5, 6]])
+        st, g2 = s.decode(st, max_new_tokens=7, sampling=sampling, active=[True, False, True], max_new=[7, 7, 4])
+        outs.append(jax.device_get((g1, g2, st.cache, st.next_logits_BxV)))
+    for a, b in zip(jax.tree.leaves(outs[0]), jax.tree.leaves(outs[1])):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_full_cache_ends_rows_with_cache_full():
     s = Sampler(PARAMS, CFG, max_len=10, min_bucket=4)
     _, gen = s.generate(PROMPTS, max_new_tokens=8)

@@ -57,6 +57,7 @@ def test_a_run_whose_episodes_all_fail_stops_with_the_first_failure(tmp_path):
     assert len(history) == 3 and history[0]["failed_frac"] == 0.5   # task 0's group of 4 of 8
 
 
+@pytest.mark.slow  # ~15-30 s on 2 cores: `make test-slow`
 def test_an_env_of_a_user_module_trains_from_the_cli(tmp_path):
     """The README's example env, imported by name from the config, also in the env
     worker (a spawned process): no episode fails."""

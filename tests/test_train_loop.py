@@ -105,6 +105,7 @@ def test_other_estimators_run(tmp_path, advantage):
     assert params_moved(before, jax.device_get(trainer.state.params))
 
 
+@pytest.mark.slow  # ~15-30 s on 2 cores: `make test-slow`
 def test_resume_continues_the_stream_from_a_fresh_process(tmp_path):
     run = tmp_path / "run"
     trainer = Trainer(config(run, *VARIED), log=lambda *_: None)

@@ -55,3 +55,20 @@ def test_off_policy_needs_a_tis_cap(tmp_path):
         config(tmp_path / "run", "overlap.off_policy=true")
     with pytest.raises(ConfigError, match="max_staleness"):
         config(tmp_path / "run", "overlap.max_staleness=2")
+
+
+def test_continuous_scheduling_trains_on_the_same_episodes(tmp_path):
+    """`rollout.slots`: the trainer's rollouts with 3 sampler rows for a batch of 4 (rows
+    are reused as episodes end) are the turn-synchronous ones, so the run is too."""
+    runs = {}
+    for name, extra in (("sync", []), ("continuous", ["rollout.slots=3"])):
+        trainer = Trainer(config(tmp_path / name, "iterations=2", "env.kwargs={horizon: 3}",
+                                 "rollout.max_turns=3", *extra), log=lambda *_: None)
+        runs[name] = trainer.run()
+        assert trainer.config.rollout.slots == (3 if extra else 0)
+    for a, b in zip(runs["sync"], runs["continuous"]):
+        for key in ("reward_mean", "success_rate", "turns_mean", "episode_tokens_mean", "tasks_seen"):
+            assert a[key] == b[key], key
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-6)
+    with pytest.raises(ConfigError, match="slots"):
+        config(tmp_path / "bad", "rollout.slots=2", "rollout.pipeline_groups=2")

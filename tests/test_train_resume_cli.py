@@ -60,6 +60,7 @@ def test_resume_a_missing_or_empty_run_dir_names_it_and_creates_nothing(tmp_path
     assert out.returncode == 2 and "--step" in out.stderr and "needs --resume" in out.stderr
 
 
+@pytest.mark.slow  # ~15-30 s on 2 cores: `make test-slow`
 def test_resume_run_dir_alone_uses_its_config_and_follows_a_copy(finished, tmp_path):
     copy = tmp_path / "copied"
     shutil.copytree(finished, copy)   # its config.yaml still names the original run_dir

@@ -124,6 +124,7 @@ def tiny(run_dir, *more):
                        [f"run_dir={run_dir}", *TINY, *more])
 
 
+@pytest.mark.slow  # ~15-30 s on 2 cores: `make test-slow`
 def test_warm_start_then_rl_reports_held_out_success_and_resumes(tmp_path):
     logs = []
     trainer = Trainer(tiny(tmp_path / "run"), log=logs.append)

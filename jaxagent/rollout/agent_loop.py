@@ -35,6 +35,28 @@ re-buckets). A sub-batch whose episodes all end leaves the pipeline. Worth it wh
 steps take as long as decodes; with `num_workers=0` (envs in this process) there is
 nothing to overlap. `AgentLoop.timings` has the per-phase seconds of the last run.
 
+Continuous scheduling (`AgentLoopConfig.slots = S > 0`): episodes do not wait for
+each other. The sampler has S rows; episode `i` is admitted to a free row when one is
+free (in episode order), its reset is sent to the pool (`EnvPool.send`), and its row
+is emptied and given the key `fold_in(seed, i)`. Each round:
+
+    take in the env results that have arrived (`EnvPool.poll`)  ->  once every live
+    episode is ready, or the first ready one has waited as long as the last decode
+    took, append the ready episodes' prompts / observations and decode their rows,
+    together, in one call that touches only those rows (`Sampler.decode_rows`)  ->
+    send those actions
+
+An episode whose env step is in flight keeps its KV cache in its row and is simply
+not decoded until its observation arrives; the others go on without it after at
+most one decode's time (a round of few rows costs nearly as much as a full one, as
+the weights are read once a token for the whole batch, so rounds are kept full). A finished episode
+frees its row for the next episode not yet started. The trajectories are those of the
+turn-synchronous loop for the same seeds (every token, action, observation, reward,
+end and failure; log-probs to float32 rounding): sampling depends only on a row's key
+and history. Rows are never re-bucketed (`shrink_batch` does not apply). Worth it when
+env steps take uneven times: one slow step holds only its own episode (and the other
+slots of its pool worker, which runs its slots' items one after another).
+
 Robustness: an env that fails (EnvPool reports `info["failed"]`: exception, crash,
 timeout, invalid result) ends only that episode, marked `failed` (its turns so far
 are kept; the trainer masks failed episodes out). A malformed action is the env's
@@ -64,6 +86,11 @@ from jaxagent.rollout.sampler import Sampler, SamplingConfig, bucket
 from jaxagent.rollout.trajectory import Trajectory, rewards_at_turn_ends
 
 
+#: continuous scheduling: before the first decode round is timed, a round waits this
+#: long at most for episodes that are not ready yet
+MIN_LINGER_S = 0.05
+
+
 @dataclasses.dataclass(frozen=True)
 class AgentLoopConfig:
     """Limits and sampling of a rollout.
@@ -82,6 +109,9 @@ class AgentLoopConfig:
         the episodes into N contiguous sub-batches, each with its own sampler state,
         and pipelines them: while the envs step one sub-batch's actions, the device
         decodes the next sub-batch's (see the module docstring). Same trajectories.
+      slots: 0 = turn-synchronous (or `pipeline_groups`). S > 0 = continuous
+        scheduling with S sampler rows (at most the batch): each episode moves on as
+        soon as its own env step is back (see the module docstring). Same trajectories.
     """
 
     max_turns: int = 8
@@ -94,12 +124,18 @@ class AgentLoopConfig:
     min_bucket: int = 16
     pad_id: int = 0
     pipeline_groups: int = 1
+    slots: int = 0
 
     def __post_init__(self):
         for name in ("max_turns", "max_tokens_per_turn", "max_context", "min_bucket", "pipeline_groups"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"AgentLoopConfig.{name} must be a positive int, got {v!r}")
+        if not isinstance(self.slots, int) or isinstance(self.slots, bool) or self.slots < 0:
+            raise ValueError(f"AgentLoopConfig.slots must be an int >= 0 (0 = turn-synchronous), got {self.slots!r}")
+        if self.slots and self.pipeline_groups > 1:
+            raise ValueError(f"AgentLoopConfig: slots={self.slots} (continuous scheduling) and pipeline_groups="
+                             f"{self.pipeline_groups} are two ways of overlapping env steps; choose one")
         if not isinstance(self.sampling, SamplingConfig):
             raise TypeError(f"AgentLoopConfig.sampling must be a SamplingConfig, got {type(self.sampling).__name__}")
         object.__setattr__(self, "stop_strings", tuple(self.stop_strings))
@@ -248,25 +284,17 @@ class AgentLoop:
         eps = [Episode(index=i, seed=s, group_id=int(g)) for i, (s, g) in enumerate(zip(seeds, group_ids))]
         clock = _Clock(self.profile)
         self.timings = clock.totals
+        if cfg.slots:
+            self._run_continuous(pool, eps, seed, sampling, int(row_offset), clock)
+            clock.close()
+            return self._pack(eps), eps
 
         # ---- reset and first prompts
         prompts: list[list[int] | None] = [None] * B
         with clock.phase("env_wait_s"):
             reset_results = pool.reset(list(seeds))
         for ep, res in zip(eps, reset_results):
-            obs, info = res
-            if info.get("failed"):
-                ep.fail(info)
-                continue
-            ep.system_prompt = info.get("system_prompt")
-            ep.state_key = info.get("state_key")
-            ep.observations.append(obs)
-            toks = self.chat.prompt_tokens(ep.system_prompt, obs)
-            if len(toks) >= cfg.max_context:
-                ep.end(truncated=True, reason="context_full")
-                continue
-            ep.add("prompt", toks)
-            prompts[ep.index] = toks
+            prompts[ep.index] = self._start_episode(ep, res)
 
         # ---- the sub-batches: contiguous slot ranges, so each spans the pool's workers
         groups = []
@@ -325,6 +353,175 @@ class AgentLoop:
         clock.close()
         return self._pack(eps), eps
 
+    def _start_episode(self, ep: Episode, res) -> list[int] | None:
+        """Take in an episode's reset result; its prompt tokens, or None if it ended."""
+        obs, info = res
+        if info.get("failed"):
+            ep.fail(info)
+            return None
+        ep.system_prompt = info.get("system_prompt")
+        ep.state_key = info.get("state_key")
+        ep.observations.append(obs)
+        toks = self.chat.prompt_tokens(ep.system_prompt, obs)
+        if len(toks) >= self.config.max_context:
+            ep.end(truncated=True, reason="context_full")
+            return None
+        ep.add("prompt", toks)
+        return toks
+
+    def _run_continuous(self, pool, eps: list[Episode], seed: int, sampling: SamplingConfig,
+                        row_offset: int, clock: "_Clock") -> None:
+        """Continuous scheduling (`AgentLoopConfig.slots`; see the module docstring)."""
+        cfg = self.config
+        B = len(eps)
+        S = min(cfg.slots, B)
+        with clock.phase("append_s"):
+            state = self.sampler.init_state(S, seed, row_ids=np.arange(S) + row_offset)
+        free = collections.deque(range(S))     # rows with no episode
+        queued = collections.deque(range(B))   # episodes not started yet
+        row: dict[int, int] = {}               # live episode -> its row
+        sent: dict[int, _Stepped | None] = {}  # episode -> its step in flight (None: its reset)
+        turns = [0] * B                        # policy turns played per episode
+        ready: list[int] = []                  # live episodes whose next move is a decode
+        appends: dict[int, list[int]] = {}     # a ready episode's tokens not yet in its row
+        lost: dict[int, tuple] = {}            # a live episode's failure reported while it decoded
+        known: dict[int, tuple] = {}           # results of sent steps known without the pool
+        stop_tokens = list(self.chat.stop_token_ids)
+        ready_since = 0.0  # when the oldest ready episode became ready
+        last_decode_s = 0.0  # wall time of the last decode round
+        while True:
+            admit = {}
+            while free and queued:
+                i = queued.popleft()
+                row[i] = free.popleft()
+                admit[i] = ("reset", eps[i].seed)
+                sent[i] = None
+            if admit:
+                with clock.phase("submit_s"):
+                    pool.send(admit)
+            if not ready and not known and not pool.in_flight():
+                break  # nothing live and nothing queued (a free row would have admitted it)
+            timeout = None
+            if known:
+                timeout = 0.0
+            elif ready:  # a round waits for the other live episodes for at most one decode's
+                # time: a decode costs far from in proportion to its rows (the weights are read
+                # once a token for the whole batch), so many small rounds cost more than they save
+                timeout = 0.0 if len(ready) == len(row) else max(
+                    0.0, ready_since + max(last_decode_s, MIN_LINGER_S) - time.perf_counter())
+            with clock.phase("env_wait_s"):
+                results = pool.poll(timeout)
+            results.update(known)
+            known = {}
+            resets = []
+            for i, res in sorted(results.items()):
+                ep = eps[i]
+                if i not in sent:
+                    # its worker restarted while it waited for a decode, and its replay
+                    # failed: the failure is its next step's result (as in `run`'s loop)
+                    if i in row and not ep.finished:
+                        lost[i] = res
+                    continue
+                stepped = sent.pop(i)
+                if stepped is None:
+                    toks = self._start_episode(ep, res)
+                    if toks is not None:
+                        resets.append(i)
+                else:
+                    toks = self._apply_step(ep, stepped.after_eot, res, turns[i] - 1)
+                if toks is None:
+                    free.append(row.pop(i))
+                    continue
+                appends[i] = toks
+                if not ready:
+                    ready_since = time.perf_counter()
+                ready.append(i)
+            if resets:
+                with clock.phase("append_s"):
+                    state = self.sampler.reset_rows(state, [row[i] for i in resets], seed,
+                                                    [row_offset + i for i in resets])
+                    clock.dispatched()
+            if not ready:
+                continue
+            if (len(ready) < len(row) and pool.in_flight() and not known
+                    and time.perf_counter() < ready_since + max(last_decode_s, MIN_LINGER_S)):
+                continue  # wait a little longer for the others (above)
+            # append and decode the ready rows only, in one call: the work is that of a
+            # batch of their number
+            max_new = [min(cfg.max_tokens_per_turn, cfg.max_context - len(eps[i].tokens)) for i in ready]
+            t = time.perf_counter()
+            with clock.phase("dispatch_s"):
+                state, gen = self.sampler.decode_rows(
+                    state, [row[i] for i in ready], max_new_tokens=cfg.max_tokens_per_turn, sampling=sampling,
+                    max_new=max_new, stop_tokens=stop_tokens, stop_sequences=self.stop_sequences or None,
+                    tokens=[appends.pop(i) for i in ready])
+            clock.watch(gen.num_tokens_B, t)
+            with clock.phase("decode_wait_s"):
+                toks, logps, reasons = Sampler.to_lists(gen)
+            last_decode_s = time.perf_counter() - t
+            steps = {}
+            for j, i in enumerate(ready):
+                r, ep = row[i], eps[i]
+                action = self._record_turn(ep, toks[j], logps[j], reasons[j], turns[i])
+                turns[i] += 1
+                if action is None:  # cut by the context limit: not sent
+                    free.append(row.pop(i))
+                    continue
+                sent[i] = _Stepped(r, i, reasons[j] == "stop_token" and toks[j][-1] == self._eot_id())
+                if i in lost:
+                    known[i] = lost.pop(i)
+                else:
+                    steps[i] = ("step", action)
+            ready = []
+            if steps:
+                with clock.phase("submit_s"):
+                    pool.send(steps)
+
+    def _record_turn(self, ep: Episode, toks: list[int], logps: list[float], reason: str, turn: int) -> str | None:
+        """Record a decoded turn of `ep`; its action text, or None when the context limit
+        cut it (the episode ends truncated; nothing goes to the env)."""
+        cfg = self.config
+        ep.add("policy", toks, logps, turn=turn)
+        ep.finish_reasons.append(reason)
+        ep.state_keys.append(ep.state_key)
+        ep.rewards.append(0.0)
+        if reason == "cache_full" or (reason == "max_new_tokens" and len(toks) < cfg.max_tokens_per_turn):
+            ep.end(truncated=True, reason="context_full")
+            return None
+        action = self.chat.action_text(toks)
+        ep.actions.append(action)
+        return action
+
+    def _apply_step(self, ep: Episode, after_eot: bool, res, turn: int) -> list[int] | None:
+        """Apply the env's result of `ep`'s turn `turn`; the observation tokens to append,
+        or None when the episode ended."""
+        cfg = self.config
+        obs, reward, terminated, truncated, info = res
+        ep.rewards[-1] = float(reward)
+        ep.info = dict(info)
+        ep.invalid_actions += "invalid_action" in info
+        ep.noop_actions += bool(info.get("noop"))
+        if info.get("failed"):
+            ep.fail(info)
+            return None
+        ep.observations.append(obs)
+        ep.state_key = info.get("state_key")
+        if terminated:
+            ep.end(done=True, reason="terminated")
+            return None
+        if truncated:
+            ep.end(truncated=True, reason="env_truncated")
+            return None
+        if turn + 1 >= cfg.max_turns:
+            ep.end(truncated=True, reason="max_turns")
+            return None
+        seg = self.chat.observation_tokens(obs, after_end_of_turn=after_eot)
+        if len(ep.tokens) + len(seg) >= cfg.max_context:  # no room for the next action
+            ep.end(truncated=True, reason="context_full")
+            return None
+        ep.add("observation", seg)
+        return seg
+
     def _dispatch_decode(self, g: "_Group", eps: list[Episode], sampling: SamplingConfig) -> "_Decode | None":
         """Start the decode of group `g`'s live rows; None when the group has finished."""
         cfg = self.config
@@ -350,7 +547,6 @@ class AgentLoop:
     def _take_actions(self, dec: "_Decode", lists, eps: list[Episode], lost: dict, num_slots: int):
         """Record a decoded turn; returns the pool's actions, the stepped rows
         (`_Stepped`) and the results known without stepping."""
-        cfg = self.config
         g, turn, active = dec.group, dec.turn, dec.active
         toks, logps, reasons = lists
         actions: list[str | None] = [None] * num_slots
@@ -358,18 +554,9 @@ class AgentLoop:
         for r, i in enumerate(g.rows):
             if not active[r]:
                 continue
-            ep = eps[i]
-            ep.add("policy", toks[r], logps[r], turn=turn)
-            ep.finish_reasons.append(reasons[r])
-            ep.state_keys.append(ep.state_key)
-            ep.rewards.append(0.0)
-            ended_by_context = reasons[r] == "cache_full" or (
-                reasons[r] == "max_new_tokens" and len(toks[r]) < cfg.max_tokens_per_turn)
-            if ended_by_context:  # the action was cut by the context limit: not sent
-                ep.end(truncated=True, reason="context_full")
+            action = self._record_turn(eps[i], toks[r], logps[r], reasons[r], turn)
+            if action is None:  # the action was cut by the context limit: not sent
                 continue
-            action = self.chat.action_text(toks[r])
-            ep.actions.append(action)
             stepped.append(_Stepped(r, i, reasons[r] == "stop_token" and toks[r][-1] == self._eot_id()))
             if i in lost:  # the pool lost this episode while another group stepped
                 known[i] = lost.pop(i)
@@ -379,35 +566,9 @@ class AgentLoop:
 
     def _finish_step(self, g: "_Group", turn: int, stepped, results, eps: list[Episode], clock) -> None:
         """Apply a group's step results and append its observations (async)."""
-        cfg = self.config
         appends: list[list[int] | None] = [None] * len(g.rows)
         for r, i, after_eot in stepped:  # _Stepped(row, episode, after_end_of_turn)
-            ep = eps[i]
-            obs, reward, terminated, truncated, info = results[i]
-            ep.rewards[-1] = float(reward)
-            ep.info = dict(info)
-            ep.invalid_actions += "invalid_action" in info
-            ep.noop_actions += bool(info.get("noop"))
-            if info.get("failed"):
-                ep.fail(info)
-                continue
-            ep.observations.append(obs)
-            ep.state_key = info.get("state_key")
-            if terminated:
-                ep.end(done=True, reason="terminated")
-                continue
-            if truncated:
-                ep.end(truncated=True, reason="env_truncated")
-                continue
-            if turn + 1 >= cfg.max_turns:
-                ep.end(truncated=True, reason="max_turns")
-                continue
-            seg = self.chat.observation_tokens(obs, after_end_of_turn=after_eot)
-            if len(ep.tokens) + len(seg) >= cfg.max_context:  # no room for the next action
-                ep.end(truncated=True, reason="context_full")
-                continue
-            ep.add("observation", seg)
-            appends[r] = seg
+            appends[r] = self._apply_step(eps[i], after_eot, results[i], turn)
         g.turn = turn + 1
         if any(a for a in appends):
             with clock.phase("append_s"):

@@ -218,6 +218,24 @@ def _one_query_attention(q_BxHxd, k_BxKxSxd, v_BxKxSxd, allowed_BxS) -> jax.Arra
     return o.reshape(B, H, hd).astype(q_BxHxd.dtype)
 
 
+def _step_inputs(params, config: DecoderConfig, tok_B, write_B, slot_B, max_len: int, width: int):
+    """A decode step's embedded tokens `[B, 1, D]`, write slots (`max_len` = dropped),
+    attention mask over `width` slots and RoPE tables."""
+    write_slot_B = jnp.where(write_B, slot_B, max_len)  # out of range -> dropped
+    allowed_BxW = jnp.arange(width)[None, :] <= slot_B[:, None]
+    cos, sin = decoder.rope_cos_sin(jnp.minimum(slot_B, max_len - 1)[:, None], config)
+    # layout hook (identity unless a sharded sampler traces): rows over the batch axes
+    x = decoder.constrain_activation(params["embed"]["embedding"][tok_B[:, None]], decoder.ACTIVATION_AXES["hidden"])
+    return x, write_slot_B, allowed_BxW, cos, sin
+
+
+def _step_logits(params, config: DecoderConfig, x, write_B, slot_B, max_len: int):
+    """A decode step's next-token logits `[B, V]` and new cache lengths."""
+    h = decoder.rms_norm(x[:, 0], params["final_norm"]["scale"], config.rms_norm_eps)
+    lengths = jnp.where(write_B, jnp.minimum(slot_B + 1, max_len), slot_B).astype(jnp.int32)
+    return decoder.logits_from_hidden(params, config, h), lengths
+
+
 def decode_step(params, config: DecoderConfig, tok_B: jax.Array, write_B: jax.Array,
                 cache: decoder.KVCache, window: int | None = None) -> tuple[jax.Array, decoder.KVCache]:
     """Feed one token per row (rows with `write_B` False are left unchanged).
@@ -235,13 +253,9 @@ def decode_step(params, config: DecoderConfig, tok_B: jax.Array, write_B: jax.Ar
     S = cache.max_len
     W = S if window is None else int(window)
     slot_B = cache.lengths
-    write_slot_B = jnp.where(write_B, slot_B, S)  # out of range -> dropped
-    allowed_BxS = jnp.arange(W)[None, :] <= slot_B[:, None]
-    cos, sin = decoder.rope_cos_sin(jnp.minimum(slot_B, S - 1)[:, None], c)
+    x, write_slot_B, allowed_BxS, cos, sin = _step_inputs(params, c, tok_B, write_B, slot_B, S, W)
     rows_B = jnp.arange(B)
     hidden_axes, cache_axes = decoder.ACTIVATION_AXES["hidden"], decoder.ACTIVATION_AXES["cache_kv"]
-    # layout hook (identity unless a sharded sampler traces): rows over the batch axes
-    x = decoder.constrain_activation(params["embed"]["embedding"][tok_B[:, None]], hidden_axes)
 
     def layer(carry, inp):
         x, k_all, v_all = carry
@@ -259,9 +273,51 @@ def decode_step(params, config: DecoderConfig, tok_B: jax.Array, write_B: jax.Ar
 
     (x, k_all, v_all), _ = jax.lax.scan(layer, (x, cache.k, cache.v),
                                         (params["layers"], jnp.arange(c.num_layers)))
-    h = decoder.rms_norm(x[:, 0], params["final_norm"]["scale"], c.rms_norm_eps)
-    lengths = jnp.where(write_B, jnp.minimum(slot_B + 1, S), slot_B).astype(jnp.int32)
-    return decoder.logits_from_hidden(params, c, h), decoder.KVCache(k=k_all, v=v_all, lengths=lengths)
+    logits, lengths = _step_logits(params, c, x, write_B, slot_B, S)
+    return logits, decoder.KVCache(k=k_all, v=v_all, lengths=lengths)
+
+
+def layer_params(params, config: DecoderConfig) -> list:
+    """The stacked `params["layers"]` as one pytree per layer (`[L, ...]` -> L x `[...]`)."""
+    return [jax.tree.map(lambda a, i=i: a[i], params["layers"]) for i in range(config.num_layers)]
+
+
+def decode_step_layers(params, layers: Sequence, config: DecoderConfig, tok_B: jax.Array, write_B: jax.Array,
+                       k_layers: Sequence[jax.Array], v_layers: Sequence[jax.Array], lengths_B: jax.Array,
+                       max_len: int) -> tuple[jax.Array, list, list, jax.Array]:
+    """`decode_step` on per-layer buffers, with the layers unrolled (the same maths, op
+    for op: the same results bit for bit).
+
+    layers: `layer_params(params, config)`, sliced once outside the decode loop.
+    k_layers, v_layers: per layer `[B, K, W, hd]`, slots `0 .. W - 1` of the cache
+      (`W <= max_len`, the attention window; every written row's slot is below `W`).
+    lengths_B: the cache lengths (`max_len` slots in all).
+    Returns the logits `[B, V]`, the updated buffers and the new lengths.
+
+    Why: XLA:CPU runs the attention and the projections as library fusions, which take
+    whole buffers, so inside `decode_step`'s layer scan every step copies each layer's
+    weights out of the stacked `[L, ...]` arrays and each layer's window out of the
+    stacked cache before reading it. Here the weights are sliced once per call and each
+    layer's window is its own loop-carried buffer, written in place and read directly.
+    """
+    c = config
+    B = tok_B.shape[0]
+    W = k_layers[0].shape[2]
+    x, write_slot_B, allowed_BxW, cos, sin = _step_inputs(params, c, tok_B, write_B, lengths_B, max_len, W)
+    rows_B = jnp.arange(B)
+    hidden_axes, cache_axes = decoder.ACTIVATION_AXES["hidden"], decoder.ACTIVATION_AXES["cache_kv"][1:]
+    ks, vs = list(k_layers), list(v_layers)
+    for i, lp in enumerate(layers):
+        q, k, v = decoder.layer_qkv(lp, x, cos, sin, c)
+        # k[b] -> ks[i][b, :, write[b]] (dropped when write[b] >= W)
+        ks[i] = decoder.constrain_activation(
+            ks[i].at[rows_B, :, write_slot_B].set(k[:, 0].astype(ks[i].dtype), mode="drop"), cache_axes)
+        vs[i] = decoder.constrain_activation(
+            vs[i].at[rows_B, :, write_slot_B].set(v[:, 0].astype(vs[i].dtype), mode="drop"), cache_axes)
+        o = _one_query_attention(q[:, 0], ks[i], vs[i], allowed_BxW)
+        x = decoder.constrain_activation(decoder.layer_finish(lp, x, o[:, None], c), hidden_axes)
+    logits, lengths = _step_logits(params, c, x, write_B, lengths_B, max_len)
+    return logits, ks, vs, lengths
 
 
 def _last_logits(params, config, hidden_BxTxD, mask_BxT, old_logits_BxV):
@@ -293,9 +349,15 @@ def attention_windows(max_len: int, segments: int) -> tuple[int, ...]:
     return tuple(sorted(ws | {max_len}))
 
 
+def unroll_layers_default() -> bool:
+    """Whether `decode_kernel` unrolls the layers by default: on the CPU backend, where it
+    saves the per-step copies (`decode_step_layers`)."""
+    return jax.default_backend() == "cpu"
+
+
 def decode_kernel(params, config: DecoderConfig, state: SamplerState, active_B, max_new_B, stop_tokens_BxS,
                   stop_seqs_BxQxL, *, sampling: SamplingConfig, max_new_tokens: int, pad_id: int = 0,
-                  window_segments: int = 1) -> tuple[SamplerState, Generation]:
+                  window_segments: int = 1, unroll_layers: bool | None = None) -> tuple[SamplerState, Generation]:
     """Sample up to `min(max_new_B[b], max_new_tokens)` tokens for each active row.
 
     stop_tokens_BxS: per-row stop token ids, -1 = unused slot. A sampled stop token is
@@ -305,40 +367,57 @@ def decode_kernel(params, config: DecoderConfig, state: SamplerState, active_B, 
     window_segments: the loop runs as consecutive while-loops over growing attention
       windows (`attention_windows`); a segment is left as soon as a running row's next
       slot is outside its window. 1 = always attend over the whole cache.
+    unroll_layers: run each step with `decode_step_layers` (layers unrolled, weights sliced
+      once per call, each segment's window of each layer's cache copied out once before
+      the segment's loop and written back after it) instead of `decode_step` (a layer scan
+      on the stacked cache, in place). Same results bit for bit. It costs compile time
+      (the layer body is traced `L` times per segment) and memory (the window copies: up
+      to one more KV cache in the last segment). None = `unroll_layers_default()`.
     """
     B = state.batch_size
     N = max_new_tokens
     S = state.cache.max_len
     L = stop_seqs_BxQxL.shape[2]
     seq_used_BxQ = jnp.any(stop_seqs_BxQxL >= 0, axis=-1)
+    unroll = unroll_layers_default() if unroll_layers is None else bool(unroll_layers)
+    layers = layer_params(params, config) if unroll else None
+
+    def feed(tok, run, kv, lengths, window):
+        """One decode step: (logits, kv, lengths); kv is (k, v), stacked or per layer."""
+        if unroll:
+            logits, ks, vs, lengths = decode_step_layers(params, layers, config, tok, run, *kv, lengths, S)
+            return logits, (ks, vs), lengths
+        logits, cache = decode_step(params, config, tok, run, decoder.KVCache(k=kv[0], v=kv[1], lengths=lengths),
+                                    window=window)
+        return logits, (cache.k, cache.v), cache.lengths
 
     done0 = (~active_B) | (max_new_B <= 0)
     reason0 = jnp.where(active_B & (max_new_B <= 0), FINISH_LENGTH, FINISH_NONE).astype(jnp.int32)
     carry0 = dict(
-        state=state, step=jnp.int32(0), done=done0, reason=reason0,
-        num=jnp.zeros((B,), jnp.int32),
+        kv=None, lengths=state.cache.lengths, logits=state.next_logits_BxV, step=jnp.int32(0), done=done0,
+        reason=reason0, num=jnp.zeros((B,), jnp.int32),
         toks=jnp.full((B, N), pad_id, jnp.int32), logps=jnp.zeros((B, N), jnp.float32),
         recent=jnp.full((B, L), -2, jnp.int32),
     )
+    keys_B = state.keys_B
 
     def cond(c, window):
         go = (c["step"] < N) & ~jnp.all(c["done"])
         if window < S:
-            go = go & jnp.all(c["done"] | (c["state"].cache.lengths < window))
+            go = go & jnp.all(c["done"] | (c["lengths"] < window))
         return go
 
     def body(c, window):
-        st: SamplerState = c["state"]
-        full = st.cache.lengths >= S
+        full = c["lengths"] >= S
         newly_full = ~c["done"] & full
         run = ~c["done"] & ~full
-        tok, logp = sample_tokens(st.next_logits_BxV, st.keys_B, st.cache.lengths, sampling)
+        tok, logp = sample_tokens(c["logits"], keys_B, c["lengths"], sampling)
         tok = jnp.where(run, tok, pad_id)
         logp = jnp.where(run, logp, 0.0)
         toks = jax.lax.dynamic_update_slice(c["toks"], tok[:, None], (0, c["step"]))
         logps = jax.lax.dynamic_update_slice(c["logps"], logp[:, None], (0, c["step"]))
-        logits, cache = decode_step(params, config, tok, run, st.cache, window=window)
-        logits = jnp.where(run[:, None], logits, st.next_logits_BxV)
+        logits, kv, lengths = feed(tok, run, c["kv"], c["lengths"], window)
+        logits = jnp.where(run[:, None], logits, c["logits"])
         num = c["num"] + run.astype(jnp.int32)
         recent = jnp.where(run[:, None], jnp.concatenate([c["recent"][:, 1:], tok[:, None]], axis=1), c["recent"])
         hit_tok = jnp.any(tok[:, None] == stop_tokens_BxS, axis=-1)
@@ -349,16 +428,30 @@ def decode_kernel(params, config: DecoderConfig, state: SamplerState, active_B, 
                            jnp.where(hit_seq, FINISH_STOP_SEQUENCE, FINISH_LENGTH)).astype(jnp.int32)
         stop = run & (hit_tok | hit_seq | hit_len)
         reason = jnp.where(stop, reason, jnp.where(newly_full, FINISH_CACHE_FULL, c["reason"]))
-        return dict(state=st.replace(cache=cache, next_logits_BxV=logits), step=c["step"] + 1,
+        return dict(kv=kv, lengths=lengths, logits=logits, step=c["step"] + 1,
                     done=c["done"] | stop | newly_full, reason=reason, num=num, toks=toks, logps=logps,
                     recent=recent)
 
     c = carry0
+    k, v = state.cache.k, state.cache.v
+    layer_axes = decoder.ACTIVATION_AXES["cache_kv"][1:]
     for window in attention_windows(S, window_segments):
+        if unroll:  # this segment's window of each layer, as its own buffer
+            c["kv"] = tuple([decoder.constrain_activation(a[i, :, :, :window], layer_axes)
+                             for i in range(config.num_layers)] for a in (k, v))
+        else:
+            c["kv"] = (k, v)
         c = jax.lax.while_loop(functools.partial(cond, window=window), functools.partial(body, window=window), c)
+        if unroll:  # written back in place; the slots from `window` on are unchanged
+            for i in range(config.num_layers):
+                k = jax.lax.dynamic_update_slice(k, c["kv"][0][i][None], (i, 0, 0, 0, 0))
+                v = jax.lax.dynamic_update_slice(v, c["kv"][1][i][None], (i, 0, 0, 0, 0))
+        else:
+            k, v = c["kv"]
     # rows still running when the loop ran out of steps (max_new_B > N cannot happen: clipped)
     reason = jnp.where(~c["done"], FINISH_LENGTH, c["reason"]).astype(jnp.int32)
-    return c["state"], Generation(c["toks"], c["logps"], c["num"], reason)
+    state = state.replace(cache=decoder.KVCache(k=k, v=v, lengths=c["lengths"]), next_logits_BxV=c["logits"])
+    return state, Generation(c["toks"], c["logps"], c["num"], reason)
 
 
 def select_rows_kernel(state: SamplerState, rows_R) -> SamplerState:
@@ -367,6 +460,26 @@ def select_rows_kernel(state: SamplerState, rows_R) -> SamplerState:
     return SamplerState(
         cache=decoder.KVCache(k=cache.k[:, rows_R], v=cache.v[:, rows_R], lengths=cache.lengths[rows_R]),
         next_logits_BxV=state.next_logits_BxV[rows_R], keys_B=state.keys_B[rows_R])
+
+
+def put_rows_kernel(state: SamplerState, rows_R, sub: SamplerState) -> SamplerState:
+    """`state` with rows `rows_R` (distinct) replaced by the rows of `sub` (a scatter on the
+    batch axis)."""
+    cache, new = state.cache, sub.cache
+    return SamplerState(
+        cache=decoder.KVCache(k=cache.k.at[:, rows_R].set(new.k), v=cache.v.at[:, rows_R].set(new.v),
+                              lengths=cache.lengths.at[rows_R].set(new.lengths)),
+        next_logits_BxV=state.next_logits_BxV.at[rows_R].set(sub.next_logits_BxV),
+        keys_B=state.keys_B.at[rows_R].set(sub.keys_B))
+
+
+def reset_rows_kernel(state: SamplerState, rows_R, keys_R) -> SamplerState:
+    """Rows `rows_R` emptied (cache length 0) and given the keys `keys_R`; the other
+    rows are untouched. A row's stale cache entries are never read: attention and
+    appends go by `lengths`."""
+    cache = state.cache
+    return state.replace(cache=cache.replace(lengths=cache.lengths.at[rows_R].set(0)),
+                         keys_B=state.keys_B.at[rows_R].set(keys_R))
 
 
 # ---------------------------------------------------------------- host side
@@ -387,6 +500,9 @@ class Sampler:
       pad_id: token id written in unused output slots.
       window_segments: decode attends over growing windows of the cache in this many
         segments (`decode_kernel`); 1 = the whole cache at every step.
+      unroll_layers: decode with the layers unrolled on per-layer cache buffers
+        (`decode_kernel`; the same results bit for bit, faster on a CPU, slower to compile).
+        None = on for the CPU backend (`unroll_layers_default`).
       mesh: a ("data", "fsdp", "tensor") `jax.sharding.Mesh` (`jaxagent.parallel.make_mesh`)
         to sample sharded on (one process); None = unsharded, exactly as without it.
         Params are placed with `param_shardings(params, mesh, rules)` (here and by the
@@ -402,7 +518,8 @@ class Sampler:
 
     def __init__(self, params, config: DecoderConfig, *, max_len: int, cache_dtype=None,
                  min_bucket: int = 16, pad_id: int = 0, window_segments: int = 3,
-                 mesh: jax.sharding.Mesh | None = None, rules: pmesh.Rules = pmesh.LOGICAL_AXIS_RULES):
+                 mesh: jax.sharding.Mesh | None = None, rules: pmesh.Rules = pmesh.LOGICAL_AXIS_RULES,
+                 unroll_layers: bool | None = None):
         if not isinstance(max_len, int) or max_len < 1:
             raise ValueError(f"Sampler: max_len must be a positive int, got {max_len!r}")
         if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
@@ -413,6 +530,7 @@ class Sampler:
         self.cache_dtype = cache_dtype or params["final_norm"]["scale"].dtype
         self.min_bucket, self.pad_id = int(min_bucket), int(pad_id)
         self.window_segments = int(window_segments)
+        self.unroll_layers = unroll_layers_default() if unroll_layers is None else bool(unroll_layers)
         self.trace_counts: collections.Counter = collections.Counter()
 
         def append(params, state, tokens, mask):
@@ -425,7 +543,7 @@ class Sampler:
             with self._layout():
                 state, gen = decode_kernel(params, config, state, active, max_new, stop_tokens, stop_seqs,
                                            sampling=sampling, max_new_tokens=max_new_tokens, pad_id=self.pad_id,
-                                           window_segments=self.window_segments)
+                                           window_segments=self.window_segments, unroll_layers=self.unroll_layers)
                 return self._pin_state(state), self._pin_rows(gen)
 
         def select(state, rows):
@@ -435,7 +553,30 @@ class Sampler:
 
         self._append = jax.jit(append, donate_argnames=("state",))
         self._decode = jax.jit(decode, static_argnames=("sampling", "max_new_tokens"), donate_argnames=("state",))
+
+        def decode_rows(params, state, rows, tokens, mask, active, max_new, stop_tokens, stop_seqs, sampling,
+                        max_new_tokens):
+            self.trace_counts["decode_rows"] += 1
+            with self._layout():
+                sub = select_rows_kernel(state, rows)
+                if tokens is not None:
+                    sub = append_kernel(params, config, sub, tokens, mask)
+                sub, gen = decode_kernel(params, config, sub, active, max_new,
+                                         stop_tokens, stop_seqs, sampling=sampling, max_new_tokens=max_new_tokens,
+                                         pad_id=self.pad_id, window_segments=self.window_segments,
+                                         unroll_layers=self.unroll_layers)
+                return self._pin_state(put_rows_kernel(state, rows, sub)), self._pin_rows(gen)
+
+        self._decode_rows = jax.jit(decode_rows, static_argnames=("sampling", "max_new_tokens"),
+                                    donate_argnames=("state",))
         self._select = jax.jit(select)
+
+        def reset(state, rows, keys):
+            self.trace_counts["reset"] += 1
+            with self._layout():
+                return self._pin_state(reset_rows_kernel(state, rows, keys))
+
+        self._reset = jax.jit(reset, donate_argnames=("state",))
 
     # -------------------------------------------------------------- sharding
     @property
@@ -525,6 +666,32 @@ class Sampler:
             return self._select(state, jax.device_put(rows, jax.sharding.NamedSharding(self.mesh, P())))
         return self._select(state, jnp.asarray(rows))
 
+    def reset_rows(self, state: SamplerState, rows: Sequence[int], seed: int,
+                   row_ids: Sequence[int]) -> SamplerState:
+        """`state` with rows `rows` emptied for new sequences: row `rows[j]` gets the key
+        `fold_in(key(seed), row_ids[j])`, as `init_state` gives it, so what it samples
+        does not depend on the row it is in. `state` is donated."""
+        rows = np.asarray(rows, np.int32)
+        row_ids = np.asarray(row_ids)
+        if rows.ndim != 1 or rows.shape != row_ids.shape:
+            raise ValueError(f"reset_rows: rows and row_ids must be equal-length lists, got shapes "
+                             f"{rows.shape} and {row_ids.shape}")
+        if rows.size and (rows.min() < 0 or rows.max() >= state.batch_size):
+            raise ValueError(f"reset_rows: rows must be in [0, {state.batch_size}), got {rows.tolist()}")
+        if not rows.size:
+            return state
+        # padded to the batch by repeating the first entry (the same write again), so
+        # one compilation serves any number of rows
+        pad = state.batch_size - rows.size
+        rows = np.concatenate([rows, np.full(pad, rows[0], np.int32)])
+        row_ids = np.concatenate([row_ids, np.full(pad, row_ids[0], row_ids.dtype)])
+        keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(seed),
+                                                                jnp.asarray(row_ids, jnp.uint32))
+        if self.mesh is not None:
+            rep = jax.sharding.NamedSharding(self.mesh, P())
+            return self._reset(state, jax.device_put(rows, rep), jax.device_put(keys, rep))
+        return self._reset(state, jnp.asarray(rows), keys)
+
     # -------------------------------------------------------------- kernels
     def append(self, state: SamplerState, tokens: Sequence[Sequence[int] | None]) -> SamplerState:
         """Feed each row its new tokens (`None` or `[]` = nothing for that row).
@@ -535,6 +702,13 @@ class Sampler:
         B = state.batch_size
         if len(tokens) != B:
             raise ValueError(f"append: got token lists for {len(tokens)} rows, the state has {B}")
+        arr, mask = self._token_arrays(tokens, self.free_slots(state), "append")
+        return self._append(self.params, state, self._put_rows(arr), self._put_rows(mask))
+
+    def _token_arrays(self, tokens, free, what: str) -> tuple[np.ndarray, np.ndarray]:
+        """Padded `[B, T]` token ids and mask of per-row token lists, checked against the
+        vocabulary and each row's free cache slots `free`."""
+        B = len(tokens)
         lens = [0 if t is None else len(t) for t in tokens]
         T = bucket(max(lens), self.min_bucket)
         arr = np.zeros((B, T), np.int32)
@@ -544,15 +718,14 @@ class Sampler:
                 arr[b, :len(t)] = np.asarray(t, np.int32)
                 mask[b, :len(t)] = 1
         if arr.min(initial=0) < 0 or arr.max(initial=0) >= self.config.vocab_size:
-            raise ValueError(f"append: token ids must be in [0, {self.config.vocab_size}), "
+            raise ValueError(f"{what}: token ids must be in [0, {self.config.vocab_size}), "
                              f"got range [{arr.min()}, {arr.max()}]")
-        free = self.free_slots(state)
         over = [b for b in range(B) if lens[b] > free[b]]
         if over:
             b = over[0]
-            raise ValueError(f"append: row {b} gets {lens[b]} tokens but its cache has {free[b]} free slots "
+            raise ValueError(f"{what}: row {b} gets {lens[b]} tokens but its cache has {free[b]} free slots "
                              f"(max_len {self.max_len}); {len(over)} row(s) overflow")
-        return self._append(self.params, state, self._put_rows(arr), self._put_rows(mask))
+        return arr, mask
 
     def decode(self, state: SamplerState, *, max_new_tokens: int, sampling: SamplingConfig = GREEDY,
                active: Sequence[bool] | None = None, max_new: Sequence[int] | None = None,
@@ -577,6 +750,57 @@ class Sampler:
         sq = _stop_seq_array(stop_sequences, B)
         return self._decode(self.params, state, self._put_rows(act), self._put_rows(mx), self._put_rows(st),
                             self._put_rows(sq), sampling, max_new_tokens)
+
+    def decode_rows(self, state: SamplerState, rows: Sequence[int], *, max_new_tokens: int,
+                    sampling: SamplingConfig = GREEDY, max_new: Sequence[int] | None = None,
+                    stop_tokens: Sequence[int] | None = None,
+                    stop_sequences: Sequence[Sequence[int]] | None = None,
+                    tokens: Sequence[Sequence[int] | None] | None = None) -> tuple[SamplerState, Generation]:
+        """`decode` of rows `rows` of `state` only (distinct; the others are left as they
+        are), in one call that gathers them, appends `tokens[j]` to row `rows[j]` (as
+        `append` would; None = nothing), decodes and puts them back: the work is that of
+        a batch of `len(rows)` rows (padded to a power of two, and to at least an eighth
+        of the state, with other rows that are not touched), not of the whole state. Row `j` of the `Generation` is row
+        `rows[j]`. `max_new` is per entry of `rows`; `stop_tokens` / `stop_sequences` are
+        for every row. Raises ValueError when appended tokens do not fit in a row's
+        cache. `state` is donated."""
+        rows = [int(r) for r in rows]
+        B = state.batch_size
+        if not rows or len(set(rows)) != len(rows) or min(rows) < 0 or max(rows) >= B:
+            raise ValueError(f"decode_rows: rows must be distinct rows of the state (0..{B - 1}), got {rows}")
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"decode_rows: max_new_tokens must be a positive int, got {max_new_tokens!r}")
+        n = len(rows)
+        R = min(max(bucket(n, 1), bucket(B // 8, 1)), B)  # at most 4 batch shapes: 4 compilations
+        others = [r for r in range(B) if r not in set(rows)]
+        idx = np.asarray(rows + others[:R - n], np.int32)
+        act = np.arange(R) < n
+        mx = np.zeros((R,), np.int32)
+        mx[:n] = max_new_tokens if max_new is None else np.minimum(np.asarray(max_new, np.int32), max_new_tokens)
+        st = _stop_token_array(stop_tokens, R)
+        sq = _stop_seq_array(None if stop_sequences is None else [stop_sequences] * R, R)
+        arr = mask = None
+        if tokens is not None and any(t is not None and len(t) for t in tokens):
+            if len(tokens) != n:
+                raise ValueError(f"decode_rows: got token lists for {len(tokens)} rows, expected {n}")
+            arr, mask = self._token_arrays(list(tokens) + [None] * (R - n), self.free_slots(state)[idx], "decode_rows")
+        if R == B:  # every row is in the batch: no gather and scatter, the rows in state order
+            inv = np.argsort(idx)
+            if arr is not None:
+                state = self._append(self.params, state, self._put_rows(arr[inv]), self._put_rows(mask[inv]))
+            state, gen = self._decode(self.params, state, self._put_rows(act[inv]), self._put_rows(mx[inv]),
+                                      self._put_rows(st[inv]), self._put_rows(sq[inv]), sampling, max_new_tokens)
+            if np.array_equal(idx, np.arange(B)):
+                return state, gen
+            return state, jax.tree.map(lambda x: x[jnp.asarray(idx)], gen)
+        if arr is not None:
+            arr, mask = self._put_rows(arr), self._put_rows(mask)
+        if self.mesh is not None:
+            idx_d = jax.device_put(idx, jax.sharding.NamedSharding(self.mesh, P()))
+        else:
+            idx_d = jnp.asarray(idx)
+        return self._decode_rows(self.params, state, idx_d, arr, mask, self._put_rows(act), self._put_rows(mx),
+                                 self._put_rows(st), self._put_rows(sq), sampling, max_new_tokens)
 
     def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                  sampling: SamplingConfig = GREEDY, seed: int = 0, **decode_kw) -> tuple[SamplerState, Generation]:

@@ -172,6 +172,9 @@ class RolloutSection:
     temperature, top_k, top_p: sampling (temperature 0 = greedy; top_k 0 = off).
     pipeline_groups: > 1 splits each rollout into that many sub-batches so that env
       steps of one overlap the device's decoding of another (same trajectories).
+    slots: 0 = turn-synchronous (or `pipeline_groups`); S > 0 = continuous scheduling
+      with S sampler rows: every episode moves on as soon as its own env step is back,
+      and a finished episode's row takes the next episode (same trajectories).
     """
 
     max_turns: int = 2
@@ -181,10 +184,15 @@ class RolloutSection:
     top_k: int = 0
     top_p: float = 1.0
     pipeline_groups: int = 1
+    slots: int = 0
 
     def __post_init__(self):
         for name in ("max_turns", "max_tokens_per_turn", "max_context", "pipeline_groups"):
             _check_int(name, getattr(self, name), 1)
+        _check_int("slots", self.slots, 0)
+        if self.slots and self.pipeline_groups > 1:
+            raise ValueError(f"rollout.slots={self.slots} (continuous scheduling) and rollout.pipeline_groups="
+                             f"{self.pipeline_groups} are two ways of overlapping env steps; set one")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         _check_int("top_k", self.top_k, 0)
@@ -204,7 +212,7 @@ class RolloutSection:
 
         return AgentLoopConfig(max_turns=self.max_turns, max_tokens_per_turn=self.max_tokens_per_turn,
                                max_context=self.max_context, sampling=self.sampling, pad_id=pad_id,
-                               pipeline_groups=self.pipeline_groups)
+                               pipeline_groups=self.pipeline_groups, slots=self.slots)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -308,7 +308,7 @@ class Trainer:
         # the stored episodes' token entropies, from the params the log-probs were taken with
         entropy = self._store_entropy(collected.episodes, placed) if cfg.logging.episodes_per_iteration else None
         values = place.values(self.state, placed) if cfg.algo.uses_critic else None
-        times["logprobs"] = _seconds_after(old_logp, t0)
+        times["logprobs"] = _seconds_after((old_logp, ref_logp, values), t0)  # every pass of the phase
 
         # ---- reward shaping, advantages
         t0 = time.perf_counter()

@@ -170,10 +170,12 @@ def _plot(args) -> int:
     from jaxagent.train.plot import RunDataError, plot_run, plot_runs
 
     try:
-        if len(args.run_dir) == 1:
+        if len(args.run_dir) == 1 and args.metric != "success_rate":
+            path = plot_runs(args.run_dir, args.out, metric=args.metric)
+        elif len(args.run_dir) == 1:
             path = plot_run(args.run_dir[0], args.out)
         else:
-            path = plot_runs(args.run_dir, args.out)
+            path = plot_runs(args.run_dir, args.out, metric=args.metric)
     except (FileNotFoundError, RunDataError) as err:
         print(f"jaxagent plot: error: {err}", file=sys.stderr)
         return 2
@@ -255,6 +257,10 @@ def main(argv: list[str] | None = None) -> int:
     plot.add_argument("--out", metavar="PNG", default=None,
                       help="output file (default RUN_DIR/learning_curves.png; several runs: comparison.png beside "
                            "the first)")
+    plot.add_argument("--metric", default="success_rate",
+                      help="the held-out evaluation's key to compare (default success_rate; e.g. return_mean, or "
+                           "an env summary's env_rubric_mean, env_under_triage_rate); draws the comparison figure, "
+                           "also for one run")
     view = sub.add_parser("view", help="a web page of runs: learning curves and stored episodes with token signals",
                           description="Show runs in the browser: their learning curves, and the episode store's "
                                       "episodes (conversation, per-turn rewards, final info, policy tokens coloured "

@@ -71,10 +71,17 @@ def test_config_env_accepts_its_kwargs_and_the_prompt_fits(path):
             resolve_model_path(cfg.model.path)
         except FileNotFoundError as err:
             pytest.skip(str(err))
-    # a "bpe" tokenizer is trained at the start of a run; its merges only shorten the byte
-    # tokenizer's sequences, so the byte count is an upper bound
-    model = dataclasses.replace(cfg.model, tokenizer="byte") if cfg.model.tokenizer == "bpe" else cfg.model
-    chat = ChatFormat(build_tokenizer(model))
+    # a "bpe" tokenizer is trained at the start of a run; its merges within words only
+    # shorten the byte tokenizer's sequences, so the byte count is an upper bound. Merges
+    # across words (tokenizer_pieces: lines) are what make a long prompt fit: that one is
+    # trained here as the run trains it
+    if cfg.model.tokenizer == "bpe" and cfg.model.tokenizer_pieces != "words":
+        from jaxagent.train.build import run_tokenizer
+
+        chat = ChatFormat(run_tokenizer(cfg, Path("/nonexistent"), resume=False))
+    else:
+        model = dataclasses.replace(cfg.model, tokenizer="byte") if cfg.model.tokenizer == "bpe" else cfg.model
+        chat = ChatFormat(build_tokenizer(model))
     env = envs.make(cfg.env.name, **cfg.env.kwargs)
     try:
         for k in range(4):

@@ -20,13 +20,17 @@ wrong and the expected format, ``invalid_penalty`` as reward, and
 ``info["invalid_action"]``; the episode goes on. After ``max_turns`` turns without an
 assessment the episode is truncated and the last step's reward is the rubric with no
 assessment (no differential, management or triage credit, and the under-triage cost
-if the case needed more than routine care).
+if the case needed more than routine care). The reset's and every other step's info carry ``if_cut``
+(that reward and final info, should the rollout cut the interview off at its context
+limit: ``jaxagent.rollout`` applies it).
 
 ``info`` on the final step: ``rubric`` (the five components and ``total``),
 ``triage_given``, ``triage_reference``, ``under_triage``, ``over_triage``,
 ``communication`` (its parts), ``missed_domains``, ``assessment`` and ``case`` (the
-case's summary). On question turns: ``disclosure`` (domains asked, revealed,
-denied, refused; repeated, empathic).
+case's summary); the reward-hacking monitors (:mod:`envs.intake.monitors`, never
+the reward): ``heldout_rubric`` (the held-out scorer's five components and
+``total``) and ``exploits`` (the per-episode exploit counters). On question turns:
+``disclosure`` (domains asked, revealed, denied, refused; repeated, empathic).
 
 Expert: :class:`envs.intake.policies.Clinician`; it screens every domain, always
 screens risk with direct questions and follow-ups, then concludes from what the
@@ -42,6 +46,7 @@ from envs.intake import assessment as assessment_mod
 from envs.intake.cases import (ADVERSARIAL_SET_SIZE, CONDITION_KEYS, CONDITIONS, PERSONAS, Case, adversarial_case,
                                generate_case)
 from envs.intake.domains import SUICIDE_DOMAINS
+from envs.intake.monitors import exploit_flags, heldout_score
 from envs.intake.rubric import Interview, RubricConfig, score
 from envs.intake.simulator import PatientState, make_simulator
 
@@ -143,7 +148,7 @@ class IntakeEnv(TextEnv):
                f"The patient is a {case.age}-year-old {case.gender}, {case.occupation}, seen in the outpatient clinic.\n"
                f"Patient: \"{case.chief_complaint}\"\n"
                f"You have {self.max_steps} turns: ask one question per turn, then give your assessment.")
-        return obs, {"case_id": case.case_id, "cases": self.cases}
+        return obs, self._with_cut({"case_id": case.case_id, "cases": self.cases})
 
     def _step(self, action: str):
         text = action.strip()
@@ -176,14 +181,24 @@ class IntakeEnv(TextEnv):
             return obs, *self._final(None, info)
         if self.turns_left <= 3:
             obs += f"\n({self.turns_left} turn{'s' if self.turns_left > 1 else ''} left: give your assessment soon.)"
-        return obs, 0.0, False, info
+        return obs, 0.0, False, self._with_cut(info)
 
     def _invalid(self, message: str):
         obs, reward, terminated, info = super()._invalid(message)
-        if self.turns_left <= 0 and self.case is not None:
+        if self.case is None:
+            return obs, reward, terminated, info
+        if self.turns_left <= 0:
             total, _, info = self._final(None, info)
             reward += total
-        return obs, reward, terminated, info
+            return obs, reward, terminated, info
+        return obs, reward, terminated, self._with_cut(info)
+
+    def _with_cut(self, info: dict) -> dict:
+        """`info` with `if_cut`: the reward and final info of this interview if a rollout
+        cuts it off now (context full), scored as running out of turns is (no assessment),
+        so that filling the context does not dodge the under-triage cost."""
+        total, _, final = self._final(None, info)
+        return {**info, "if_cut": {"reward": total, "info": {**final, "cut_off": True}}}
 
     def _final(self, parsed, info: dict) -> tuple[float, bool, dict]:
         result = score(self.case, self.interview, parsed, self.rubric)
@@ -196,6 +211,10 @@ class IntakeEnv(TextEnv):
         info["assessment"] = parsed.to_dict() if parsed is not None else None
         info["case"] = self.case.summary()
         info["questions"] = self.interview.questions
+        questions = [q for q, _ in self.history]
+        held = heldout_score(self.case, self.interview, parsed, questions)
+        info["heldout_rubric"] = {**held["components"], "total": held["total"]}
+        info["exploits"] = exploit_flags(self.case, parsed, questions, self.asked_domains, self.interview)
         return result["total"], parsed is not None, info
 
     def _finish(self, parsed):
@@ -223,9 +242,19 @@ class IntakeEnv(TextEnv):
         context = bool(self.asked_domains) and any(d in SUICIDE_DOMAINS for d in self.asked_domains[-1])
         return ("intake", self.case.case_id, found, self.patient.rapport, context)
 
-    def expert_action(self) -> str:
-        from envs.intake.policies import Clinician
-        return Clinician().act(self)
+    def expert_action(self, style: str = "expert", **kwargs) -> str:
+        """The scripted clinician's next action: ``style="expert"`` (the expert,
+        :class:`envs.intake.policies.Clinician`) or ``"weak"`` (the imperfect clinician
+        of the warm start, :class:`envs.intake.policies.WeakClinician`, with ``kwargs``:
+        ``risk_screen``, ``followup``, ``skip``, ``questions``, ``empathy``, ``salt``)."""
+        from envs.intake.policies import Clinician, WeakClinician
+        if style == "expert":
+            if kwargs:
+                raise ValueError(f"the intake expert takes no options, got {sorted(kwargs)}")
+            return Clinician().act(self)
+        if style == "weak":
+            return WeakClinician(**kwargs).act(self)
+        raise ValueError(f"intake expert_action: style must be 'expert' or 'weak', got {style!r}")
 
 
 __all__ = ["IntakeEnv", "CASE_SETS", "ADVERSARIAL_SET_SIZE"]

@@ -20,7 +20,17 @@ set). The summary (one JSON object on stdout)::
      "over_triage_rate": fraction above the reference,
      "triage_accuracy": fraction equal,
      "assessment_rate": fraction of episodes that ended with a valid assessment,
-     "mean_questions": questions per episode, "invalid_actions": total}
+     "mean_questions": questions per episode, "invalid_actions": total,
+     the reward-hacking monitors (:mod:`envs.intake.monitors`):
+     "heldout_rubric_mean": mean held-out score,
+     "rubric_heldout_gap": rubric mean minus held-out mean (same episodes),
+     "differential_stuffing_rate", "triage_top_rate", "triage_top_unwarranted_rate":
+                          fractions of episodes flagged,
+     "multi_domain_question_frac", "repeated_question_frac": mean per-episode
+                          fractions of questions}
+
+The monitor entries are over the episodes whose info has them (``heldout_rubric``,
+``exploits``); without any such episode (older infos) they are left out.
 """
 from __future__ import annotations
 
@@ -39,20 +49,45 @@ def summarize(final_infos: list[dict], assessed: list[bool]) -> dict:
     """The summary's rubric and triage figures (module docstring) from each episode's last
     `info` and whether it ended with a valid assessment. An episode without a rubric in
     its info (it failed in the pool) is left out of the rubric means and counted in
-    `scored_episodes`' complement."""
+    `scored_episodes`' complement. The monitors' entries are over the scored episodes
+    that have them, and absent when none has."""
     scored = [(info, a) for info, a in zip(final_infos, assessed) if isinstance(info.get("rubric"), dict)]
     n = len(scored)
     if n == 0:
         return {"scored_episodes": 0}
     totals = [info["rubric"]["total"] for info, _ in scored]
-    return {"scored_episodes": n,
-            "rubric_mean": statistics.fmean(totals), "rubric_std": statistics.pstdev(totals),
-            "components": {c: statistics.fmean(info["rubric"][c] for info, _ in scored) for c in COMPONENTS},
-            "under_triage_rate": sum(bool(info["under_triage"]) for info, _ in scored) / n,
-            "over_triage_rate": sum(bool(info["over_triage"]) for info, _ in scored) / n,
-            "triage_accuracy": sum(info["triage_given"] == info["triage_reference"] for info, _ in scored) / n,
-            "assessment_rate": sum(bool(a) for _, a in scored) / n,
-            "mean_questions": statistics.fmean(info["questions"] for info, _ in scored)}
+    out = {"scored_episodes": n,
+           "rubric_mean": statistics.fmean(totals), "rubric_std": statistics.pstdev(totals),
+           "components": {c: statistics.fmean(info["rubric"][c] for info, _ in scored) for c in COMPONENTS},
+           "under_triage_rate": sum(bool(info["under_triage"]) for info, _ in scored) / n,
+           "over_triage_rate": sum(bool(info["over_triage"]) for info, _ in scored) / n,
+           "triage_accuracy": sum(info["triage_given"] == info["triage_reference"] for info, _ in scored) / n,
+           "assessment_rate": sum(bool(a) for _, a in scored) / n,
+           "mean_questions": statistics.fmean(info["questions"] for info, _ in scored)}
+    out.update(_monitor_summary([info for info, _ in scored]))
+    return out
+
+
+#: summary key -> per-episode ``info["exploits"]`` key (rates of flags, means of fractions).
+EXPLOIT_RATES = {"differential_stuffing_rate": "differential_stuffing", "triage_top_rate": "triage_top",
+                 "triage_top_unwarranted_rate": "triage_top_unwarranted",
+                 "multi_domain_question_frac": "multi_domain_questions",
+                 "repeated_question_frac": "repeated_questions"}
+
+
+def _monitor_summary(infos: list[dict]) -> dict:
+    """The monitors' entries (module docstring) over the infos that carry them."""
+    out = {}
+    held = [info for info in infos if isinstance(info.get("heldout_rubric"), dict)]
+    if held:
+        heldout = statistics.fmean(float(info["heldout_rubric"]["total"]) for info in held)
+        out["heldout_rubric_mean"] = heldout
+        out["rubric_heldout_gap"] = statistics.fmean(float(info["rubric"]["total"]) for info in held) - heldout
+    flagged = [info["exploits"] for info in infos if isinstance(info.get("exploits"), dict)]
+    if flagged:
+        for key, flag in EXPLOIT_RATES.items():
+            out[key] = statistics.fmean(float(e[flag]) for e in flagged)
+    return out
 
 
 def evaluate(policy: str, cases: str = "standard", episodes: int = 50, seed: int = 0, max_turns: int = 32,

@@ -20,6 +20,17 @@ revealed so far (``env.patient.elicited``) and which domains they have asked
   :func:`envs.intake.cases.management_for`) applied to the revealed findings.
 - ``Clinician(screen_risk=False)`` (``no-risk-screen``): the same, without the risk
   questions.
+- :class:`WeakClinician` (``weak``; ``env.expert_action(style="weak")``, the intake
+  recipe's warm start): an imperfect clinician that behaves like a weak base model.
+  Per episode (decisions drawn from the case id, so a demonstration set is a pure
+  function of its seeds) it screens risk directly only with probability
+  ``risk_screen`` and then follows a revealed ideation with plan / intent / means
+  questions only with probability ``followup``; it asks the screening domains in a
+  random order, skips each with probability ``skip``, asks every domain once (no
+  second attempt at a deflection), opens empathically with probability ``empathy``,
+  and concludes early, after a number of questions drawn from ``questions``. Its
+  assessment follows the expert's rules from what it did elicit, so what it gets
+  wrong is the interview, and the triage that a missed risk leaves too low.
 - :class:`RandomClinician`: asks 2-16 questions drawn at random from the expert's
   questions and some off-topic ones, then gives a random differential, triage and
   management; seeded.
@@ -147,6 +158,69 @@ class Clinician:
         return render(differential, triage, [MANAGEMENT_PHRASES[m] for m in management])
 
 
+class WeakClinician:
+    """The imperfect clinician of the intake recipe's warm start; see the module
+    docstring. Stateless: its per-episode choices come from the case id and ``salt``.
+
+    Args:
+      risk_screen: probability that an episode screens risk with direct questions.
+      followup: probability that a screening episode asks plan, intent and means after
+        revealed ideation (and the other follow-ups after their findings).
+      skip: probability that a screening domain is left out of the episode.
+      questions: ``(lo, hi)``: it concludes after a number of questions drawn in it.
+      empathy: probability of the empathic opening.
+      salt: varies the choices for the same cases.
+    """
+
+    def __init__(self, risk_screen: float = 0.3, followup: float = 0.5, skip: float = 0.25,
+                 questions: tuple[int, int] = (5, 12), empathy: float = 0.5, salt: int = 0):
+        for name, v in (("risk_screen", risk_screen), ("followup", followup), ("skip", skip),
+                        ("empathy", empathy)):
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0.0 <= v <= 1.0:
+                raise ValueError(f"WeakClinician: {name} must be a probability in [0, 1], got {v!r}")
+        q = tuple(questions) if isinstance(questions, (list, tuple)) else None
+        if (q is None or len(q) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in q)
+                or not 1 <= q[0] <= q[1]):
+            raise ValueError(f"WeakClinician: questions must be [lo, hi] with 1 <= lo <= hi, got {questions!r}")
+        self.risk_screen, self.followup, self.skip, self.empathy = risk_screen, followup, skip, empathy
+        self.questions, self.salt = q, int(salt)
+
+    def __call__(self, observation, env) -> str:
+        return self.act(env)
+
+    def plan(self, case_id: str) -> tuple[list[str], bool, bool, int]:
+        """`(domain order, followups, empathic opening, question budget)` of the episode."""
+        rng = random.Random(f"intake-weak-clinician:{case_id}:{self.salt}")
+        order = list(SCREEN_ORDER)
+        rng.shuffle(order)
+        order = [d for d in order if rng.random() >= self.skip]
+        screen = rng.random() < self.risk_screen
+        followup = rng.random() < self.followup
+        if screen:  # the risk questions come late, where an early conclusion often cuts them
+            order += [d for d in RISK_ORDER if d not in RISK_PREREQUISITE or followup]
+        empathic = rng.random() < self.empathy
+        return order, followup, empathic, rng.randint(*self.questions)
+
+    def act(self, env) -> str:
+        order, _, empathic, budget = self.plan(env.case.case_id)
+        found = env.patient.elicited
+        asked = {d for a in env.asked_domains for d in a}
+        dom = None
+        if len(env.asked_domains) < budget and env.turns_left > 1:
+            for d in order:
+                need = RISK_PREREQUISITE.get(d)
+                if d in asked or d in found or (need is not None and not (need in found and found[need].present)):
+                    continue
+                dom = d
+                break
+        if dom is None:
+            return Clinician().conclude(env)
+        question = QUESTIONS[dom][0]
+        if not env.asked_domains and empathic:
+            question = f"{OPENING} {question}"
+        return question
+
+
 class RandomClinician:
     """The random baseline; see the module docstring. One instance per episode."""
 
@@ -164,7 +238,7 @@ class RandomClinician:
         return self.rng.choice(self.bank)
 
 
-POLICIES = ("expert", "random", "no-risk-screen")
+POLICIES = ("expert", "random", "no-risk-screen", "weak")
 
 
 def make_policy(name: str, seed: int = 0):
@@ -175,7 +249,9 @@ def make_policy(name: str, seed: int = 0):
         return Clinician(screen_risk=False)
     if name == "random":
         return RandomClinician(seed)
+    if name == "weak":
+        return WeakClinician()
     raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
 
 
-__all__ = ["Clinician", "RandomClinician", "make_policy", "POLICIES", "QUESTIONS", "SCREEN_ORDER", "RISK_ORDER"]
+__all__ = ["Clinician", "WeakClinician", "RandomClinician", "make_policy", "POLICIES", "QUESTIONS", "SCREEN_ORDER", "RISK_ORDER"]

@@ -17,6 +17,7 @@ from .advantages import (
     remax,
     rloo,
     turn_gae,
+    turn_loo,
     turn_returns,
     turn_start_values,
     turns_to_tokens,
@@ -53,5 +54,5 @@ __all__ = [
     "list_advantage_estimators", "list_policy_losses", "masked_mean", "masked_var",
     "masked_whiten", "ppo_loss", "register_advantage_estimator", "register_policy_loss",
     "reinforce_pp", "reinforce_pp_baseline", "remax", "rloo", "tis_weights", "turn_gae",
-    "turn_returns", "turn_start_values", "turns_to_tokens", "value_loss",
+    "turn_loo", "turn_returns", "turn_start_values", "turns_to_tokens", "value_loss",
 ]

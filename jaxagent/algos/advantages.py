@@ -1,6 +1,6 @@
 """Advantage estimators: token-level (GAE, REINFORCE++, ReMax), outcome-level
 (GRPO, Dr.GRPO, RLOO, REINFORCE++ with baseline), step-level (GiGPO) and
-turn-level credit.
+turn-level credit (turn GAE, turn returns, turn-level leave-one-out).
 
 Conventions follow ``docs/FORMULAS.md`` (verl 0.9.1 ``core_algos``) on every
 valid position. Shared deviations, all deliberate:
@@ -316,6 +316,76 @@ def turn_returns(turn_rewards, turn_mask, gamma):
     """Turn-level discounted returns ``R[s] = r[s] + γ·R[s+1]`` over valid turns ``[B, S]``."""
     r, valid = _bt("turn_rewards", turn_rewards, "turn_mask", turn_mask)
     return jnp.where(valid, discounted_returns(r, valid, gamma), 0.0)
+
+
+@jax.jit
+def turn_loo(turn_rewards, turn_mask, group_ids, gamma=1.0):
+    """Turn-level leave-one-out advantage: each turn's return-to-go minus the mean
+    return-to-go of the *other* episodes of its group at the same turn index.
+
+    Inputs are per turn: ``turn_rewards`` and ``turn_mask`` are ``[B, K]`` (episode ×
+    turn), ``group_ids`` ``[B]`` says which episodes share a task. An episode is *alive*
+    at turn ``t`` where ``turn_mask[i, t]``; a *member* of its group if it has at
+    least one valid turn (a fully masked row, e.g. a failed episode, takes no part).
+
+    ::
+
+        G[i,t]   = r[i,t] + γ·G[i,t+1] over valid turns      (turn_returns)
+        G0[i]    = G[i, first valid turn]                    (the episode's return)
+        O[i,t]   = {j ≠ i in i's group, alive at t}
+        b[i,t]   = mean_{j ∈ O[i,t]} G[j,t]                  if O[i,t] is not empty
+                 = mean_{j ≠ i member of i's group} G0[j]    else (fallback)
+        A[i,t]   = G[i,t] - b[i,t]        on valid turns; 0 if i's group has no other
+                                           member, and 0 on masked turns
+
+    ``b[i,t]`` is built from the other episodes only (the set ``O[i,t]``, whether the
+    fallback applies, and the values averaged), so it is independent of episode i's
+    own actions and ``E[∇log π(a_t|h_t)·b[i,t]] = 0``: the estimate stays an unbiased
+    policy gradient for every turn even when the policy chooses how many turns to
+    take. Unlike a per-turn mean/std taken over all alive episodes, episode i never
+    enters its own baseline and nothing is divided by a std that contains it. The
+    derivation is in ``docs/turn_baseline.md``.
+
+    The fallback (episode i alone at turn t) compares with the others' whole-episode
+    returns: with a final reward only and ``γ = 1`` it is exactly :func:`rloo`'s
+    baseline. No std scaling is offered: a leave-one-out std keeps each task's
+    direction but reweights tasks (see the doc).
+
+    Written as ``(G - mean_t)·n/(n-1)`` over the ``n`` alive episodes of the turn, so
+    a turn where every alive episode has the same return gets exactly 0. Broadcast
+    the result to tokens with :func:`turns_to_tokens`.
+    """
+    r, valid = _bt("turn_rewards", turn_rewards, "turn_mask", turn_mask)
+    b, k = r.shape
+    gid = _groups(group_ids, b)
+    # Masked turns carry the return across (as turn_returns), so column 0 holds the
+    # return from the episode's first valid turn.
+    ret_raw = _checks.gathered(discounted_returns(r, valid, gamma))
+    valid_g = _checks.gathered(valid)
+    gid_g = _checks.gathered(gid)
+    ret = jnp.where(valid_g, ret_raw, 0.0)
+
+    # Fallback: leave-one-out mean of the other members' episode returns.
+    member = jnp.any(valid_g, axis=1)
+    total = jnp.where(member, ret_raw[:, 0], 0.0)
+    ep = GroupStats(total, segment_ids(gid_g), member)
+    m = ep.count
+    others_mean = total - ep.deviation * m / jnp.maximum(m - 1.0, 1.0)
+    a_fallback = jnp.where((m >= 2)[:, None], ret - others_mean[:, None], 0.0)
+
+    # Per turn: (G - mean over the n alive episodes of (group, t))·n/(n-1).
+    flat_valid = valid_g.reshape(-1)
+    t_flat = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32)[None, :], (b, k)).reshape(-1)
+    gid_flat = jnp.broadcast_to(gid_g[:, None], (b, k)).reshape(-1)
+    seg = segment_ids(t_flat, gid_flat, (~flat_valid).astype(jnp.int32))
+    st = GroupStats(ret.reshape(-1), seg, flat_valid)
+    n = st.count
+    a_turn = (st.deviation * n / jnp.maximum(n - 1.0, 1.0)).reshape(b, k)
+    n = n.reshape(b, k)
+
+    a = jnp.where(n >= 2, a_turn, a_fallback)
+    a = _checks.resharded_like(a, valid)
+    return jnp.where(valid, a, 0.0)
 
 
 def turn_gae(turn_rewards, turn_values, turn_mask, gamma, lam, *, whiten: bool = True):

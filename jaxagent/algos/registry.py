@@ -93,6 +93,7 @@ _ADVANTAGE_ESTIMATORS: dict[str, EstimatorSpec] = {
     "turn_gae": EstimatorSpec(_adv.turn_gae, ("turn_rewards", "turn_values", "turn_mask", "gamma", "lam"),
                               returns=True),
     "turn_returns": EstimatorSpec(_adv.turn_returns, ("turn_rewards", "turn_mask", "gamma")),
+    "turn_loo": EstimatorSpec(_adv.turn_loo, ("turn_rewards", "turn_mask", "group_ids", "gamma")),
 }
 
 _POLICY_LOSSES: dict[str, Callable] = {

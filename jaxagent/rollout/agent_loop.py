@@ -15,7 +15,11 @@ Per rollout (`AgentLoop.run`):
 
 Limits (`AgentLoopConfig`): `max_turns`, `max_tokens_per_turn`, `max_context` (the
 whole episode, prompt included: it is the KV-cache size and the trajectory width). An
-episode stops as truncated when a limit is hit, with the reason recorded.
+episode stops as truncated when a limit is hit, with the reason recorded. An env whose
+step info holds `if_cut` (`{"reward": r, "info": {...}}`: what the episode scores if it
+is cut off now) has that reward added to the last turn and that info recorded when the
+loop cuts the episode (intake: the rubric without an assessment), so that filling the
+context is never a way around the env's own truncation score.
 
 Overlap (`AgentLoopConfig.pipeline_groups = N > 1`): the episodes are split into N
 contiguous sub-batches (slot ranges, so each spans the pool's workers), each with its
@@ -221,6 +225,19 @@ class Episode:
         self.failure_traceback = str(info.get("traceback", "") or "")
 
 
+def _cut(ep: Episode, reason: str) -> None:
+    """Ends `ep` truncated by the loop (`reason`: the context or turn limit). When the
+    env's last info says what a cut-off episode scores (`info["if_cut"]`: `{"reward": r,
+    "info": {...}}`, e.g. intake's rubric without an assessment), its last turn gets that
+    reward and the episode that info: a policy cannot escape the env's truncation score
+    by filling the context."""
+    cut = ep.info.get("if_cut") if isinstance(ep.info, dict) else None
+    if isinstance(cut, dict) and ep.rewards:
+        ep.rewards[-1] += float(cut.get("reward", 0.0))
+        ep.info = dict(cut.get("info") or {})
+    ep.end(truncated=True, reason=reason)
+
+
 class AgentLoop:
     """Runs batches of episodes with a `Sampler` (see the module docstring).
 
@@ -362,6 +379,8 @@ class AgentLoop:
         ep.system_prompt = info.get("system_prompt")
         ep.state_key = info.get("state_key")
         ep.observations.append(obs)
+        if "if_cut" in info:   # the score of an episode cut off in its first turn
+            ep.info = {"if_cut": info["if_cut"]}
         toks = self.chat.prompt_tokens(ep.system_prompt, obs)
         if len(toks) >= self.config.max_context:
             ep.end(truncated=True, reason="context_full")
@@ -486,7 +505,7 @@ class AgentLoop:
         ep.state_keys.append(ep.state_key)
         ep.rewards.append(0.0)
         if reason == "cache_full" or (reason == "max_new_tokens" and len(toks) < cfg.max_tokens_per_turn):
-            ep.end(truncated=True, reason="context_full")
+            _cut(ep, "context_full")
             return None
         action = self.chat.action_text(toks)
         ep.actions.append(action)
@@ -513,11 +532,11 @@ class AgentLoop:
             ep.end(truncated=True, reason="env_truncated")
             return None
         if turn + 1 >= cfg.max_turns:
-            ep.end(truncated=True, reason="max_turns")
+            _cut(ep, "max_turns")
             return None
         seg = self.chat.observation_tokens(obs, after_end_of_turn=after_eot)
         if len(ep.tokens) + len(seg) >= cfg.max_context:  # no room for the next action
-            ep.end(truncated=True, reason="context_full")
+            _cut(ep, "context_full")
             return None
         ep.add("observation", seg)
         return seg

@@ -57,8 +57,10 @@ def run_tokenizer(config: TrainerConfig, run_dir: Path, *, resume: bool, demonst
     if demos is None:
         ws = config.warm_start
         demos = warmstart.collect_demonstrations(config.env.name, config.env.kwargs, range(ws.seed, ws.seed + 256),
-                                                 max_turns=config.rollout.max_turns)
-    return warmstart.train_bpe_tokenizer(warmstart.demonstration_texts(demos), config.model.tokenizer_vocab_size)
+                                                 max_turns=config.rollout.max_turns, expert=ws.expert)
+    across = config.model.tokenizer_pieces != "words"   # the prompt as often as the policy reads it
+    return warmstart.train_bpe_tokenizer(warmstart.demonstration_texts(demos, prompt_per_episode=across),
+                                         config.model.tokenizer_vocab_size, pieces=config.model.tokenizer_pieces)
 
 
 def scratch_config(section: ModelSection, tokenizer):
@@ -216,7 +218,8 @@ def build_run(config: TrainerConfig, *, resume: bool = False, log=print) -> Run:
 
         ws = config.warm_start
         demos = collect_demonstrations(config.env.name, config.env.kwargs, range(ws.seed, ws.seed + ws.episodes),
-                                       noise=ws.expert_noise, max_turns=config.rollout.max_turns)
+                                       noise=ws.expert_noise, max_turns=config.rollout.max_turns,
+                                       expert=ws.expert)
     tokenizer = run_tokenizer(config, Path(config.run_dir), resume=resume, demonstrations=demos)
     k_model, k_critic, k_rng = jax.random.split(jax.random.key(config.seed), 3)
     if config.model.path is None:  # the architecture is known: check before building anything

@@ -55,6 +55,12 @@ class ModelSection:
       a path for `load_tokenizer`, or None (= "byte" from scratch, the checkpoint's own
       tokenizer with `path`).
     tokenizer_vocab_size: vocabulary of the "bpe" tokenizer (bytes + specials + merges).
+    tokenizer_pieces: what the "bpe" tokenizer's merges may not cross: "words" (a space
+      or line break), "lines" (a line break only: a sentence the env's text repeats,
+      such as a scripted question, can become one token) or "phrases" ("words", plus each
+      line the text repeats at least 8 times as one token: questions and fixed lines are
+      one token, varying text stays in words that recur). With "lines" and "phrases" the
+      system prompt counts once per demonstration, so a fixed prompt becomes few tokens.
     hidden_size ... model_type: the from-scratch architecture (vocab = the tokenizer's).
     init_std: std of the from-scratch initialisation.
     dtype: "float32" or "bfloat16".
@@ -70,6 +76,7 @@ class ModelSection:
     path: str | None = None
     tokenizer: str | None = None
     tokenizer_vocab_size: int = 512
+    tokenizer_pieces: str = "words"
     hidden_size: int = 32
     intermediate_size: int = 64
     num_layers: int = 2
@@ -90,6 +97,8 @@ class ModelSection:
         for name in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
             _check_int(name, getattr(self, name), 1)
         _check_int("tokenizer_vocab_size", self.tokenizer_vocab_size, 259)
+        if self.tokenizer_pieces not in ("words", "lines", "phrases"):
+            raise ValueError(f"tokenizer_pieces must be 'words', 'lines' or 'phrases', got {self.tokenizer_pieces!r}")
         if self.tokenizer == "bpe" and self.path is not None:
             raise ValueError("tokenizer 'bpe' is for models trained from scratch; a checkpoint (path) brings "
                              "its own tokenizer")
@@ -349,6 +358,7 @@ class WarmStartSection:
     episodes: int = 0
     seed: int = 1_000_000
     expert_noise: float = 0.0
+    expert: dict[str, Any] = dataclasses.field(default_factory=dict)
     only_successful: bool = False
     epochs: int = 1
     batch_size: int = 32
@@ -361,6 +371,8 @@ class WarmStartSection:
         _check_int("batch_size", self.batch_size, 1)
         if not (isinstance(self.expert_noise, (int, float)) and 0.0 <= self.expert_noise <= 1.0):
             raise ValueError(f"expert_noise must be in [0, 1], got {self.expert_noise!r}")
+        if not isinstance(self.expert, dict):
+            raise ValueError(f"expert must be a mapping of expert_action keyword arguments, got {self.expert!r}")
 
     @property
     def enabled(self) -> bool:

@@ -6,7 +6,9 @@ plays `episodes` episodes on seeds `first_seed, first_seed + 1, ...` in chunks o
 pool's size (the last chunk padded with repeats that are dropped), chunk `c` sampling
 with seed `sampling_seed + c * len(pool)`, so two evaluations differ only by the policy.
 `evaluate(config, loop, pool, params)` takes the defaults from the config's `eval` and
-`rollout` sections (what the trainer runs before and after RL).
+`rollout` sections (what the trainer runs before and after RL), and adds the env's own
+summary when it has one (`env_summary`, and its numbers flat as `env_<key>`: for intake
+`env_rubric_mean`, `env_components_history`, `env_under_triage_rate`, ...).
 
 `jaxagent eval`: `evaluate_run("runs/default", episodes=256, out="eval.jsonl")` loads
 `<run_dir>/config.yaml` (the config the run was trained with), restores a checkpoint
@@ -106,8 +108,42 @@ def evaluate(config, loop, pool, params, *, episodes: int | None = None, first_s
     first_seed = config.eval.seed if first_seed is None else first_seed
     if temperature is None:
         temperature = config.rollout.temperature if config.eval.temperature is None else config.eval.temperature
-    return evaluate_policy(loop, pool, params, episodes=episodes, first_seed=first_seed, temperature=temperature,
-                           sampling_seed=config.seed * 7919, details=details, progress=progress)
+    summarize = env_summarizer(config)
+    out = evaluate_policy(loop, pool, params, episodes=episodes, first_seed=first_seed, temperature=temperature,
+                          sampling_seed=config.seed * 7919, details=details or summarize is not None,
+                          progress=progress)
+    if summarize is not None:
+        out["env_summary"] = summary = summarize(out["per_episode"])
+        out.update(flat_env_summary(summary))
+        if not details:
+            del out["per_episode"]
+    return out
+
+
+def env_summarizer(config):
+    """The env's own summary of evaluated episodes (its `summarize(per_episode)`, e.g.
+    intake's rubric means and triage rates), or None when it has none."""
+    from jaxagent.train import build
+
+    env = build.env_factory(config)()
+    try:
+        summarize = getattr(env, "summarize", None)
+        return summarize if callable(summarize) else None
+    finally:
+        env.close()
+
+
+def flat_env_summary(summary: dict) -> dict[str, float]:
+    """The numbers of an env summary as flat `env_<key>` (nested: `env_<key>_<sub>`)
+    entries, the form metrics and `summary.json`'s evaluations keep them in."""
+    out = {}
+    for k, v in summary.items():
+        if isinstance(v, dict):
+            out.update({f"env_{k}_{kk}": float(vv) for kk, vv in v.items()
+                        if isinstance(vv, (int, float)) and not isinstance(vv, bool)})
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[f"env_{k}"] = float(v)
+    return out
 
 
 def run_config(run_dir: str | Path, overrides=()):
@@ -185,10 +221,8 @@ def evaluate_run(run_dir: str | Path, *, step: int | None = None, episodes: int 
                           first_seed=seed, temperature=temperature, details=True,
                           progress=EvalProgress(f"evaluating {run_dir.name}"))
     per_episode = result.pop("per_episode")
+    result = {k: v for k, v in result.items() if not k.startswith("env_") or k == "env_summary"}
     result.update(run_dir=str(run_dir), iteration=progress.iteration, first_seed=seed, overrides=list(overrides))
-    summarize = getattr(build.env_factory(config)(), "summarize", None)
-    if callable(summarize):
-        result["env_summary"] = summarize(per_episode)
     if out is not None:
         out = Path(out)
         out.parent.mkdir(parents=True, exist_ok=True)

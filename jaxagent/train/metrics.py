@@ -76,8 +76,10 @@ def jsonable(x):
 
 def eval_line(ev: dict) -> str:
     """One log line of a held-out evaluation."""
+    env = "".join(f"{k} {v:.3f} | " for k, v in (ev.get("env_summary") or {}).items()
+                  if isinstance(v, float) and not k.endswith("_std"))   # the env's own summary, e.g. the rubric
     return (f"success {ev['success_rate']:.3f} | return {ev['return_mean']:.3f} | turns {ev['turns_mean']:.2f} | "
-            f"{ev['episodes']} episodes at temperature {ev['temperature']} | {ev['seconds']:.1f}s")
+            f"{env}{ev['episodes']} episodes at temperature {ev['temperature']} | {ev['seconds']:.1f}s")
 
 
 def iteration_line(m: dict) -> str:

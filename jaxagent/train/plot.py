@@ -218,11 +218,15 @@ class RunCurves:
     episodes: list[float]             # per iteration
     train_success: list[float]
     held_out: dict[str, list[tuple[float, float]]]   # "sampled" / "greedy" -> [(episodes, success)]
+    train_label: str = "success"      # what `train_success` holds
 
 
-def read_run(run_dir) -> RunCurves:
+def read_run(run_dir, metric: str = "success_rate") -> RunCurves:
     """A run's curves: training success per iteration and held-out success (sampled and
-    greedy) before RL, at every `eval.every` iterations, and after RL, against episodes."""
+    greedy) before RL, at every `eval.every` iterations, and after RL, against episodes.
+    `metric`: the held-out evaluation's key to draw instead of `success_rate` (e.g.
+    `return_mean`, or an env summary's `env_rubric_mean`); the training curve is then
+    `train_<metric>` if the metrics have it, else the mean reward."""
     from jaxagent.config import safe_load
 
     run_dir = Path(run_dir)
@@ -238,21 +242,29 @@ def read_run(run_dir) -> RunCurves:
     if (run_dir / "summary.json").is_file():
         summary = json.loads((run_dir / "summary.json").read_text())
     episodes, train, held = [], [], {"sampled": [], "greedy": []}
+    if metric == "success_rate":
+        train_key = "success_rate"
+    else:
+        train_key = f"train_{metric}" if any(f"train_{metric}" in r for r in records) else "reward_mean"
     for n, rec in enumerate(records, start=1):
         x = float(rec["tasks_seen"] * group) if _is_number(rec.get("tasks_seen")) else float(n)
         episodes.append(x)
-        train.append(float(rec.get("success_rate", math.nan)))
-        for kind, key in (("sampled", "eval_success_rate"), ("greedy", "eval_greedy_success_rate")):
+        train.append(float(rec.get(train_key, math.nan)))
+        for kind, key in (("sampled", f"eval_{metric}"), ("greedy", f"eval_greedy_{metric}")):
             if _is_number(rec.get(key)):
                 held[kind].append((x, float(rec[key])))
     for kind, suffix in (("sampled", ""), ("greedy", "_greedy")):
-        if _is_number(summary.get(f"success_before_rl{suffix}")):
-            held[kind].insert(0, (0.0, float(summary[f"success_before_rl{suffix}"])))
-        if _is_number(summary.get(f"success_after_rl{suffix}")) and episodes:
-            held[kind].append((episodes[-1], float(summary[f"success_after_rl{suffix}"])))
+        for when, at in (("before_rl", 0.0), ("after_rl", episodes[-1] if episodes else None)):
+            ev = summary.get(f"eval_{when}{suffix}")
+            value = ev.get(metric) if isinstance(ev, dict) else None
+            if metric == "success_rate" and _is_number(summary.get(f"success_{when}{suffix}")):
+                value = summary[f"success_{when}{suffix}"]
+            if _is_number(value) and at is not None:
+                held[kind].insert(0, (at, float(value))) if when == "before_rl" else held[kind].append((at, float(value)))
     # logging settings (trackers, the episode store ...) change no number of a run
     recipe = {k: v for k, v in config.items() if k not in SEED_KEYS and k != "logging"}
-    return RunCurves(run_dir, recipe, episodes, train, held)
+    label = {"success_rate": "success", "reward_mean": "reward"}.get(train_key, metric)
+    return RunCurves(run_dir, recipe, episodes, train, held, label)
 
 
 def _recipe_labels(groups: list[list[RunCurves]]) -> list[str]:
@@ -278,13 +290,16 @@ def _mean_band(series: list[list[tuple[float, float]]]):
     return xs, [sum(y) / len(y) for y in ys], [min(y) for y in ys], [max(y) for y in ys]
 
 
-def plot_runs(run_dirs, out=None) -> Path:
+def plot_runs(run_dirs, out=None, metric: str = "success_rate") -> Path:
     """Several runs on one figure against episodes played: held-out success sampled and
-    greedy, and training success. Runs whose configs differ only in `seed` (and
-    `run_dir`, and the `logging` section) are seeds of one recipe, drawn as their mean
-    with a min-max band.
+    greedy, and training success (or, with `metric`, that held-out key: see `read_run`).
+    Runs whose configs differ only in `seed` (and `run_dir`, and the `logging` section)
+    are seeds of one recipe, drawn as their mean with a min-max band.
     Default output: `comparison.png` beside the first run directory."""
-    runs = [read_run(d) for d in run_dirs]
+    runs = [read_run(d, metric) for d in run_dirs]
+    if not any(r.held_out["sampled"] or r.held_out["greedy"] for r in runs):
+        raise RunDataError(f"no run among {[str(r.run_dir) for r in runs]} has held-out evaluations of "
+                           f"{metric!r} (eval_{metric} in metrics.jsonl, or in summary.json's evaluations)")
     if not runs:
         raise ValueError("plot_runs: no run directories given")
     groups: list[list[RunCurves]] = []
@@ -303,7 +318,9 @@ def plot_runs(run_dirs, out=None) -> Path:
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    titles = ("held-out success, sampled", "held-out success, greedy", "training success")
+    name = "success" if metric == "success_rate" else metric
+    train_name = " / ".join(sorted({r.train_label for r in runs}))
+    titles = (f"held-out {name}, sampled", f"held-out {name}, greedy", f"training {train_name}")
     fig, axes = plt.subplots(1, 3, figsize=(16.5, 4.2 + 0.3 * len(groups)), squeeze=False)
     try:
         for gi, (group, label) in enumerate(zip(groups, labels)):
@@ -320,7 +337,8 @@ def plot_runs(run_dirs, out=None) -> Path:
         for ax, title in zip(axes[0], titles):
             ax.set_title(title)
             ax.set_xlabel("episodes")
-            ax.set_ylim(-0.03, 1.03)
+            if metric == "success_rate":
+                ax.set_ylim(-0.03, 1.03)
             ax.grid(alpha=0.3)
         handles, names = axes[0][2].get_legend_handles_labels()
         fig.legend(handles, names, loc="lower center", ncol=1, fontsize="small")

@@ -55,7 +55,7 @@ from jaxagent.train.collect import collect_batch
 from jaxagent.train.config import TrainerConfig
 from jaxagent.train.episodes import EpisodeStore, select_for_store
 from jaxagent.train.placement import policy_logprobs
-from jaxagent.train.evaluate import EvalProgress, evaluate
+from jaxagent.train.evaluate import EvalProgress, evaluate, flat_env_summary
 from jaxagent.train.metrics import collapse_warning, eval_line, iteration_line, iteration_metrics
 from jaxagent.train.overlap import OffPolicyRollouts
 from jaxagent.train.rundir import Progress, RunDir
@@ -108,6 +108,7 @@ class Trainer:
         self._update = self.placement.update_step(config.step_config, self.state)
         self._overlap = OffPolicyRollouts()
         self._last_episodes = None  # the last iteration's episodes (this process's), for transcripts
+        self._env_summarize = None  # the env's summarize (False: it has none), looked up once
         self._failed_streak: list[dict] = []  # iterations in a row in which every episode failed
         self._stops = StopRequests(log)
         lc = config.logging
@@ -217,10 +218,14 @@ class Trainer:
                     ev = self.evaluate(loop, pool)
                     metrics.update({f"eval_{k}": ev[k] for k in ("success_rate", "return_mean", "turns_mean",
                                                                  "invalid_action_frac", "noop_action_frac")})
+                    metrics.update({f"eval_{k}": v for k, v in ev.items() if k.startswith("env_")
+                                    and k != "env_summary"})
                     if cfg.eval.greedy:
                         evg = self.evaluate(loop, pool, temperature=0.0)
                         metrics.update({f"eval_greedy_{k}": evg[k] for k in ("success_rate", "return_mean",
                                                                              "noop_action_frac")})
+                        metrics.update({f"eval_greedy_{k}": v for k, v in evg.items() if k.startswith("env_")
+                                        and k != "env_summary"})
                 self._check_collapse(metrics)
                 self._check_failures(metrics)
                 self.history.append(metrics)
@@ -345,6 +350,16 @@ class Trainer:
         # failed episodes by the pool's failure kind (this process's episodes)
         kinds = collections.Counter(ep.failure_kind or "unknown" for ep in collected.episodes if ep.failed)
         out.update({f"failed_{kind}": n for kind, n in sorted(kinds.items())})
+        # the env's own summary of the training episodes (e.g. intake's rubric, triage
+        # rates and exploit counters; this process's episodes): train_env_<key>
+        if self._env_summarize is None:
+            from jaxagent.train.evaluate import env_summarizer
+
+            self._env_summarize = env_summarizer(cfg) or False
+        if self._env_summarize:
+            played = [{"info": ep.info, "done": ep.done} for ep in collected.episodes if not ep.failed]
+            if played:
+                out.update({f"train_{k}": v for k, v in flat_env_summary(self._env_summarize(played)).items()})
         return out
 
     def _phase(self, what: str) -> None:
@@ -497,6 +512,9 @@ class Trainer:
         if "success_before_rl" in line:
             line["lift_points"] = round(100 * (line["success_after_rl"] - line["success_before_rl"]), 2)
         line.update({k: s[k] for k in ("success_before_rl_greedy", "success_after_rl_greedy") if k in s})
+        for when in ("before_rl", "after_rl", "before_rl_greedy", "after_rl_greedy"):   # e.g. intake's rubric
+            if "env_summary" in s.get(f"eval_{when}", {}):
+                line[f"env_{when}"] = s[f"eval_{when}"]["env_summary"]
         line.update(eval_episodes=self.config.eval.episodes, iterations=self.iteration, run_dir=str(self.run_dir))
         self.log(json.dumps(line))
 

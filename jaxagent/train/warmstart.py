@@ -1,7 +1,8 @@
 """Warm start: expert demonstrations, a tokenizer trained on the env's text, and SFT batches.
 
-`collect_demonstrations(name, kwargs, seeds, noise=..., max_turns=...)` plays one
-episode per seed in this process with the env's expert (`Env.expert_action`). With
+`collect_demonstrations(name, kwargs, seeds, noise=..., max_turns=..., expert=...)` plays
+one episode per seed in this process with the env's expert (`Env.expert_action(**expert)`:
+an env may offer other demonstrators, e.g. intake's imperfect clinician). With
 `noise > 0` the expert is deliberately imperfect: at each turn, with probability
 `noise`, its action is replaced by one drawn uniformly from `Env.random_actions`
 (the env's action vocabulary, which may include the expert's own choice). The noise is
@@ -62,8 +63,9 @@ def random_actions(env) -> tuple[str, ...]:
 
 
 def collect_demonstrations(name: str, kwargs: dict, seeds: Sequence[int], *, noise: float = 0.0,
-                           max_turns: int, noise_seed: int = 0) -> list[Demonstration]:
-    """One (possibly noisy) expert episode per seed, played in this process."""
+                           max_turns: int, noise_seed: int = 0, expert: dict | None = None) -> list[Demonstration]:
+    """One (possibly noisy) expert episode per seed, played in this process; `expert`:
+    keyword arguments of the env's `expert_action` (e.g. intake's `{"style": "weak"}`)."""
     import envs
 
     if not 0.0 <= noise <= 1.0:
@@ -82,7 +84,11 @@ def collect_demonstrations(name: str, kwargs: dict, seeds: Sequence[int], *, noi
                                  noisy_actions=0)
             last_info: dict = {}
             for _ in range(max_turns):
-                action = env.expert_action()
+                try:
+                    action = env.expert_action(**(expert or {}))
+                except TypeError as e:   # an option the env's expert_action does not take
+                    raise ValueError(f"warm_start.expert {expert!r} does not fit env {name!r}'s expert_action: "
+                                     f"{e}") from None
                 if noise > 0 and rng.random() < noise:
                     action = rng.choice(choices)
                     demo.noisy_actions += 1
@@ -139,10 +145,15 @@ def pack_rows(rows: Sequence[tuple[list[int], list[int]]], length: int, pad_id: 
     return tokens, loss, attn
 
 
-def demonstration_texts(demos: Sequence[Demonstration]) -> list[str]:
+def demonstration_texts(demos: Sequence[Demonstration], prompt_per_episode: bool = False) -> list[str]:
     """The texts of demonstrations (system prompts once, observations, actions) and the
-    chat roles: a tokenizer's training corpus."""
-    texts = ["tool"] + sorted({d.system_prompt for d in demos if d.system_prompt})
+    chat roles: a tokenizer's training corpus. `prompt_per_episode`: a system prompt as
+    often as the episodes show it (with merges across words, a fixed prompt becomes a
+    few tokens)."""
+    if prompt_per_episode:
+        texts = ["tool"] + [d.system_prompt for d in demos if d.system_prompt]
+    else:
+        texts = ["tool"] + sorted({d.system_prompt for d in demos if d.system_prompt})
     for d in demos:  # the chat roles as often as the template writes them
         texts += ["system"] + ["user", "assistant"] * max(1, len(d.actions))
         texts += [o for o in d.observations if isinstance(o, str)]
@@ -150,8 +161,17 @@ def demonstration_texts(demos: Sequence[Demonstration]) -> list[str]:
     return texts
 
 
-def train_bpe_tokenizer(texts: Sequence[str], vocab_size: int = 512):
-    """A byte-level BPE `PreTrainedTokenizerFast` trained on `texts` (see the module docstring)."""
+def train_bpe_tokenizer(texts: Sequence[str], vocab_size: int = 512, pieces: str = "words"):
+    """A byte-level BPE `PreTrainedTokenizerFast` trained on `texts` (see the module docstring).
+
+    `pieces` is what a merge may never cross: "words" (whitespace-led words: a map cell or
+    a move is always its own token) or "lines" (line breaks only: merges may join words,
+    so a sentence the env's text repeats, such as a scripted question, can become one
+    token). "phrases" is "words" plus every line the corpus repeats at least
+    `PHRASE_MIN_COUNT` times as one token of its own (`frequent_lines`, at most half the
+    vocabulary): scripted questions, assessment lines and fixed prompts are one token each,
+    while text that varies (a patient's reply with the case's details) stays in words that
+    recur across cases."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from jaxagent.rollout.byte_tokenizer import SPECIAL_TOKENS, chatml_tokenizer
@@ -159,19 +179,46 @@ def train_bpe_tokenizer(texts: Sequence[str], vocab_size: int = 512):
     if not isinstance(vocab_size, int) or vocab_size < 256 + len(SPECIAL_TOKENS):
         raise ValueError(f"vocab_size must be an int >= {256 + len(SPECIAL_TOKENS)} (bytes + specials), "
                          f"got {vocab_size!r}")
+    if pieces not in TOKENIZER_PIECES:
+        raise ValueError(f"pieces must be one of {', '.join(TOKENIZER_PIECES)}, got {pieces!r}")
     if not texts:
         raise ValueError("train_bpe_tokenizer: no text to train on")
+    phrases = frequent_lines(texts, (vocab_size - 256 - len(SPECIAL_TOKENS)) // 2) if pieces == "phrases" else []
     tok = Tokenizer(models.BPE(fuse_unk=False))
-    # pieces are whitespace-led words: merges never cross a space or line break, so a map
-    # cell or a move is always its own token, while "<action>right</action>" can become one
+    # "words": pieces are whitespace-led words: merges never cross a space or line break,
+    # so a map cell or a move is always its own token, while "<action>right</action>" can
+    # become one. "lines": a piece is a line (or a run of line breaks)
+    split = r"\n+|[^\n]+" if pieces == "lines" else r"\s*\S+|\s+"
     tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(r"\s*\S+|\s+"), behavior="isolated"),
+        pre_tokenizers.Split(Regex(split), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(phrases), special_tokens=list(SPECIAL_TOKENS),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(list(texts), trainer=trainer)
+    if phrases:   # matched before the word split: a repeated line is always one token
+        from tokenizers import AddedToken
+
+        tok.add_tokens([AddedToken(p, normalized=False, special=False) for p in phrases])
     return chatml_tokenizer(tok)
+
+
+def frequent_lines(texts: Sequence[str], limit: int, min_count: int | None = None) -> list[str]:
+    """The lines (without their line break) that occur at least `min_count` times in
+    `texts`, most frequent first (ties in text order), at most `limit` of them; lines of
+    fewer than 4 characters are left to the BPE merges."""
+    import collections
+
+    min_count = PHRASE_MIN_COUNT if min_count is None else min_count
+    counts = collections.Counter(line for t in texts for line in t.split("\n") if len(line.strip()) >= 4)
+    ranked = sorted((line for line, c in counts.items() if c >= min_count), key=lambda line: (-counts[line], line))
+    return ranked[:limit]
+
+
+#: what a BPE merge may not cross (`train_bpe_tokenizer`'s `pieces`)
+TOKENIZER_PIECES = ("words", "lines", "phrases")
+#: "phrases": a line that occurs this often in the corpus becomes one token
+PHRASE_MIN_COUNT = 8
 
 
 def save_tokenizer(tokenizer, directory: str | Path) -> Path:

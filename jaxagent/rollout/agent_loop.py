@@ -264,6 +264,10 @@ class AgentLoop:
                                pad_id=config.pad_id, mesh=mesh,
                                **({} if rules is None else {"rules": rules}))
         self.stop_sequences = [self.chat.encode(s) for s in config.stop_strings]
+        #: None, or `fn(episodes)` called on a batch's finished episodes before they are
+        #: packed (it may change their rewards or fail them: e.g. a judge's reward,
+        #: `jaxagent.rewards.JudgeReward`)
+        self.reward_fn = None
 
     @property
     def params(self):
@@ -304,6 +308,8 @@ class AgentLoop:
         if cfg.slots:
             self._run_continuous(pool, eps, seed, sampling, int(row_offset), clock)
             clock.close()
+            if self.reward_fn is not None:
+                self.reward_fn(eps)
             return self._pack(eps), eps
 
         # ---- reset and first prompts
@@ -368,6 +374,8 @@ class AgentLoop:
             if not ep.finished:  # pragma: no cover - every path above ends the episode
                 ep.end(truncated=True, reason="max_turns")
         clock.close()
+        if self.reward_fn is not None:
+            self.reward_fn(eps)
         return self._pack(eps), eps
 
     def _start_episode(self, ep: Episode, res) -> list[int] | None:

@@ -178,9 +178,24 @@ def agent_loop(config: TrainerConfig, tokenizer, model_config, placement: Placem
     from jaxagent.rollout import AgentLoop
 
     pad = tokenizer.pad_token_id
-    return AgentLoop(placement.sampler_params(state), model_config, tokenizer,
+    loop = AgentLoop(placement.sampler_params(state), model_config, tokenizer,
                      config.rollout.loop_config(0 if pad is None else int(pad)),
                      mesh=placement.mesh if placement.sampler_on_mesh else None)
+    loop.reward_fn = judge_reward(config)
+    return loop
+
+
+def judge_reward(config: TrainerConfig):
+    """The `reward` section's judge as the loop's `reward_fn` (None: the env's reward);
+    a judge that cannot be built (a missing key variable, a bad spec) is a ConfigError."""
+    if config.reward.judge is None:
+        return None
+    from jaxagent.rewards import JudgeReward
+
+    try:
+        return JudgeReward.from_config(config.reward)
+    except (ValueError, TypeError, ImportError) as e:
+        raise ConfigError(f"reward.judge: {e}") from None
 
 
 @dataclasses.dataclass

@@ -342,6 +342,41 @@ class AlgoSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class RewardSection:
+    """Where an episode's reward comes from: the env (its own reward, e.g. intake's
+    rubric; `judge: null`) or also a judge (`jaxagent.rewards.judge.make_judge`).
+
+    judge: None, or a judge spec: `{type: openai, base_url, model, api_key_env, prompt,
+      timeout_s, retries, max_concurrency, ...}` (an OpenAI-compatible endpoint; the key
+      is read from the environment variable `api_key_env` names, never from the config)
+      or `{type: callable, fn: "module:function"}` (`fn(item) -> score`).
+    mode: "replace" (the judge's score is the episode's final reward) or "add" (the env's
+      final reward plus `weight` times the score).
+    on_failure: what a failed judge call (timeout, HTTP error, unreadable reply) does to
+      its episode: "drop" (the episode fails, with the judge's failure kind, and is left
+      out of the loss) or "env" (it keeps the env's reward). Never the run.
+    Held-out evaluations score with the env's own reward: the judge is a training signal.
+    """
+
+    judge: dict[str, Any] | None = None
+    mode: str = "replace"
+    weight: float = 1.0
+    on_failure: str = "drop"
+
+    def __post_init__(self):
+        if self.judge is not None and not isinstance(self.judge, dict):
+            raise ValueError(f"judge must be a mapping (a judge spec) or null, got {self.judge!r}")
+        if self.mode not in ("replace", "add"):
+            raise ValueError(f"mode must be 'replace' or 'add', got {self.mode!r}")
+        if self.on_failure not in ("drop", "env"):
+            raise ValueError(f"on_failure must be 'drop' or 'env', got {self.on_failure!r}")
+        if not isinstance(self.weight, (int, float)) or isinstance(self.weight, bool) or not math.isfinite(self.weight):
+            raise ValueError(f"weight must be a finite number, got {self.weight!r}")
+        if self.mode == "replace" and self.weight != 1.0:
+            raise ValueError(f"weight ({self.weight}) applies to mode 'add' only; 'replace' uses the score as is")
+
+
+@dataclasses.dataclass(frozen=True)
 class WarmStartSection:
     """Supervised fine-tuning on expert demonstrations before RL (`episodes: 0` = none).
 
@@ -555,6 +590,7 @@ class TrainerConfig:
     rollout: RolloutSection = RolloutSection()
     algo: AlgoSection = AlgoSection()
     warm_start: WarmStartSection = WarmStartSection()
+    reward: RewardSection = RewardSection()
     eval: EvalSection = EvalSection()
     loss: LossConfig = LossConfig()
     optim: OptimizerConfig = OptimizerConfig()

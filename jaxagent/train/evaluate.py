@@ -38,11 +38,20 @@ def evaluate_policy(loop, pool, params, *, episodes: int, first_seed: int, tempe
     """Success rate, mean return and turns of `params` (module docstring). With
     `details`, `per_episode` lists each episode's seed, success, return, turns, end
     reason and the env's last info. `progress(done, episodes)` is called after each
-    chunk (and with 0 before the first)."""
+    chunk (and with 0 before the first). Episodes score with the env's own reward: a
+    judge the loop trains with (`reward_fn`) is not called."""
     if not isinstance(episodes, int) or isinstance(episodes, bool) or episodes < 1:
         raise ValueError(f"evaluate_policy: episodes must be a positive int, got {episodes!r}")
     t0 = time.perf_counter()
     loop.set_params(params)
+    reward_fn, loop.reward_fn = loop.reward_fn, None   # held out: the env's own reward, never a judge's
+    try:
+        return _evaluate(loop, pool, episodes, first_seed, temperature, sampling_seed, details, progress, t0)
+    finally:
+        loop.reward_fn = reward_fn
+
+
+def _evaluate(loop, pool, episodes, first_seed, temperature, sampling_seed, details, progress, t0) -> dict:
     sampling = dataclasses.replace(loop.config.sampling, temperature=float(temperature))
     B = len(pool)
     played = []

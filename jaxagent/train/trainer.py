@@ -94,6 +94,7 @@ class Trainer:
         self.resume = resume
         self.resume_step = step
         build.check_trackers(config)   # before anything is built: a missing package is a config error
+        build.judge_reward(config)     # and so is a judge that cannot be built (a missing key variable)
         run = build.build_run(config, resume=resume, log=log)
         self.placement = run.placement
         self.primary = self.placement.primary

@@ -94,6 +94,12 @@ def test_judge_config_errors_are_named(tmp_path, monkeypatch):
                                             '"model": "m", "api_key_env": "NO_SUCH_JUDGE_KEY"}'])
     with pytest.raises(ConfigError, match="reward.judge: .*NO_SUCH_JUDGE_KEY"):
         Trainer(cfg, log=lambda *_: None)
+    keyed = load_config(TrainerConfig, base, [f"run_dir={tmp_path / 'k'}", "env.num_workers=0",
+                                              'reward.judge={"type": "openai", "base_url": "http://127.0.0.1:9", '
+                                              f'"model": "m", "api_key": "{KEY}"}}'])
+    with pytest.raises(ConfigError, match="does not take an API key") as err:
+        Trainer(keyed, log=lambda *_: None)
+    assert KEY not in str(err.value) and not (tmp_path / "k").exists()   # refused before anything is written
     with pytest.raises(ConfigError, match="mode must be 'replace' or 'add'"):
         load_config(TrainerConfig, base, ["reward.mode=mean"])
     with pytest.raises(ConfigError, match="on_failure must be"):

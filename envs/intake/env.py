@@ -48,7 +48,7 @@ from envs.intake.cases import (ADVERSARIAL_SET_SIZE, CONDITION_KEYS, CONDITIONS,
 from envs.intake.domains import SUICIDE_DOMAINS
 from envs.intake.monitors import exploit_flags, heldout_score
 from envs.intake.rubric import Interview, RubricConfig, score
-from envs.intake.simulator import PatientState, make_simulator
+from envs.intake.simulator import PatientState, RuleBasedSimulator, check_reply, make_simulator
 
 CASE_SETS = ("standard", "adversarial")
 
@@ -108,6 +108,7 @@ class IntakeEnv(TextEnv):
         self.interview = Interview()
         self.history: list[tuple[str, str]] = []
         self.asked_domains: list[tuple[str, ...]] = []
+        self._flagged = {"leaks": 0, "contradictions": 0}
 
     @property
     def system_prompt(self) -> str:
@@ -144,6 +145,7 @@ class IntakeEnv(TextEnv):
         self.interview = Interview()
         self.history = []
         self.asked_domains = []
+        self._flagged = {"leaks": 0, "contradictions": 0}
         obs = ("Simulated psychiatric intake (a research simulation, not a clinical tool).\n"
                f"The patient is a {case.age}-year-old {case.gender}, {case.occupation}, seen in the outpatient clinic.\n"
                f"Patient: \"{case.chief_complaint}\"\n"
@@ -177,6 +179,11 @@ class IntakeEnv(TextEnv):
         iv.elicited = set(self.patient.elicited)
         obs = f"Patient: \"{reply}\""
         info: dict = {"disclosure": d.to_dict()}
+        if not isinstance(self.simulator, RuleBasedSimulator):   # the template voice is faithful by construction
+            fidelity = check_reply(self.case, d, reply, elicited=self.patient.elicited)
+            info["fidelity"] = fidelity
+            self._flagged["leaks"] += bool(fidelity["leaked"])
+            self._flagged["contradictions"] += bool(fidelity["contradicted"])
         if self.turns_left <= 0:
             return obs, *self._final(None, info)
         if self.turns_left <= 3:
@@ -215,6 +222,7 @@ class IntakeEnv(TextEnv):
         held = heldout_score(self.case, self.interview, parsed, questions)
         info["heldout_rubric"] = {**held["components"], "total": held["total"]}
         info["exploits"] = exploit_flags(self.case, parsed, questions, self.asked_domains, self.interview)
+        info["fidelity_summary"] = {"replies": self.interview.questions, **self._flagged}
         return result["total"], parsed is not None, info
 
     def _finish(self, parsed):

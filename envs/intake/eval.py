@@ -50,7 +50,13 @@ def summarize(final_infos: list[dict], assessed: list[bool]) -> dict:
     `info` and whether it ended with a valid assessment. An episode without a rubric in
     its info (it failed in the pool) is left out of the rubric means and counted in
     `scored_episodes`' complement. The monitors' entries are over the scored episodes
-    that have them, and absent when none has."""
+    that have them, and absent when none has.
+
+    Voice fidelity (``info["fidelity_summary"]``, see :func:`envs.intake.simulator.check_reply`):
+    ``leak_rate`` and ``contradiction_rate``, replies flagged over replies, summed over
+    the scored episodes that have it, and ``fidelity_replies``, those replies; absent
+    when no episode has it or they hold no reply. The template voice is not checked
+    (faithful by construction): its episodes report zero flags."""
     scored = [(info, a) for info, a in zip(final_infos, assessed) if isinstance(info.get("rubric"), dict)]
     n = len(scored)
     if n == 0:
@@ -65,6 +71,12 @@ def summarize(final_infos: list[dict], assessed: list[bool]) -> dict:
            "assessment_rate": sum(bool(a) for _, a in scored) / n,
            "mean_questions": statistics.fmean(info["questions"] for info, _ in scored)}
     out.update(_monitor_summary([info for info, _ in scored]))
+    fidelity = [info["fidelity_summary"] for info, _ in scored if isinstance(info.get("fidelity_summary"), dict)]
+    replies = sum(int(f["replies"]) for f in fidelity)
+    if replies:
+        out["fidelity_replies"] = replies
+        out["leak_rate"] = sum(int(f["leaks"]) for f in fidelity) / replies
+        out["contradiction_rate"] = sum(int(f["contradictions"]) for f in fidelity) / replies
     return out
 
 

@@ -39,17 +39,19 @@ is about was already elicited. A question about no domain is off-topic.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
+import re
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from envs.intake.cases import PERSONAS, Case, Item
-from envs.intake.domains import (RISK_DOMAINS, SENSITIVE_DOMAINS, SUICIDE_DOMAINS, SYMPTOM_DOMAINS, is_empathic,
-                                 map_question, normalize)
+from envs.intake.domains import (_SUICIDE_CONTEXT, DOMAINS, RISK_DOMAINS, RULES, SENSITIVE_DOMAINS, SUICIDE_DOMAINS,
+                                 SYMPTOM_DOMAINS, is_empathic, map_question, normalize)
 
 VOLUNTEERS = {"mood": ("sleep", "appetite"), "anxiety": ("sleep",), "trauma": ("sleep",),
               "substance": ("social",), "psychosis": ("social",)}
@@ -338,6 +340,130 @@ class OpenAIChatClient:
         if not isinstance(content, str):
             raise SimulatorError(f"{self.url} returned non-text content: {content!r}")
         return content
+
+
+# ---------------------------------------------------------------- fidelity of a voice
+
+#: General question patterns too common in a patient's own words to mean the domain
+#: ("I feel safe", "I won't give up", "I lose my temper", "I stopped drinking"); the
+#: fidelity check leaves them out.
+_REPLY_SKIP = {r"\bsafe\b|\bsafety\b", r"\bgiv(e|ing) up\b", r"\banger\b|\btemper\b",
+               r"\b(cut|cutting) (down|back)\b", r"\b(stop|stopped|stopping) (drinking|using)"}
+_REPLY_RULES = {d: tuple((kind, re.compile(p)) for kind, p in rules if p not in _REPLY_SKIP)
+                for d, rules in RULES.items()}
+#: The first person of a reply, put in the second person of the question patterns.
+_PERSON = ((re.compile(r"\bmyself\b"), "yourself"), (re.compile(r"\bi (was|were)\b"), "you were"),
+           (re.compile(r"\bmy\b"), "your"), (re.compile(r"\bme\b"), "you"), (re.compile(r"\bmine\b"), "yours"))
+#: Clause boundaries: punctuation and the conjunctions that start a new statement.
+_CLAUSE = re.compile(r"[.!?;:,\u2014\u2013()]|\s-\s|\b(?:and|but|though|although|however|yet)\b")
+#: Negation and refusal cues ("no one" and "nobody" are not).
+_NEGATION = re.compile(r"\bno\b(?! ?one\b)|\bnot\b|n't\b|\bcannot\b|\bnever\b|\bnothing\b|\bnone\b|\bnor\b|"
+                       r"\bwithout\b|\b(dont|cant|wont|havent|hasnt|didnt|doesnt|isnt|wasnt|arent)\b|"
+                       r"\bsomething else\b")
+#: Domains whose findings are commonly told as negations ("I can't sleep", "I'm not
+#: eating", "nothing feels enjoyable", "I can't focus", "I can't work") or whose
+#: affirmative words say nothing ("I sleep fine"): a negation there is no evidence of a
+#: denial, so the contradiction check leaves them out (the leak check does not).
+NEGATIVELY_TOLD = ("mood", "sleep", "appetite", "attention", "social")
+_POLAR = tuple(d for d in DOMAINS if d not in NEGATIVELY_TOLD)
+
+
+def reply_mentions(text: str) -> dict[str, list[bool]]:
+    """The domains a patient's text mentions by the question-mapping keywords of
+    :data:`envs.intake.domains.RULES`, each with one flag per mention: whether the
+    clause of the mention holds a negation. See :func:`check_reply` for the rules."""
+    return {d: list(flags) for d, flags in _mentions(text).items()}
+
+
+@functools.lru_cache(maxsize=4096)
+def _mentions(text: str) -> dict[str, tuple[bool, ...]]:   # cached: a case's texts are checked every turn
+    t = normalize(text)
+    for pat, sub in _PERSON:
+        t = pat.sub(sub, t)
+    cuts = [0] + [p for m in _CLAUSE.finditer(t) for p in (m.start(), m.end())] + [len(t)]
+    clauses = [(cuts[i], cuts[i + 1]) for i in range(0, len(cuts) - 1, 2)]
+    negated = [bool(_NEGATION.search(t[a:b])) for a, b in clauses]
+    in_context = bool(_SUICIDE_CONTEXT.search(t))
+    out: dict[str, list[bool]] = {}
+    for domain, rules in _REPLY_RULES.items():
+        for kind, pat in rules:
+            if kind == "context" and not in_context:
+                continue
+            for m in pat.finditer(t):
+                k = next(i for i, (a, b) in enumerate(clauses) if m.start() < b or i == len(clauses) - 1)
+                out.setdefault(domain, []).append(negated[k])
+    return {d: tuple(flags) for d, flags in out.items()}
+
+
+def check_reply(case: Case, disclosure: Disclosure, reply: str, *, elicited: Any = ()) -> dict:
+    """Whether a voice's reply keeps to the disclosure rules: ``{"leaked": [domains],
+    "contradicted": [domains]}`` (in ``DOMAINS`` order; empty lists when faithful).
+
+    ``elicited``: the domains elicited so far in the episode (e.g.
+    ``PatientState.elicited``; this turn's may be included).
+
+    Heuristics (keywords, not understanding):
+
+    - *Mentions*: the reply, lower-cased and put in the second person ("my" -> "your",
+      "me" -> "you", ...), is matched against the question patterns of
+      :data:`envs.intake.domains.RULES` (the suicide-context ones only when the reply
+      itself speaks of suicide or death, as for questions; a few general patterns too
+      common in a patient's words are left out, ``_REPLY_SKIP``). No subsumption. A
+      mention is *negated* if its clause (split at punctuation and at "and", "but",
+      ...) holds a negation cue ("no", "not", "n't", "never", "nothing", "without",
+      "something else", ...; "no one" and "nobody" are not cues).
+    - *Known* items: those told this turn (revealed or volunteered) and the items of
+      the ``elicited`` domains. A known item's domain, and every domain its own case
+      text mentions (the mood text may speak of sleep), may be mentioned freely.
+    - **Leak**: a domain mentioned that is not allowed so, unless it was denied or
+      refused this turn and every mention of it is negated (the instructed denial,
+      "No, I don't drink"). Any other mention counts, negated or not: "I don't hear
+      voices", unasked, still tells what the rules withheld.
+    - **Contradiction** (only for the domains outside ``NEGATIVELY_TOLD``): (a) the
+      reply mentions an absent finding affirmatively, the absent item's own text does
+      not (so "I'll have a drink now and then" is not evidence), and no known text
+      does; or (b) a present item told this turn whose own text mentions its domain
+      affirmatively is not in the reply word for word, and every mention of its
+      domain in the reply is negated.
+
+    The rule-based voice is faithful by construction (its replies are the told texts
+    and stock phrases with no domain keyword) and gets no flag. Limits: keyword checks
+    miss paraphrases ("I've been hearing things no one else hears" is caught, "I get
+    messages from the TV", "I don't want to live" are not); they flag a domain named in
+    passing ("I came straight from work", "my boss told me to do overtime"); the
+    clause-level negation misreads a negation that carries the finding ("no, the
+    voices never stop" reads as a denial) and one outside the clause ("I've never,
+    ever heard voices" reads as an affirmation). A flag is a prompt to read the
+    transcript, not a verdict.
+    """
+    mentions = _mentions(reply)
+    told = list(disclosure.revealed) + list(disclosure.volunteered)
+    known = {it.domain: it for it in told}
+    for dom in elicited:
+        known.setdefault(dom, case.item(dom))
+    allowed, affirmed = set(known), set()
+    for it in known.values():
+        own = _mentions(it.text)
+        allowed.update(own)
+        affirmed.update(d for d, neg in own.items() if not all(neg))
+    instructed = set(disclosure.denied) | set(disclosure.refused)
+    leaked = {d for d, neg in mentions.items() if d not in allowed and not (d in instructed and all(neg))}
+    contradicted = set()
+    for d, neg in mentions.items():
+        item = case.item(d)
+        if d in _POLAR and not item.present and not all(neg) and d not in affirmed:
+            own = _mentions(item.text).get(d, [])
+            if all(own):   # the absent item's text does not affirm it either
+                contradicted.add(d)
+    said = normalize(reply)
+    for it in told:
+        d = it.domain
+        if not it.present or d not in _POLAR or d not in mentions or not all(mentions[d]):
+            continue
+        own = _mentions(it.text).get(d, [])
+        if own and not all(own) and normalize(it.text).rstrip(".!? ") not in said:
+            contradicted.add(d)
+    return {"leaked": [d for d in DOMAINS if d in leaked], "contradicted": [d for d in DOMAINS if d in contradicted]}
 
 
 def make_simulator(spec: Any) -> Simulator:

@@ -131,15 +131,29 @@ def evaluate(config, loop, pool, params, *, episodes: int | None = None, first_s
 
 def env_summarizer(config):
     """The env's own summary of evaluated episodes (its `summarize(per_episode)`, e.g.
-    intake's rubric means and triage rates), or None when it has none."""
-    from jaxagent.train import build
-
-    env = build.env_factory(config)()
+    intake's rubric means and triage rates), or None when it has none. Looked up with an
+    env built in this process, once per env name, imports and (JSON) kwargs."""
+    e = config.env
     try:
-        summarize = getattr(env, "summarize", None)
-        return summarize if callable(summarize) else None
-    finally:
-        env.close()
+        key = (e.name, tuple(e.imports), json.dumps(e.kwargs, sort_keys=True))
+    except TypeError:   # kwargs JSON cannot hold (a callable simulator ...): no cache
+        key = None
+    if key is None or key not in _SUMMARIZERS:
+        from jaxagent.train import build
+
+        env = build.env_factory(config)()
+        try:
+            summarize = getattr(env, "summarize", None)
+            summarize = summarize if callable(summarize) else None
+        finally:
+            env.close()
+        if key is None:
+            return summarize
+        _SUMMARIZERS[key] = summarize
+    return _SUMMARIZERS[key]
+
+
+_SUMMARIZERS: dict = {}
 
 
 def flat_env_summary(summary: dict) -> dict[str, float]:

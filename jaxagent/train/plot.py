@@ -253,14 +253,18 @@ def read_run(run_dir, metric: str = "success_rate") -> RunCurves:
         for kind, key in (("sampled", f"eval_{metric}"), ("greedy", f"eval_greedy_{metric}")):
             if _is_number(rec.get(key)):
                 held[kind].append((x, float(rec[key])))
+    def held_out_value(when: str):   # summary.json's evaluation before / after RL
+        if metric == "success_rate":
+            return summary.get(f"success_{when}")
+        ev = summary.get(f"eval_{when}")
+        return ev.get(metric) if isinstance(ev, dict) else None
+
     for kind, suffix in (("sampled", ""), ("greedy", "_greedy")):
-        for when, at in (("before_rl", 0.0), ("after_rl", episodes[-1] if episodes else None)):
-            ev = summary.get(f"eval_{when}{suffix}")
-            value = ev.get(metric) if isinstance(ev, dict) else None
-            if metric == "success_rate" and _is_number(summary.get(f"success_{when}{suffix}")):
-                value = summary[f"success_{when}{suffix}"]
-            if _is_number(value) and at is not None:
-                held[kind].insert(0, (at, float(value))) if when == "before_rl" else held[kind].append((at, float(value)))
+        before, after = held_out_value(f"before_rl{suffix}"), held_out_value(f"after_rl{suffix}")
+        if _is_number(before):
+            held[kind].insert(0, (0.0, float(before)))
+        if _is_number(after) and episodes:
+            held[kind].append((episodes[-1], float(after)))
     # logging settings (trackers, the episode store ...) change no number of a run
     recipe = {k: v for k, v in config.items() if k not in SEED_KEYS and k != "logging"}
     label = {"success_rate": "success", "reward_mean": "reward"}.get(train_key, metric)
@@ -297,11 +301,11 @@ def plot_runs(run_dirs, out=None, metric: str = "success_rate") -> Path:
     are seeds of one recipe, drawn as their mean with a min-max band.
     Default output: `comparison.png` beside the first run directory."""
     runs = [read_run(d, metric) for d in run_dirs]
+    if not runs:
+        raise ValueError("plot_runs: no run directories given")
     if not any(r.held_out["sampled"] or r.held_out["greedy"] for r in runs):
         raise RunDataError(f"no run among {[str(r.run_dir) for r in runs]} has held-out evaluations of "
                            f"{metric!r} (eval_{metric} in metrics.jsonl, or in summary.json's evaluations)")
-    if not runs:
-        raise ValueError("plot_runs: no run directories given")
     groups: list[list[RunCurves]] = []
     for r in runs:
         for g in groups:

@@ -55,7 +55,7 @@ from jaxagent.train.collect import collect_batch
 from jaxagent.train.config import TrainerConfig
 from jaxagent.train.episodes import EpisodeStore, select_for_store
 from jaxagent.train.placement import policy_logprobs
-from jaxagent.train.evaluate import EvalProgress, evaluate, flat_env_summary
+from jaxagent.train.evaluate import EvalProgress, env_summarizer, evaluate, flat_env_summary
 from jaxagent.train.metrics import collapse_warning, eval_line, iteration_line, iteration_metrics
 from jaxagent.train.overlap import OffPolicyRollouts
 from jaxagent.train.rundir import Progress, RunDir
@@ -109,7 +109,6 @@ class Trainer:
         self._update = self.placement.update_step(config.step_config, self.state)
         self._overlap = OffPolicyRollouts()
         self._last_episodes = None  # the last iteration's episodes (this process's), for transcripts
-        self._env_summarize = None  # the env's summarize (False: it has none), looked up once
         self._failed_streak: list[dict] = []  # iterations in a row in which every episode failed
         self._stops = StopRequests(log)
         lc = config.logging
@@ -219,14 +218,13 @@ class Trainer:
                     ev = self.evaluate(loop, pool)
                     metrics.update({f"eval_{k}": ev[k] for k in ("success_rate", "return_mean", "turns_mean",
                                                                  "invalid_action_frac", "noop_action_frac")})
-                    metrics.update({f"eval_{k}": v for k, v in ev.items() if k.startswith("env_")
-                                    and k != "env_summary"})
+                    metrics.update({f"eval_{k}": v for k, v in flat_env_summary(ev.get("env_summary", {})).items()})
                     if cfg.eval.greedy:
                         evg = self.evaluate(loop, pool, temperature=0.0)
                         metrics.update({f"eval_greedy_{k}": evg[k] for k in ("success_rate", "return_mean",
                                                                              "noop_action_frac")})
-                        metrics.update({f"eval_greedy_{k}": v for k, v in evg.items() if k.startswith("env_")
-                                        and k != "env_summary"})
+                        metrics.update({f"eval_greedy_{k}": v
+                                        for k, v in flat_env_summary(evg.get("env_summary", {})).items()})
                 self._check_collapse(metrics)
                 self._check_failures(metrics)
                 self.history.append(metrics)
@@ -353,14 +351,10 @@ class Trainer:
         out.update({f"failed_{kind}": n for kind, n in sorted(kinds.items())})
         # the env's own summary of the training episodes (e.g. intake's rubric, triage
         # rates and exploit counters; this process's episodes): train_env_<key>
-        if self._env_summarize is None:
-            from jaxagent.train.evaluate import env_summarizer
-
-            self._env_summarize = env_summarizer(cfg) or False
-        if self._env_summarize:
-            played = [{"info": ep.info, "done": ep.done} for ep in collected.episodes if not ep.failed]
-            if played:
-                out.update({f"train_{k}": v for k, v in flat_env_summary(self._env_summarize(played)).items()})
+        summarize = env_summarizer(cfg)
+        played = [{"info": ep.info, "done": ep.done} for ep in collected.episodes if not ep.failed]
+        if summarize is not None and played:
+            out.update({f"train_{k}": v for k, v in flat_env_summary(summarize(played)).items()})
         return out
 
     def _phase(self, what: str) -> None:

@@ -104,6 +104,31 @@ def test_line_and_phrase_pieces_make_a_repeated_sentence_one_token_and_round_tri
         load_config(TrainerConfig, None, ["model.tokenizer_pieces=chars"])
 
 
+def test_an_exported_phrase_tokenizer_loads_back_splitting_text_as_trained(tmp_path):
+    """A run exported with its "phrases" tokenizer and read back as a model path
+    (`load_tokenizer`, what `model.path=` uses) gives the same token ids: transformers'
+    AutoTokenizer maps a qwen2 directory to a class with its own pre-tokenizer, which would
+    re-split the text (the warm start then reads other tokens than it was trained on)."""
+    import jax
+
+    from jaxagent import models as M
+    texts = ["Have you had any thoughts of hurting or killing someone else?", "Triage: routine"] * 40 + [
+        f"Patient: \"I sleep {k} hours, since March.\"" for k in range(7)] * 5   # lines under 8 times: words
+    tok = warmstart.train_bpe_tokenizer(texts, 600, pieces="phrases")
+    cfg = M.DecoderConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
+                          num_kv_heads=1, head_dim=8, qkv_bias=True)
+    out = M.save_pretrained(M.Model(params=M.init_params(jax.random.key(0), cfg), config=cfg), tmp_path / "hf",
+                            tokenizer=tok)
+    back = M.load_tokenizer(out)
+    for text in texts[:2] + texts[-3:] + ["Doctor: Have you had any thoughts of hurting or killing someone else? ok\n\n x  y"]:
+        assert back.encode(text, add_special_tokens=False) == tok.encode(text, add_special_tokens=False)
+    msgs = [{"role": "system", "content": "Triage: routine"}, {"role": "user", "content": texts[-1]}]
+    assert back.apply_chat_template(msgs, tokenize=False) == tok.apply_chat_template(msgs, tokenize=False)
+    with pytest.raises(ValueError, match="tokenizer_config.json is not a JSON object"):
+        (out / "tokenizer_config.json").write_text("[1, 2")
+        M.load_tokenizer(out)
+
+
 def test_a_cut_off_interview_scores_as_one_without_an_assessment():
     """`if_cut` on every question step is what the env gives when it runs out of turns."""
     a = IntakeEnv("adversarial", max_turns=4)
@@ -176,7 +201,8 @@ def test_the_trainer_reports_the_env_summary(tmp_path):
                        "model.intermediate_size=64", "model.head_dim=8", "env.group_size=2",
                        "env.tasks_per_iteration=2", "env.kwargs.max_turns=4", "rollout.max_turns=4",
                        "rollout.max_context=256", "eval.episodes=4", "eval.every=1", "epochs=1", "mini_batches=1",
-                       "env.num_workers=0"])
+                       "env.num_workers=0", "logging.collapse_window=1",
+                       "logging.heldout_metric=train_env_heldout_rubric_mean", "logging.template_collapse_below=1.0"])
     Trainer(cfg, log=lines.append).run()
     final = json.loads(lines[-1])
     summary = json.loads((run / "summary.json").read_text())
@@ -192,6 +218,13 @@ def test_the_trainer_reports_the_env_summary(tmp_path):
     for key in ("train_env_rubric_mean", "train_env_under_triage_rate", "train_env_components_history",
                 "eval_env_rubric_mean", "eval_greedy_env_rubric_mean"):
         assert key in m, key
+    # the monitors: a template-collapse threshold of 1.0 warns on every iteration (window 1);
+    # the hacking warning needs 2 windows, so it may fire at the second iteration only
+    below = np.cumsum([x["input_dependence"] < 1.0 for x in metrics]).tolist()
+    assert [x["template_collapse_warnings"] for x in metrics] == below
+    assert sum("warning: template collapse" in x for x in lines) == below[-1]
+    assert metrics[0]["hacking_warnings"] == 0 and metrics[1]["hacking_warnings"] in (0, 1)
+    assert -1.0 <= m["input_dependence"] <= 1.0 and 0 <= m["cross_input_similarity"] <= 1.0
     # the training rubric mean is the mean final reward of the scored episodes; with no
     # malformed action in the last turn it equals the mean return
     assert -2.0 < m["train_env_rubric_mean"] <= 1.0

@@ -2,7 +2,12 @@
 
 `load_tokenizer(path)`:
   * an HF directory: `transformers.AutoTokenizer` (`tokenizer.json` or a sentencepiece
-    `tokenizer.model`), local files only;
+    `tokenizer.model`), local files only; except that a directory whose
+    `tokenizer_config.json` declares the generic fast class (`TokenizersBackend` or
+    `PreTrainedTokenizerFast`, as `jaxagent export` writes) is loaded as exactly its
+    `tokenizer.json`: transformers' AutoTokenizer maps some model types (qwen2 among
+    them) to a class that replaces the file's normaliser and pre-tokenizer with its own,
+    which re-splits the text of a tokenizer trained with other pieces;
   * a `.gguf` file (or a packaged model name): a byte-level BPE
     `PreTrainedTokenizerFast` rebuilt from the GGUF metadata (`tokenizer.ggml.tokens`,
     `merges`, `token_type`, special ids, `pre` and `tokenizer.chat_template`).
@@ -36,7 +41,28 @@ def load_tokenizer(path: str | os.PathLike):
 
     if not any((p / f).exists() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
         raise FileNotFoundError(f"{p} has no tokenizer.json, tokenizer.model or vocab.json")
+    if (p / "tokenizer.json").exists() and declared_tokenizer_class(p) in GENERIC_FAST_CLASSES:
+        return transformers.PreTrainedTokenizerFast.from_pretrained(str(p), local_files_only=True)
     return transformers.AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+
+
+#: the tokenizer classes that mean "exactly the pipeline of tokenizer.json"
+GENERIC_FAST_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def declared_tokenizer_class(path) -> str | None:
+    """The `tokenizer_class` a directory's `tokenizer_config.json` declares (None without one)."""
+    import json
+    from pathlib import Path
+
+    f = Path(path) / "tokenizer_config.json"
+    if not f.exists():
+        return None
+    try:
+        value = json.loads(f.read_text()).get("tokenizer_class")
+    except (ValueError, AttributeError) as e:
+        raise ValueError(f"{f} is not a JSON object: {e}") from None
+    return value if isinstance(value, str) else None
 
 
 def _pre_tokenizer(pre: str):

@@ -503,6 +503,17 @@ class LoggingSection:
     collapse_entropy, collapse_window: print a warning (counted in `collapse_warnings`)
       when the token entropy is below `collapse_entropy` while training success over the
       last `collapse_window` iterations is not above the window before (0 = off).
+    template_collapse_below: print a warning (counted in `template_collapse_warnings`)
+      when the batch's `input_dependence` (`jaxagent.train.metrics.input_dependence`:
+      whether an episode's responses tell which task it played) has stayed below this
+      for `collapse_window` iterations: RAGEN-2's template collapse (0 = off).
+    heldout_metric: a metric of every iteration that scores the training episodes with
+      a scorer the policy is not trained on (e.g. intake's
+      `train_env_heldout_rubric_mean`); a warning (counted in `hacking_warnings`) is
+      printed when the training reward rose over the last `collapse_window` iterations
+      against the window before while this fell (null = off; a name the iterations do
+      not have is an error at the run's first iteration, listing the ones they have; an
+      iteration without it, e.g. one whose episodes all failed, is skipped).
     episodes_per_iteration, episodes_max_mb: the episode store (`jaxagent.train.episodes`):
       that many episodes of each iteration, with tokens, texts, rewards and per-token
       signals, in `<run_dir>/episodes/` (0 = off), at most `episodes_max_mb` MiB a run
@@ -521,6 +532,8 @@ class LoggingSection:
     transcripts_per_iteration: int = 2
     collapse_entropy: float = 0.05
     collapse_window: int = 3
+    template_collapse_below: float = 0.0
+    heldout_metric: str | None = None
     episodes_per_iteration: int = 8
     episodes_max_mb: float = 64.0
     trackers: tuple[str, ...] = ()
@@ -551,6 +564,13 @@ class LoggingSection:
         if not (isinstance(self.collapse_entropy, (int, float)) and not isinstance(self.collapse_entropy, bool)
                 and math.isfinite(self.collapse_entropy) and self.collapse_entropy >= 0):
             raise ValueError(f"collapse_entropy must be a number >= 0, got {self.collapse_entropy!r}")
+        if not (isinstance(self.template_collapse_below, (int, float))
+                and not isinstance(self.template_collapse_below, bool)
+                and 0 <= self.template_collapse_below <= 1):
+            raise ValueError(f"template_collapse_below must be a number in [0, 1], got "
+                             f"{self.template_collapse_below!r}")
+        if self.heldout_metric is not None and not (isinstance(self.heldout_metric, str) and self.heldout_metric):
+            raise ValueError(f"heldout_metric must be a metric name or null, got {self.heldout_metric!r}")
 
 
 @dataclasses.dataclass(frozen=True)

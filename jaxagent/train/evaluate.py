@@ -205,7 +205,29 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, step: int | None = N
     run, state, progress = restore_run(config, step, log=log)
     path = export_policy(state, out_dir, tokenizer=run.tokenizer, overwrite=overwrite)
     log(f"exported {Path(run_dir) / 'checkpoints' / str(progress.iteration)} to {path}")
+    if run.tokenizer is not None and not autotokenizer_agrees(path, run.tokenizer):
+        log(f"note: transformers.AutoTokenizer loads {path} as a {state.model_config.model_type} tokenizer "
+            "class that replaces this tokenizer's pre-tokenizer, and splits text differently from the run; "
+            f"load it as jaxagent.models.load_tokenizer({str(path)!r}) or "
+            f"transformers.PreTrainedTokenizerFast.from_pretrained({str(path)!r}), which read tokenizer.json as "
+            "trained (jaxagent train model.path= does)")
     return path
+
+
+#: text that crosses word, line and role boundaries, for `autotokenizer_agrees`
+_PROBE = [{"role": "system", "content": "You are a careful assistant.\nAnswer briefly."},
+          {"role": "user", "content": "Hello! I've been sleeping badly since March 3rd, 2024 (about 5 hours)."},
+          {"role": "assistant", "content": "Thanks for telling me. What do you do when you can't sleep?"}]
+
+
+def autotokenizer_agrees(path, tokenizer) -> bool:
+    """Whether `transformers.AutoTokenizer` on an exported directory gives the run's token
+    ids for a probe conversation (its chat template and its text)."""
+    import transformers
+
+    auto = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    text = tokenizer.apply_chat_template(_PROBE, tokenize=False)
+    return auto.encode(text, add_special_tokens=False) == tokenizer.encode(text, add_special_tokens=False)
 
 
 #: the sections `jaxagent eval` may override (the env's settings, episode limits and the

@@ -124,11 +124,120 @@ def learning_diagnostics(traj, invalid_actions=None, noop_actions=None) -> dict:
         _, inverse, counts = np.unique(keys, axis=0, return_inverse=True, return_counts=True)
         repeat = float((counts[inverse.reshape(-1)] > 1).sum() / max(int(played.sum()), 1))
     out = {"flat_groups_frac": float(flat / max(len(groups), 1)), "anchor_repeat_frac": repeat}
+    out.update(input_dependence(traj.tokens, traj.loss_mask, gid, ok))
     turns = int(np.asarray(traj.num_turns).sum())
     for key, counts in (("invalid_action_frac", invalid_actions), ("noop_action_frac", noop_actions)):
         if counts is not None:
             out[key] = float(np.asarray(counts).sum() / max(turns, 1))
     return out
+
+
+def _policy_similarity(tokens, loss_mask, rows) -> np.ndarray:
+    """Cosine similarity (rows x rows) of the rows' bags of policy tokens and policy-token
+    bigrams (consecutive policy tokens of a row)."""
+    from scipy import sparse
+
+    tokens, loss_mask = np.asarray(tokens), np.asarray(loss_mask)
+    width = int(tokens.max()) + 1 if tokens.size else 1
+    row_of, feat = [], []
+    for r, i in enumerate(rows):
+        toks = tokens[i][loss_mask[i] != 0].astype(np.int64)
+        f = np.concatenate([toks, (toks[:-1] + 1) * width + toks[1:]])
+        row_of.append(np.full(f.size, r))
+        feat.append(f)
+    row_of, feat = np.concatenate(row_of), np.concatenate(feat)
+    cols, col = np.unique(feat, return_inverse=True)
+    x = sparse.csr_matrix((np.ones(feat.size), (row_of, col.reshape(-1))), shape=(len(rows), max(cols.size, 1)))
+    gram = np.asarray((x @ x.T).todense(), np.float64)
+    norm = np.sqrt(np.clip(np.diag(gram), 0.0, None))
+    norm = np.where(norm > 0, norm, 1.0)
+    return gram / norm[:, None] / norm[None, :]
+
+
+def input_dependence(tokens, loss_mask, group_ids, ok) -> dict:
+    """Whether the policy's responses depend on their input, across the batch's tasks
+    (a group is one task): the template-collapse signal. RAGEN-2 (Wang et al., 2026,
+    arXiv 2604.06268) shows that a policy can keep its token entropy and still answer
+    every input with the same template; entropy (diversity within an input) cannot see
+    it, cross-input distinguishability can. This is a retrieval proxy for the latter:
+
+    input_retrieval_acc    each non-failed episode's policy tokens (a bag of tokens and
+                           bigrams, cosine similarity) are matched against every group:
+                           its mean similarity to m of the group's episodes (itself left
+                           out; m = the smallest group's size - 1, so that no group's
+                           mean is noisier than another's); the share whose own group
+                           is strictly the most similar (a tie counts as a miss)
+    input_dependence       that accuracy above chance, `(acc - 1/T) / (1 - 1/T)` for T
+                           groups: about 0 when responses carry nothing of the input
+                           (template collapse), 1 when every response names its task
+    within_input_similarity, cross_input_similarity: mean cosine similarity of two
+                           episodes of one group, and of two episodes of different groups
+
+    Groups with fewer than two non-failed episodes take no part (nothing to match
+    against); an empty dict when fewer than two groups are left."""
+    gid = np.asarray(group_ids)
+    ok = np.asarray(ok, bool)
+    groups = [g for g in np.unique(gid[ok]) if int(((gid == g) & ok).sum()) >= 2]
+    if len(groups) < 2:
+        return {}
+    rows = np.flatnonzero(ok & np.isin(gid, groups))
+    sim = _policy_similarity(tokens, loss_mask, rows)
+    g = gid[rows]
+    # every group's score is the mean similarity to the same number m of its episodes
+    # (the first m, the episode itself left out): with unequal counts the smaller
+    # group's mean would vary more and win more often by chance
+    first = {k: np.flatnonzero(g == k) for k in groups}
+    m = min(len(v) for v in first.values()) - 1
+    score = np.empty((len(rows), len(groups)))
+    for j, k in enumerate(groups):
+        members = first[k][:m + 1]
+        score[:, j] = sim[:, members[:m]].mean(1)          # the rows of other groups
+        for r in first[k]:                                  # its own rows: itself left out
+            score[r, j] = sim[r, members[members != r][:m]].mean()
+    own = np.array([groups.index(k) for k in g])
+    own_score = score[np.arange(len(rows)), own]
+    score[np.arange(len(rows)), own] = -np.inf
+    acc = float((own_score > score.max(1)).mean())
+    chance = 1.0 / len(groups)
+    same = (g[:, None] == g[None, :]) & ~np.eye(len(rows), dtype=bool)
+    diff = g[:, None] != g[None, :]
+    return {"input_retrieval_acc": acc, "input_dependence": float((acc - chance) / (1.0 - chance)),
+            "within_input_similarity": float(sim[same].mean()), "cross_input_similarity": float(sim[diff].mean())}
+
+
+def template_collapse_warning(history: list[dict], metrics: dict, *, below: float, window: int) -> str | None:
+    """A warning when `input_dependence` (`input_dependence`) has been below `below` for
+    the last `window` iterations (this one included) while the entropy has not collapsed
+    (the entropy warning covers that case): responses that look diverse but no longer
+    depend on the input (RAGEN-2's template collapse). None otherwise."""
+    runs = [m.get("input_dependence") for m in history[-(window - 1):]] if window > 1 else []
+    runs = runs + [metrics.get("input_dependence")]
+    if len(runs) < window or any(v is None for v in runs) or max(runs) >= below:
+        return None
+    return (f"warning: template collapse at iteration {metrics.get('iteration')}: input_dependence "
+            f"{metrics['input_dependence']:.3f} < {below} for {window} iterations (entropy "
+            f"{metrics.get('entropy', float('nan')):.3f}): the responses hardly depend on the task any more; "
+            "read the transcripts (and consider algo.dynamic_sampling, which keeps only groups with signal)")
+
+
+def hacking_warning(history: list[dict], metrics: dict, *, heldout: str, window: int) -> str | None:
+    """A warning when the training reward rises while a held-out scorer falls: the mean
+    `reward_mean` of the last `window` iterations (this one included) is above that of
+    the `window` before, and the mean of `heldout` (a metric of the same iterations,
+    e.g. intake's `train_env_heldout_rubric_mean`) is below it: the policy may be
+    learning the training reward's blind spots. None otherwise, or while fewer than
+    `2 * window` iterations have both."""
+    rows = [m for m in history + [metrics] if heldout in m and "reward_mean" in m]
+    if len(rows) < 2 * window or heldout not in metrics:
+        return None
+    rec, ear = rows[-window:], rows[-2 * window:-window]
+    r1, r0 = (float(np.mean([m["reward_mean"] for m in part])) for part in (rec, ear))
+    h1, h0 = (float(np.mean([m[heldout] for m in part])) for part in (rec, ear))
+    if not (r1 > r0 and h1 < h0):
+        return None
+    return (f"warning: reward hacking? at iteration {metrics.get('iteration')}: the training reward rose "
+            f"({r0:.3f} -> {r1:.3f} over the last {window} iterations against the {window} before) while the "
+            f"held-out scorer {heldout} fell ({h0:.3f} -> {h1:.3f}); read the transcripts")
 
 
 def collapse_warning(history: list[dict], metrics: dict, *, entropy_below: float, window: int) -> str | None:

@@ -56,7 +56,8 @@ from jaxagent.train.config import TrainerConfig
 from jaxagent.train.episodes import EpisodeStore, select_for_store
 from jaxagent.train.placement import policy_logprobs
 from jaxagent.train.evaluate import EvalProgress, env_summarizer, evaluate, flat_env_summary
-from jaxagent.train.metrics import collapse_warning, eval_line, iteration_line, iteration_metrics
+from jaxagent.train.metrics import (collapse_warning, eval_line, hacking_warning, iteration_line, iteration_metrics,
+                                    template_collapse_warning)
 from jaxagent.train.overlap import OffPolicyRollouts
 from jaxagent.train.rundir import Progress, RunDir
 from jaxagent.train.step import UpdateBatch
@@ -249,17 +250,32 @@ class Trainer:
             self._run_log = None
 
     def _check_collapse(self, metrics: dict) -> None:
-        """Prints the entropy-collapse warning (`metrics.collapse_warning`) and counts it
-        in `collapse_warnings` (over the whole run)."""
+        """Prints the entropy-collapse, template-collapse and reward-hacking warnings
+        (`metrics.collapse_warning`, `template_collapse_warning`, `hacking_warning`) and
+        counts each over the whole run (`collapse_warnings`, `template_collapse_warnings`,
+        `hacking_warnings`)."""
         lc = self.config.logging
-        count = self.history[-1].get("collapse_warnings", 0) if self.history else 0
-        if lc.collapse_entropy > 0:
-            warning = collapse_warning(self.history, metrics, entropy_below=lc.collapse_entropy,
-                                       window=lc.collapse_window)
+        if lc.heldout_metric is not None and lc.heldout_metric not in metrics and not self.history \
+                and metrics.get("failed_frac", 0.0) < 1.0:   # a name no iteration can have
+            known = sorted(k for k in metrics if isinstance(metrics[k], (int, float)) and not k.startswith("time_"))
+            raise ValueError(f"logging.heldout_metric: the iterations have no metric {lc.heldout_metric!r} "
+                             f"(they have: {', '.join(known)})")
+        checks = (("collapse_warnings", lc.collapse_entropy > 0,
+                   lambda: collapse_warning(self.history, metrics, entropy_below=lc.collapse_entropy,
+                                            window=lc.collapse_window)),
+                  ("template_collapse_warnings", lc.template_collapse_below > 0,
+                   lambda: template_collapse_warning(self.history, metrics, below=lc.template_collapse_below,
+                                                     window=lc.collapse_window)),
+                  ("hacking_warnings", lc.heldout_metric is not None,
+                   lambda: hacking_warning(self.history, metrics, heldout=lc.heldout_metric,
+                                           window=lc.collapse_window)))
+        for name, on, check in checks:
+            count = self.history[-1].get(name, 0) if self.history else 0
+            warning = check() if on else None
             if warning is not None:
                 self.log(warning)
                 count += 1
-        metrics["collapse_warnings"] = count
+            metrics[name] = count
 
     def _check_failures(self, metrics: dict) -> None:
         """Counts the iterations in a row in which every episode failed, keeping the first

@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
 # The turn-credit comparison on the intake recipe: GRPO (episode-level group baseline)
 # against turn_loo (a turn-level leave-one-out baseline) and turn_gae (a turn-level
-# critic), from the same warm start, at the same budget (15 iterations x 64 interviews),
-# three seeds, held-out evaluation every 5 iterations on the recipe's 128 cases.
+# critic), from the same warm start, at the same budget (ITERATIONS, default 10,
+# iterations x 64 interviews), three seeds, held-out evaluation every 5 iterations on the
+# recipe's 128 cases.
 #
 # It needs the three GRPO runs of the recipe first:
 #   jaxagent train --config configs/intake.yaml seed=S run_dir=runs/intake_sS   (S = 0 1 2)
 # Their step-0 checkpoint (the warm start) is exported once (runs/intake_wsS) and each
 # arm starts from it, so the arms differ in the estimator only. The recipe's learning
-# rate is constant after its warm-up, so the GRPO runs' first 15 iterations are the GRPO
-# arm at this budget.
+# rate is constant after its warm-up, so the GRPO runs' first ITERATIONS iterations are
+# the GRPO arm at this budget (their evaluation at that iteration is the comparison's).
 #   bash examples/intake_turn_credit.sh [SEEDS...]     (default: 0 1 2)
 #   jaxagent plot runs/intake_s* runs/intake_loo_s* runs/intake_gae_s* --metric env_rubric_mean \
 #       --out docs/intake_turn_credit.png
 set -euo pipefail
 JAXAGENT=${JAXAGENT:-jaxagent}
 SEEDS=${*:-0 1 2}
+ITERATIONS=${ITERATIONS:-10}
 for s in $SEEDS; do
   if [ ! -d "runs/intake_s$s/checkpoints/0" ]; then
     echo "runs/intake_s$s/checkpoints/0 is missing: train the recipe's seed $s first" >&2; exit 2
@@ -27,6 +29,6 @@ for s in $SEEDS; do
     name=${arm%%:*}; estimator=${arm#*:}
     [ -f "runs/intake_${name}_s$s/summary.json" ] && continue
     "$JAXAGENT" train --config configs/intake.yaml model.path="runs/intake_ws$s" model.tokenizer=null \
-      warm_start=null algo.advantage="$estimator" iterations=15 seed="$s" run_dir="runs/intake_${name}_s$s"
+      warm_start=null algo.advantage="$estimator" iterations="$ITERATIONS" seed="$s" run_dir="runs/intake_${name}_s$s"
   done
 done

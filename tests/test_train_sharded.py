@@ -111,6 +111,21 @@ def test_mesh_2x2x2_learns_what_one_device_learns(tmp_path):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+def test_mixed_precision_on_a_mesh_keeps_sharded_float32_masters(tmp_path):
+    """`model.compute_dtype=bfloat16` on the 2 x 2 x 2 mesh: the float32 state stays
+    sharded, the sampler and the log-prob passes run in bfloat16 and agree."""
+    need_8_devices()
+    import jax.numpy as jnp
+
+    mesh, h = run(tmp_path / "mixed", "mesh={data: 2, fsdp: 2, tensor: 2}", "model.compute_dtype=bfloat16",
+                  "iterations=1")
+    q = mesh.state.params["layers"]["q_proj"]["kernel"]
+    assert q.dtype == jnp.float32 and q.sharding.spec == jax.P(None, "fsdp", "tensor")
+    sampler = mesh.placement.sampler_params(mesh.state)
+    assert sampler["layers"]["q_proj"]["kernel"].dtype == jnp.bfloat16
+    assert h[-1]["rollout_logp_gap"] < 0.05 and np.isfinite(h[-1]["loss"])
+
+
 @pytest.mark.slow
 def test_mesh_8x1x1_and_a_resume_on_another_mesh(tmp_path):
     """Pure data parallelism over 8 devices (mini-batch of 8 rows); then a run

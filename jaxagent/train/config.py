@@ -63,7 +63,14 @@ class ModelSection:
       system prompt counts once per demonstration, so a fixed prompt becomes few tokens.
     hidden_size ... model_type: the from-scratch architecture (vocab = the tokenizer's).
     init_std: std of the from-scratch initialisation.
-    dtype: "float32" or "bfloat16".
+    dtype: "float32" or "bfloat16": the parameters' storage, so the dtype of the
+      optimizer state and of the updates.
+    compute_dtype: the dtype the forward passes run in (the update's, the log-prob
+      passes', the critic's and the sampler's): null = `dtype`. `dtype: float32` with
+      `compute_dtype: bfloat16` is mixed precision: float32 master weights and AdamW state,
+      every pass in bfloat16 on a cast copy (gradients reach the float32 masters through
+      the cast; log-probs, losses and the softmax stay float32), so small updates are
+      not rounded away as they are with bfloat16 weights.
     remat: recompute activations in the backward pass instead of keeping them: False,
       True / "full" (keep each layer's input only), "dots" (keep the matmul outputs).
       Less memory for the update (see the memory estimate), the same gradients.
@@ -88,6 +95,7 @@ class ModelSection:
     model_type: str = "qwen2"
     init_std: float = 0.02
     dtype: str = "float32"
+    compute_dtype: str | None = None
     remat: bool | str = False
     lora: LoraConfig | None = None
 
@@ -106,6 +114,8 @@ class ModelSection:
             raise ValueError(f"model_type must be one of {list(MODEL_TYPES)}, got {self.model_type!r}")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+        if self.compute_dtype not in (None, "float32", "bfloat16"):
+            raise ValueError(f"compute_dtype must be null, 'float32' or 'bfloat16', got {self.compute_dtype!r}")
         if not (isinstance(self.init_std, (int, float)) and self.init_std > 0):
             raise ValueError(f"init_std must be a float > 0, got {self.init_std!r}")
 
@@ -683,5 +693,6 @@ class TrainerConfig:
     @property
     def step_config(self) -> StepConfig:
         return StepConfig(loss=self.loss, optim=self.optim, critic_optim=self.critic_optim,
-                          num_micro_batches=self.micro_batches, remat=self.model.remat)
+                          num_micro_batches=self.micro_batches, remat=self.model.remat,
+                          compute_dtype=self.model.compute_dtype)
 

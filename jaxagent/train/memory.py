@@ -13,7 +13,11 @@ when dimensions divide)::
     kv_cache     2 * L * ceil(B_s / (data * fsdp)) * K_t * S * hd * bytes, when a sampling
                  batch B_s and context S are given (K_t = kv heads per tensor shard)
 
-Activation formula (bytes; `a` = the parameter dtype's size, 4 for float32 parts;
+With `StepConfig.compute_dtype` (mixed precision) the activations and the KV cache are
+in the compute dtype; the trainer adds `compute_params`, two copies of the policy cast to
+it (the sampler's, and the update's inside its step).
+
+Activation formula (bytes; `a` = the compute dtype's size, 4 for float32 parts;
 heads, kv heads, MLP width and vocabulary divided by `tensor` where it divides)::
 
     per_token_layer = 4 D a + 2 D 4                 residual stream, norms (norms in f32)
@@ -150,11 +154,12 @@ def estimate_memory(model_config, step_config=None, mesh=None, *, batch_size: in
         trainable = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, np.float32), _trainable(p))
         out["grads"] += grad_copies * shard_bytes(trainable, _subtree_specs(p, specs, trainable), sizes)
 
-    out["activations"] = _activation_bytes(cfg, step_config, sizes, rules, batch_size, seq_len, param_dtype, critic)
+    act_dtype = step_config.compute_dtype or param_dtype   # mixed precision: the passes run in this
+    out["activations"] = _activation_bytes(cfg, step_config, sizes, rules, batch_size, seq_len, act_dtype, critic)
     if sample_batch:
         if not sample_len:
             raise ValueError("estimate_memory: sample_len is required with sample_batch")
-        out["kv_cache"] = _kv_bytes(cfg, sizes, rules, sample_batch, sample_len, kv_dtype or param_dtype)
+        out["kv_cache"] = _kv_bytes(cfg, sizes, rules, sample_batch, sample_len, kv_dtype or act_dtype)
     out["total"] = sum(out[k] for k in COMPONENTS)
     return out
 
@@ -215,7 +220,7 @@ def forward_activation_bytes(model_config, step_config=None, mesh=None, *, rows:
     sizes = axis_sizes(mesh if mesh is not None else MeshConfig())
     table = rules_dict(rules)
     cfg, T = model_config, seq_len
-    a, f = int(np.dtype(param_dtype).itemsize), 4
+    a, f = int(np.dtype(step_config.compute_dtype or param_dtype).itemsize), 4
     b = -(-rows // math.prod(sizes[x] for x in table["batch"] if x in sizes))
     D, hd = cfg.hidden_size, cfg.head_dim
     H = _split(cfg.num_heads, table["heads"], sizes)

@@ -39,6 +39,7 @@ from jaxagent.train import memory
 from jaxagent.train.step import (
     UpdateBatch,
     critic_values,
+    for_compute,
     make_sharded_train_step,
     sft_step,
     train_step,
@@ -46,8 +47,11 @@ from jaxagent.train.step import (
 
 
 def _policy_logprobs(params, config, tokens_BxT, attention_mask_BxT, *, temperature: float,
-                     seq_chunk: int, vocab_chunk: int, row_chunks: int = 1, with_entropy: bool = False):
+                     seq_chunk: int, vocab_chunk: int, row_chunks: int = 1, with_entropy: bool = False,
+                     compute_dtype: str | None = None):
     from jaxagent.models import token_logprobs
+
+    params = for_compute(params, compute_dtype)
 
     def one(tokens, mask):
         logp, ent = token_logprobs(params, config, tokens, attention_mask_BxT=mask,
@@ -73,8 +77,18 @@ def _policy_logprobs(params, config, tokens_BxT, attention_mask_BxT, *, temperat
 #: to float32 rounding); `with_entropy` returns `(logp, entropy)`, the entropy of each
 #: next-token distribution (for the episode store).
 policy_logprobs = jax.jit(_policy_logprobs, static_argnames=("config", "temperature", "seq_chunk", "vocab_chunk",
-                                                             "row_chunks", "with_entropy"))
-_critic_values = jax.jit(critic_values, static_argnames=("critic_config", "remat"))
+                                                             "row_chunks", "with_entropy", "compute_dtype"))
+
+
+def _cast_critic_values(critic_params, critic_config, batch, *, compute_dtype=None):
+    return critic_values(for_compute(critic_params, compute_dtype), critic_config, batch)
+
+
+_critic_values = jax.jit(_cast_critic_values, static_argnames=("critic_config", "compute_dtype"))
+
+
+#: the sampler's params in the compute dtype (jitted: a sharded state stays sharded)
+_cast_for_sampler = jax.jit(for_compute, static_argnames=("compute_dtype",))
 
 
 class Placement:
@@ -117,11 +131,11 @@ class Placement:
                     return _policy_logprobs(params, model_config, tokens_BxT, attention_mask_BxT,
                                             temperature=sc.loss.temperature, seq_chunk=sc.seq_chunk,
                                             vocab_chunk=sc.vocab_chunk, row_chunks=self.logprob_chunks,
-                                            with_entropy=with_entropy)
+                                            with_entropy=with_entropy, compute_dtype=sc.compute_dtype)
 
             def values(critic_params, batch):
                 with decoder.activation_constraint(layout):
-                    return critic_values(critic_params, model_config, batch)
+                    return _cast_critic_values(critic_params, model_config, batch, compute_dtype=sc.compute_dtype)
 
             self._logprobs = {
                 flag: jax.jit(functools.partial(logprobs, with_entropy=flag), out_shardings=(rows, rows) if flag else rows)
@@ -174,8 +188,13 @@ class Placement:
         """The params the sampler runs with (module docstring). `copy`: never the state's
         own buffers (a rollout that runs while the update donates them)."""
         params = state.params
-        if self.mesh is None or self.sampler_on_mesh:
+        compute = self.config.model.compute_dtype
+        if compute is not None and compute != self.config.model.dtype:   # a cast copy: never the state's buffers
+            params = _cast_for_sampler(params, compute)
+        elif self.mesh is None or self.sampler_on_mesh:
             return jax.tree.map(jnp.copy, params) if copy else params
+        if self.mesh is None or self.sampler_on_mesh:
+            return params
         if self.multi_process:
             params = par.to_host(params)
         return jax.device_put(params, jax.local_devices()[0])
@@ -223,7 +242,8 @@ class Placement:
             return policy_logprobs(params, self.model_config, tokens_BxT=placed.tokens,
                                    attention_mask_BxT=placed.attention_mask, temperature=sc.loss.temperature,
                                    seq_chunk=sc.seq_chunk, vocab_chunk=sc.vocab_chunk,
-                                   row_chunks=self.logprob_chunks, with_entropy=with_entropy)
+                                   row_chunks=self.logprob_chunks, with_entropy=with_entropy,
+                                   compute_dtype=sc.compute_dtype)
         out = self._logprobs[with_entropy](params, placed.tokens, placed.attention_mask)
         return jax.tree.map(lambda x: jnp.asarray(par.to_host(x)), out)
 
@@ -233,7 +253,8 @@ class Placement:
         probe = UpdateBatch(tokens=placed.tokens, loss_mask=placed.loss_mask, advantages=placed.loss_mask,
                             old_logp=placed.loss_mask, attention_mask=placed.attention_mask)
         if self.mesh is None:
-            return _critic_values(state.critic_params, state.critic_config, probe)
+            return _critic_values(state.critic_params, state.critic_config, probe,
+                                  compute_dtype=self.config.step_config.compute_dtype)
         return jnp.asarray(par.to_host(self._values(state.critic_params, probe)))
 
     # ------------------------------------------------------------------ memory
@@ -251,6 +272,12 @@ class Placement:
                                          batch_size=1, seq_len=1, sample_batch=len(self.rows),
                                          sample_len=cfg.rollout.max_context, **common)
         est["kv_cache"] = sampler["kv_cache"]
+        compute = cfg.model.compute_dtype
+        if compute is not None and compute != cfg.model.dtype:   # the sampler's cast copy and the update's
+            ratio = np.dtype(compute).itemsize / np.dtype(cfg.model.dtype).itemsize
+            policy_params = est["params"] if not cfg.algo.uses_critic else memory.estimate_memory(
+                model_config, cfg.step_config, self.mesh, batch_size=1, seq_len=1, **common)["params"]
+            est["compute_params"] = int(2 * ratio * policy_params)
         if self.mesh is not None and not self.sampler_on_mesh:
             est["sampler_params"] = sampler["params"]
         if cfg.loss.kl_coef > 0 or cfg.algo.kl_reward_coef > 0:

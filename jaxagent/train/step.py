@@ -205,6 +205,9 @@ class StepConfig:
     num_micro_batches: the mini-batch's rows are cut into this many equal micro-batches
       whose gradients are accumulated (memory, not maths: the result is the same).
     remat, seq_chunk, vocab_chunk: forwarded to the model (`token_logprobs`).
+    compute_dtype: the forward passes run on the params cast to this dtype (None = the
+      params' own): mixed precision with float32 params and "bfloat16". Gradients,
+      updates and the optimizer state keep the params' dtype.
     """
 
     loss: LossConfig = LossConfig()
@@ -214,8 +217,12 @@ class StepConfig:
     remat: bool | str = False
     seq_chunk: int = 128
     vocab_chunk: int = 8192
+    compute_dtype: str | None = None
 
     def __post_init__(self):
+        if self.compute_dtype not in (None, "float32", "bfloat16"):
+            raise ValueError(f"StepConfig.compute_dtype must be None, 'float32' or 'bfloat16', "
+                             f"got {self.compute_dtype!r}")
         if not isinstance(self.num_micro_batches, int) or self.num_micro_batches < 1:
             raise ValueError(f"StepConfig.num_micro_batches must be a positive int, got {self.num_micro_batches!r}")
         if self.remat not in (False, True, "full", "dots"):
@@ -478,7 +485,13 @@ def critic_values(critic_params, critic_config: DecoderConfig, batch, *, remat: 
     value of the state in which token `t` is chosen (`value_forward` at `t - 1`); column
     0 is 0. Use this for `UpdateBatch.old_values` too, so the two agree."""
     v = value_forward(critic_params, critic_config, batch.tokens, remat=remat, **_model_kwargs(batch))
-    return jnp.pad(v[:, :-1], ((0, 0), (1, 0)))
+    return jnp.pad(v[:, :-1].astype(jnp.float32), ((0, 0), (1, 0)))
+
+
+def for_compute(params, compute_dtype: str | None):
+    """`params` as the forward passes use them: cast to `compute_dtype` (None: as they are).
+    Under `jax.grad` the cast passes gradients back in the params' own dtype."""
+    return params if compute_dtype is None else _decoder.cast_params(params, compute_dtype)
 
 
 def _trainable(params):
@@ -519,8 +532,8 @@ def policy_loss_and_grads(state: TrainState, batch: UpdateBatch, config: StepCon
         is_w = algos.tis_weights(f32(batch.old_logp), f32(batch.rollout_logp), mask, lc.tis_cap, level=lc.tis_level)
 
     def policy_loss(trainable, rebuild):
-        logp, ent = token_logprobs(rebuild(trainable), state.model_config, batch.tokens,
-                                   temperature=lc.temperature, seq_chunk=config.seq_chunk,
+        logp, ent = token_logprobs(for_compute(rebuild(trainable), config.compute_dtype), state.model_config,
+                                   batch.tokens, temperature=lc.temperature, seq_chunk=config.seq_chunk,
                                    vocab_chunk=config.vocab_chunk, remat=config.remat, **_model_kwargs(batch))
         pg, pg_metrics = fn(logp, f32(batch.old_logp), f32(batch.advantages), mask, mode=mode,
                             is_weights=is_w, **clip_kwargs, **d)
@@ -549,7 +562,8 @@ def policy_loss_and_grads(state: TrainState, batch: UpdateBatch, config: StepCon
     g_critic = None
     if state.has_critic:
         def critic_loss(trainable, rebuild):
-            values = critic_values(rebuild(trainable), state.critic_config, batch, remat=config.remat)
+            values = critic_values(for_compute(rebuild(trainable), config.compute_dtype), state.critic_config,
+                                   batch, remat=config.remat)
             vl, vm = algos.value_loss(values, f32(batch.old_values), f32(batch.returns), mask,
                                       mode=lc.value_agg_mode, clip=lc.value_clip, **d)
             ret = jnp.where(valid, f32(batch.returns), 0.0)
@@ -579,8 +593,8 @@ def sft_loss_and_grads(state: TrainState, batch: SFTBatch, config: StepConfig,
     valid = batch.loss_mask != 0
 
     def loss(trainable, rebuild):
-        logp, ent = token_logprobs(rebuild(trainable), state.model_config, batch.tokens,
-                                   temperature=config.loss.temperature, seq_chunk=config.seq_chunk,
+        logp, ent = token_logprobs(for_compute(rebuild(trainable), config.compute_dtype), state.model_config,
+                                   batch.tokens, temperature=config.loss.temperature, seq_chunk=config.seq_chunk,
                                    vocab_chunk=config.vocab_chunk, remat=config.remat, **_model_kwargs(batch))
         nll = algos.aggregate(-logp, valid, "token-mean", num_tokens=denominators.num_tokens)
         return nll, {"sft_loss": nll, "loss": nll, "entropy_sum": jnp.sum(jnp.where(valid, ent, 0.0))}

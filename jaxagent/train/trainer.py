@@ -400,7 +400,8 @@ class Trainer:
         sc = cfg.step_config
         _, ent = policy_logprobs(self.state.params, self.model_config, tokens_BxT=placed.tokens[take],
                                  attention_mask_BxT=placed.attention_mask[take], temperature=sc.loss.temperature,
-                                 seq_chunk=sc.seq_chunk, vocab_chunk=sc.vocab_chunk, with_entropy=True)
+                                 seq_chunk=sc.seq_chunk, vocab_chunk=sc.vocab_chunk, with_entropy=True,
+                                 compute_dtype=sc.compute_dtype)
         out = np.full(np.shape(placed.tokens), np.nan, np.float32)
         out[rows] = np.asarray(ent)[:len(rows)]
         return out

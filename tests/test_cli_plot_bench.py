@@ -82,6 +82,11 @@ def test_learning_diagnostics_have_their_panel(tmp_path):
     assert got["noop_action_frac"] == ([1.0, 2.0], [0.4, 0.8])
     _, text = png_info(plot_run(write_run(tmp_path / "run", records)))
     assert text["Description"] == "panels: reward, success rate, KL, entropy, loss, diagnostics, tokens/s"
+    # the template-collapse signal has a panel of its own
+    records = [{**r, "input_dependence": 0.1 * i, "cross_input_similarity": 0.5} for i, r in enumerate(records)]
+    panels = {p.title: p for p in build_panels(records)}
+    assert panels["input dependence"].lines["input_dependence"] == ([1.0, 2.0], [0.0, 0.1])
+    assert set(panels["input dependence"].lines) == {"input_dependence", "cross_input_similarity"}
 
 
 def test_summary_alone_gives_the_success_panel(tmp_path):

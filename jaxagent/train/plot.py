@@ -6,7 +6,7 @@ One panel per group of metrics present in the file, against `iteration` (PANELS)
 reward (`reward_mean`, with a +-`reward_std` band), success rate, KL (`kl`,
 `approx_kl`), entropy, loss (`loss`, `pg_loss`, `value_loss`), the learning diagnostics
 (flat groups, anchor repeats, invalid and no-op actions, failed episodes, clip
-fraction) and tokens/s. Evaluation
+fraction), the input dependence of the responses (template collapse) and tokens/s. Evaluation
 results (keys `eval_*`, in the same lines or in lines of their own with an
 `iteration`) are drawn on the panel of the metric they evaluate (`eval_success_rate`
 on the success panel) as markers, and any other `eval_*` keys on an extra "eval"
@@ -35,6 +35,8 @@ PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # the learning diagnostics (fractions): what the batch can teach, malformed and no-op actions
     ("diagnostics", ("flat_groups_frac", "anchor_repeat_frac", "invalid_action_frac", "noop_action_frac",
                      "failed_frac", "clipfrac")),
+    # template collapse: do the responses still tell which task they answer?
+    ("input dependence", ("input_dependence", "within_input_similarity", "cross_input_similarity")),
     ("tokens/s", ("tokens_per_s",)),
 )
 SUMMARY_KEYS = ("success_before_rl", "success_after_rl")

@@ -2,7 +2,9 @@
 
 The trainer calls a judge once per iteration with the batch's finished episodes; an
 episode's reward then comes from the env (its rubric), from the judge, or from both
-(`combine`). This module is standard library only (threads, `urllib.request`, `json`).
+(`combine`). This module is standard library only (threads, `urllib.request`, `json`);
+the judge on a local model, `LocalJudge`, is in `jaxagent.rewards.local` (JAX), imported
+only when one is built.
 
 API
 ---
@@ -71,6 +73,16 @@ API
       The default, `DEFAULT_PROMPT`, shows the transcript and asks for a final line
       ``Score: <number between 0 and 1>``.
 
+``LocalJudge(model, *, prompt=DEFAULT_PROMPT, max_tokens=256, temperature=0.0, max_prompt_tokens=2048, batch_size=8, chunk_tokens=64, seed=0, dtype="float32", timeout_s=300.0, batch_timeout_s=None, score_range=(0.0, 1.0))``
+    The same prompt, as one user message through the chat template of a local model
+    (a path, a packaged model name, or a loaded ``(Model, tokenizer)`` pair), answered
+    by this package's sampler in process, in batches; see `jaxagent.rewards.local`.
+
+``render_prompt(prompt, item) -> str``
+    The prompt template filled in for one item (what OpenAIJudge and LocalJudge send).
+    A missing info field raises KeyError here; inside a judge it is that item's
+    "judge_error".
+
 ``parse_score(text) -> float | None``
     The last ``Score: <number>`` line, or ``{"score": <number>}`` JSON object, whichever
     comes last in the text (the whole reply may also be such a JSON object, bare or in
@@ -80,8 +92,9 @@ API
     From a config mapping: ``{"type": "openai", "base_url": ..., "model": ...,
     "api_key_env": ..., <OpenAIJudge and Judge options>}`` or ``{"type": "callable",
     "fn": "module:function", <Judge options>}`` (the function is imported; a callable
-    object is also accepted). An unknown type or key is a ValueError that lists the
-    known ones.
+    object is also accepted) or ``{"type": "local", "model": <path or packaged name>,
+    <LocalJudge options>}`` (no retries, backoff_s or max_concurrency there). An
+    unknown type or key is a ValueError that lists the known ones.
 
 ``combine(env_reward, judge_score, mode, weight=1.0) -> float``
     How the trainer mixes the two. "replace": the judge's score is the reward (`weight`
@@ -463,13 +476,10 @@ class OpenAIJudge(Judge):
 
     def render(self, item: JudgeItem) -> str:
         """The judge prompt for one item."""
-        return self.prompt.format(transcript=render_transcript(item.messages), info=item.info or {})
+        return render_prompt(self.prompt, item)
 
     def _call(self, item: JudgeItem, timeout_s: float) -> str:
-        try:
-            content = self.render(item)
-        except (KeyError, IndexError, AttributeError) as e:
-            raise _Failure("judge_error", f"prompt template: missing info field {e}") from None
+        content = _prompt_or_fail(self.prompt, item)
         body = json.dumps({"model": self.model, "messages": [{"role": "user", "content": content}],
                            "temperature": self.temperature, "max_tokens": self.max_tokens}).encode()
         req = urllib.request.Request(self.url, data=body, method="POST",
@@ -528,6 +538,19 @@ def render_transcript(messages: Sequence[Mapping[str, Any]]) -> str:
     return "\n\n".join(blocks)
 
 
+def render_prompt(prompt: str, item: JudgeItem) -> str:
+    """A judge prompt template (see `OpenAIJudge`) filled in for one item."""
+    return prompt.format(transcript=render_transcript(item.messages), info=item.info or {})
+
+
+def _prompt_or_fail(prompt: str, item: JudgeItem) -> str:
+    """`render_prompt`, with a missing info field as that item's "judge_error"."""
+    try:
+        return render_prompt(prompt, item)
+    except (KeyError, IndexError, AttributeError) as e:
+        raise _Failure("judge_error", f"prompt template: missing info field {e}") from None
+
+
 def _check_prompt(prompt: Any) -> None:
     if not isinstance(prompt, str):
         raise ValueError(f"prompt must be a str.format template, got {type(prompt).__name__}")
@@ -577,8 +600,11 @@ _JUDGE_OPTS = ("timeout_s", "retries", "max_concurrency", "batch_timeout_s", "ba
 _SPEC_KEYS = {
     "openai": ("type", "base_url", "model", "api_key_env", "prompt", "temperature", "max_tokens") + _JUDGE_OPTS,
     "callable": ("type", "fn") + _JUDGE_OPTS,
+    # retries, backoff_s and max_concurrency do not apply to a local model (see LocalJudge)
+    "local": ("type", "model", "prompt", "max_tokens", "temperature", "max_prompt_tokens", "batch_size",
+              "chunk_tokens", "seed", "dtype", "timeout_s", "batch_timeout_s", "score_range"),
 }
-_REQUIRED = {"openai": ("base_url", "model"), "callable": ("fn",)}
+_REQUIRED = {"openai": ("base_url", "model"), "callable": ("fn",), "local": ("model",)}
 
 
 def make_judge(spec: Mapping[str, Any]) -> Judge:
@@ -603,6 +629,10 @@ def make_judge(spec: Mapping[str, Any]) -> Judge:
     kwargs = {k: v for k, v in spec.items() if k != "type"}
     if kind == "openai":
         return OpenAIJudge(**kwargs)
+    if kind == "local":
+        from jaxagent.rewards.local import LocalJudge  # loads JAX and the models: only when asked for
+
+        return LocalJudge(kwargs.pop("model"), **kwargs)
     return CallableJudge(_import_fn(kwargs.pop("fn")), **kwargs)
 
 

@@ -359,7 +359,9 @@ class RewardSection:
     judge: None, or a judge spec: `{type: openai, base_url, model, api_key_env, prompt,
       timeout_s, retries, max_concurrency, ...}` (an OpenAI-compatible endpoint; the key
       is read from the environment variable `api_key_env` names, never from the config)
-      or `{type: callable, fn: "module:function"}` (`fn(item) -> score`).
+      or `{type: callable, fn: "module:function"}` (`fn(item) -> score`), or `{type: local,
+      model, max_tokens, batch_size, ...}` (`jaxagent.rewards.LocalJudge`: a local model,
+      e.g. a packaged SmolLM2 GGUF, run in process by this package's sampler).
     mode: "replace" (the judge's score is the episode's final reward) or "add" (the env's
       final reward plus `weight` times the score).
     on_failure: what a failed judge call (timeout, HTTP error, unreadable reply) does to

@@ -172,6 +172,7 @@ def test_hacking_warning_when_the_training_reward_rises_and_the_held_out_scorer_
     assert hacking_warning(hist, {"iteration": 6, "reward_mean": 0.6}, heldout="heldout", window=3) is None
 
 
+@pytest.mark.slow   # a whole (tiny) run, ~10-15 s
 def test_an_unknown_held_out_metric_is_named_with_the_ones_the_iterations_have(tmp_path):
     from pathlib import Path
 

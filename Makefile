@@ -36,8 +36,11 @@ train: $(STAMP)
 
 # Peers for the side-by-side benchmarks. Tunix 0.1.7 pins older transformers and
 # tokenizers than ours, so it goes in without its deps plus the few it imports.
+# peft 0.21.2 (W10) needs only accelerate beyond what is installed; without deps the
+# pinned torch 2.13.0 CPU build stays.
 PEERS := google-tunix==0.1.7 google_metrax==0.2.4 clu==0.0.12 tensorboardX==2.6.5 \
-         jaxtyping==0.3.11 perfetto==0.59.1 wadler_lindig==0.1.8 pandas==3.1.1
+         jaxtyping==0.3.11 perfetto==0.59.1 wadler_lindig==0.1.8 pandas==3.1.1 \
+         peft==0.21.2 accelerate==1.15.0
 
 bench: $(STAMP)
 	$(PY) -m pip install -q -e ".[test,bench]"
@@ -50,6 +53,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/w7_overlap.py --out benchmarks/results/w7_overlap.jsonl
 	$(PY) benchmarks/w8_iteration.py --out benchmarks/results/w8_iteration.jsonl
 	$(PY) benchmarks/w9_uneven.py --out benchmarks/results/w9_uneven.jsonl
+	$(PY) benchmarks/w10_lora_update.py --torch-threads $$(nproc),1 --out benchmarks/results/w10_lora_update.jsonl
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -119,6 +119,7 @@ def test_a_missing_info_field_and_bad_messages_fail_their_items_only():
     assert results[2].failure_kind == "judge_error" and "TypeError" in results[2].detail
 
 
+@pytest.mark.slow   # ~2-3 s: a temperature-1 sampler compiled for this test alone
 def test_sampled_replies_repeat_for_the_same_call():
     j = judge(temperature=1.0, seed=3, batch_size=4)
     j.score_batch(ITEMS)
@@ -158,6 +159,7 @@ def test_a_score_reply_is_parsed_through_the_whole_path():
     assert all(r.seconds > 0 for r in results)
 
 
+@pytest.mark.slow   # ~3-6 s: another scripted model; the in-range path is the default run's
 def test_a_score_out_of_range_is_a_bad_reply_unless_the_range_is_open():
     model = parrot_model("Score: 3")
     [r] = LocalJudge((model, TOK), prompt=PROMPT, max_tokens=32).score_batch(ITEMS[:1])

@@ -94,7 +94,6 @@ def test_compute_dtype_is_checked():
     assert cfg.step_config.compute_dtype == "bfloat16"
 
 
-@pytest.mark.slow   # ~15-25 s; test_train_sharded.py's mesh test covers the trainer's wiring by default
 def test_a_mixed_precision_run_samples_and_trains_in_bfloat16_and_saves_float32(tmp_path):
     from pathlib import Path
 

@@ -111,6 +111,7 @@ def test_mesh_2x2x2_learns_what_one_device_learns(tmp_path):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow   # ~15-25 s; the one-device mixed-precision run is in the default suite
 def test_mixed_precision_on_a_mesh_keeps_sharded_float32_masters(tmp_path):
     """`model.compute_dtype=bfloat16` on the 2 x 2 x 2 mesh: the float32 state stays
     sharded, the sampler and the log-prob passes run in bfloat16 and agree."""

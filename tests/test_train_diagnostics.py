@@ -164,7 +164,7 @@ def test_hacking_warning_when_the_training_reward_rises_and_the_held_out_scorer_
     now = {"iteration": 6, "reward_mean": 0.6, "heldout": 0.20}
     msg = hacking_warning(hist, now, heldout="heldout", window=3)
     # last 3: reward 0.5, held-out 0.2433; the 3 before: reward 0.2, held-out 0.31
-    assert msg is not None and "0.200 -> 0.500" in msg and "0.310 -> 0.243" in msg and "iteration 6" in msg
+    assert msg is not None and "0.200 -> 0.500" in msg and "0.3100 -> 0.2433" in msg and "iteration 6" in msg
     assert hacking_warning(hist, {**now, "heldout": 0.5}, heldout="heldout", window=3) is None   # both rose
     falling = [{**m, "reward_mean": 1 - m["reward_mean"]} for m in hist]
     assert hacking_warning(falling, {**now, "reward_mean": 0.0}, heldout="heldout", window=3) is None

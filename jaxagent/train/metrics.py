@@ -237,7 +237,7 @@ def hacking_warning(history: list[dict], metrics: dict, *, heldout: str, window:
         return None
     return (f"warning: reward hacking? at iteration {metrics.get('iteration')}: the training reward rose "
             f"({r0:.3f} -> {r1:.3f} over the last {window} iterations against the {window} before) while the "
-            f"held-out scorer {heldout} fell ({h0:.3f} -> {h1:.3f}); read the transcripts")
+            f"held-out scorer {heldout} fell ({h0:.4f} -> {h1:.4f}); read the transcripts")
 
 
 def collapse_warning(history: list[dict], metrics: dict, *, entropy_below: float, window: int) -> str | None:

@@ -106,6 +106,7 @@ if "--one-cpu" in sys.argv:  # before jax / torch start their thread pools
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from _jsonl import emit  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+from _peak import matmul_peak_gflops  # noqa: E402
 import numpy as np  # noqa: E402
 
 from jaxagent import models as M  # noqa: E402
@@ -259,18 +260,6 @@ def peft_setup(base_host, lora_host, cfg: M.DecoderConfig, prompt: int, completi
         return out
 
     return step, logp_fn, adapters
-
-
-def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
-    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-    f = jax.jit(lambda x: x @ x)
-    f(a).block_until_ready()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        f(a).block_until_ready()
-        times.append(time.perf_counter() - t)
-    return 2 * n**3 / statistics.median(times) / 1e9
 
 
 def parse_systems(text: str) -> list[str]:
@@ -432,7 +421,7 @@ def main(argv=None):
         if not check["ok"]:
             raise SystemExit(f"w10_lora_update: first losses disagree: {check}")
 
-    peak = matmul_peak_gflops()
+    peak = matmul_peak_gflops(repeats=5)
     med = {k: statistics.median(v) for k, v in times.items()}
     temp = {}
     if not args.quick:  # an extra compile of each jaxagent step

@@ -70,6 +70,7 @@ if "--one-cpu" in sys.argv:  # before jax / torch start their thread pools
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from _jsonl import emit  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+from _peak import matmul_peak_gflops  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
@@ -206,18 +207,6 @@ def tunix_example(example_cls, tokens, adv, mask, old_logp, ref_logp):
     return example_cls(prompt_ids=t[:, :PROMPT], prompt_mask=jnp.ones((t.shape[0], PROMPT), jnp.int32),
                        completion_ids=t[:, PROMPT:], completion_mask=jnp.asarray(mask), advantages=jnp.asarray(adv),
                        ref_per_token_logps=jnp.asarray(ref_logp), old_per_token_logps=jnp.asarray(old_logp))
-
-
-def matmul_peak_gflops(n: int = 2048, repeats: int = 7) -> float:
-    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-    f = jax.jit(lambda x: x @ x)
-    f(a).block_until_ready()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        f(a).block_until_ready()
-        times.append(time.perf_counter() - t)
-    return 2 * n**3 / statistics.median(times) / 1e9
 
 
 def logprob_memory(B, T, D, V, seq_chunk, vocab_chunk):

@@ -106,7 +106,7 @@ if "--one-cpu" in sys.argv:  # before jax / torch start their thread pools
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from _jsonl import emit  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
-from _peak import matmul_peak_gflops  # noqa: E402
+from _timing import matmul_peak_gflops, time_interleaved  # noqa: E402
 import numpy as np  # noqa: E402
 
 from jaxagent import models as M  # noqa: E402
@@ -378,7 +378,7 @@ def main(argv=None):
                      logp_shift_from_adapters_peft=float(np.max(np.abs(p_logp - p_base))),
                      logp_mean=float(np.mean(init_logp)))
 
-    first, second, times, cpu, losses, norms = {}, {}, {k: [] for k in systems}, {k: [] for k in systems}, {}, {}
+    first, losses, norms = {}, {}, {}
     for name, fn in systems.items():
         t = time.perf_counter()
         losses[name], norms[name] = fn()
@@ -387,16 +387,7 @@ def main(argv=None):
             snap["jax"] = adapters_of(boxes["jax"]["state"].params)
         elif name in extra:
             snap[name] = extra[name][1]()
-    for name, fn in systems.items():
-        t = time.perf_counter()
-        fn()
-        second[name] = time.perf_counter() - t
-    for _ in range(repeats):
-        for name, fn in systems.items():
-            c, t = time.process_time(), time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t)
-            cpu[name].append(time.process_time() - c)
+    second, times, cpu = time_interleaved(systems, repeats)
 
     if "peft" in systems:
         init = init_adapters

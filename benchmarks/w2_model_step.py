@@ -70,7 +70,7 @@ if "--one-cpu" in sys.argv:  # before jax / torch start their thread pools
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from _jsonl import emit  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
-from _peak import matmul_peak_gflops  # noqa: E402
+from _timing import matmul_peak_gflops, time_interleaved  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
@@ -312,21 +312,12 @@ def main(argv=None):
 
     # two warm-up calls each: Tunix's jitted step compiles again on its second call (its
     # optimizer's scalar counters come back from the first step sharded on the model's mesh)
-    first, second, times, cpu, losses = {}, {}, {k: [] for k in systems}, {k: [] for k in systems}, {}
+    first, losses = {}, {}
     for name, fn in systems.items():
         t = time.perf_counter()
         losses[name] = fn()
         first[name] = time.perf_counter() - t
-    for name, fn in systems.items():
-        t = time.perf_counter()
-        fn()
-        second[name] = time.perf_counter() - t
-    for _ in range(repeats):
-        for name, fn in systems.items():
-            c, t = time.process_time(), time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t)
-            cpu[name].append(time.process_time() - c)
+    second, times, cpu = time_interleaved(systems, repeats)
 
     peak = matmul_peak_gflops()
     flops = model_flops(W2, B, T, COMPLETION)

@@ -94,6 +94,7 @@ def test_compute_dtype_is_checked():
     assert cfg.step_config.compute_dtype == "bfloat16"
 
 
+@pytest.mark.slow   # a whole run, ~15 s on 2 idle cores (the suite's 15-minute budget)
 def test_a_mixed_precision_run_samples_and_trains_in_bfloat16_and_saves_float32(tmp_path):
     from pathlib import Path
 

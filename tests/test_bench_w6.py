@@ -138,6 +138,7 @@ def _positive_finite(rec, keys):
         assert isinstance(v, (int, float)) and math.isfinite(v) and v > 0, (rec["kind"], k, v)
 
 
+@pytest.mark.slow  # ~9 s on idle cores (suite budget): `make test-slow`
 def test_small_run_writes_complete_jsonl(tmp_path):
     out = tmp_path / "w6.jsonl"
     env = _cpu_env()

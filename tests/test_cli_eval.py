@@ -18,6 +18,7 @@ def eval_cli(*args):
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # ~28 s on idle cores (suite budget): `make test-slow`
 def test_eval_plays_held_out_seeds_and_writes_jsonl(tmp_path):
     run = tmp_path / "run"
     cfg = load_config(TrainerConfig, ROOT / "configs" / "tiny_frozenlake_gigpo.yaml",

@@ -190,3 +190,72 @@ def test_greedy_evaluation_is_deterministic(tmp_path):
         b = trainer.evaluate(loop, pool, episodes=10, temperature=0.0)
     assert a["episodes"] == 10 and a["success_rate"] == b["success_rate"]
     assert a["return_mean"] == b["return_mean"]
+
+
+def test_length_buckets_keep_every_row_once_and_group_similar_lengths():
+    import jax
+    import numpy as np
+
+    rng = np.random.RandomState(3)
+    lengths = rng.randint(20, 400, size=100)
+    perm = rng.permutation(100)
+    batches = [perm[j * 8:(j + 1) * 8] for j in range(12)]      # 96 of 100 rows, as an epoch takes them
+    got = ws.length_bucketed(batches, lengths, jax.random.key(0))
+    assert sorted(len(b) for b in got) == [8] * 12
+    assert sorted(np.concatenate(got).tolist()) == sorted(perm[:96].tolist())
+    # the batches of one chunk of BUCKET_CHUNK split that chunk's rows at length order
+    for c in range(0, 12, ws.BUCKET_CHUNK):
+        chunk = np.concatenate(batches[c:c + ws.BUCKET_CHUNK])
+        mine = [b for b in got if set(b.tolist()) <= set(chunk.tolist())]
+        assert len(mine) == len(batches[c:c + ws.BUCKET_CHUNK])
+        mine.sort(key=lambda b: lengths[b].min())
+        for lo, hi in zip(mine, mine[1:]):
+            assert lengths[lo].max() <= lengths[hi].min()
+    # far less padding than padding every batch to the longest row
+    padded = sum(ws.padded_length(int(lengths[b].max()), 416) * len(b) for b in got)
+    assert padded < 0.75 * 96 * 416
+    assert [ws.length_bucketed(batches, lengths, jax.random.key(0))[i].tolist() for i in range(12)] == \
+        [b.tolist() for b in got]
+    assert ws.padded_length(65, 416) == 128 and ws.padded_length(64, 416) == 64 and ws.padded_length(409, 416) == 416
+
+
+def test_a_batch_trimmed_to_its_longest_row_has_the_same_sft_loss_and_gradient():
+    """What `warm_start.length_buckets` relies on: columns past every row's end change
+    neither the token-mean loss nor its gradient."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxagent import models as M
+    from jaxagent.train import SFTBatch, StepConfig, init_train_state
+    from jaxagent.train.step import sft_loss_and_grads
+
+    cfg = M.DecoderConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+                          num_kv_heads=2, head_dim=8, model_type="qwen2")
+    state = init_train_state(jax.random.key(0), M.init_params(jax.random.key(1), cfg, std=0.2), cfg, StepConfig())
+    rng = np.random.RandomState(0)
+    rows = []
+    for n in (9, 17, 23, 30):
+        t = rng.randint(1, 64, n).tolist()
+        m = (rng.rand(n) < 0.5).astype(int).tolist()
+        rows.append((t, m))
+    tokens, loss, attn = ws.pack_rows(rows, 64, 0)
+    full = SFTBatch(tokens=jnp.asarray(tokens), loss_mask=jnp.asarray(loss), attention_mask=jnp.asarray(attn))
+    cut = SFTBatch(tokens=jnp.asarray(tokens[:, :32]), loss_mask=jnp.asarray(loss[:, :32]),
+                   attention_mask=jnp.asarray(attn[:, :32]))
+    # reference: masked token-mean NLL of each row on its own tokens only, float64
+    row_logp = jax.jit(lambda p, x: M.token_logprobs(p, cfg, x)[0])
+    logp = [np.asarray(row_logp(state.params, jnp.asarray([t]))[0], np.float64) for t, _ in rows]
+    nll = -sum(float(np.sum(lp * np.asarray(m))) for lp, (_, m) in zip(logp, rows)) / sum(sum(m) for _, m in rows)
+    grads = jax.jit(sft_loss_and_grads, static_argnames=("config",))
+    g_full, s_full = grads(state, full, config=StepConfig())
+    g_cut, s_cut = grads(state, cut, config=StepConfig())
+    np.testing.assert_allclose(float(s_full["loss"]), nll, rtol=2e-6)
+    np.testing.assert_allclose(float(s_cut["loss"]), nll, rtol=2e-6)
+    for a, b in zip(jax.tree.leaves(g_full), jax.tree.leaves(g_cut)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+
+
+def test_length_buckets_must_be_a_bool(tmp_path):
+    with pytest.raises(ConfigError, match="length_buckets"):
+        tiny(tmp_path / "run", "warm_start.length_buckets=3")

@@ -399,6 +399,10 @@ class WarmStartSection:
       expert; 0 = the expert itself).
     only_successful: train only on demonstrations that succeeded (rejection sampling).
     epochs, batch_size: passes over the demonstrations and rows per `sft_step`.
+    length_buckets: batch demonstrations of similar length together and pad each batch
+      only to its longest row (rounded up to 64 tokens) instead of every batch to the
+      longest demonstration: the same rows in every epoch, fewer padded tokens to compute
+      (the loss is a token mean, so padding never changed it; the batches' make-up does).
     optim: the SFT optimizer (RL then starts a fresh optimizer from the SFT weights).
     """
 
@@ -409,6 +413,7 @@ class WarmStartSection:
     only_successful: bool = False
     epochs: int = 1
     batch_size: int = 32
+    length_buckets: bool = False
     optim: OptimizerConfig = OptimizerConfig(lr=1e-3)
 
     def __post_init__(self):
@@ -418,6 +423,8 @@ class WarmStartSection:
         _check_int("batch_size", self.batch_size, 1)
         if not (isinstance(self.expert_noise, (int, float)) and 0.0 <= self.expert_noise <= 1.0):
             raise ValueError(f"expert_noise must be in [0, 1], got {self.expert_noise!r}")
+        if not isinstance(self.length_buckets, bool):
+            raise ValueError(f"length_buckets must be true or false, got {self.length_buckets!r}")
         if not isinstance(self.expert, dict):
             raise ValueError(f"expert must be a mapping of expert_action keyword arguments, got {self.expert!r}")
 

@@ -236,6 +236,37 @@ def save_tokenizer(tokenizer, directory: str | Path) -> Path:
     return directory
 
 
+#: rows sorted by length together (`warm_start.length_buckets`): this many batches
+BUCKET_CHUNK = 8
+#: a length-bucketed batch's padded length is a multiple of this (few jit shapes)
+BUCKET_MULTIPLE = 64
+
+
+def length_bucketed(batches: Sequence[np.ndarray], lengths: np.ndarray, key) -> list[np.ndarray]:
+    """`batches` (row indices of one epoch, in a random order) regrouped so that a batch
+    holds rows of similar length: every `BUCKET_CHUNK` consecutive batches are pooled,
+    sorted by length and cut again into batches of the same sizes; then the batches are
+    shuffled with `key`. Every row stays in the epoch exactly once."""
+    import jax
+
+    out = []
+    for c in range(0, len(batches), BUCKET_CHUNK):
+        chunk = list(batches[c:c + BUCKET_CHUNK])
+        pooled = np.concatenate(chunk)
+        pooled = pooled[np.argsort(lengths[pooled], kind="stable")]
+        at = 0
+        for b in chunk:
+            out.append(pooled[at:at + len(b)])
+            at += len(b)
+    order = np.asarray(jax.random.permutation(key, len(out)))
+    return [out[i] for i in order]
+
+
+def padded_length(longest: int, cap: int) -> int:
+    """A bucketed batch's length: `longest` rounded up to `BUCKET_MULTIPLE`, at most `cap`."""
+    return min(cap, -(-longest // BUCKET_MULTIPLE) * BUCKET_MULTIPLE)
+
+
 def sft_warm_start(config, params, model_config, tokenizer, demonstrations: Sequence[Demonstration], placement,
                    log=print):
     """Supervised fine-tuning of `params` on `demonstrations` (the `warm_start` section of
@@ -263,6 +294,7 @@ def sft_warm_start(config, params, model_config, tokenizer, demonstrations: Sequ
     pad = tokenizer.pad_token_id
     tokens, loss_mask, attn = pack_rows(rows, length, 0 if pad is None else int(pad))
     n = len(rows)
+    lengths = np.array([len(t) for t, _ in rows])
     bs = min(ws.batch_size, n)
     per_epoch = n // bs
     total = per_epoch * ws.epochs
@@ -274,14 +306,19 @@ def sft_warm_start(config, params, model_config, tokenizer, demonstrations: Sequ
     update = placement.update_step(sc, state, kind="sft")
     success = float(np.mean([d.success for d in demonstrations]))
     log(f"warm start: {n} demonstrations (expert noise {ws.expert_noise}, demonstration success "
-        f"{success:.2f}), {ws.epochs} epochs x {per_epoch} steps of {bs} rows x {length} tokens")
+        f"{success:.2f}), {ws.epochs} epochs x {per_epoch} steps of {bs} rows x "
+        f"{f'up to {length} (length buckets, mean {lengths.mean():.0f})' if ws.length_buckets else length} tokens")
     lines, window = [], []
     every = max(1, total // 10)
     for epoch, key in enumerate(jax.random.split(k_shuffle, ws.epochs)):
         perm = np.asarray(jax.random.permutation(key, n))
-        for j in range(per_epoch):
-            idx = perm[j * bs:(j + 1) * bs]
-            batch = SFTBatch(tokens=tokens[idx], loss_mask=loss_mask[idx], attention_mask=attn[idx])
+        batches = [perm[j * bs:(j + 1) * bs] for j in range(per_epoch)]
+        if ws.length_buckets:
+            batches = length_bucketed(batches, lengths, jax.random.fold_in(key, 1))
+        for j, idx in enumerate(batches):
+            cols = padded_length(int(lengths[idx].max()), length) if ws.length_buckets else length
+            batch = SFTBatch(tokens=tokens[idx, :cols], loss_mask=loss_mask[idx, :cols],
+                             attention_mask=attn[idx, :cols])
             state, m = update(state, placement.to_device(batch))
             window.append(m)
             step = epoch * per_epoch + j + 1

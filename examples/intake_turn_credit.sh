@@ -2,7 +2,7 @@
 # The turn-credit comparison on the intake recipe: GRPO (episode-level group baseline)
 # against turn_loo (a turn-level leave-one-out baseline) and turn_gae (a turn-level
 # critic), from the same warm start, at the same budget (ITERATIONS, default 10,
-# iterations x 64 interviews), three seeds, held-out evaluation every 5 iterations on the
+# iterations x 64 interviews), three seeds, held-out evaluation every 10 iterations on the
 # recipe's 128 cases.
 #
 # It needs the three GRPO runs of the recipe first:

@@ -403,6 +403,9 @@ class WarmStartSection:
       only to its longest row (rounded up to 64 tokens) instead of every batch to the
       longest demonstration: the same rows in every epoch, fewer padded tokens to compute
       (the loss is a token mean, so padding never changed it; the batches' make-up does).
+      Where a demonstration's length goes with what it does (intake: short interviews
+      conclude early) each batch teaches one behaviour and SFT fits worse (README), so it
+      is off by default.
     optim: the SFT optimizer (RL then starts a fresh optimizer from the SFT weights).
     """
 

@@ -290,11 +290,11 @@ def sft_warm_start(config, params, model_config, tokenizer, demonstrations: Sequ
             raise RuntimeError("warm_start.only_successful: none of the demonstrations succeeded")
     chat = ChatFormat(tokenizer)
     rows = [demonstration_tokens(chat, d, config.rollout.max_context) for d in demos]
-    length = -(-max(len(t) for t, _ in rows) // 16) * 16
+    lengths = np.array([len(t) for t, _ in rows])
+    length = -(-int(lengths.max()) // 16) * 16
     pad = tokenizer.pad_token_id
     tokens, loss_mask, attn = pack_rows(rows, length, 0 if pad is None else int(pad))
     n = len(rows)
-    lengths = np.array([len(t) for t, _ in rows])
     bs = min(ws.batch_size, n)
     per_epoch = n // bs
     total = per_epoch * ws.epochs
@@ -305,9 +305,9 @@ def sft_warm_start(config, params, model_config, tokenizer, demonstrations: Sequ
     state = placement.place_state(init_train_state(k_sft, params, model_config, sc))
     update = placement.update_step(sc, state, kind="sft")
     success = float(np.mean([d.success for d in demonstrations]))
+    columns = f"up to {length} (length buckets, mean {lengths.mean():.0f})" if ws.length_buckets else f"{length}"
     log(f"warm start: {n} demonstrations (expert noise {ws.expert_noise}, demonstration success "
-        f"{success:.2f}), {ws.epochs} epochs x {per_epoch} steps of {bs} rows x "
-        f"{f'up to {length} (length buckets, mean {lengths.mean():.0f})' if ws.length_buckets else length} tokens")
+        f"{success:.2f}), {ws.epochs} epochs x {per_epoch} steps of {bs} rows x {columns} tokens")
     lines, window = [], []
     every = max(1, total // 10)
     for epoch, key in enumerate(jax.random.split(k_shuffle, ws.epochs)):

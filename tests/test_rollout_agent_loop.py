@@ -204,6 +204,7 @@ def test_context_limit_truncates_with_the_reason():
             assert eps[0].actions == []  # a cut action is never sent to the env
 
 
+@pytest.mark.slow  # ~18 s on idle cores (suite budget; test_rollout_sampler's bounded-compilation test stays)
 def test_max_turns_and_bounded_compilations():
     """Repeated rollouts compile nothing new: decode once, append per length bucket; the
     batch shrinks (one select per smaller bucket) as episodes end."""
@@ -243,6 +244,7 @@ def test_env_reset_failure_and_bad_config():
             loop.run(pool, [0])
 
 
+@pytest.mark.slow  # ~14 s on idle cores (suite budget)
 def test_run_arguments_seed_sampling_and_row_offset():
     """`run(seed=, sampling=, row_offset=)` override the config per call: a slice of a
     batch played with its row offset samples what those rows sampled in the whole batch,

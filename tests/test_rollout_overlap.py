@@ -147,6 +147,7 @@ def test_faulty_envs_are_identical(loop):
     assert [eps[i].end_reason for i in (1, 8)] == ["terminated"] * 2
 
 
+@pytest.mark.slow  # ~38 s on idle cores (suite budget; the continuous variant below stays): `make test-slow`
 def test_episode_lost_while_another_sub_batch_steps(loop):
     """Slot 0 (sub-batch A) crashes its worker; slot 2 (sub-batch B, same worker) is not
     deterministic, so its replay into the new worker diverges while A steps: the pool

@@ -82,6 +82,7 @@ def test_grpo_run_learns_from_group_advantages(tmp_path):
     assert history[-1]["step"] == 2 * trainer.config.mini_batches
 
 
+@pytest.mark.slow  # ~24 s on idle cores (suite budget; test_train_configs' frozenlake_ppo run trains a critic by default)
 def test_ppo_with_critic_run(tmp_path):
     trainer = Trainer(config(tmp_path / "run", "algo.advantage=gae", "algo.lam=0.95"), log=lambda *_: None)
     before = jax.device_get((trainer.state.params, trainer.state.critic_params))
@@ -158,6 +159,7 @@ def test_resumed_run_equals_an_uninterrupted_one(tmp_path):
     assert learning_metrics(resumed) == learning_metrics(straight)
 
 
+@pytest.mark.slow  # ~18 s on idle cores (suite budget; the replayed-resume test stays)
 def test_a_finished_run_resumed_for_more_iterations_evaluates_again(tmp_path):
     """The summary's after-RL evaluation is of the final policy, also after a resume that
     extends a finished run; the extended run's evaluation equals an uninterrupted run's."""

@@ -57,6 +57,7 @@ def test_off_policy_needs_a_tis_cap(tmp_path):
         config(tmp_path / "run", "overlap.max_staleness=2")
 
 
+@pytest.mark.slow  # ~32 s on idle cores (suite budget; test_rollout_overlap's continuous equality test stays)
 def test_continuous_scheduling_trains_on_the_same_episodes(tmp_path):
     """`rollout.slots`: the trainer's rollouts with 3 sampler rows for a batch of 4 (rows
     are reused as episodes end) are the turn-synchronous ones, so the run is too."""

@@ -1,6 +1,6 @@
 """`jaxagent bench WORKLOAD`: the repository's benchmarks from one command.
 
-    jaxagent bench {generate,update,multiturn,advantages,envpool,overlap,iteration,rollout}
+    jaxagent bench {generate,update,multiturn,advantages,envpool,overlap,iteration,rollout,lora}
                    [--quick] [--repeats N] [--out JSONL] [--systems LIST]
 
 Each workload is a script of `benchmarks/` (`benchmarks/README.md` has what each measures
@@ -15,9 +15,10 @@ to stdout (and, with `--out`, are appended to that file):
     overlap     W7  env steps overlapped with decoding (pipeline_groups)         w7_overlap.py
     iteration   W8  a whole GRPO iteration vs Tunix's GRPOLearner                w8_iteration.py
     rollout     W9  episodes of uneven latency: continuous vs turn-synchronous   w9_uneven.py
+    lora        W10 a LoRA update of SmolLM2-135M vs PyTorch + peft              w10_lora_update.py
 
 `--systems` is for the workloads that compare systems (generate, update, multiturn,
-iteration). The
+iteration, lora). The
 benchmarks live in the repository, not in the installed package: this works from a
 checkout (an editable install) and says so otherwise.
 """
@@ -31,10 +32,11 @@ from pathlib import Path
 #: workload -> its script in benchmarks/
 WORKLOADS = {"generate": "w1_generate.py", "update": "w2_model_step.py", "multiturn": "w3_multiturn.py",
              "advantages": "w4_advantages.py", "envpool": "w5_envpool.py", "overlap": "w7_overlap.py",
-             "iteration": "w8_iteration.py", "rollout": "w9_uneven.py"}
+             "iteration": "w8_iteration.py", "rollout": "w9_uneven.py",
+             "lora": "w10_lora_update.py"}
 #: the workloads that take --systems, and its default for each
 SYSTEMS = {"generate": "jaxagent,tunix,hf", "update": "jax,torch,tunix", "multiturn": None,
-           "iteration": "jaxagent,tunix"}
+           "iteration": "jaxagent,tunix", "lora": "jax,peft"}
 DEFAULT_SYSTEMS = SYSTEMS["update"]
 
 
@@ -46,13 +48,13 @@ def benchmarks_dir() -> Path:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("workload", choices=sorted(WORKLOADS),
                         help="generate (W1), update (W2), multiturn (W3), advantages (W4), envpool (W5), "
-                             "overlap (W7), iteration (W8), rollout (W9); see benchmarks/README.md")
+                             "overlap (W7), iteration (W8), rollout (W9), lora (W10); see benchmarks/README.md")
     parser.add_argument("--repeats", type=int, default=None, metavar="N",
                         help="timed steps per system, interleaved (default 5; 3 with --quick)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: batch 2, few repeats")
     parser.add_argument("--out", metavar="JSONL", default=None, help="also append the JSON lines to this file")
     parser.add_argument("--systems", default=None,
-                        help="generate, update, multiturn, iteration: the comma list of systems to compare "
+                        help="generate, update, multiturn, iteration, lora: the comma list of systems to compare "
                              "(default: the "
                              f"script's; update: {DEFAULT_SYSTEMS}); a peer that is not installed is reported "
                              "as skipped")

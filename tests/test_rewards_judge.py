@@ -47,7 +47,16 @@ def _handler(stub):
         def log_message(self, *a):
             pass
 
+        def _finished(self):
+            # a request stops counting as in flight before its reply goes out: the client
+            # may send its next request as soon as it has read this one's reply
+            with stub.lock:
+                if getattr(self, "_counted", False):
+                    self._counted = False
+                    stub.in_flight -= 1
+
         def _send(self, code, body, ctype="application/json", headers=()):
+            self._finished()
             data = body.encode() if isinstance(body, str) else body
             self.send_response(code)
             self.send_header("Content-Type", ctype)
@@ -71,11 +80,11 @@ def _handler(stub):
                 nth = stub.counts[(case, tag)] = stub.counts.get((case, tag), 0) + 1
                 stub.in_flight += 1
                 stub.max_in_flight = max(stub.max_in_flight, stub.in_flight)
+                self._counted = True
             try:
                 self._serve(case, nth)
             finally:
-                with stub.lock:
-                    stub.in_flight -= 1
+                self._finished()
 
         def _serve(self, case, nth):
             auth = self.headers.get("Authorization", "")

@@ -44,7 +44,7 @@ def test_resume_a_missing_or_empty_run_dir_names_it_and_creates_nothing(tmp_path
     out = cli("--resume", missing)
     assert out.returncode == 2
     assert f"the run directory {missing} does not exist" in out.stderr, out.stderr
-    assert "Traceback" not in out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
     assert not missing.exists()
     # with a config whose run_dir holds no checkpoints: named as such, nothing written
     empty = tmp_path / "empty"
@@ -144,7 +144,7 @@ def test_a_chosen_damaged_step_is_an_error_naming_the_file(finished, tmp_path):
         Trainer(config(run, "iterations=3"), resume=True, step=2, log=lambda *_: None).run()
     out = cli("--resume", run, "--step", "2")
     assert out.returncode == 2 and "checkpoints/2/meta/metadata: not valid JSON" in out.stderr, out.stderr
-    assert "Traceback" not in out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
 
 
 def test_describe_damage_names_a_missing_item(tmp_path):

@@ -105,7 +105,7 @@ def test_fault_free_and_early_ending_episodes_are_identical(loop):
     assert t["rollout_s"] <= wall, (t, wall)
 
 
-@pytest.mark.slow  # ~20 s on idle cores (suite budget; test_episode_lost_while_another_sub_batch_steps stays): `make test-slow`
+@pytest.mark.slow  # ~20 s on idle cores (suite budget; test_continuous_episode_lost_while_waiting_for_its_decode stays): `make test-slow`
 def test_frozenlake_greedy_and_context_limit_are_identical(loop):
     # a short context: some episodes end by "context_full" (actions cut, never sent)
     cfg = AgentLoopConfig(max_turns=4, max_tokens_per_turn=8, max_context=330, sampling=SamplingConfig(0.0))
@@ -118,7 +118,7 @@ def test_frozenlake_greedy_and_context_limit_are_identical(loop):
     assert_same(out[1], out["s4"])
 
 
-@pytest.mark.slow  # ~33 s on idle cores (suite budget; test_episode_lost_while_another_sub_batch_steps stays): `make test-slow`
+@pytest.mark.slow  # ~33 s on idle cores (suite budget; test_continuous_episode_lost_while_waiting_for_its_decode stays): `make test-slow`
 def test_faulty_envs_are_identical(loop):
     """Crash, segfault, raise (worker restarted: the other episodes of that worker are
     replayed), invalid results, an unpicklable result and a hang past the step timeout,

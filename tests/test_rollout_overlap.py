@@ -73,7 +73,7 @@ def assert_same(a, b):
         np.testing.assert_allclose(x.logp, y.logp, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.slow   # 36 s; the faulty-env and continuous variants below run by default
+@pytest.mark.slow   # 36 s; the continuous fault test below runs by default
 def test_fault_free_and_early_ending_episodes_are_identical(loop):
     # horizons 1..8: episodes end at different turns, so sub-batches shrink and one
     # sub-batch can leave the pipeline before the other

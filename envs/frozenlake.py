@@ -15,7 +15,8 @@ intended direction with probability 1/3 and in each of the two perpendicular
 directions with probability 1/3; the draws come from the episode's seed.
 
 Expert: value iteration on the known dynamics (shortest path when not slippery),
-which maximises the probability of reaching G.
+which maximises the probability of reaching G. ``expert_action(style="blind")`` is a
+weaker demonstrator for warm starts: it walks toward G without looking at the holes.
 """
 from __future__ import annotations
 
@@ -161,7 +162,26 @@ class FrozenLake(TextEnv):
         return {p: max(("up", "right", "down", "left"), key=lambda d: q(p, d)) for p in cells
                 if p not in terminal}
 
-    def expert_action(self) -> str:
+    def expert_action(self, style: str = "expert", salt: int = 0) -> str:
+        """The demonstrator's move: ``style="expert"``, value iteration (module docstring);
+        ``style="blind"``, a walker that knows where G is but never looks at the holes:
+        it takes one of the moves toward G (right or down, whichever stay on the map),
+        picked by a hash of the map, its position and ``salt`` (a coin flip per state
+        that is still a function of the state). On 3x3 maps with ``hole_prob=0.3`` it
+        reaches G about 45% of the time, where a walker that only avoids stepping onto
+        a visible hole reaches it about 89% of the time: a warm start that RL can
+        improve by reading the map."""
+        if style == "blind":
+            r, c = self.pos
+            toward = [d for d, ok in (("right", c < self.size - 1), ("down", r < self.size - 1)) if ok]
+            if not toward:
+                return "<action>right</action>"
+            pick = random.Random(f"{'/'.join(self.rows)}|{r},{c}|{salt}").randrange(len(toward))
+            return f"<action>{toward[pick]}</action>"
+        if style != "expert":
+            raise ValueError(f"frozenlake expert_action: style must be 'expert' or 'blind', got {style!r}")
+        if salt:
+            raise ValueError("frozenlake expert_action: salt applies to style='blind' only")
         if self._policy is None:
             self._policy = self._compute_policy()
         return f"<action>{self._policy.get(self.pos, 'right')}</action>"

@@ -62,6 +62,50 @@ def test_frozenlake_expert_solves_every_map_and_random_mostly_fails(size):
     assert random_wins < 40 * 0.3
 
 
+def test_frozenlake_blind_demonstrator_walks_toward_the_goal_without_looking_at_holes():
+    """style="blind": only right/down moves that stay on the map, the same move in the same
+    state, and where exactly one of the two forward cells is a hole it steps into it about
+    half the time (the expert never does); over many 3x3 maps at hole_prob 0.3 it reaches G
+    about as often as a fair coin walker on the same maps, computed here independently."""
+    env = envs.make("frozenlake", size=3, hole_prob=0.3)
+    into_hole = choices = wins = 0
+    coin_wins = 0.0
+    for seed in range(400):
+        obs, info = env.reset(seed)
+        rows = info["map"].splitlines()
+        # an independent fair-coin walker's success probability on this map (exact)
+        def p_win(r, c):
+            if rows[r][c] == "H":
+                return 0.0
+            if rows[r][c] == "G":
+                return 1.0
+            nxt = [(r, c + 1)] * (c < 2) + [(r + 1, c)] * (r < 2)
+            return sum(p_win(*n) for n in nxt) / len(nxt)
+        coin_wins += p_win(0, 0)
+        r = c = 0
+        while True:
+            action = env.expert_action(style="blind")
+            assert action == env.expert_action(style="blind")         # a function of the state
+            move = re.fullmatch(r"<action>(right|down)</action>", action).group(1)
+            assert (move == "right" and c < 2) or (move == "down" and r < 2)
+            right, down = (rows[r][c + 1] if c < 2 else None), (rows[r + 1][c] if r < 2 else None)
+            if {right, down} & {"H"} and {right, down} - {"H", None}:
+                choices += 1
+                into_hole += (right if move == "right" else down) == "H"
+                best = re.fullmatch(r"<action>(\w+)</action>", env.expert_action()).group(1)
+                dr, dc = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}[best]
+                assert rows[min(max(r + dr, 0), 2)][min(max(c + dc, 0), 2)] != "H"
+            r, c = (r, c + 1) if move == "right" else (r + 1, c)
+            _, reward, term, trunc, info = env.step(action)
+            if term or trunc:
+                wins += reward == 1.0
+                break
+    assert choices > 100 and 0.35 < into_hole / choices < 0.65
+    assert abs(wins - coin_wins) < 0.1 * 400
+    with pytest.raises(ValueError, match="style"):
+        env.expert_action(style="lazy")
+
+
 def test_frozenlake_slippery_expert_beats_random():
     env = envs.make("frozenlake", size=4, slippery=True)
     expert = sum(play(env, s, lambda e: e.expert_action())[1] for s in range(60))

@@ -595,6 +595,9 @@ class LoggingSection:
             raise ValueError(f"heldout_metric must be a metric name or null, got {self.heldout_metric!r}")
 
 
+OLD_LOGPROBS = ("recompute", "sampler")
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainerConfig:
     """Everything a training run needs; load with `jaxagent.config.load_config`.
@@ -611,6 +614,14 @@ class TrainerConfig:
       turn, so their memory is that of `logprob_rows` rows: set it (a divisor of the batch,
       e.g. the update's micro-batch rows) when the memory check says the log-prob pass
       does not fit. Values agree with one pass to float32 rounding.
+    old_logprobs: where the update's old-policy log-probs come from. "recompute" (the
+      default): a forward pass of the trainer over the batch before the update, with the
+      params that sampled it. "sampler": the sampler's own log-probs of the tokens it drew
+      (`rollout_logp`), which are those of the same params and distribution up to float
+      rounding (the `rollout_logp_gap` metric of a "recompute" run shows how close), so
+      the log-prob pass is skipped: one forward pass over the batch less per iteration.
+      It needs untruncated sampling (`rollout.top_k` 0, `rollout.top_p` 1) and no
+      `loss.tis_cap` (whose weights compare the two).
     iterations: the run's length (a resumed run continues up to it).
     seed: model initialisation and `state.rng`.
     run_dir: metrics.jsonl, config.yaml and checkpoints/ go here.
@@ -641,6 +652,7 @@ class TrainerConfig:
     mini_batches: int = 1
     micro_batches: int = 1
     logprob_rows: int | None = None
+    old_logprobs: str = "recompute"
     iterations: int = 2
     seed: int = 0
     run_dir: str = "runs/default"
@@ -669,6 +681,18 @@ class TrainerConfig:
             if B % self.logprob_rows:
                 raise ValueError(f"logprob_rows ({self.logprob_rows}) must divide the rollout batch "
                                  f"env.group_size * env.tasks_per_iteration = {B}")
+        if self.old_logprobs not in OLD_LOGPROBS:
+            raise ValueError(f"old_logprobs must be one of {list(OLD_LOGPROBS)}, got {self.old_logprobs!r}")
+        if self.old_logprobs == "sampler":
+            why = ("rollout.temperature is 0 (greedy decoding has no sampling distribution)"
+                   if self.rollout.temperature == 0 else
+                   f"rollout.top_k is {self.rollout.top_k} (truncated sampling)" if self.rollout.top_k else
+                   f"rollout.top_p is {self.rollout.top_p} (truncated sampling)" if self.rollout.top_p < 1 else
+                   "loss.tis_cap is set (its weights compare the sampler's log-probs with recomputed ones)"
+                   if self.loss.tis_cap is not None else None)
+            if why:
+                raise ValueError(f"old_logprobs='sampler' takes the sampler's log-probs as the old policy's, "
+                                 f"but {why}; use old_logprobs='recompute'")
         if self.rollout.temperature > 0 and self.loss.temperature != self.rollout.temperature:
             raise ValueError(f"loss.temperature ({self.loss.temperature}) must equal rollout.temperature "
                              f"({self.rollout.temperature}): the update's log-probs are the sampler's")

@@ -11,10 +11,13 @@ import math
 import numpy as np
 
 def iteration_metrics(traj, success, step_metrics, adv, old_logp, loss_mask, times: dict, total_s: float, *,
-                      iteration: int, tasks_seen: int, invalid_actions=None, noop_actions=None) -> dict:
+                      iteration: int, tasks_seen: int, invalid_actions=None, noop_actions=None,
+                      recomputed: bool = True) -> dict:
     """The iteration's JSON-able metrics: episode statistics (of every process's
     episodes: `traj` and `success` hold the whole batch), the mean of each update
-    metric over the iteration's updates, throughput and seconds per phase."""
+    metric over the iteration's updates, throughput and seconds per phase.
+    `recomputed`: whether `old_logp` is the trainer's recomputation (else it is the
+    sampler's own, and there is no `rollout_logp_gap` to report)."""
     ret = np.asarray(traj.episode_return, np.float64)
     failed = np.asarray(traj.failed)
     ok = ~failed
@@ -44,8 +47,9 @@ def iteration_metrics(traj, success, step_metrics, adv, old_logp, loss_mask, tim
         "episode_tokens_mean": float(np.asarray(traj.lengths).mean()),
         "policy_tokens": policy_tokens,
         "advantage_abs_mean": float(np.abs(adv_np[mask]).mean()) if mask.any() else 0.0,
-        "rollout_logp_gap": float(logp_gap[mask].mean()) if mask.any() else 0.0,
     }
+    if recomputed:
+        out["rollout_logp_gap"] = float(logp_gap[mask].mean()) if mask.any() else 0.0
     for key in ("loss", "pg_loss", "entropy", "clipfrac", "approx_kl", "kl", "grad_norm", "lr",
                 "value_loss", "explained_variance", "vf_clipfrac", "tis_weight"):
         v = mean_of(key)

@@ -322,7 +322,8 @@ class Trainer:
         self._phase("log-probs")
         t0 = time.perf_counter()
         loss_mask = traj.loss_mask * (~traj.failed)[:, None].astype(traj.loss_mask.dtype)
-        old_logp = place.logprobs(self.state.params, placed)
+        # the old policy's log-probs: recomputed, or the sampler's own (`old_logprobs`)
+        old_logp = traj.rollout_logp if cfg.old_logprobs == "sampler" else place.logprobs(self.state.params, placed)
         ref_logp = None if self.ref_params is None else place.logprobs(
             build.full_reference(self.ref_params, self.state.params), placed)
         # the stored episodes' token entropies, from the params the log-probs were taken with
@@ -354,7 +355,8 @@ class Trainer:
         total_s = time.perf_counter() - t_start
         out = iteration_metrics(traj, per_row["success"], step_metrics, adv, old_logp, loss_mask, times, total_s,
                                 iteration=self.iteration, tasks_seen=self.progress.task_position,
-                                invalid_actions=per_row["invalid_actions"], noop_actions=per_row["noop_actions"])
+                                invalid_actions=per_row["invalid_actions"], noop_actions=per_row["noop_actions"],
+                                recomputed=cfg.old_logprobs == "recompute")
         if entropy is not None and self._store is not None:
             self._store_episodes(collected.episodes, traj, adv, old_logp, entropy, loss_mask)
         if cfg.overlap.off_policy:  # the main thread (which drives the device) idled only while it waited

@@ -25,7 +25,7 @@ lint: $(STAMP)
 	$(PY) -m ruff check jaxagent envs tests benchmarks examples
 
 # the suite in TEST_WORKERS processes (pytest-xdist; 0 = one process, no workers)
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 test: $(STAMP) lint
 	$(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist worksteal)
 

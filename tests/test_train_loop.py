@@ -85,20 +85,25 @@ def test_grpo_run_learns_from_group_advantages(tmp_path):
 def test_sampler_old_logprobs_skip_the_pass_and_update_as_the_recomputed_ones(tmp_path):
     """old_logprobs=sampler: the same episodes (same seeds), one update each, from the
     same initial params; the sampler's log-probs equal the recomputed ones to float
-    rounding, so the updated params agree to that rounding, and the log-prob phase,
-    which no longer runs a pass, takes less time."""
-    runs = {}
+    rounding, so the updated params agree to that rounding, and no log-prob pass runs."""
+    runs, passes = {}, {}
     for mode in ("recompute", "sampler"):
         trainer = Trainer(config(tmp_path / mode, *VARIED, "iterations=1", f"old_logprobs={mode}"),
                           log=lambda *_: None)
+        passes[mode], logprobs = 0, trainer.placement.logprobs
+
+        def counted(*args, _f=logprobs, _mode=mode, **kwargs):
+            passes[_mode] += 1
+            return _f(*args, **kwargs)
+        trainer.placement.logprobs = counted
         history = trainer.run()
         runs[mode] = (jax.device_get(trainer.state.params), history[0])
+    assert passes == {"recompute": 1, "sampler": 0}
     (p_re, m_re), (p_sa, m_sa) = runs["recompute"], runs["sampler"]
     assert "rollout_logp_gap" in m_re and "rollout_logp_gap" not in m_sa
     assert m_re["rollout_logp_gap"] < 1e-4
     assert m_sa["reward_mean"] == m_re["reward_mean"] and m_sa["policy_tokens"] == m_re["policy_tokens"]
     assert m_sa["loss"] == pytest.approx(m_re["loss"], abs=1e-4)
-    assert m_sa["time_logprobs_s"] < m_re["time_logprobs_s"]
     for a, b in zip(jax.tree.leaves(p_sa), jax.tree.leaves(p_re)):
         np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64), rtol=0, atol=1e-5)
     before = jax.device_get(Trainer(config(tmp_path / "fresh", *VARIED), log=lambda *_: None).state.params)

@@ -150,6 +150,8 @@ def test_dynamic_sampling_refills_groups_without_signal(tmp_path):
     assert all(m["skipped_updates"] == 0 for m in history)
 
 
+@pytest.mark.slow  # ~20 s (suite budget): the penalty's formula is checked above against NumPy, and a
+# run with a reference pass by test_train_lora's adapter-reference run
 def test_kl_reward_penalty_runs_with_a_reference(tmp_path):
     cfg = load_config(TrainerConfig, CONFIG, [f"run_dir={tmp_path / 'run'}", "algo.kl_reward_coef=0.05",
                                                "iterations=2", "algo.truncation=penalty"])

@@ -684,12 +684,14 @@ class TrainerConfig:
         if self.old_logprobs not in OLD_LOGPROBS:
             raise ValueError(f"old_logprobs must be one of {list(OLD_LOGPROBS)}, got {self.old_logprobs!r}")
         if self.old_logprobs == "sampler":
-            why = ("rollout.temperature is 0 (greedy decoding has no sampling distribution)"
-                   if self.rollout.temperature == 0 else
-                   f"rollout.top_k is {self.rollout.top_k} (truncated sampling)" if self.rollout.top_k else
-                   f"rollout.top_p is {self.rollout.top_p} (truncated sampling)" if self.rollout.top_p < 1 else
-                   "loss.tis_cap is set (its weights compare the sampler's log-probs with recomputed ones)"
-                   if self.loss.tis_cap is not None else None)
+            refused = [
+                (self.rollout.temperature == 0, "rollout.temperature is 0 (greedy decoding has no sampling distribution)"),
+                (self.rollout.top_k > 0, f"rollout.top_k is {self.rollout.top_k} (truncated sampling)"),
+                (self.rollout.top_p < 1, f"rollout.top_p is {self.rollout.top_p} (truncated sampling)"),
+                (self.loss.tis_cap is not None,
+                 "loss.tis_cap is set (its weights compare the sampler's log-probs with recomputed ones)"),
+            ]
+            why = next((reason for bad, reason in refused if bad), None)
             if why:
                 raise ValueError(f"old_logprobs='sampler' takes the sampler's log-probs as the old policy's, "
                                  f"but {why}; use old_logprobs='recompute'")

@@ -25,9 +25,6 @@ def iteration_metrics(traj, success, step_metrics, adv, old_logp, loss_mask, tim
     policy_tokens = int(np.asarray(traj.loss_mask).sum())
     mask = np.asarray(loss_mask) != 0
     adv_np = np.asarray(adv)
-    # the sampler's log-probs against the trainer's recomputation (same policy): a
-    # mismatch means the trainer does not see what the sampler saw
-    logp_gap = np.abs(np.asarray(old_logp) - np.asarray(traj.rollout_logp))
 
     def mean_of(key):
         vals = [float(m[key]) for m in step_metrics if key in m]
@@ -48,7 +45,9 @@ def iteration_metrics(traj, success, step_metrics, adv, old_logp, loss_mask, tim
         "policy_tokens": policy_tokens,
         "advantage_abs_mean": float(np.abs(adv_np[mask]).mean()) if mask.any() else 0.0,
     }
-    if recomputed:
+    if recomputed:   # the sampler's log-probs against the trainer's recomputation (same policy):
+        # a mismatch means the trainer does not see what the sampler saw
+        logp_gap = np.abs(np.asarray(old_logp) - np.asarray(traj.rollout_logp))
         out["rollout_logp_gap"] = float(logp_gap[mask].mean()) if mask.any() else 0.0
     for key in ("loss", "pg_loss", "entropy", "clipfrac", "approx_kl", "kl", "grad_norm", "lr",
                 "value_loss", "explained_variance", "vf_clipfrac", "tis_weight"):

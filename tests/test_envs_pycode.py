@@ -90,7 +90,11 @@ def test_abuse_is_contained_and_the_worker_survives(name):
     # outside /tmp (private to the sandbox under bwrap): beside this file
     target = os.path.join(os.path.dirname(os.path.abspath(__file__)), f".sandbox-escape-{os.getpid()}")
     code = code.format(target=target)
-    fns = [functools.partial(envs.make, "pycode", wall_s=3, cpu_s=2, memory_mb=256, max_output=200)] * 2
+    # the CPU-limit case gets a wall limit far above its CPU limit: on a loaded machine (CI runs
+    # three test workers on two cores) a busy loop may get a third of a core, and it must
+    # still meet its CPU limit before its wall limit
+    wall_s, cpu_s = (15, 1) if want == "cpu limit" else (3, 2)
+    fns = [functools.partial(envs.make, "pycode", wall_s=wall_s, cpu_s=cpu_s, memory_mb=256, max_output=200)] * 2
     with EnvPool(fns, num_workers=1, step_timeout=60) as pool:
         pool.reset([0, 1])
         t0 = time.monotonic()

@@ -23,7 +23,7 @@ from __future__ import annotations
 import random
 from collections import deque
 
-from envs.core import TextEnv, parse_direction
+from envs.core import InvalidAction, TextEnv, parse_direction
 
 _MOVES = {"left": (0, -1), "down": (1, 0), "right": (0, 1), "up": (-1, 0)}
 _PERPENDICULAR = {"left": ("up", "down"), "right": ("down", "up"),
@@ -133,8 +133,61 @@ class FrozenLake(TextEnv):
             return self._render(lead + " You reach the goal!"), 1.0, True, {**info, "success": True}
         return self._render(lead), 0.0, False, info
 
+    def step(self, action: str):
+        obs, reward, terminated, truncated, info = super().step(action)
+        info["map"] = "\n".join(self.rows)   # on every step, an invalid one too: `summarize` replays on it
+        return obs, reward, terminated, truncated, info
+
     def state_key(self):
         return ("frozenlake", self.rows, self.pos)
+
+    def summarize(self, episodes: list[dict]) -> dict:
+        """The env's own summary of evaluated episodes (each a dict with `actions` and the
+        last `info`, as `jaxagent eval` writes them), replayed on each episode's map:
+
+        - ``move_share``: the share of actions naming each direction, and ``invalid``;
+        - ``hole_rate``: episodes that ended in a hole;
+        - ``avoidable_hole_rate``: episodes that stepped into a hole from a cell where a
+          move toward G (right or down, on the map) led onto ice or G: what a walker that
+          reads the holes next to it never does, and a walker blind to them often does.
+
+        Slippery maps (the move taken is not the move chosen) and episodes without
+        actions or a map (one that failed in the pool) count only in ``move_share``."""
+        moves = {d: 0 for d in ("up", "down", "left", "right", "invalid")}
+        replayed = holes = avoidable = 0
+        for ep in episodes:
+            actions, info = ep.get("actions") or [], ep.get("info") or {}
+            for a in actions:
+                try:
+                    moves[parse_direction(a)] += 1
+                except InvalidAction:
+                    moves["invalid"] += 1
+            rows = info.get("map", "").split("\n")
+            if self.slippery or not actions or not info.get("map"):
+                continue
+            n = len(rows)
+            replayed += 1
+            pos = (0, 0)
+            for a in actions:
+                try:
+                    d = parse_direction(a)
+                except InvalidAction:
+                    continue
+                r, c = pos[0] + _MOVES[d][0], pos[1] + _MOVES[d][1]
+                nxt = (r, c) if 0 <= r < n and 0 <= c < n else pos
+                if rows[nxt[0]][nxt[1]] == "H":
+                    holes += 1
+                    safe = [(pos[0] + dr, pos[1] + dc) for dr, dc in ((0, 1), (1, 0))]
+                    avoidable += any(0 <= r < n and 0 <= c < n and rows[r][c] != "H" for r, c in safe)
+                    break
+                pos = nxt
+                if rows[pos[0]][pos[1]] == "G":
+                    break
+        total = sum(moves.values())
+        out = {"move_share": {d: k / total for d, k in moves.items()} if total else {}}
+        if replayed:
+            out.update(replayed_episodes=replayed, hole_rate=holes / replayed, avoidable_hole_rate=avoidable / replayed)
+        return out
 
     # ---------------------------------------------------------------- expert
 

@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                         description="Restore a run's checkpoint (the latest, or --step) and play episodes on "
                                     "held-out seeds with the run's env and sampling (default: the run config's eval "
                                     "section). Prints the summary as one JSON line; --out writes one JSON line "
-                                    "per episode (seed, success, return, turns, end reason, the env's last info "
+                                    "per episode (seed, success, return, turns, end reason, actions, the env's last info "
                                     "such as intake's rubric components) and the summary.")
     ev.add_argument("run_dir", metavar="RUN_DIR", help="a training run's directory (config.yaml, checkpoints/)")
     ev.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")

@@ -37,6 +37,7 @@ def test_eval_plays_held_out_seeds_and_writes_jsonl(tmp_path):
     # an episode's success is the env's own report on its last step (FrozenLake: reached the goal)
     assert [e["success"] for e in episodes] == [e["info"].get("success") is True for e in episodes]
     assert all("info" in e and "end_reason" in e for e in episodes)
+    assert all(len(e["actions"]) == e["turns"] and all(isinstance(a, str) for a in e["actions"]) for e in episodes)
     # greedy evaluation of the same checkpoint is reproducible, in process too
     again = evaluate_run(run, episodes=5, temperature=0.0, log=lambda *_: None)
     assert again["success_rate"] == summary["success_rate"] and again["return_mean"] == summary["return_mean"]

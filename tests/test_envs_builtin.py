@@ -106,6 +106,43 @@ def test_frozenlake_blind_demonstrator_walks_toward_the_goal_without_looking_at_
         env.expert_action(style="lazy")
 
 
+def test_frozenlake_summary_replays_actions_on_each_map():
+    """`FrozenLake.summarize` on hand-made episodes whose counts are worked out here."""
+    def ep(rows, *actions):
+        return {"actions": [f"<action>{a}</action>" if a in ("up", "down", "left", "right") else a for a in actions],
+                "info": {"map": "\n".join(rows), "moved": "right"}}
+    episodes = [
+        ep(("SHF", "FFF", "FFG"), "right"),                               # a hole; down was ice: avoidable
+        ep(("SHF", "HFF", "FFG"), "right"),                               # a hole; down was a hole too
+        ep(("SFF", "FFF", "FFG"), "down", "I jump", "down", "right", "right"),   # the goal, one invalid turn
+        ep(("SFF", "FFH", "FFG"), "left", "up", "right", "right", "down"),  # the edge twice, then (2,3): a hole
+        {"actions": [], "info": {"failure_kind": "crash"}},               # failed in the pool: not replayed
+    ]
+    got = envs.make("frozenlake", size=3).summarize(episodes)
+    # 12 actions, counted by hand: ep1 right; ep2 right; ep3 down, invalid, down, right, right; ep4 left, up, right, right, down
+    assert got["move_share"] == pytest.approx({"up": 1 / 12, "down": 3 / 12, "left": 1 / 12, "right": 6 / 12,
+                                               "invalid": 1 / 12})
+    # ep4 steps down from (1,3) into the hole at (2,3); right is off the map, so not avoidable
+    assert got["replayed_episodes"] == 4
+    assert got["hole_rate"] == pytest.approx(3 / 4) and got["avoidable_hole_rate"] == pytest.approx(1 / 4)
+    # slippery: the move taken is not the one chosen, so nothing is replayed
+    slip = envs.make("frozenlake", size=3, slippery=True).summarize(episodes)
+    assert "hole_rate" not in slip and slip["move_share"] == got["move_share"]
+    # the expert never steps into a hole; the map is in every step's info
+    env = envs.make("frozenlake", size=3, hole_prob=0.3)
+    played = []
+    for seed in range(20):
+        env.reset(seed=seed)
+        actions = []
+        while True:
+            actions.append(env.expert_action())
+            *_, term, trunc, info = env.step(actions[-1])
+            if term or trunc:
+                break
+        played.append({"actions": actions, "info": info})
+    assert env.summarize(played)["hole_rate"] == 0.0
+
+
 def test_frozenlake_slippery_expert_beats_random():
     env = envs.make("frozenlake", size=4, slippery=True)
     expert = sum(play(env, s, lambda e: e.expert_action())[1] for s in range(60))

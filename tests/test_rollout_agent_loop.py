@@ -288,7 +288,7 @@ def test_invalid_and_noop_actions_are_counted_per_episode_and_in_evaluation():
     with envs.EnvPool([functools.partial(envs.make, "sokoban", **kw)] * 8, num_workers=1) as pool:
         _, eps = loop.run(pool, list(range(8)), seed=5)
         summary = evaluate_policy(loop, pool, eager_stop_params(), episodes=8, first_seed=0, temperature=0.1,
-                                  sampling_seed=5)
+                                  sampling_seed=5, details=True)
     totals = {"invalid_action": 0, "noop": 0, "turns": 0}
     for ep in eps:
         env = envs.make("sokoban", **kw)
@@ -303,3 +303,5 @@ def test_invalid_and_noop_actions_are_counted_per_episode_and_in_evaluation():
     # the evaluation played the same seeds with the same sampling seed: the same episodes
     assert summary["invalid_action_frac"] == totals["invalid_action"] / totals["turns"]
     assert summary["noop_action_frac"] == totals["noop"] / totals["turns"]
+    # the per-episode details carry each episode's actions as played
+    assert [(e["seed"], e["actions"]) for e in summary["per_episode"]] == [(ep.seed, list(ep.actions)) for ep in eps]

@@ -16,9 +16,9 @@ summary when it has one (`env_summary`, and its numbers flat as `env_<key>`: for
 (default: the config's `eval` section) with the run's env, limits and sampling
 (`temperature` overrides it; 0 = greedy). Returns the summary (success rate, mean return
 and turns, the fractions of actions that were malformed, `invalid_action_frac`, or
-changed nothing, `noop_action_frac`); with `out`, writes one JSON line per episode (seed, success, return, turns,
-end reason, the env's last info: e.g. `intake`'s rubric components) followed by the
-summary line.
+changed nothing, `noop_action_frac`); with `out`, writes one JSON line per episode (seed,
+success, return, turns, end reason, the actions taken, the env's last info: e.g. `intake`'s
+rubric components) followed by the summary line.
 """
 from __future__ import annotations
 
@@ -37,9 +37,10 @@ def evaluate_policy(loop, pool, params, *, episodes: int, first_seed: int, tempe
                     sampling_seed: int = 0, details: bool = False, progress=None) -> dict:
     """Success rate, mean return and turns of `params` (module docstring). With
     `details`, `per_episode` lists each episode's seed, success, return, turns, end
-    reason and the env's last info. `progress(done, episodes)` is called after each
-    chunk (and with 0 before the first). Episodes score with the env's own reward: a
-    judge the loop trains with (`reward_fn`) is not called."""
+    reason, actions (the text of each turn's action) and the env's last info.
+    `progress(done, episodes)` is called after each chunk (and with 0 before the first).
+    Episodes score with the env's own reward: a judge the loop trains with (`reward_fn`)
+    is not called."""
     if not isinstance(episodes, int) or isinstance(episodes, bool) or episodes < 1:
         raise ValueError(f"evaluate_policy: episodes must be a positive int, got {episodes!r}")
     t0 = time.perf_counter()
@@ -78,7 +79,8 @@ def _evaluate(loop, pool, episodes, first_seed, temperature, sampling_seed, deta
         out["per_episode"] = [
             {"seed": int(ep.seed), "success": bool(ep.success), "return": float(sum(ep.rewards)),
              "turns": len(ep.rewards), "failed": bool(ep.failed), "done": bool(ep.done),
-             "end_reason": ep.end_reason, "info": jsonable(ep.info)} for ep in played]
+             "end_reason": ep.end_reason, "actions": list(ep.actions), "info": jsonable(ep.info)}
+            for ep in played]
     return out
 
 

@@ -30,6 +30,19 @@ _PERPENDICULAR = {"left": ("up", "down"), "right": ("down", "up"),
                   "up": ("left", "right"), "down": ("right", "left")}
 
 
+def step_on(pos: tuple[int, int], direction: str, size: int) -> tuple[int, int]:
+    """The cell one move from `pos` on a `size` x `size` map; a move off the map stays put."""
+    r, c = pos[0] + _MOVES[direction][0], pos[1] + _MOVES[direction][1]
+    return (r, c) if 0 <= r < size and 0 <= c < size else pos
+
+
+def moves_toward_goal(pos: tuple[int, int], size: int) -> list[str]:
+    """The moves from `pos` that bring the agent closer to G (bottom-right) and stay on the
+    map: `right`, `down`, both, or none at G itself."""
+    r, c = pos
+    return [d for d, ok in (("right", c < size - 1), ("down", r < size - 1)) if ok]
+
+
 def generate_map(size: int, hole_prob: float, rng: random.Random) -> tuple[str, ...]:
     """A solvable map as a tuple of row strings over ``SFHG``."""
     while True:
@@ -111,11 +124,7 @@ class FrozenLake(TextEnv):
         return f"{lead}\n" + "\n".join(lines) + f"\nYou are at row {r + 1}, column {c + 1}."
 
     def _move(self, pos, direction):
-        dr, dc = _MOVES[direction]
-        r, c = pos[0] + dr, pos[1] + dc
-        if 0 <= r < self.size and 0 <= c < self.size:
-            return (r, c)
-        return pos
+        return step_on(pos, direction, self.size)
 
     def _step(self, action: str):
         direction = parse_direction(action)
@@ -173,12 +182,11 @@ class FrozenLake(TextEnv):
                     d = parse_direction(a)
                 except InvalidAction:
                     continue
-                r, c = pos[0] + _MOVES[d][0], pos[1] + _MOVES[d][1]
-                nxt = (r, c) if 0 <= r < n and 0 <= c < n else pos
+                nxt = step_on(pos, d, n)
                 if rows[nxt[0]][nxt[1]] == "H":
                     holes += 1
-                    safe = [(pos[0] + dr, pos[1] + dc) for dr, dc in ((0, 1), (1, 0))]
-                    avoidable += any(0 <= r < n and 0 <= c < n and rows[r][c] != "H" for r, c in safe)
+                    avoidable += any(rows[r][c] != "H" for r, c in
+                                     (step_on(pos, t, n) for t in moves_toward_goal(pos, n)))
                     break
                 pos = nxt
                 if rows[pos[0]][pos[1]] == "G":
@@ -226,7 +234,7 @@ class FrozenLake(TextEnv):
         improve by reading the map."""
         if style == "blind":
             r, c = self.pos
-            toward = [d for d, ok in (("right", c < self.size - 1), ("down", r < self.size - 1)) if ok]
+            toward = moves_toward_goal(self.pos, self.size)
             if not toward:
                 return "<action>right</action>"
             pick = random.Random(f"{'/'.join(self.rows)}|{r},{c}|{salt}").randrange(len(toward))

@@ -11,8 +11,8 @@ when a move toward G was safe (`FrozenLake.summarize`). The walkers:
 
 - `right, right, down, down` and `down, down, right, right`: fixed walks, blind to holes;
 - `best hole-blind`: the best of all walkers whose move (right or down) depends only on
-  the position (2**4 of them on 3x3: the edge cells have one move toward G), picked on these very maps, so an upper bound for any hole-blind policy
-  that heads for G;
+  the position (2**4 of them on 3x3: the edge cells have one move toward G), picked on
+  these very maps, so an upper bound for any hole-blind policy that heads for G;
 - `local`: at each cell, a move toward G that is not onto a visible hole (a coin flip
   between two), blind to anything further;
 - `expert`: value iteration (`FrozenLake.expert_action`).
@@ -24,6 +24,7 @@ import itertools
 import random
 
 import envs
+from envs.frozenlake import moves_toward_goal, step_on
 
 
 def play(env, seed: int, policy, max_turns: int) -> dict:
@@ -38,8 +39,7 @@ def play(env, seed: int, policy, max_turns: int) -> dict:
 
 
 def toward(env) -> list[str]:
-    r, c = env.pos
-    return [d for d, ok in (("right", c < env.size - 1), ("down", r < env.size - 1)) if ok] or ["right"]
+    return moves_toward_goal(env.pos, env.size) or ["right"]
 
 
 def position_policy(choice: dict):
@@ -47,9 +47,10 @@ def position_policy(choice: dict):
 
 
 def local(env, t):
-    r, c = env.pos
-    safe = [d for d in toward(env) if env.rows[r + (d == "down")][min(c + (d == "right"), env.size - 1)] != "H"]
+    cells = {d: step_on(env.pos, d, env.size) for d in toward(env)}
+    safe = [d for d, (r, c) in cells.items() if env.rows[r][c] != "H"]
     opts = safe or toward(env)
+    r, c = env.pos
     return opts[random.Random(f"{env.rows}|{r},{c}").randrange(len(opts))]
 
 
@@ -69,7 +70,6 @@ def main(argv=None):
         summary = env.summarize(eps)
         success = sum(e["success"] for e in eps) / len(eps)
         print(f"| {name} | {success:.3f} | {summary['hole_rate']:.3f} | {summary['avoidable_hole_rate']:.3f} |")
-        return success
 
     n = args.size
     first, last = ["right"] * (n - 1) + ["down"] * (n - 1), ["down"] * (n - 1) + ["right"] * (n - 1)

@@ -26,9 +26,23 @@ Workload (benchmarks/README.md, W10):
             adapters only; global-norm clip 1.0; one optimizer step per call.
   figure    trained tokens/s = B * T / median step seconds (8 * 256 per step).
 
-Systems (`--systems`, default jax,peft), timed interleaved (A B C A B C ...),
-medians of `--repeats` after two warm-up calls each (`first_call_s` includes compilation;
-`first_loss` / `first_grad_norm` are that call's, before any update, so they must agree):
+Systems (`--systems`, default jax,peft), each in its own spawned process (a user runs
+one framework per process: no other thread pool or allocator shares it; `--same-process`
+puts them all in this one), timed interleaved (A B C A B C ...: each call waits for the
+previous one to finish; `--order blocked` times A A A B B B instead), medians of
+`--repeats` after two warm-up calls each
+(`first_call_s` includes compilation; `first_loss` / `first_grad_norm` are that call's,
+before any update, so they must agree). As the `jaxagent` command does, the script first
+re-executes itself with glibc's huge-page malloc setting where the machine supports it
+(`jaxagent.hugepages`; the row's `glibc_tunables` records it): every system inherits it.
+
+Interleaving and memory: a jaxagent step allocates its 4.5 GB temporary buffer at each
+call and frees it after. On a virtual machine whose kernel reports free pages to the
+host (`page_reporting` with virtio-balloon, as on the 2-core benchmark machine), memory
+freed and left unused for a few seconds goes back to the host, and touching it again
+costs host-side faults (the likely cause of what follows): interleaved with a peft call (several seconds), every jax step
+pays them (measured: 2-6 s more process time a step), while back-to-back calls reuse
+the memory before it is reported. `--order blocked` shows the difference in one run.
   jax       the trainer's own update: `jaxagent.train.step.train_step` (jitted, state
             donated) on `init_train_state(params with adapters)`, `StepConfig(loss=
             LossConfig(policy_loss="ppo", clip_c=None), optim=OptimizerConfig(lr=1e-5,
@@ -73,7 +87,10 @@ Checks before timing (a `check` line; the two systems are independent implementa
 Each row records the 1-minute load average, the median process CPU seconds per step,
 model FLOPs (forward 2 * matmul params * tokens + QK^T / PV attention + the lm head on
 the completion; LoRA step = 2 x forward, activation gradients only, adapter terms added;
-full step = 3 x forward) and GFLOP/s against a 2048^3 fp32 matmul measured in the run.
+full step = 3 x forward) and GFLOP/s against a 2048^3 fp32 matmul measured in the run;
+`own_matmul_gflops` is that matmul in each system's own framework and process (XLA's
+for jax, torch's at its thread count for peft), and the ratio lines carry
+`matmul_jax_over_<peer>`: how much of the step ratio the two matmul libraries explain.
 The JAX rows also record the optimizer-state bytes and the compiled step's temporary
 memory (`memory_analysis`, an extra compile: not with `--quick`).
 
@@ -85,8 +102,8 @@ torch (1 thread) then share one core, the comparison least disturbed by neighbou
 
 A peer that is not installed is reported as a `{"kind": "skipped", ...}` line.
 Ratio lines: `jax_over_peft_tokens_per_s` (and `jax_over_peft_t1_tokens_per_s`,
-`jax_over_jax_full_tokens_per_s`), with the median of the per-round ratios of the
-interleaved calls.
+`jax_over_jax_full_tokens_per_s`), with the median of the per-round ratios (call i of
+each system).
 """
 from __future__ import annotations
 
@@ -100,13 +117,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+if __name__ == "__main__":  # as the jaxagent command does: huge pages for the big buffers (all systems)
+    from jaxagent.hugepages import reexec_if_needed
+
+    reexec_if_needed()
+
 if "--one-cpu" in sys.argv:  # before jax / torch start their thread pools
     os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from _jsonl import emit  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
-from _timing import matmul_peak_gflops, time_interleaved  # noqa: E402
+from _timing import matmul_peak_gflops  # noqa: E402
 import numpy as np  # noqa: E402
 
 from jaxagent import models as M  # noqa: E402
@@ -167,29 +189,6 @@ def lora_params(base, cfg: M.DecoderConfig):
 def adapters_of(params) -> dict[str, np.ndarray]:
     return {f"{name}/{leaf}": np.array(params["layers"][name][leaf], copy=True)
             for name in TARGETS for leaf in ("lora_a", "lora_b")}
-
-
-# ---------------------------------------------------------------- JAX
-def jax_system(params, cfg: M.DecoderConfig, batch: S.UpdateBatch, config: S.StepConfig):
-    """`(run, state_box)`: one jaxagent train_step per call; returns (loss, grad_norm)."""
-    box = {"state": S.init_train_state(jax.random.key(0), params, cfg, config)}
-
-    def run():
-        state, metrics = S.train_step(box["state"], batch, config)
-        metrics = jax.device_get(metrics)
-        box["state"] = state
-        assert float(metrics["skipped"]) == 0.0, metrics
-        return float(metrics["loss"]), float(metrics["grad_norm"])
-
-    return run, box
-
-
-def tree_bytes(tree) -> int:
-    return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree) if hasattr(x, "dtype")))
-
-
-def step_temp_bytes(state, batch, config) -> int:
-    return S.train_step.lower(state, batch, config=config).compile().memory_analysis().temp_size_in_bytes
 
 
 # ---------------------------------------------------------------- PyTorch + peft
@@ -262,6 +261,187 @@ def peft_setup(base_host, lora_host, cfg: M.DecoderConfig, prompt: int, completi
     return step, logp_fn, adapters
 
 
+# ---------------------------------------------------------------- the systems
+def jax_system(params, cfg: M.DecoderConfig, batch: S.UpdateBatch, config: S.StepConfig) -> dict:
+    """One jaxagent train_step per `run()` call, returning (loss, grad_norm)."""
+    box = {"state": S.init_train_state(jax.random.key(0), params, cfg, config)}
+
+    def run():
+        state, metrics = S.train_step(box["state"], batch, config)
+        metrics = jax.device_get(metrics)
+        box["state"] = state
+        assert float(metrics["skipped"]) == 0.0, metrics
+        return float(metrics["loss"]), float(metrics["grad_norm"])
+
+    st = box["state"]
+    info = {"opt_state_bytes": tree_bytes(st.opt_state),
+            "trainable_params": int(sum(x.size for x in jax.tree.leaves(S._trainable(st.params)[0]) if x is not None))}
+    return {"run": run, "adapters": lambda: adapters_of(box["state"].params),
+            "temp_bytes": lambda: step_temp_bytes(box["state"], batch, config),
+            "matmul": lambda: matmul_peak_gflops(repeats=5), "info": info}
+
+
+def torch_matmul_gflops(n: int = 2048, repeats: int = 5) -> float:
+    """The peer's yardstick: GFLOP/s of torch's `n x n` float32 matmul at the current
+    thread count (median of `repeats` after one warm-up), as `matmul_peak_gflops` for XLA."""
+    import torch
+
+    a = torch.randn(n, n, generator=torch.Generator().manual_seed(0))
+    a @ a
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        a @ a
+        times.append(time.perf_counter() - t)
+    return 2 * n**3 / statistics.median(times) / 1e9
+
+
+def tree_bytes(tree) -> int:
+    return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree) if hasattr(x, "dtype")))
+
+
+def step_temp_bytes(state, batch, config) -> int:
+    return S.train_step.lower(state, batch, config=config).compile().memory_analysis().temp_size_in_bytes
+
+
+def build_system(name: str, threads: int | None, base_host, lora_host, cfg, lcfg, data: dict) -> dict:
+    """The system `name` on host copies of the weights: a dict with `run` (one update,
+    -> (loss, grad_norm)), `adapters` (-> the adapter values), `info`, and `temp_bytes`
+    (jaxagent) or `logp` (peft: -> completion log-probs with / without the adapters)."""
+    B, P, C, T = data["batch"], data["prompt"], data["completion"], data["prompt"] + data["completion"]
+    if name in ("jax", "jax_full"):
+        mask_full = np.zeros((B, T), np.float32)
+        mask_full[:, P:] = 1.0
+        old_full = np.zeros((B, T), np.float32)
+        old_full[:, P:] = data["old_logp"]
+        batch = S.UpdateBatch(tokens=jnp.asarray(data["tokens"]), loss_mask=jnp.asarray(mask_full),
+                              advantages=jnp.asarray(np.repeat(data["adv"][:, None], T, 1)),
+                              old_logp=jnp.asarray(old_full))
+        # copies: the step donates its state, and the host trees may feed other systems
+        if name == "jax":
+            return jax_system(jax.tree.map(jnp.array, lora_host), lcfg, batch, step_config())
+        return jax_system(jax.tree.map(jnp.array, base_host), cfg, batch, step_config())
+    import torch
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    pstep, plogp, padapters = peft_setup(base_host, lora_host, cfg, P, C)
+    targs = (torch.from_numpy(data["tokens"].astype(np.int64)), torch.from_numpy(data["adv"]),
+             torch.from_numpy(np.ones((B, C), np.float32)), torch.from_numpy(data["old_logp"]))
+
+    def run():
+        torch.set_num_threads(threads)  # several peft systems may share one process
+        return pstep(*targs)
+
+    def logp():
+        torch.set_num_threads(threads)
+        return plogp(targs[0]), plogp(targs[0], adapters=False)
+
+    def matmul():
+        torch.set_num_threads(threads)
+        return torch_matmul_gflops()
+
+    return {"run": run, "adapters": padapters, "logp": logp, "matmul": matmul, "info": {"torch_threads": threads}}
+
+
+def timed_call(system: dict) -> tuple[float, float, float, float]:
+    """(wall s, process CPU s, loss, grad_norm) of one update."""
+    c, t = time.process_time(), time.perf_counter()
+    loss, norm = system["run"]()
+    return time.perf_counter() - t, time.process_time() - c, loss, norm
+
+
+def load_host_weights():
+    """(base_host, lora_host, cfg, lcfg, load seconds): float32 weights on the host."""
+    t0 = time.perf_counter()
+    base = M.load_pretrained(MODEL, dtype="float32")
+    cfg = base.config
+    load_s = time.perf_counter() - t0
+    base_host = jax.tree.map(np.asarray, base.params)
+    lparams, lcfg = lora_params(base.params, cfg)
+    return base_host, jax.tree.map(np.asarray, lparams), cfg, lcfg, load_s
+
+
+class Local:
+    """A system in this process (`--same-process`)."""
+
+    def __init__(self, system: dict):
+        self.system, self.info = system, system["info"]
+
+    def ask(self, cmd: str):
+        return timed_call(self.system) if cmd == "call" else self.system[cmd]()
+
+    def close(self):
+        pass
+
+
+def _worker(conn, name: str, threads, data: dict) -> None:
+    """A system in its own process: builds it, then answers `ask` commands until "stop"."""
+    import traceback
+
+    try:
+        if threads is not None:
+            import torch
+
+            torch.set_num_threads(threads)
+        base_host, lora_host, cfg, lcfg, _ = load_host_weights()
+        system = build_system(name, threads, base_host, lora_host, cfg, lcfg, data)
+        del base_host, lora_host
+        gc.collect()
+        conn.send(("ok", system["info"]))
+        while True:
+            cmd = conn.recv()
+            if cmd == "stop":
+                return
+            try:
+                conn.send(("ok", timed_call(system) if cmd == "call" else system[cmd]()))
+            except Exception:
+                conn.send(("error", traceback.format_exc()))
+    except Exception:
+        conn.send(("error", traceback.format_exc()))
+
+
+class Remote:
+    """A system in its own spawned process (the default): no other framework's thread pool
+    or allocator shares its process, as when a user runs either one."""
+
+    def __init__(self, name: str, threads, data: dict, timeout_s: float = 3600.0):
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self.name, self.timeout_s = name, timeout_s
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker, args=(child, name, threads, data), daemon=True)
+        self.proc.start()
+        child.close()
+        self.info = self._recv()
+
+    def _recv(self):
+        if not self.conn.poll(self.timeout_s):
+            self.proc.kill()
+            raise SystemExit(f"w10_lora_update: system {self.name} gave no answer in {self.timeout_s:.0f} s")
+        try:
+            status, value = self.conn.recv()
+        except EOFError:
+            self.proc.join(5)
+            raise SystemExit(f"w10_lora_update: system {self.name}'s process died (exit code "
+                             f"{self.proc.exitcode}; out of memory?)") from None
+        if status != "ok":
+            raise SystemExit(f"w10_lora_update: system {self.name} failed in its process:\n{value}")
+        return value
+
+    def ask(self, cmd: str):
+        self.conn.send(cmd)
+        return self._recv()
+
+    def close(self):
+        if self.proc.is_alive():
+            self.conn.send("stop")
+            self.proc.join(30)
+        if self.proc.is_alive():
+            self.proc.kill()
+
+
 def parse_systems(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in SYSTEMS]
@@ -286,6 +466,10 @@ def main(argv=None):
                          "(e.g. 2,1) adds one peft system per further count, `peft_t<N>`, timed in the same rounds")
     ap.add_argument("--one-cpu", action="store_true",
                     help="pin the process to one CPU (XLA and torch single-core; torch threads default to 1)")
+    ap.add_argument("--same-process", action="store_true",
+                    help="run every system in this one process (the default gives each its own process)")
+    ap.add_argument("--order", choices=("interleaved", "blocked"), default="interleaved",
+                    help="timed calls as rounds A B A B ... (default) or in blocks A A ... B B ...")
     ap.add_argument("--out", default=None, help="append JSON lines to this file")
     args = ap.parse_args(argv)
     wanted = parse_systems(args.systems)
@@ -294,6 +478,8 @@ def main(argv=None):
     P, C = shape["prompt"], shape["completion"]
     T = P + C
     repeats = args.repeats or shape["repeats"]
+    if B < 1 or repeats < 1:
+        raise SystemExit(f"w10_lora_update: --batch and --repeats must be >= 1, got {B} and {repeats}")
     cpus = len(os.sched_getaffinity(0))
     thread_counts = list(dict.fromkeys(int(x) for x in (args.torch_threads or str(cpus)).split(",") if x.strip()))
     if not thread_counts or min(thread_counts) < 1:
@@ -301,97 +487,89 @@ def main(argv=None):
     common = {"workload": "W10", "model": MODEL, "batch": B, "seq": T, "prompt": P, "completion": C,
               "lora_rank": RANK, "lora_alpha": ALPHA, "lora_targets": list(TARGETS), "quick": args.quick,
               "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "jax": jax.__version__, "cpus": cpus,
-              "one_cpu": args.one_cpu,
+              "one_cpu": args.one_cpu, "isolated": not args.same_process, "order": args.order,
+              "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
               "loadavg_start": list(os.getloadavg())}
 
-    t0 = time.perf_counter()
-    base = M.load_pretrained(MODEL, dtype="float32")
-    cfg = base.config
-    common["load_s"] = round(time.perf_counter() - t0, 2)
-    base_host = jax.tree.map(np.asarray, base.params)
-    lparams, lcfg = lora_params(base.params, cfg)
-    lora_host = jax.tree.map(np.asarray, lparams)
-    del base, lparams
-
+    base_host, lora_host, cfg, lcfg, load_s = load_host_weights()
+    common["load_s"] = round(load_s, 2)
     tokens, adv, noise = make_batch(B, P, C, cfg.vocab_size)
     init_logp = np.asarray(jax.jit(lambda p, t: M.token_logprobs(p, lcfg, t)[0])(
         jax.tree.map(jnp.asarray, lora_host), jnp.asarray(tokens)))[:, P:]
-    old_c = (init_logp + noise).astype(np.float32)  # [B, C]
-    mask_full = np.zeros((B, T), np.float32)
-    mask_full[:, P:] = 1.0
-    old_full = np.zeros((B, T), np.float32)
-    old_full[:, P:] = old_c
-    batch = S.UpdateBatch(tokens=jnp.asarray(tokens), loss_mask=jnp.asarray(mask_full),
-                          advantages=jnp.asarray(np.repeat(adv[:, None], T, 1)), old_logp=jnp.asarray(old_full))
-    config = step_config()
-
-    systems, boxes, extra, snap = {}, {}, {}, {}
-    for name in wanted:
-        if name == "jax":
-            # copies: the step donates its state, and the host trees feed the other systems
-            systems["jax"], boxes["jax"] = jax_system(jax.tree.map(jnp.array, lora_host), lcfg, batch, config)
-        elif name == "jax_full":
-            systems["jax_full"], boxes["jax_full"] = jax_system(jax.tree.map(jnp.array, base_host), cfg, batch,
-                                                               config)
-        elif name == "peft":
-            try:
-                import peft
-                import torch
-                import transformers
-            except ImportError as e:
-                emit({**common, "kind": "skipped", "system": "peft", "reason": f"not installed: {e}"}, args.out)
-                continue
-            common.update(torch=torch.__version__, peft=peft.__version__, transformers=transformers.__version__,
-                          torch_threads=thread_counts[0])
-            targs = (torch.from_numpy(tokens.astype(np.int64)), torch.from_numpy(adv),
-                     torch.from_numpy(np.ones((B, C), np.float32)), torch.from_numpy(old_c))
-            for i, threads in enumerate(thread_counts):
-                # one model and optimizer per thread count; the count is set before every call
-                label = "peft" if i == 0 else f"peft_t{threads}"
-                torch.set_num_threads(threads)
-                torch.manual_seed(0)
-                pstep, plogp, padapters = peft_setup(base_host, lora_host, cfg, P, C)
-
-                def run_peft(pstep=pstep, threads=threads):
-                    torch.set_num_threads(threads)
-                    return pstep(*targs)
-
-                systems[label] = run_peft
-                extra[label] = (plogp, padapters, targs[0], threads)
+    data = {"batch": B, "prompt": P, "completion": C, "tokens": tokens, "adv": adv,
+            "old_logp": (init_logp + noise).astype(np.float32)}  # [B, C]
     init_adapters = adapters_of(lora_host)
-    del base_host, lora_host  # every system holds its own copy now
-    gc.collect()
-    for name, box in boxes.items():
-        st = box["state"]
-        common[f"{name}_opt_state_bytes"] = tree_bytes(st.opt_state)
-        common[f"{name}_trainable_params"] = int(sum(
-            x.size for x in jax.tree.leaves(S._trainable(st.params)[0]) if x is not None))
 
-    # the check's log-probs, before any update
+    plan = []  # (label, name, torch threads)
+    for name in wanted:
+        if name != "peft":
+            plan.append((name, name, None))
+            continue
+        try:
+            import peft
+            import torch
+            import transformers
+        except ImportError as e:
+            emit({**common, "kind": "skipped", "system": "peft", "reason": f"not installed: {e}"}, args.out)
+            continue
+        common.update(torch=torch.__version__, peft=peft.__version__, transformers=transformers.__version__,
+                      torch_threads=thread_counts[0])
+        # one model and optimizer per thread count
+        plan += [("peft" if i == 0 else f"peft_t{n}", "peft", n) for i, n in enumerate(thread_counts)]
+
+    systems = {}
+    try:
+        for label, name, threads in plan:
+            if args.same_process:
+                systems[label] = Local(build_system(name, threads, base_host, lora_host, cfg, lcfg, data))
+            else:
+                systems[label] = Remote(name, threads, data)
+        del base_host, lora_host  # every system holds its own copy now
+        gc.collect()
+        rows = measure(systems, args, common, cfg, data, init_logp, init_adapters, repeats)
+    finally:
+        for s in systems.values():
+            s.close()
+    for row in rows:
+        emit(row, args.out)
+    if rows and rows[0]["kind"] == "check" and not rows[0]["ok"]:
+        raise SystemExit(f"w10_lora_update: first losses disagree: {rows[0]}")
+
+
+def measure(systems: dict, args, common: dict, cfg, data: dict, init_logp, init_adapters, repeats: int) -> list:
+    """The check, the timed rounds and the rows (see the module docstring)."""
+    B, P, C = data["batch"], data["prompt"], data["completion"]
+    T = P + C
+    for name, s in systems.items():
+        for key in ("opt_state_bytes", "trainable_params"):
+            if key in s.info:
+                common[f"{name}_{key}"] = s.info[key]
+    out = []
     check = {}
-    if "peft" in extra:
-        plogp, _, ttok, threads = extra["peft"]
-        torch.set_num_threads(threads)
-        p_logp = plogp(ttok)
-        p_base = plogp(ttok, adapters=False)
+    if "peft" in systems:  # the check's log-probs, before any update
+        p_logp, p_base = systems["peft"].ask("logp")
         check.update(logp_max_abs_diff_jax_vs_peft=float(np.max(np.abs(p_logp - init_logp))),
                      logp_shift_from_adapters_peft=float(np.max(np.abs(p_logp - p_base))),
                      logp_mean=float(np.mean(init_logp)))
 
-    first, losses, norms = {}, {}, {}
-    for name, fn in systems.items():
-        t = time.perf_counter()
-        losses[name], norms[name] = fn()
-        first[name] = time.perf_counter() - t
-        if name == "jax":
-            snap["jax"] = adapters_of(boxes["jax"]["state"].params)
-        elif name in extra:
-            snap[name] = extra[name][1]()
-    second, times, cpu = time_interleaved(systems, repeats)
+    first, losses, norms, snap = {}, {}, {}, {}
+    for name, s in systems.items():
+        first[name], _, losses[name], norms[name] = s.ask("call")
+        snap[name] = s.ask("adapters") if name != "jax_full" else None
+    second = {name: s.ask("call")[0] for name, s in systems.items()}
+    times, cpu = {k: [] for k in systems}, {k: [] for k in systems}
+    if args.order == "interleaved":  # rounds: A B C A B C ...
+        calls = [name for _ in range(repeats) for name in systems]
+    else:  # blocked: A A A B B B C C C
+        calls = [name for name in systems for _ in range(repeats)]
+    for name in calls:
+        wall, cpu_s, _, _ = systems[name].ask("call")
+        times[name].append(wall)
+        cpu[name].append(cpu_s)
 
     if "peft" in systems:
-        init = init_adapters
-        delta = {k: np.concatenate([(snap[k][n] - init[n]).ravel() for n in init]) for k in snap}
+        delta = {k: np.concatenate([(snap[k][n] - init_adapters[n]).ravel() for n in init_adapters])
+                 for k in snap if snap[k] is not None}
         dj, dp = delta["jax"], delta["peft"]
         rel = lambda a, b: abs(a - b) / max(abs(a), abs(b), 1e-30)  # noqa: E731
         check.update(first_loss_jax=losses["jax"], first_loss_peft=losses["peft"],
@@ -402,42 +580,46 @@ def main(argv=None):
                      first_update_share_within_1pct_of_lr=float(np.mean(np.abs(dj - dp) <= 0.01 * LR)),
                      first_update_sign_agreement=float(np.mean(np.sign(dj) == np.sign(dp))),
                      first_update_max_abs_over_lr_jax=float(np.max(np.abs(dj)) / LR))
-        others = [k for k in extra if k != "peft"]
+        others = [k for k in systems if k.startswith("peft_t")]
         for k in others:  # the same update at another thread count
             check[f"first_loss_{k}"] = losses[k]
             check[f"first_update_max_abs_diff_over_lr_{k}_vs_peft"] = float(np.max(np.abs(delta[k] - dp)) / LR)
         check["ok"] = bool(check["first_loss_rel_diff"] <= 1e-4
                            and all(rel(losses[k], losses["peft"]) <= 1e-4 for k in others))
-        emit({**common, "kind": "check", **check}, args.out)
+        out.append({**common, "kind": "check", **check})
         if not check["ok"]:
-            raise SystemExit(f"w10_lora_update: first losses disagree: {check}")
+            return out
 
     peak = matmul_peak_gflops(repeats=5)
+    own_mm = {name: s.ask("matmul") for name, s in systems.items()}  # each in its own process
     med = {k: statistics.median(v) for k, v in times.items()}
     temp = {}
     if not args.quick:  # an extra compile of each jaxagent step
-        for name, box in boxes.items():
-            temp[name] = step_temp_bytes(box["state"], batch, config)
-    for name in systems:
+        for name, s in systems.items():
+            if name.startswith("jax"):
+                temp[name] = s.ask("temp_bytes")
+    for name, s in systems.items():
         flops = model_flops(cfg, B, T, C, lora=name != "jax_full")
         row = {**common, "kind": "full_update" if name == "jax_full" else "lora_update", "system": name,
                "median_step_s": med[name], "tokens_per_s": B * T / med[name], "first_call_s": first[name],
                "second_call_s": second[name], "first_loss": losses[name], "first_grad_norm": norms[name],
                "step_s": times[name], "median_process_cpu_s": statistics.median(cpu[name]),
                "loadavg_1m": os.getloadavg()[0], "model_gflop": flops / 1e9, "gflops_per_s": flops / med[name] / 1e9,
-               "measured_matmul_peak_gflops": peak, "fraction_of_measured_peak": flops / med[name] / 1e9 / peak}
+               "measured_matmul_peak_gflops": peak, "fraction_of_measured_peak": flops / med[name] / 1e9 / peak,
+               "own_matmul_gflops": own_mm[name]}
         if name in temp:
             row["compiled_temp_bytes"] = temp[name]
-        if name in extra:
-            row["torch_threads"] = extra[name][3]
-        emit(row, args.out)
+        if "torch_threads" in s.info:
+            row["torch_threads"] = s.info["torch_threads"]
+        out.append(row)
     for peer in [k for k in systems if k != "jax"]:
-        if peer in med:
-            pairs = [p / j for j, p in zip(times["jax"], times[peer])]
-            emit({**common, "kind": "ratio", "numerator": "jax", "denominator": peer,
-                  f"jax_over_{peer}_tokens_per_s": med[peer] / med["jax"],
-                  "pairwise_ratios": pairs, "pairwise_ratio_median": statistics.median(pairs),
-                  "loadavg_end": list(os.getloadavg())}, args.out)
+        pairs = [p / j for j, p in zip(times["jax"], times[peer])]  # blocked: call i of each
+        out.append({**common, "kind": "ratio", "numerator": "jax", "denominator": peer,
+                    f"jax_over_{peer}_tokens_per_s": med[peer] / med["jax"],
+                    "pairwise_ratios": pairs, "pairwise_ratio_median": statistics.median(pairs),
+                    f"matmul_jax_over_{peer}": own_mm["jax"] / own_mm[peer],
+                    "loadavg_end": list(os.getloadavg())})
+    return out
 
 
 if __name__ == "__main__":

@@ -59,13 +59,25 @@ decode  Batch 256, 512-token random prompts, 512 new tokens (no early stop), gre
         (`kv_bytes_per_step_windowed`: each step reads its whole window) and the float32
         logits written per step (B V x 4 bytes; sampling reads them again).
 
+recipe  Iterations of the SmolLM2 FrozenLake recipe (`configs/smollm2_frozenlake.yaml`: LoRA
+        rank 8 on SmolLM2-135M-Instruct, GRPO, the packaged GGUF weights) at a GPU-sized
+        batch, through the trainer itself (`jaxagent.train.Trainer`, as `jaxagent train`
+        runs it): no warm start, no evaluation, `--recipe-tasks` maps x 4 episodes an
+        iteration (default 64 x 4 = 256 episodes), `--recipe-micro-batches` (default 16),
+        compute in `--dtype`. `--recipe-iterations` (default 2): the first compiles; the
+        record gives every iteration's phases (rollout, log-probs, update) and episodes/s.
+        Where the packaged model is not installed (the device image has no internet), the
+        same architecture with random weights and the byte tokenizer stands in
+        (`weights: random`: the phases' shapes, not the trained policy's episode lengths).
+        `--small`: a tiny model trained from scratch, 2 maps x 4.
+
 Output: JSON lines (one per measurement, `_jsonl.emit`: stdout and appended to `--out`,
 flushed per record, so a killed run keeps what it had). Every record carries the jax
 version, backend, device kind, UTC date and all settings. Progress goes to stderr.
 A watchdog ends the process (after writing an `aborted` record) `--grace-s` seconds after
 the budget, should one compilation or step overrun it.
 
-    python benchmarks/w6_gpu.py [--small] [--budget-s 540] [--parts calib,update,decode]
+    python benchmarks/w6_gpu.py [--small] [--budget-s 540] [--parts calib,update,decode,recipe]
                                 [--out benchmarks/results/w6_gpu.jsonl]
 """
 from __future__ import annotations
@@ -101,7 +113,7 @@ from jaxagent.rollout.sampler import attention_windows  # noqa: E402
 
 NOMINAL_BF16_TFLOPS = 989.0  # H200 SXM dense bf16 (no sparsity)
 NOMINAL_HBM_TBPS = 4.8  # H200 HBM3e
-PARTS = ("calib", "update", "decode")
+PARTS = ("calib", "update", "decode", "recipe")
 
 QWEN2_0_5B = M.DecoderConfig(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=24,
                              num_heads=14, num_kv_heads=2, head_dim=64, rope_theta=1000000.0, rms_norm_eps=1e-6,
@@ -124,11 +136,14 @@ class Sizes:
     min_update_s: float  # do not start the update part with less budget left
     min_decode_s: float
     decode_reserve_s: float  # budget the update part leaves for a pending decode part
+    recipe_tasks: int = 64
+    recipe_micro_batches: int = 16
+    min_recipe_s: float = 150.0
 
 
 FULL_SIZES = Sizes(64, 2048, 512, 256, 512, 512, (8192, 16384), 1 << 30, "dots:4,full:4,full:8,full:16",
                    90.0, 60.0, 120.0)
-SMALL_SIZES = Sizes(4, 128, 32, 4, 32, 32, (256,), 1 << 22, "dots:2", 1.0, 1.0, 0.0)
+SMALL_SIZES = Sizes(4, 128, 32, 4, 32, 32, (256,), 1 << 22, "dots:2", 1.0, 1.0, 0.0, 2, 2, 1.0)
 
 
 # ============================================================================ formulas
@@ -475,6 +490,65 @@ def part_decode(args, cfg, rec: Recorder, budget: Budget, state: dict) -> str:
     return "ok"
 
 
+RECIPE_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "smollm2_frozenlake.yaml"
+SMOLLM2_135M = dict(hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64,
+                    qkv_bias=False, tie_word_embeddings=True, model_type="llama")
+
+
+def recipe_overrides(args, run_dir: str, packaged: bool) -> tuple[list[str], str]:
+    """The overrides of the recipe part and what weights it runs (`packaged`, `random`, `tiny`)."""
+    out = [f"run_dir={run_dir}", "warm_start=null", f"iterations={args.recipe_iterations}", "eval.episodes=0",
+           "eval.every=0", f"env.tasks_per_iteration={args.recipe_tasks}",
+           f"micro_batches={args.recipe_micro_batches}", f"checkpoint_every={args.recipe_iterations + 1}",
+           "logging.tensorboard=false"]
+    if args.dtype == "bfloat16":
+        out.append("model.compute_dtype=bfloat16")
+    if args.small:
+        return out + ["model.path=null", "model.tokenizer=byte", "model.hidden_size=32", "model.intermediate_size=64",
+                      "model.num_layers=2", "model.num_heads=4", "model.num_kv_heads=2", "model.head_dim=8",
+                      "rollout.max_tokens_per_turn=8", "env.group_size=4"], "tiny"
+    if packaged:
+        return out, "packaged"
+    return out + ["model.path=null", "model.tokenizer=byte"] + [f"model.{k}={v}" for k, v in SMOLLM2_135M.items()], \
+        "random"
+
+
+def part_recipe(args, rec: Recorder, state: dict) -> str:
+    import tempfile
+
+    from jaxagent.config import load_config
+    from jaxagent.models.hf import packaged_model_path
+
+    try:
+        packaged_model_path("SmolLM2-135M-Instruct")
+        packaged = True
+    except Exception:  # noqa: BLE001  (not installed: the random-weight stand-in)
+        packaged = False
+    with tempfile.TemporaryDirectory(prefix="w6_recipe_") as tmp:
+        overrides, weights = recipe_overrides(args, str(Path(tmp) / "run"), packaged)
+        config = load_config(T.TrainerConfig, RECIPE_CONFIG, overrides)
+        t = time.perf_counter()
+        trainer = T.Trainer(config, log=rec.log)
+        build_s = time.perf_counter() - t
+        history = trainer.run()
+    keys = ("time_rollout_s", "time_logprobs_s", "time_advantages_s", "time_update_s", "time_iteration_s")
+    its = [{k: h.get(k) for k in keys + ("episodes", "policy_tokens", "episode_tokens_mean", "reward_mean",
+                                         "success_rate", "tokens_per_s")} for h in history]
+    episodes = config.env.tasks_per_iteration * config.env.group_size
+    last = history[-1]
+    r = dict(config=str(RECIPE_CONFIG.relative_to(RECIPE_CONFIG.parents[1])), overrides=overrides, weights=weights,
+             episodes_per_iteration=episodes, micro_batches=config.micro_batches,
+             compute_dtype=config.model.compute_dtype, build_s=build_s, iterations=its,
+             last_iteration_s=last.get("time_iteration_s"),
+             last_episodes_per_s=episodes / last["time_iteration_s"] if last.get("time_iteration_s") else None,
+             peak_bytes_in_use=_peak_bytes())
+    rec.emit("recipe_iteration", **r)
+    rec.log(f"recipe ({weights} weights): {episodes} episodes an iteration; last iteration "
+            f"{last.get('time_iteration_s', float('nan')):.1f}s (rollout {last.get('time_rollout_s', float('nan')):.1f}s, "
+            f"update {last.get('time_update_s', float('nan')):.1f}s)")
+    return "ok"
+
+
 # ============================================================================ main
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -500,6 +574,10 @@ def parse_args(argv=None):
     g.add_argument("--decode-repeats", type=int, default=3, help="timed rounds after the compiling one")
     g.add_argument("--sampling", default="greedy", choices=("greedy", "temperature"))
     g.add_argument("--window-segments", type=int, default=3, help="Sampler's attention-window segments")
+    g = ap.add_argument_group("recipe (defaults: the W6 sizes, or the --small ones)")
+    g.add_argument("--recipe-tasks", type=int, help="maps an iteration (4 episodes each)")
+    g.add_argument("--recipe-micro-batches", type=int, help="the update's micro-batches")
+    g.add_argument("--recipe-iterations", type=int, default=2, help="RL iterations (the first compiles)")
     g = ap.add_argument_group("calibration")
     g.add_argument("--matmul-sizes", help="comma list of n for the n^3 bf16 matmul")
     g.add_argument("--bw-elems", type=int, help="float32 elements of the bandwidth array")
@@ -508,7 +586,7 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     sizes = SMALL_SIZES if args.small else FULL_SIZES
     for name in ("batch", "seq", "prompt_len", "decode_batch", "decode_prompt", "decode_new", "bw_elems",
-                 "update_configs"):
+                 "update_configs", "recipe_tasks", "recipe_micro_batches"):
         if getattr(args, name) is None:
             setattr(args, name, getattr(sizes, name))
     args.matmul_sizes = (tuple(int(s) for s in args.matmul_sizes.split(",")) if args.matmul_sizes
@@ -544,7 +622,8 @@ def main(argv=None, t0: float | None = None):
     state: dict = {}
     status = {}
     for part in args.parts:
-        need = {"calib": 1.0, "update": sizes.min_update_s, "decode": sizes.min_decode_s}[part]
+        need = {"calib": 1.0, "update": sizes.min_update_s, "decode": sizes.min_decode_s,
+                "recipe": sizes.min_recipe_s}[part]
         if budget.left() < need:
             status[part] = "skipped"
             rec.emit("skipped", part=part, reason=f"time budget: {budget.left():.0f}s left, need {need:.0f}s")
@@ -559,8 +638,10 @@ def main(argv=None, t0: float | None = None):
             elif part == "update":
                 status[part] = part_update(args, cfg, sizes, rec, budget, state,
                                            decode_pending="decode" in args.parts[args.parts.index(part):])
-            else:
+            elif part == "decode":
                 status[part] = part_decode(args, cfg, rec, budget, state)
+            else:
+                status[part] = part_recipe(args, rec, state)
         except Exception as e:  # noqa: BLE001  (one part's failure must not lose the others)
             status[part] = "failed"
             info = _err(e)

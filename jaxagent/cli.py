@@ -27,6 +27,10 @@ run dir or its metrics cannot be read.
 ``jaxagent bench {generate,update,multiturn,advantages,envpool,overlap} [--repeats N] [--quick]
 [--out JSONL] [--systems LIST]`` runs one of the repository's benchmarks (`jaxagent.bench`),
 printing JSON lines.
+
+Run from the command line (not as ``main(argv)`` from Python), the command first
+re-executes itself with glibc's transparent-huge-page malloc setting when the machine
+supports it (`jaxagent.hugepages`; ``JAXAGENT_HUGEPAGES=0`` turns it off).
 """
 
 from __future__ import annotations
@@ -204,6 +208,10 @@ def _view(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # the command line, not a call from Python: huge pages for XLA's big buffers
+        from jaxagent.hugepages import reexec_if_needed
+
+        reexec_if_needed()
     parser = argparse.ArgumentParser(prog="jaxagent", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -157,8 +157,8 @@ def test_small_run_writes_complete_jsonl(tmp_path):
             assert k in r, (r["kind"], k)
         assert r["workload"] == "W6" and r["small"] is True and r["backend"] == "cpu"
     assert set(by) == {"env", "matmul_peak", "hbm_bandwidth", "calib", "update_attempt_failed", "policy_update",
-                       "decode", "summary"}
-    assert by["summary"][0]["parts"] == {"calib": "ok", "update": "ok", "decode": "ok"}
+                       "decode", "recipe_iteration", "summary"}
+    assert by["summary"][0]["parts"] == {"calib": "ok", "update": "ok", "decode": "ok", "recipe": "ok"}
     env_rec = by["env"][0]
     assert env_rec["model"]["hidden_size"] == 64 and env_rec["settings"]["batch"] == 4
 
@@ -198,9 +198,48 @@ def test_small_run_writes_complete_jsonl(tmp_path):
                            "bytes_per_step", "weight_bytes", "kv_bytes_per_step", "fraction_of_nominal_4800",
                            "fraction_of_measured_read", "fraction_of_measured_copy", "first_decode_s"])
     assert dec["decode_tokens_per_s"] == pytest.approx(4 * 32 / dec["median_decode_s"])
+
+    # one recipe run through the trainer: 2 iterations of 2 maps x 4 episodes, the tiny model
+    rc = by["recipe_iteration"][0]
+    assert rc["weights"] == "tiny" and rc["config"] == "configs/smollm2_frozenlake.yaml"
+    assert rc["episodes_per_iteration"] == 8 and rc["micro_batches"] == 2 and rc["compute_dtype"] == "bfloat16"
+    assert "warm_start=null" in rc["overrides"] and len(rc["iterations"]) == 2
+    for it in rc["iterations"]:
+        assert it["time_iteration_s"] > 0 and it["time_update_s"] > 0 and it["time_rollout_s"] >= 0
+        assert it["time_iteration_s"] >= it["time_update_s"]
+    assert rc["last_iteration_s"] == rc["iterations"][-1]["time_iteration_s"]
+    assert rc["last_episodes_per_s"] == pytest.approx(8 / rc["last_iteration_s"])
     assert len(dec["decode_s"]) == len(dec["prefill_s"]) == 2
     assert dec["median_decode_s"] == pytest.approx(float(np.median(dec["decode_s"])))
     assert dec["decode_step_s"] == pytest.approx(dec["median_decode_s"] / dec["new_tokens"])
     assert dec["prefill_tokens_per_s"] == pytest.approx(
         dec["decode_batch"] * dec["prompt_len"] / float(np.median(dec["prefill_s"])))
     assert dec["achieved_hbm_gbps"] == pytest.approx(dec["bytes_per_step"] / dec["decode_step_s"] / 1e9)
+
+
+def test_recipe_overrides_load_as_the_recipe_config(tmp_path):
+    """The recipe part's three weight sources give valid configs of the SmolLM2 recipe."""
+    from jaxagent.config import load_config
+    from jaxagent.train import TrainerConfig
+
+    args, _ = W6.parse_args([])
+    assert args.recipe_tasks == 64 and args.recipe_micro_batches == 16 and "recipe" in args.parts
+    packaged, kind = W6.recipe_overrides(args, str(tmp_path / "r"), packaged=True)
+    assert kind == "packaged"
+    cfg = load_config(TrainerConfig, W6.RECIPE_CONFIG, packaged)
+    assert cfg.model.path == "SmolLM2-135M-Instruct" and cfg.model.lora.rank == 8
+    assert cfg.warm_start.episodes == 0 and cfg.iterations == 2 and cfg.eval.episodes == 0  # no warm start
+    assert cfg.env.tasks_per_iteration * cfg.env.group_size == 256 and cfg.micro_batches == 16
+    assert cfg.model.compute_dtype == "bfloat16"
+    random_w, kind = W6.recipe_overrides(args, str(tmp_path / "r"), packaged=False)
+    cfg = load_config(TrainerConfig, W6.RECIPE_CONFIG, random_w)
+    assert kind == "random" and cfg.model.path is None and cfg.model.tokenizer == "byte"
+    # SmolLM2-135M's shapes: 30 layers, hidden 576, 9 heads / 3 KV heads of 64, tied, llama
+    assert (cfg.model.num_layers, cfg.model.hidden_size, cfg.model.intermediate_size) == (30, 576, 1536)
+    assert (cfg.model.num_heads, cfg.model.num_kv_heads, cfg.model.head_dim) == (9, 3, 64)
+    assert cfg.model.tie_word_embeddings and cfg.model.model_type == "llama" and not cfg.model.qkv_bias
+    small, _ = W6.parse_args(["--small"])
+    tiny, kind = W6.recipe_overrides(small, str(tmp_path / "r"), packaged=True)
+    cfg = load_config(TrainerConfig, W6.RECIPE_CONFIG, tiny)
+    assert kind == "tiny" and cfg.model.path is None and cfg.model.num_layers == 2
+    assert cfg.env.tasks_per_iteration == 2

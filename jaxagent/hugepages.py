@@ -1,0 +1,92 @@
+"""Transparent huge pages for the big host buffers of XLA:CPU (and torch).
+
+On Linux with glibc, a jitted step's temporary buffer (4.5 GB for W10's LoRA update of
+SmolLM2-135M) is allocated with `mmap` at every call and freed after it, so every call
+faults in all of its pages again, 4 KiB at a time: 1.1 million minor page faults and
+2.2-3.2 s of kernel time per W10 step on the 2-core benchmark machine, about a quarter of
+the step. glibc 2.35 and later can ask the kernel for 2 MiB transparent huge pages on
+those mappings (`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`, which `madvise`s them
+`MADV_HUGEPAGE`): the same step then takes about 2,300 faults and 0.4 s of kernel time
+(`benchmarks/README.md`, W10). The setting is read once, when the process starts, so
+the `jaxagent` command re-executes itself with it (the same process id, arguments and
+interpreter) before doing anything else; worker processes inherit it.
+
+Nothing changes when the process already has the setting, when the kernel's
+transparent huge pages are `never`, when the C library is not glibc 2.35+, off Linux, or
+when `JAXAGENT_HUGEPAGES=0` (the opt-out). Library imports never re-execute: only the
+command-line entry point calls :func:`reexec_if_needed`.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from typing import Mapping
+
+TUNABLE = "glibc.malloc.hugetlb=1"
+OPT_OUT = "JAXAGENT_HUGEPAGES"
+THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+
+def _glibc_ok() -> bool:
+    lib, version = platform.libc_ver()
+    if lib != "glibc":
+        return False
+    try:
+        major, minor = (int(x) for x in version.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (2, 35)
+
+
+def _thp_mode(path: str = THP_ENABLED) -> str | None:
+    """The kernel's transparent huge page mode (`always`, `madvise`, `never`), or None."""
+    try:
+        text = open(path).read()
+    except OSError:
+        return None
+    for word in text.split():
+        if word.startswith("[") and word.endswith("]"):
+            return word[1:-1]
+    return None
+
+
+def wanted(env: Mapping[str, str] | None = None, *, thp_mode: str | None = "auto",
+           glibc_ok: bool | None = None) -> bool:
+    """Whether a process started with `env` should get the huge-page malloc setting."""
+    env = os.environ if env is None else env
+    if env.get(OPT_OUT, "").strip().lower() in ("0", "off", "false", "no"):
+        return False
+    if "glibc.malloc.hugetlb" in env.get("GLIBC_TUNABLES", ""):
+        return False  # already set (by us, or by the user, to any value)
+    if not sys.platform.startswith("linux"):
+        return False
+    if not (_glibc_ok() if glibc_ok is None else glibc_ok):
+        return False
+    mode = _thp_mode() if thp_mode == "auto" else thp_mode
+    return mode in ("always", "madvise")
+
+
+def environ(env: Mapping[str, str] | None = None, **kwargs) -> dict[str, str]:
+    """A copy of `env` (default `os.environ`) with the setting added when :func:`wanted`."""
+    env = dict(os.environ if env is None else env)
+    if wanted(env, **kwargs):
+        old = env.get("GLIBC_TUNABLES", "")
+        env["GLIBC_TUNABLES"] = f"{old}:{TUNABLE}" if old else TUNABLE
+    return env
+
+
+def reexec_if_needed() -> None:
+    """Re-execute this process with the setting when :func:`wanted` (does not return
+    then); otherwise return at once. Call before any work: nothing after the call runs
+    twice only if nothing ran before it."""
+    if not wanted():
+        return
+    argv = list(getattr(sys, "orig_argv", None) or [])
+    if not argv or not sys.executable:
+        return
+    env = environ()
+    try:
+        os.execve(sys.executable, argv, env)
+    except OSError:
+        return  # could not re-execute: carry on without huge pages

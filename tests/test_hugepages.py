@@ -1,0 +1,94 @@
+"""The command line's huge-page malloc setting (`jaxagent.hugepages`): when it applies,
+that it re-executes the same process once with it, and the opt-out."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jaxagent import hugepages as H
+
+ROOT = Path(__file__).resolve().parents[1]
+PROBE = ("import os, sys; print('start', os.getpid(), flush=True); "
+         "from jaxagent.hugepages import reexec_if_needed; reexec_if_needed(); "
+         "print('tunables', os.getpid(), os.environ.get('GLIBC_TUNABLES', ''), flush=True)")
+
+
+def _run(env):
+    return subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=60)
+
+
+def _clean_env(**extra):
+    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", H.OPT_OUT)}
+    env["PYTHONPATH"] = str(ROOT)
+    return {**env, **extra}
+
+
+def test_wanted_only_where_it_applies():
+    base = {"PATH": "/bin"}
+    assert H.wanted(base, thp_mode="madvise", glibc_ok=True) is sys.platform.startswith("linux")
+    assert H.wanted(base, thp_mode="always", glibc_ok=True) is sys.platform.startswith("linux")
+    assert not H.wanted(base, thp_mode="never", glibc_ok=True)
+    assert not H.wanted(base, thp_mode=None, glibc_ok=True)  # no THP file
+    assert not H.wanted(base, thp_mode="madvise", glibc_ok=False)  # musl, or glibc before 2.35
+    for off in ("0", "off", "False", " no "):
+        assert not H.wanted({**base, H.OPT_OUT: off}, thp_mode="madvise", glibc_ok=True)
+    # already set, by us or by the user (to any value): never set twice
+    assert not H.wanted({**base, "GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, thp_mode="madvise", glibc_ok=True)
+
+
+def test_environ_appends_to_the_users_tunables():
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the setting is for Linux")
+    env = H.environ({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, thp_mode="madvise", glibc_ok=True)
+    assert env["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
+    assert H.environ({}, thp_mode="madvise", glibc_ok=True)["GLIBC_TUNABLES"] == H.TUNABLE
+    assert "GLIBC_TUNABLES" not in H.environ({}, thp_mode="never", glibc_ok=True)
+
+
+def test_thp_mode_reads_the_bracketed_word(tmp_path):
+    f = tmp_path / "enabled"
+    f.write_text("always [madvise] never\n")
+    assert H._thp_mode(str(f)) == "madvise"
+    f.write_text("always madvise [never]\n")
+    assert H._thp_mode(str(f)) == "never"
+    assert H._thp_mode(str(tmp_path / "missing")) is None
+
+
+def test_reexec_runs_the_same_process_again_once_with_the_setting():
+    proc = _run(_clean_env())
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.split("\n")
+    starts = [ln.split() for ln in lines if ln.startswith("start")]
+    tun = [ln.split() for ln in lines if ln.startswith("tunables")]
+    assert len(tun) == 1
+    if H.wanted(_clean_env()):
+        # executed twice (the second time with the setting), as one process id
+        assert len(starts) == 2 and starts[0][1] == starts[1][1] == tun[0][1]
+        assert tun[0][2:] == [H.TUNABLE]
+    else:
+        assert len(starts) == 1 and tun[0][2:] == []
+
+
+def test_opt_out_and_an_existing_setting_are_left_alone():
+    proc = _run(_clean_env(**{H.OPT_OUT: "0"}))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("start") == 1 and proc.stdout.split("\n")[1].split()[2:] == []
+    proc = _run(_clean_env(GLIBC_TUNABLES="glibc.malloc.hugetlb=0"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("start") == 1 and proc.stdout.split("\n")[1].split()[2:] == ["glibc.malloc.hugetlb=0"]
+
+
+def test_the_command_line_gets_the_setting_and_python_calls_do_not(monkeypatch):
+    # a Python call of main(argv) never re-executes (tests, notebooks)
+    from jaxagent import cli
+
+    monkeypatch.setattr(H, "reexec_if_needed", lambda: (_ for _ in ()).throw(AssertionError("re-executed")))
+    assert cli.main(["envs"]) == 0
+    # the command line does, and the command's work runs once, after it
+    proc = subprocess.run([sys.executable, "-m", "jaxagent", "envs"], capture_output=True, text=True,
+                          env=_clean_env(), cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split().count("intake") == 1

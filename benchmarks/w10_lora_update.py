@@ -32,9 +32,10 @@ puts them all in this one), timed interleaved (A B C A B C ...: each call waits 
 previous one to finish; `--order blocked` times A A A B B B instead), medians of
 `--repeats` after two warm-up calls each
 (`first_call_s` includes compilation; `first_loss` / `first_grad_norm` are that call's,
-before any update, so they must agree). As the `jaxagent` command does, the script first
-re-executes itself with glibc's huge-page malloc setting where the machine supports it
-(`jaxagent.hugepages`; the row's `glibc_tunables` records it): every system inherits it.
+before any update, so they must agree). As the `jaxagent` command does, with
+`JAXAGENT_HUGEPAGES=1` the script first re-executes itself with glibc's huge-page malloc
+setting where the machine supports it (`jaxagent.hugepages`; the row's `glibc_tunables`
+records it): every system inherits it.
 
 Interleaving and memory: a jaxagent step allocates its 4.5 GB temporary buffer at each
 call and frees it after. On a virtual machine whose kernel reports free pages to the
@@ -117,7 +118,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-if __name__ == "__main__":  # as the jaxagent command does: huge pages for the big buffers (all systems)
+if __name__ == "__main__":  # as the jaxagent command does: huge pages if JAXAGENT_HUGEPAGES=1 (all systems)
     from jaxagent.hugepages import reexec_if_needed
 
     reexec_if_needed()

@@ -169,7 +169,12 @@ def _bwrap_prefix(workdir: str) -> list[str]:
 
 
 def _unshare_prefix() -> list[str]:
-    return ["unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child", "--"]
+    # `sh` between unshare and the code: a child killed by a signal (SIGXCPU at the CPU
+    # limit) becomes sh's exit code 128 + n, which unshare passes on. Without it, unshare
+    # re-raises the signal on itself, and where that fails ("sigprocmask unblock failed")
+    # it exits 1: the limit would read as an ordinary error.
+    return ["unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child", "--",
+            "/bin/sh", "-c", '"$@"; exit $?', "sh"]
 
 
 def _limit_child(limits: Limits):

@@ -28,9 +28,9 @@ run dir or its metrics cannot be read.
 [--out JSONL] [--systems LIST]`` runs one of the repository's benchmarks (`jaxagent.bench`),
 printing JSON lines.
 
-Run from the command line (not as ``main(argv)`` from Python), the command first
-re-executes itself with glibc's transparent-huge-page malloc setting when the machine
-supports it (`jaxagent.hugepages`; ``JAXAGENT_HUGEPAGES=0`` turns it off).
+With ``JAXAGENT_HUGEPAGES=1``, the command (run from the command line, not as
+``main(argv)`` from Python) first re-executes itself with glibc's transparent-huge-page
+malloc setting where the machine supports it (`jaxagent.hugepages`; off by default).
 """
 
 from __future__ import annotations
@@ -208,7 +208,7 @@ def _view(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv is None:  # the command line, not a call from Python: huge pages for XLA's big buffers
+    if argv is None:  # the command line, not a call from Python: huge pages if JAXAGENT_HUGEPAGES=1
         from jaxagent.hugepages import reexec_if_needed
 
         reexec_if_needed()

@@ -6,6 +6,7 @@ The file-system checks need bubblewrap (the OS package `bubblewrap`, installed b
 import functools
 import os
 import random
+import shutil
 import time
 
 import psutil
@@ -14,7 +15,7 @@ import pytest
 import envs
 from envs import EnvPool
 from envs.pycode import TEMPLATES, expert_program, make_task, solve, tool_call
-from envs.sandbox import Limits, isolation, run_python
+from envs.sandbox import Limits, _unshare_prefix, _works, isolation, run_python
 
 BWRAP = isolation() == "bwrap"
 
@@ -125,6 +126,28 @@ def test_abuse_is_contained_and_the_worker_survives(name):
         (obs, *_), (obs2, *_) = pool.step([tool_call("print(6 * 7)"), tool_call("print(1 + 1)")])
         assert "stdout:\n42" in obs and "stdout:\n2" in obs2
         assert pool.stats["restarts"] == 0
+
+
+def _unshare_works() -> bool:
+    return shutil.which("unshare") is not None and _works(_unshare_prefix())
+
+
+@pytest.mark.parametrize("code, want", [("while True:\n    pass", "cpu limit"),
+                                        ("import ctypes\nctypes.string_at(0)", "killed (SIGSEGV)"),
+                                        ("import sys\nsys.exit(3)", "error"),
+                                        ("print(6 * 7)", "ok")])
+def test_the_unshare_fallback_reports_limits_and_signals(code, want):
+    # the isolation used where bwrap is missing: a signal that ends the code must reach the
+    # status through the unshare wrapper (it once read as a plain error there)
+    if not _unshare_works():
+        pytest.skip("unshare cannot create namespaces on this machine")
+    res = run_python(code, Limits(wall_s=15, cpu_s=1, memory_mb=256), isolation_mode="unshare")
+    assert res.isolation == "unshare"
+    assert res.status == want, res
+    if want == "ok":
+        assert res.stdout.strip() == "42"
+    if code.startswith("import sys"):
+        assert res.returncode == 3
 
 
 def test_limits_are_checked():

@@ -1,5 +1,5 @@
-"""The command line's huge-page malloc setting (`jaxagent.hugepages`): when it applies,
-that it re-executes the same process once with it, and the opt-out."""
+"""The command line's huge-page malloc setting (`jaxagent.hugepages`): off unless asked
+for, when it applies, and that it re-executes the same process once with it."""
 import os
 import subprocess
 import sys
@@ -21,20 +21,23 @@ def _run(env):
 
 
 def _clean_env(**extra):
-    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", H.OPT_OUT)}
+    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", H.SWITCH)}
     env["PYTHONPATH"] = str(ROOT)
     return {**env, **extra}
 
 
-def test_wanted_only_where_it_applies():
-    base = {"PATH": "/bin"}
+def test_wanted_only_when_asked_for_and_where_it_applies():
+    # off by default, and for any value but a yes
+    for env in ({"PATH": "/bin"}, {H.SWITCH: "0"}, {H.SWITCH: "off"}, {H.SWITCH: ""}, {H.SWITCH: "2"}):
+        assert not H.wanted(env, thp_mode="madvise", glibc_ok=True)
+    base = {"PATH": "/bin", H.SWITCH: "1"}
+    for yes in ("on", "True", " yes "):
+        assert H.wanted({**base, H.SWITCH: yes}, thp_mode="madvise", glibc_ok=True) is sys.platform.startswith("linux")
     assert H.wanted(base, thp_mode="madvise", glibc_ok=True) is sys.platform.startswith("linux")
     assert H.wanted(base, thp_mode="always", glibc_ok=True) is sys.platform.startswith("linux")
     assert not H.wanted(base, thp_mode="never", glibc_ok=True)
     assert not H.wanted(base, thp_mode=None, glibc_ok=True)  # no THP file
     assert not H.wanted(base, thp_mode="madvise", glibc_ok=False)  # musl, or glibc before 2.35
-    for off in ("0", "off", "False", " no "):
-        assert not H.wanted({**base, H.OPT_OUT: off}, thp_mode="madvise", glibc_ok=True)
     # already set, by us or by the user (to any value): never set twice
     assert not H.wanted({**base, "GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, thp_mode="madvise", glibc_ok=True)
 
@@ -42,10 +45,12 @@ def test_wanted_only_where_it_applies():
 def test_environ_appends_to_the_users_tunables():
     if not sys.platform.startswith("linux"):
         pytest.skip("the setting is for Linux")
-    env = H.environ({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, thp_mode="madvise", glibc_ok=True)
+    on = {H.SWITCH: "1"}
+    env = H.environ({**on, "GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, thp_mode="madvise", glibc_ok=True)
     assert env["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
-    assert H.environ({}, thp_mode="madvise", glibc_ok=True)["GLIBC_TUNABLES"] == H.TUNABLE
-    assert "GLIBC_TUNABLES" not in H.environ({}, thp_mode="never", glibc_ok=True)
+    assert H.environ(on, thp_mode="madvise", glibc_ok=True)["GLIBC_TUNABLES"] == H.TUNABLE
+    assert "GLIBC_TUNABLES" not in H.environ(on, thp_mode="never", glibc_ok=True)
+    assert "GLIBC_TUNABLES" not in H.environ({}, thp_mode="madvise", glibc_ok=True)
 
 
 def test_thp_mode_reads_the_bracketed_word(tmp_path):
@@ -58,13 +63,13 @@ def test_thp_mode_reads_the_bracketed_word(tmp_path):
 
 
 def test_reexec_runs_the_same_process_again_once_with_the_setting():
-    proc = _run(_clean_env())
+    proc = _run(_clean_env(**{H.SWITCH: "1"}))
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.split("\n")
     starts = [ln.split() for ln in lines if ln.startswith("start")]
     tun = [ln.split() for ln in lines if ln.startswith("tunables")]
     assert len(tun) == 1
-    if H.wanted(_clean_env()):
+    if H.wanted(_clean_env(**{H.SWITCH: "1"})):
         # executed twice (the second time with the setting), as one process id
         assert len(starts) == 2 and starts[0][1] == starts[1][1] == tun[0][1]
         assert tun[0][2:] == [H.TUNABLE]
@@ -72,11 +77,11 @@ def test_reexec_runs_the_same_process_again_once_with_the_setting():
         assert len(starts) == 1 and tun[0][2:] == []
 
 
-def test_opt_out_and_an_existing_setting_are_left_alone():
-    proc = _run(_clean_env(**{H.OPT_OUT: "0"}))
+def test_off_by_default_and_an_existing_setting_is_left_alone():
+    proc = _run(_clean_env())
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("start") == 1 and proc.stdout.split("\n")[1].split()[2:] == []
-    proc = _run(_clean_env(GLIBC_TUNABLES="glibc.malloc.hugetlb=0"))
+    proc = _run(_clean_env(GLIBC_TUNABLES="glibc.malloc.hugetlb=0", **{H.SWITCH: "1"}))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("start") == 1 and proc.stdout.split("\n")[1].split()[2:] == ["glibc.malloc.hugetlb=0"]
 
@@ -87,8 +92,8 @@ def test_the_command_line_gets_the_setting_and_python_calls_do_not(monkeypatch):
 
     monkeypatch.setattr(H, "reexec_if_needed", lambda: (_ for _ in ()).throw(AssertionError("re-executed")))
     assert cli.main(["envs"]) == 0
-    # the command line does, and the command's work runs once, after it
+    # the command line does when asked, and the command's work runs once, after it
     proc = subprocess.run([sys.executable, "-m", "jaxagent", "envs"], capture_output=True, text=True,
-                          env=_clean_env(), cwd=ROOT, timeout=120)
+                          env=_clean_env(**{H.SWITCH: "1"}), cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split().count("intake") == 1

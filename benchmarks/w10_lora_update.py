@@ -28,9 +28,10 @@ Workload (benchmarks/README.md, W10):
 
 Systems (`--systems`, default jax,peft), each in its own spawned process (a user runs
 one framework per process: no other thread pool or allocator shares it; `--same-process`
-puts them all in this one), timed interleaved (A B C A B C ...: each call waits for the
-previous one to finish; `--order blocked` times A A A B B B instead), medians of
-`--repeats` after two warm-up calls each
+puts them all in this one; a peft process also starts JAX, only to load the weights),
+timed interleaved (A B C A B C ...: each call waits for the
+previous one to finish; `--order blocked` times A A A B B B instead, each block right
+after its system's second warm-up call), medians of `--repeats` after two warm-up calls each
 (`first_call_s` includes compilation; `first_loss` / `first_grad_norm` are that call's,
 before any update, so they must agree). As the `jaxagent` command does, with
 `JAXAGENT_HUGEPAGES=1` the script first re-executes itself with glibc's huge-page malloc
@@ -41,7 +42,7 @@ Interleaving and memory: a jaxagent step allocates its 4.5 GB temporary buffer a
 call and frees it after. On a virtual machine whose kernel reports free pages to the
 host (`page_reporting` with virtio-balloon, as on the 2-core benchmark machine), memory
 freed and left unused for a few seconds goes back to the host, and touching it again
-costs host-side faults (the likely cause of what follows): interleaved with a peft call (several seconds), every jax step
+costs host-side faults (the cause we found for what follows): interleaved with a peft call (several seconds), every jax step
 pays them (measured: 2-6 s more process time a step), while back-to-back calls reuse
 the memory before it is reported. `--order blocked` shows the difference in one run.
   jax       the trainer's own update: `jaxagent.train.step.train_step` (jitted, state
@@ -90,21 +91,22 @@ model FLOPs (forward 2 * matmul params * tokens + QK^T / PV attention + the lm h
 the completion; LoRA step = 2 x forward, activation gradients only, adapter terms added;
 full step = 3 x forward) and GFLOP/s against a 2048^3 fp32 matmul measured in the run;
 `own_matmul_gflops` is that matmul in each system's own framework and process (XLA's
-for jax, torch's at its thread count for peft), and the ratio lines carry
+for jax, torch's at its thread count for peft; with `--same-process`, all in this one), and the ratio lines carry
 `matmul_jax_over_<peer>`: how much of the step ratio the two matmul libraries explain.
-The JAX rows also record the optimizer-state bytes and the compiled step's temporary
+Every row records the jaxagent systems' optimizer-state bytes; their rows, the compiled step's temporary
 memory (`memory_analysis`, an extra compile: not with `--quick`).
 
-    python benchmarks/w10_lora_update.py [--quick] [--one-cpu] [--repeats 5] [--systems jax,peft[,jax_full]]
-        [--torch-threads N[,M]] [--out benchmarks/results/w10_lora_update.jsonl]
+    [JAXAGENT_HUGEPAGES=1] python benchmarks/w10_lora_update.py [--quick] [--one-cpu] [--repeats 5]
+        [--batch B] [--systems jax,peft[,jax_full]] [--torch-threads N[,M]] [--order interleaved|blocked]
+        [--same-process] [--out benchmarks/results/w10_lora_update.jsonl]
 
 `--one-cpu` pins the process to one CPU before JAX and torch start (as W2's): XLA and
 torch (1 thread) then share one core, the comparison least disturbed by neighbours.
 
 A peer that is not installed is reported as a `{"kind": "skipped", ...}` line.
 Ratio lines: `jax_over_peft_tokens_per_s` (and `jax_over_peft_t1_tokens_per_s`,
-`jax_over_jax_full_tokens_per_s`), with the median of the per-round ratios (call i of
-each system).
+`jax_over_jax_full_tokens_per_s`), with the median of the pairwise ratios of call i of
+each system (a round apart when interleaved, blocks apart when blocked).
 """
 from __future__ import annotations
 
@@ -557,14 +559,16 @@ def measure(systems: dict, args, common: dict, cfg, data: dict, init_logp, init_
     for name, s in systems.items():
         first[name], _, losses[name], norms[name] = s.ask("call")
         snap[name] = s.ask("adapters") if name != "jax_full" else None
-    second = {name: s.ask("call")[0] for name, s in systems.items()}
-    times, cpu = {k: [] for k in systems}, {k: [] for k in systems}
-    if args.order == "interleaved":  # rounds: A B C A B C ...
-        calls = [name for _ in range(repeats) for name in systems]
-    else:  # blocked: A A A B B B C C C
-        calls = [name for name in systems for _ in range(repeats)]
-    for name in calls:
+    times, cpu, second = {k: [] for k in systems}, {k: [] for k in systems}, {}
+    if args.order == "interleaved":  # a second warm-up each, then rounds: A B C A B C ...
+        calls = [(name, True) for name in systems] + [(name, False) for _ in range(repeats) for name in systems]
+    else:  # blocked: A A A B B B C C C, each block right after its own second warm-up
+        calls = [(name, warm) for name in systems for warm in [True] + [False] * repeats]
+    for name, warm in calls:
         wall, cpu_s, _, _ = systems[name].ask("call")
+        if warm:
+            second[name] = wall
+            continue
         times[name].append(wall)
         cpu[name].append(cpu_s)
 

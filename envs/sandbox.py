@@ -170,9 +170,11 @@ def _bwrap_prefix(workdir: str) -> list[str]:
 
 def _unshare_prefix() -> list[str]:
     # `sh` between unshare and the code: a child killed by a signal (SIGXCPU at the CPU
-    # limit) becomes sh's exit code 128 + n, which unshare passes on. Without it, unshare
-    # re-raises the signal on itself, and where that fails ("sigprocmask unblock failed")
-    # it exits 1: the limit would read as an ordinary error.
+    # limit) becomes sh's exit code 128 + n, which unshare passes on (`; exit $?` keeps sh
+    # from exec'ing the interpreter in its place). Without it, unshare re-raises the signal
+    # on itself, and where that fails ("sigprocmask unblock failed") it exits 1: the limit
+    # would read as an ordinary error. sh adds its own line for a killed job to stderr
+    # ("CPU time limit exceeded", "Segmentation fault").
     return ["unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child", "--",
             "/bin/sh", "-c", '"$@"; exit $?', "sh"]
 
@@ -246,7 +248,7 @@ def run_python(code: str, limits: Limits = Limits(), *, isolation_mode: str | No
         stdout, stderr = _read(out_path, limits.max_output), _read(err_path, limits.max_output, tail=True)
         code_ = proc.returncode
         if status is None:
-            status = _status(code_, stderr, limits)
+            status = _status(code_, stderr, limits, wrapped=mode != "none")
         return Result(status=status, stdout=stdout, stderr=stderr, returncode=code_, seconds=seconds, isolation=mode)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -282,7 +284,9 @@ def _read(path: str, limit: int, tail: bool = False) -> str:
     return "[output truncated]\n" + text[-limit:] if tail else text[:limit] + "\n[output truncated]"
 
 
-def _status(code: int | None, stderr: str, limits: Limits) -> str:
+def _status(code: int | None, stderr: str, limits: Limits, wrapped: bool = False) -> str:
+    """The result's status from the exit code; `wrapped`: the code ran under bwrap or
+    unshare, which report a child killed by signal n as exit code 128 + n."""
     if code == 0:
         return "ok"
     if code is not None and code < 0:
@@ -295,9 +299,10 @@ def _status(code: int | None, stderr: str, limits: Limits) -> str:
             return f"killed ({signal.Signals(sig).name})"
         except ValueError:
             return f"killed (signal {sig})"
-    if code is not None and code > 128 and code - 128 in (signal.SIGXCPU, signal.SIGXFSZ, signal.SIGSEGV,
-                                                        signal.SIGKILL, signal.SIGABRT):
-        # the unshare / bwrap wrapper reports the child's signal as 128 + n
+    if code is not None and 128 < code <= 128 + 64 and (wrapped or code - 128 in (
+            signal.SIGXCPU, signal.SIGXFSZ, signal.SIGSEGV, signal.SIGKILL, signal.SIGABRT)):
+        # the unshare / bwrap wrapper reports the child's signal as 128 + n (an exit code in
+        # that range read the same way: `sys.exit(139)` looks like a SIGSEGV there)
         return _status(-(code - 128), stderr, limits)
     if "MemoryError" in stderr:
         return "memory limit"

@@ -6,20 +6,23 @@ faults in all of its pages again, 4 KiB at a time: 1.1 million minor page faults
 2.2-3.2 s of kernel time per W10 step on the 2-core benchmark machine, about a quarter of
 the step. glibc 2.35 and later can ask the kernel for 2 MiB transparent huge pages on
 those mappings (`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`, which `madvise`s them
-`MADV_HUGEPAGE`): the same step then takes about 2,300 faults and 0.4 s of kernel time
-(`benchmarks/README.md`, W10).
+`MADV_HUGEPAGE`): the same step then takes 2,160-2,300 faults and 0.4-0.6 s of kernel
+time (`benchmarks/README.md`, W10).
 
 It is not the default: through the whole trainer (three iterations of the SmolLM2
-FrozenLake recipe, LoRA, 16 micro-batches) the same setting cut page faults from 9.4 to
-1.5 million but doubled the kernel time (33.6 s -> 59-64 s a run) and left the update
-phase where it was (README, "Huge pages"). Set `JAXAGENT_HUGEPAGES=1` to turn it on.
+FrozenLake recipe, LoRA, 8 micro-batches, two runs each way) the same setting cut page
+faults from 9.0-9.4 to 1.5-1.7 million but doubled the kernel time (34 s -> 59-64 s a
+run) and left the update phase where it was (README, "Huge pages"). Set
+`JAXAGENT_HUGEPAGES=1` to turn it on.
 
 The setting is read once, when the process starts, so the `jaxagent` command
 re-executes itself with it (the same process id, arguments and interpreter) before
 doing anything else; worker processes inherit it. Nothing changes unless
 `JAXAGENT_HUGEPAGES` is `1` (or `on`, `true`, `yes`), and not then either when the
 process already has a `glibc.malloc.hugetlb` setting, when the kernel's transparent
-huge pages are `never`, when the C library is not glibc 2.35+, or off Linux. Library
+huge pages are not `madvise` (with `always` every big mapping gets them without
+asking, and glibc's setting does nothing; with `never` none does), when the C library
+is not glibc 2.35+, or off Linux. Library
 imports never re-execute: only the command-line entry point calls
 :func:`reexec_if_needed`.
 """
@@ -49,7 +52,8 @@ def _glibc_ok() -> bool:
 def _thp_mode(path: str = THP_ENABLED) -> str | None:
     """The kernel's transparent huge page mode (`always`, `madvise`, `never`), or None."""
     try:
-        text = open(path).read()
+        with open(path) as f:
+            text = f.read()
     except OSError:
         return None
     for word in text.split():
@@ -71,7 +75,7 @@ def wanted(env: Mapping[str, str] | None = None, *, thp_mode: str | None = "auto
     if not (_glibc_ok() if glibc_ok is None else glibc_ok):
         return False
     mode = _thp_mode() if thp_mode == "auto" else thp_mode
-    return mode in ("always", "madvise")
+    return mode == "madvise"  # `always` gives huge pages without asking; `never`, none
 
 
 def environ(env: Mapping[str, str] | None = None, **kwargs) -> dict[str, str]:
@@ -93,6 +97,11 @@ def reexec_if_needed() -> None:
     if not argv or not sys.executable:
         return
     env = environ()
+    for stream in (sys.stdout, sys.stderr):  # what was printed must not be lost with the old image
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):
+            pass
     try:
         os.execve(sys.executable, argv, env)
     except OSError:

@@ -128,12 +128,15 @@ def test_abuse_is_contained_and_the_worker_survives(name):
         assert pool.stats["restarts"] == 0
 
 
+@functools.lru_cache(maxsize=None)
 def _unshare_works() -> bool:
     return shutil.which("unshare") is not None and _works(_unshare_prefix())
 
 
 @pytest.mark.parametrize("code, want", [("while True:\n    pass", "cpu limit"),
                                         ("import ctypes\nctypes.string_at(0)", "killed (SIGSEGV)"),
+                                        ("import os, signal\nos.kill(os.getpid(), signal.SIGBUS)",
+                                         "killed (SIGBUS)"),
                                         ("import sys\nsys.exit(3)", "error"),
                                         ("print(6 * 7)", "ok")])
 def test_the_unshare_fallback_reports_limits_and_signals(code, want):

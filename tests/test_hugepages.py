@@ -34,7 +34,7 @@ def test_wanted_only_when_asked_for_and_where_it_applies():
     for yes in ("on", "True", " yes "):
         assert H.wanted({**base, H.SWITCH: yes}, thp_mode="madvise", glibc_ok=True) is sys.platform.startswith("linux")
     assert H.wanted(base, thp_mode="madvise", glibc_ok=True) is sys.platform.startswith("linux")
-    assert H.wanted(base, thp_mode="always", glibc_ok=True) is sys.platform.startswith("linux")
+    assert not H.wanted(base, thp_mode="always", glibc_ok=True)  # huge pages without asking: nothing to do
     assert not H.wanted(base, thp_mode="never", glibc_ok=True)
     assert not H.wanted(base, thp_mode=None, glibc_ok=True)  # no THP file
     assert not H.wanted(base, thp_mode="madvise", glibc_ok=False)  # musl, or glibc before 2.35
@@ -97,3 +97,29 @@ def test_the_command_line_gets_the_setting_and_python_calls_do_not(monkeypatch):
                           env=_clean_env(**{H.SWITCH: "1"}), cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split().count("intake") == 1
+
+
+def test_reexec_calls_execve_with_the_setting(monkeypatch):
+    # in this process, whatever the machine: execve is replaced by a recorder
+    calls = []
+
+    def fake_execve(path, argv, env):
+        calls.append((path, list(argv), dict(env)))
+        raise OSError("recorded")  # as a failed exec: reexec_if_needed carries on
+
+    monkeypatch.setattr(H.os, "execve", fake_execve)
+    monkeypatch.setattr(H, "_glibc_ok", lambda: True)
+    monkeypatch.setattr(H, "_thp_mode", lambda path=H.THP_ENABLED: "madvise")
+    monkeypatch.setattr(H.sys, "platform", "linux")
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    monkeypatch.delenv(H.SWITCH, raising=False)
+    H.reexec_if_needed()
+    assert calls == []  # off by default
+    monkeypatch.setenv(H.SWITCH, "1")
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")
+    H.reexec_if_needed()
+    assert len(calls) == 1
+    path, argv, env = calls[0]
+    assert path == sys.executable and argv == list(sys.orig_argv)
+    assert env["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:" + H.TUNABLE
+    assert env[H.SWITCH] == "1"

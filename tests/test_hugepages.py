@@ -92,11 +92,21 @@ def test_the_command_line_gets_the_setting_and_python_calls_do_not(monkeypatch):
 
     monkeypatch.setattr(H, "reexec_if_needed", lambda: (_ for _ in ()).throw(AssertionError("re-executed")))
     assert cli.main(["envs"]) == 0
-    # the command line does when asked, and the command's work runs once, after it
-    proc = subprocess.run([sys.executable, "-m", "jaxagent", "envs"], capture_output=True, text=True,
-                          env=_clean_env(**{H.SWITCH: "1"}), cwd=ROOT, timeout=120)
+    # the command line does when asked: main() re-executes this same process (one pid, the
+    # setting added) before any of the command's work, which then runs once
+    probe = ("import os, sys; print('start', os.getpid(), os.environ.get('GLIBC_TUNABLES', '-'), flush=True); "
+             "sys.argv = ['jaxagent', 'envs']; from jaxagent.cli import main; main()")
+    env = _clean_env(**{H.SWITCH: "1"})
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=120)
     assert proc.returncode == 0, proc.stderr
+    starts = [ln.split() for ln in proc.stdout.splitlines() if ln.startswith("start ")]
     assert proc.stdout.split().count("intake") == 1
+    if H.wanted(env):
+        assert [s[1] for s in starts] == [starts[0][1]] * 2
+        assert [s[2] for s in starts] == ["-", H.TUNABLE]
+    else:
+        assert len(starts) == 1
 
 
 def test_reexec_calls_execve_with_the_setting(monkeypatch):

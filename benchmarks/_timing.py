@@ -9,6 +9,16 @@ import jax
 import jax.numpy as jnp
 
 
+def median_seconds(fn, repeats: int) -> float:
+    """Median wall seconds of `repeats` calls of `fn` (the caller warms it up first)."""
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
 def matmul_peak_gflops(n: int = 2048, repeats: int = 7) -> float:
     """GFLOP/s of a jitted `n x n` float32 matmul: the median of `repeats` timed calls
     after one warm-up call (the yardstick the update benchmarks report achieved FLOPs
@@ -16,12 +26,7 @@ def matmul_peak_gflops(n: int = 2048, repeats: int = 7) -> float:
     a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
     f = jax.jit(lambda x: x @ x)
     f(a).block_until_ready()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        f(a).block_until_ready()
-        times.append(time.perf_counter() - t)
-    return 2 * n**3 / statistics.median(times) / 1e9
+    return 2 * n**3 / median_seconds(lambda: f(a).block_until_ready(), repeats) / 1e9
 
 
 def time_interleaved(systems: dict, repeats: int) -> tuple[dict, dict, dict]:

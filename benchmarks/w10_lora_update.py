@@ -131,7 +131,7 @@ if "--one-cpu" in sys.argv:  # before jax / torch start their thread pools
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from _jsonl import emit  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
-from _timing import matmul_peak_gflops  # noqa: E402
+from _timing import matmul_peak_gflops, median_seconds  # noqa: E402
 import numpy as np  # noqa: E402
 
 from jaxagent import models as M  # noqa: E402
@@ -291,12 +291,7 @@ def torch_matmul_gflops(n: int = 2048, repeats: int = 5) -> float:
 
     a = torch.randn(n, n, generator=torch.Generator().manual_seed(0))
     a @ a
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        a @ a
-        times.append(time.perf_counter() - t)
-    return 2 * n**3 / statistics.median(times) / 1e9
+    return 2 * n**3 / median_seconds(lambda: a @ a, repeats) / 1e9
 
 
 def tree_bytes(tree) -> int:
@@ -354,6 +349,11 @@ def timed_call(system: dict) -> tuple[float, float, float, float]:
     return time.perf_counter() - t, time.process_time() - c, loss, norm
 
 
+def answer(system: dict, cmd: str):
+    """A system's answer to `cmd`: "call" -> `timed_call`, else its function of that name."""
+    return timed_call(system) if cmd == "call" else system[cmd]()
+
+
 def load_host_weights():
     """(base_host, lora_host, cfg, lcfg, load seconds): float32 weights on the host."""
     t0 = time.perf_counter()
@@ -372,7 +372,7 @@ class Local:
         self.system, self.info = system, system["info"]
 
     def ask(self, cmd: str):
-        return timed_call(self.system) if cmd == "call" else self.system[cmd]()
+        return answer(self.system, cmd)
 
     def close(self):
         pass
@@ -383,10 +383,6 @@ def _worker(conn, name: str, threads, data: dict) -> None:
     import traceback
 
     try:
-        if threads is not None:
-            import torch
-
-            torch.set_num_threads(threads)
         base_host, lora_host, cfg, lcfg, _ = load_host_weights()
         system = build_system(name, threads, base_host, lora_host, cfg, lcfg, data)
         del base_host, lora_host
@@ -397,7 +393,7 @@ def _worker(conn, name: str, threads, data: dict) -> None:
             if cmd == "stop":
                 return
             try:
-                conn.send(("ok", timed_call(system) if cmd == "call" else system[cmd]()))
+                conn.send(("ok", answer(system, cmd)))
             except Exception:
                 conn.send(("error", traceback.format_exc()))
     except Exception:

@@ -364,6 +364,73 @@ def test_truncation_scores_the_interview_without_an_assessment():
     assert r == pytest.approx(-0.1 + info["rubric"]["total"])
 
 
+def _interview_potential(case, disclosures, weights):
+    """The weighted running history and communication of an interview, from the turns'
+    disclosure infos alone (float64, from the rubric's definitions)."""
+    required = set(case.required_domains)
+    elicited, empathic, repeated, productive = set(), 0, 0, 0
+    for d in disclosures:
+        elicited.update(d["revealed"])
+        elicited.update(d["volunteered"])
+        empathic += d["empathic"]
+        repeated += d["repeated"]
+        productive += bool(d["new"])
+    n = len(disclosures)
+    history = len(required & elicited) / len(required)
+    communication = (min(1.0, empathic / 2) + (1 - repeated / n) + productive / n) / 3
+    return (weights["history"] * history + weights["communication"] * communication) / sum(weights.values())
+
+
+@pytest.mark.parametrize("cases, seed, style", [("standard", 3, "expert"), ("standard", 4, "weak"),
+                                                ("adversarial", 5, "weak"), ("standard", 6, "truncated")])
+def test_turn_rewards_pay_the_interview_when_earned_and_sum_to_the_rubric(cases, seed, style):
+    weights = {"history": 0.35, "differential": 0.2, "triage": 0.25, "management": 0.1, "communication": 0.1}
+    plain = envs.make("intake", cases=cases, rubric={"weights": weights}, max_turns=6 if style == "truncated" else 20)
+    dense = envs.make("intake", cases=cases, rubric={"weights": weights}, turn_rewards=True,
+                      max_turns=6 if style == "truncated" else 20)
+    plain.reset(seed)
+    dense.reset(seed)
+    rewards, plain_rewards, disclosures = [], [], []
+    potential = 0.0
+    for turn in range(20):
+        if style == "truncated":
+            action = "How is your mood?" if turn % 2 else "How is your sleep?"   # repeats, never assesses
+        else:
+            action = dense.expert_action() if style == "expert" else dense.expert_action("weak", salt=seed)
+        if turn == 1:
+            action_bad = "<assessment>nothing</assessment>"   # a malformed turn pays only its penalty
+            _, r_bad, _, _, info_bad = dense.step(action_bad)
+            _, r_bad_plain, _, _, _ = plain.step(action_bad)
+            assert info_bad["invalid_action"] and r_bad == r_bad_plain == -0.1
+            rewards.append(r_bad)
+            plain_rewards.append(r_bad_plain)
+        _, r, term, trunc, info = dense.step(action)
+        _, r_plain, term_p, trunc_p, info_plain = plain.step(action)
+        rewards.append(r)
+        plain_rewards.append(r_plain)
+        assert (term, trunc) == (term_p, trunc_p)
+        if term or trunc:
+            break
+        disclosures.append(info["disclosure"])
+        now = _interview_potential(dense.case, disclosures, weights)
+        assert r == pytest.approx(now - potential, abs=1e-12) and r_plain == 0.0
+        # what a cut-off now would pay: the rubric without an assessment, less what was paid
+        assert info["if_cut"]["reward"] == pytest.approx(info_plain["if_cut"]["reward"] - now, abs=1e-12)
+        potential = now
+    assert term or trunc
+    assert info["rubric"] == info_plain["rubric"]
+    assert info["success"] == info_plain["success"] == (term and info["rubric"]["total"] > 0)
+    assert sum(rewards) == pytest.approx(sum(plain_rewards), abs=1e-12)
+    assert sum(rewards) == pytest.approx(info["rubric"]["total"] - 0.1, abs=1e-12)
+    assert rewards[-1] == pytest.approx(info["rubric"]["total"] - potential, abs=1e-12)
+    if style == "truncated":
+        assert trunc and any(r < 0 for r in rewards[2:-1])   # a repeated question costs
+    else:
+        assert max(rewards[:-1]) > 0                           # an eliciting question earns
+    with pytest.raises(ValueError, match="turn_rewards"):
+        envs.make("intake", turn_rewards="yes")
+
+
 def test_eval_cli_prints_json_summary():
     out = subprocess.run([sys.executable, "-m", "envs.intake.eval", "--policy", "no-risk-screen", "--cases",
                           "adversarial", "--episodes", "6"], capture_output=True, text=True, timeout=60, check=True)

@@ -15,6 +15,16 @@ shows who the patient is and their chief complaint. Each turn the agent either
   (:mod:`envs.intake.rubric`) as reward. A turn that holds an assessment is taken
   as the assessment, whatever else it says.
 
+With ``turn_rewards=True`` the interview parts of the rubric are paid when they are
+earned: a question turn's reward is the change it makes in
+``(w_history * history + w_communication * communication) / sum(w)``, both computed
+on the interview so far (a question that elicits a new required domain earns, a
+repeated one costs), and the final step pays the rest of the rubric total. An
+episode's rewards still sum to the rubric total (plus any ``invalid_penalty``), so
+the episode return, the evaluation and GRPO's advantages are those of the default;
+only turn-level estimators (``turn_loo``, ``turn_gae``, ``turn_returns``) see when the
+rubric was earned.
+
 A malformed assessment (or an empty or over-long question) is answered with what is
 wrong and the expected format, ``invalid_penalty`` as reward, and
 ``info["invalid_action"]``; the episode goes on. After ``max_turns`` turns without an
@@ -71,6 +81,9 @@ class IntakeEnv(TextEnv):
       max_domains_per_question: domains a patient answers in one question.
       max_question_chars: longer questions are rejected as invalid.
       invalid_penalty: reward for a malformed action.
+      turn_rewards: pay the history and communication parts of the rubric at the
+        question turns that earn them (see the module docstring); the rewards of an
+        episode sum to the same rubric total either way.
     """
 
     has_expert = True
@@ -78,7 +91,7 @@ class IntakeEnv(TextEnv):
     def __init__(self, cases: str = "standard", *, max_turns: int = 32, persona: str | None = None,
                  personas: Sequence[str] = PERSONAS, conditions: Sequence[str] = CONDITION_KEYS,
                  rubric: Any = None, simulator: Any = None, max_domains_per_question: int = 2,
-                 max_question_chars: int = 600, invalid_penalty: float = -0.1):
+                 max_question_chars: int = 600, invalid_penalty: float = -0.1, turn_rewards: bool = False):
         if cases not in CASE_SETS:
             raise ValueError(f"cases must be one of {', '.join(CASE_SETS)}, got {cases!r}")
         if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 2:
@@ -97,7 +110,11 @@ class IntakeEnv(TextEnv):
             raise ValueError(f"max_domains_per_question must be a positive int, got {max_domains_per_question!r}")
         if not isinstance(max_question_chars, int) or max_question_chars < 20:
             raise ValueError(f"max_question_chars must be an int >= 20, got {max_question_chars!r}")
+        if not isinstance(turn_rewards, bool):
+            raise ValueError(f"turn_rewards must be true or false, got {turn_rewards!r}")
         super().__init__(max_steps=max_turns, invalid_penalty=invalid_penalty)
+        self.turn_rewards = turn_rewards
+        self._paid = 0.0   # rubric reward paid so far this episode (turn_rewards)
         self.cases, self.persona, self.personas, self.conditions = cases, persona, personas, conditions
         self.rubric = RubricConfig.from_dict(rubric)
         self.simulator = make_simulator(simulator)
@@ -146,6 +163,7 @@ class IntakeEnv(TextEnv):
         self.history = []
         self.asked_domains = []
         self._flagged = {"leaks": 0, "contradictions": 0}
+        self._paid = 0.0
         obs = ("Simulated psychiatric intake (a research simulation, not a clinical tool).\n"
                f"The patient is a {case.age}-year-old {case.gender}, {case.occupation}, seen in the outpatient clinic.\n"
                f"Patient: \"{case.chief_complaint}\"\n"
@@ -188,26 +206,35 @@ class IntakeEnv(TextEnv):
             return obs, *self._final(None, info)
         if self.turns_left <= 3:
             obs += f"\n({self.turns_left} turn{'s' if self.turns_left > 1 else ''} left: give your assessment soon.)"
-        return obs, 0.0, False, self._with_cut(info)
+        reward = 0.0
+        if self.turn_rewards:
+            earned = score(self.case, self.interview, None, self.rubric)["components"]
+            w = self.rubric.weights
+            potential = (w["history"] * earned["history"] + w["communication"] * earned["communication"]) \
+                / sum(w.values())
+            reward, self._paid = potential - self._paid, potential
+        return obs, reward, False, self._with_cut(info)
 
     def _invalid(self, message: str):
         obs, reward, terminated, info = super()._invalid(message)
         if self.case is None:
             return obs, reward, terminated, info
         if self.turns_left <= 0:
-            total, _, info = self._final(None, info)
-            reward += total
-            return obs, reward, terminated, info
+            rest, _, info = self._final(None, info)
+            return obs, reward + rest, terminated, info
         return obs, reward, terminated, self._with_cut(info)
 
     def _with_cut(self, info: dict) -> dict:
         """`info` with `if_cut`: the reward and final info of this interview if a rollout
         cuts it off now (context full), scored as running out of turns is (no assessment),
         so that filling the context does not dodge the under-triage cost."""
-        total, _, final = self._final(None, info)
-        return {**info, "if_cut": {"reward": total, "info": {**final, "cut_off": True}}}
+        rest, _, final = self._final(None, info, pay=False)
+        return {**info, "if_cut": {"reward": rest, "info": {**final, "cut_off": True}}}
 
-    def _final(self, parsed, info: dict) -> tuple[float, bool, dict]:
+    def _final(self, parsed, info: dict, pay: bool = True) -> tuple[float, bool, dict]:
+        """The final step's reward (the rubric total less what the question turns were
+        paid), whether an assessment ended it, and its info; `pay=False` for a look
+        ahead (`if_cut`) that pays nothing."""
         result = score(self.case, self.interview, parsed, self.rubric)
         info = dict(info)
         info["rubric"] = {**result["components"], "total": result["total"]}
@@ -223,16 +250,21 @@ class IntakeEnv(TextEnv):
         info["heldout_rubric"] = {**held["components"], "total": held["total"]}
         info["exploits"] = exploit_flags(self.case, parsed, questions, self.asked_domains, self.interview)
         info["fidelity_summary"] = {"replies": self.interview.questions, **self._flagged}
-        return result["total"], parsed is not None, info
+        # an assessment with a positive rubric total, whether or not turn_rewards paid part of it early
+        info["success"] = parsed is not None and result["total"] > 0
+        rest = result["total"] - self._paid
+        if pay:
+            self._paid = result["total"]
+        return rest, parsed is not None, info
 
     def _finish(self, parsed):
-        total, terminated, info = self._final(parsed, {})
+        rest, terminated, info = self._final(parsed, {})
         c = info["rubric"]
         obs = ("Assessment recorded. Rubric total {:.2f} (history {:.2f}, differential {:.2f}, triage {:.2f}, "
                "management {:.2f}, communication {:.2f}). Reference: {}; triage {}.").format(
             c["total"], c["history"], c["differential"], c["triage"], c["management"], c["communication"],
             CONDITIONS[self.case.primary].name, self.case.triage)
-        return obs, total, terminated, info
+        return obs, rest, terminated, info
 
     @staticmethod
     def summarize(episodes: list[dict]) -> dict:

@@ -66,6 +66,30 @@ def test_the_weak_clinician_is_imperfect_the_way_its_options_say():
         WeakClinician(questions=(8, 3))
 
 
+def test_shuffled_risk_order_asks_the_planned_screening_and_follows_up_revealed_ideation():
+    env = IntakeEnv("standard", max_turns=20)
+    last, shuffled = WeakClinician(followup=1.0), WeakClinician(followup=1.0, risk_order="shuffled")
+    asked = {"last": 0, "shuffled": 0}
+    followed = 0
+    for s in range(300):   # 4 screened cases with suicidal intent among them
+        env.reset(seed=s)
+        plan_last, plan_shuffled = last.plan(env.case.case_id), shuffled.plan(env.case.case_id)
+        # the same domains kept and the same screening and follow-up draws; the risk domains placed elsewhere
+        assert [d for d in plan_shuffled[0] if d not in RISK_ORDER] == [d for d in plan_last[0] if d not in RISK_ORDER]
+        assert sorted(d for d in plan_shuffled[0] if d in RISK_ORDER) == sorted(d for d in plan_last[0] if d in RISK_ORDER)
+        assert plan_shuffled[1] == plan_last[1]
+        for name, policy in (("last", last), ("shuffled", shuffled)):
+            acts, _, info = play(env, s, policy)
+            asked[name] += any(a.endswith(QUESTIONS["suicidal_ideation"][0]) for a in acts)
+            if name == "shuffled" and "suicidal_ideation" not in info["missed_domains"] \
+                    and "suicide_intent" in info["case"]["risks"] and plan_shuffled[1]:
+                followed += "suicide_intent" not in info["missed_domains"]
+    assert asked["shuffled"] > asked["last"] > 0      # the early conclusion cuts fewer of them
+    assert followed > 0
+    with pytest.raises(ValueError, match="risk_order must be"):
+        WeakClinician(risk_order="first")
+
+
 def test_warm_start_expert_options_reach_the_env_and_bad_ones_are_named():
     demos = warmstart.collect_demonstrations("intake", {"max_turns": 20}, range(10), max_turns=20,
                                              expert={"style": "weak", "risk_screen": 0.0})

@@ -30,7 +30,11 @@ revealed so far (``env.patient.elicited``) and which domains they have asked
   second attempt at a deflection), opens empathically with probability ``empathy``,
   and concludes early, after a number of questions drawn from ``questions``. Its
   assessment follows the expert's rules from what it did elicit, so what it gets
-  wrong is the interview, and the triage that a missed risk leaves too low.
+  wrong is the interview, and the triage that a missed risk leaves too low. By
+  default (``risk_order="last"``) the risk questions come after the other domains, so
+  the early conclusion cuts most of them and its demonstrations almost never say
+  ``emergent`` (1 of 512 in the recipe's set); ``risk_order="shuffled"`` puts them at
+  random places among the other domains.
 - :class:`RandomClinician`: asks 2-16 questions drawn at random from the expert's
   questions and some off-topic ones, then gives a random differential, triage and
   management; seeded.
@@ -170,10 +174,19 @@ class WeakClinician:
       questions: ``(lo, hi)``: it concludes after a number of questions drawn in it.
       empathy: probability of the empathic opening.
       salt: varies the choices for the same cases.
+      risk_order: ``"last"``: a screening episode asks the risk questions after the
+        other domains, where an early conclusion often cuts them; ``"shuffled"``: they
+        take random places among the other domains (a follow-up is asked as soon as its
+        finding is revealed and its place has come), so the screening it plans is
+        mostly asked.
     """
 
     def __init__(self, risk_screen: float = 0.3, followup: float = 0.5, skip: float = 0.25,
-                 questions: tuple[int, int] = (5, 12), empathy: float = 0.5, salt: int = 0):
+                 questions: tuple[int, int] = (5, 12), empathy: float = 0.5, salt: int = 0,
+                 risk_order: str = "last"):
+        if risk_order not in ("last", "shuffled"):
+            raise ValueError(f"WeakClinician: risk_order must be 'last' or 'shuffled', got {risk_order!r}")
+        self.risk_order = risk_order
         for name, v in (("risk_screen", risk_screen), ("followup", followup), ("skip", skip),
                         ("empathy", empathy)):
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0.0 <= v <= 1.0:
@@ -196,8 +209,13 @@ class WeakClinician:
         order = [d for d in order if rng.random() >= self.skip]
         screen = rng.random() < self.risk_screen
         followup = rng.random() < self.followup
-        if screen:  # the risk questions come late, where an early conclusion often cuts them
-            order += [d for d in RISK_ORDER if d not in RISK_PREREQUISITE or followup]
+        if screen:
+            risk = [d for d in RISK_ORDER if d not in RISK_PREREQUISITE or followup]
+            if self.risk_order == "last":   # late, where an early conclusion often cuts them
+                order += risk
+            else:
+                for d in risk:
+                    order.insert(rng.randint(0, len(order)), d)
         empathic = rng.random() < self.empathy
         return order, followup, empathic, rng.randint(*self.questions)
 

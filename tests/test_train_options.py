@@ -166,3 +166,44 @@ def test_kl_reward_penalty_runs_with_a_reference(tmp_path):
     # iteration 1 samples from the reference itself: the k1 penalty is exactly 0; then the policy moved
     assert history[0]["kl_reward_penalty"] == pytest.approx(0.0, abs=1e-6)
     assert history[1]["kl_reward_penalty"] != 0.0
+
+
+def test_trim_padding_cuts_only_trailing_padding():
+    traj = make_traj().replace(lengths=jnp.asarray([5, 9, 3], jnp.int32))
+    from jaxagent.rollout import trim_padding
+
+    cut = trim_padding(traj, 4)                       # longest 9 -> 12 > T = 10: nothing to cut
+    assert cut.tokens.shape == (3, 10)
+    cut = trim_padding(traj, 3)                       # longest 9 -> 9
+    for name in ("tokens", "attention_mask", "loss_mask", "rollout_logp", "turn_ids", "rewards"):
+        np.testing.assert_array_equal(np.asarray(getattr(cut, name)), np.asarray(getattr(traj, name))[:, :9])
+    for name in ("turn_rewards", "turn_mask", "anchor_ids", "lengths", "group_ids", "done", "failed"):
+        np.testing.assert_array_equal(np.asarray(getattr(cut, name)), np.asarray(getattr(traj, name)))
+    with pytest.raises(ValueError, match="multiple"):
+        trim_padding(traj, 0)
+
+
+def test_trim_padding_error_names_the_key(tmp_path):
+    with pytest.raises(ConfigError, match="trim_padding"):
+        load_config(TrainerConfig, CONFIG, [f"run_dir={tmp_path}", "rollout.trim_padding=-1"])
+
+
+def test_trim_padding_trains_as_the_full_length_batch(tmp_path):
+    """The same iteration with and without `rollout.trim_padding`: the rollout is the same,
+    the batch the passes see is shorter, and the update lands on the same parameters."""
+    runs = {}
+    for name, extra in (("full", []), ("trimmed", ["rollout.trim_padding=64"])):
+        cfg = load_config(TrainerConfig, CONFIG, [f"run_dir={tmp_path / name}", "iterations=1",
+                                                   "rollout.max_context=768", *extra])
+        trainer = Trainer(cfg, log=lambda *_: None)
+        seen = []
+        update = trainer._update
+        trainer._update = lambda state, batch, *a, **k: (seen.append(batch.tokens.shape), update(state, batch, *a, **k))[1]
+        history = trainer.run()
+        runs[name] = (history[0], jax.device_get(trainer.state.params), seen)
+    (full, p_full, s_full), (trim, p_trim, s_trim) = runs["full"], runs["trimmed"]
+    assert s_full and all(s[1] == 768 for s in s_full)                 # max_context
+    assert s_trim and all(s[1] < 768 and s[1] % 64 == 0 for s in s_trim)
+    assert trim["reward_mean"] == full["reward_mean"]                 # the same episodes
+    for a, b in zip(jax.tree.leaves(p_full), jax.tree.leaves(p_trim)):
+        np.testing.assert_allclose(a, b, rtol=0, atol=2e-6)

@@ -11,8 +11,8 @@ from jaxagent.rollout.agent_loop import AgentLoop, AgentLoopConfig, Episode
 from jaxagent.rollout.chat import ChatFormat, ChatTemplateError
 from jaxagent.rollout.sampler import (FINISH_REASONS, GREEDY, Generation, Sampler, SamplerState, SamplingConfig,
                                       bucket, decode_step, processed_logits, sample_tokens)
-from jaxagent.rollout.trajectory import Trajectory
+from jaxagent.rollout.trajectory import Trajectory, trim_padding
 
 __all__ = ["AgentLoop", "AgentLoopConfig", "ChatFormat", "ChatTemplateError", "Episode", "FINISH_REASONS",
-           "GREEDY", "Generation", "Sampler", "SamplerState", "SamplingConfig", "Trajectory", "bucket",
+           "GREEDY", "Generation", "Sampler", "SamplerState", "SamplingConfig", "Trajectory", "trim_padding", "bucket",
            "decode_step", "processed_logits", "sample_tokens"]

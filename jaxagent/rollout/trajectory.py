@@ -1,7 +1,8 @@
 """`Trajectory`: the batch of multi-turn episodes the trainer learns from, as one pytree.
 
-Token axis `T` (= the rollout's `max_context`, fixed so the train step compiles once)
-and turn axis `K` (= `max_turns`). Row `b` holds episode `b`'s token sequence exactly
+Token axis `T` (= the rollout's `max_context`, fixed so the train step compiles once;
+:func:`trim_padding` cuts it to the batch's longest episode, rounded up) and turn axis
+`K` (= `max_turns`). Row `b` holds episode `b`'s token sequence exactly
 as the sampler saw it: the first prompt, then per turn the policy's tokens followed by
 the next observation's tokens, then padding.
 
@@ -75,3 +76,24 @@ def rewards_at_turn_ends(turn_rewards_BxK, turn_ids_BxT) -> np.ndarray:
     out = np.zeros(tid.shape, np.float32)
     out[b, t] = turn_r[b, tid[b, t]]
     return out
+
+
+#: the `[B, T]` fields, the ones `trim_padding` cuts
+TOKEN_FIELDS = ("tokens", "attention_mask", "loss_mask", "rollout_logp", "turn_ids", "rewards")
+
+
+def trim_padding(traj: Trajectory, multiple: int) -> Trajectory:
+    """`traj` with its token axis cut to its longest episode rounded up to a multiple of
+    `multiple` (never longer than it was). Only trailing padding goes: a causal model's
+    outputs at the kept positions, and every masked sum over them, are unchanged, while
+    the log-prob pass and the update stop paying for padding. Each distinct length
+    compiles those passes once, so a multiple of 64-128 keeps the compiles few."""
+    if not isinstance(multiple, int) or isinstance(multiple, bool) or multiple < 1:
+        raise ValueError(f"trim_padding: multiple must be an int >= 1, got {multiple!r}")
+    T = traj.tokens.shape[1]
+    longest = int(np.max(np.asarray(traj.lengths))) if traj.tokens.shape[0] else 0
+    keep = min(T, max(multiple, -(-longest // multiple) * multiple))
+    if keep == T:
+        return traj
+    return traj.replace(**{f: getattr(traj, f)[:, :keep] for f in TOKEN_FIELDS})
+

@@ -194,6 +194,12 @@ class RolloutSection:
     slots: 0 = turn-synchronous (or `pipeline_groups`); S > 0 = continuous scheduling
       with S sampler rows: every episode moves on as soon as its own env step is back,
       and a finished episode's row takes the next episode (same trajectories).
+    trim_padding: 0 = the log-prob pass and the update see every row padded to
+      `max_context` (they compile once); N > 0 = each iteration's batch is cut to its
+      longest episode rounded up to a multiple of N (`jaxagent.rollout.trim_padding`):
+      the same losses, computed without the trailing padding, at the cost of one compile
+      per distinct length. Worth it when episodes are much shorter than `max_context`.
+      One process only.
     """
 
     max_turns: int = 2
@@ -204,11 +210,13 @@ class RolloutSection:
     top_p: float = 1.0
     pipeline_groups: int = 1
     slots: int = 0
+    trim_padding: int = 0
 
     def __post_init__(self):
         for name in ("max_turns", "max_tokens_per_turn", "max_context", "pipeline_groups"):
             _check_int(name, getattr(self, name), 1)
         _check_int("slots", self.slots, 0)
+        _check_int("rollout.trim_padding", self.trim_padding, 0)
         if self.slots and self.pipeline_groups > 1:
             raise ValueError(f"rollout.slots={self.slots} (continuous scheduling) and rollout.pipeline_groups="
                              f"{self.pipeline_groups} are two ways of overlapping env steps; set one")

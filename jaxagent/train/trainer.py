@@ -49,6 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxagent.rollout.trajectory import trim_padding
 from jaxagent.train import build
 from jaxagent.train.advantages import compute_advantages, shape_rewards
 from jaxagent.train.collect import collect_batch
@@ -98,6 +99,9 @@ class Trainer:
         build.judge_reward(config)     # and so is a judge that cannot be built (a missing key variable)
         run = build.build_run(config, resume=resume, log=log)
         self.placement = run.placement
+        if config.rollout.trim_padding and self.placement.multi_process:
+            raise ValueError("rollout.trim_padding works in one process only (the processes' batches would need one "
+                             "length); set rollout.trim_padding=0 for a multi-process run")
         self.primary = self.placement.primary
         self.log = log if self.primary else (lambda *_, **__: None)
         self.tokenizer, self.model_config = run.tokenizer, run.model_config
@@ -310,6 +314,8 @@ class Trainer:
         # ---- rollout: this process's rows, then the global batch
         self._phase("rollout")
         collected, staleness = self._rollout(loop, pool, k_sample, times)
+        if cfg.rollout.trim_padding:   # the passes below then pay for the longest episode, not max_context
+            collected.traj = trim_padding(collected.traj, cfg.rollout.trim_padding)
         self.progress.task_position += collected.tasks_played
         self._last_episodes = collected.episodes
         per_row = {"success": np.array([ep.success for ep in collected.episodes]), "baselines": collected.baselines,

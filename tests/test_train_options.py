@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from jaxagent.config import ConfigError, load_config
-from jaxagent.rollout.trajectory import Trajectory
+from jaxagent.rollout.trajectory import Trajectory, trim_padding
 from jaxagent.train.advantages import shape_rewards
 from jaxagent.train.config import AlgoSection
 from jaxagent.train.trainer import Trainer, TrainerConfig
@@ -170,8 +170,6 @@ def test_kl_reward_penalty_runs_with_a_reference(tmp_path):
 
 def test_trim_padding_cuts_only_trailing_padding():
     traj = make_traj().replace(lengths=jnp.asarray([5, 9, 3], jnp.int32))
-    from jaxagent.rollout import trim_padding
-
     cut = trim_padding(traj, 4)                       # longest 9 -> 12 > T = 10: nothing to cut
     assert cut.tokens.shape == (3, 10)
     cut = trim_padding(traj, 3)                       # longest 9 -> 9

@@ -96,4 +96,3 @@ def trim_padding(traj: Trajectory, multiple: int) -> Trajectory:
     if keep == T:
         return traj
     return traj.replace(**{f: getattr(traj, f)[:, :keep] for f in TOKEN_FIELDS})
-

@@ -18,7 +18,7 @@ from envs.intake.cases import (ADVERSARIAL_SET_SIZE, CONDITIONS, DOMAINS, KEY_DO
                                adversarial_case, build_case, generate_case)
 from envs.intake.domains import is_empathic, map_question
 from envs.intake.eval import evaluate
-from envs.intake.policies import OPENING, QUESTIONS, Clinician, RandomClinician
+from envs.intake.policies import OPENING, QUESTIONS, Clinician, RandomClinician, WeakClinician
 from envs.intake.rubric import Interview, RubricConfig, score
 from envs.intake.simulator import OpenAIChatClient, PatientState, SimulatorError
 
@@ -442,6 +442,37 @@ def test_eval_cli_prints_json_summary():
     bad = subprocess.run([sys.executable, "-m", "envs.intake.eval", "--policy", "oracle"], capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode != 0 and "--policy" in bad.stderr
+
+
+def test_eval_cli_takes_the_weak_clinicians_options():
+    """`--weak KEY=VALUE` evaluates the weak clinician with those options: the same rubric
+    as playing `WeakClinician(...)` by hand; unknown options and options for another
+    policy are errors naming them."""
+    cmd = [sys.executable, "-m", "envs.intake.eval", "--policy", "weak", "--episodes", "6", "--seed", "40",
+           "--max-turns", "20"]
+    out = subprocess.run(cmd + ["--weak", "questions=[3,19]", "--weak", "risk_order=shuffled"],
+                         capture_output=True, text=True, timeout=60, check=True)
+    summary = json.loads(out.stdout)
+    totals = []
+    for seed in range(40, 46):
+        env = envs.make("intake", cases="standard", max_turns=20)
+        obs, info = env.reset(seed=seed)
+        policy = WeakClinician(questions=(3, 19), risk_order="shuffled")
+        while True:
+            obs, _, term, trunc, info = env.step(policy(obs, env))
+            if term or trunc:
+                break
+        totals.append(info["rubric"]["total"])
+    assert summary["weak"] == {"questions": [3, 19], "risk_order": "shuffled"}
+    assert summary["rubric_mean"] == pytest.approx(sum(totals) / len(totals), abs=1e-12)
+    default = json.loads(subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True).stdout)
+    assert "weak" not in default
+    for extra, named in ((["--weak", "budget=3"], "budget"), (["--weak", "questions"], "KEY=VALUE"),
+                         (["--weak", "risk_order=first"], "risk_order")):
+        bad = subprocess.run(cmd + extra, capture_output=True, text=True, timeout=60)
+        assert bad.returncode != 0 and named in bad.stderr, bad.stderr
+    bad = subprocess.run([*cmd[:4], "expert", "--weak", "skip=0"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "--policy weak" in bad.stderr
 
 
 # ---------------------------------------------------------------- LLM-backed simulators

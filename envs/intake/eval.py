@@ -4,8 +4,13 @@ Research simulation, not a clinical tool.
 
 Usage::
 
-    python -m envs.intake.eval --policy {expert,random,no-risk-screen} \\
-        --cases {standard,adversarial} --episodes N [--seed S] [--max-turns T] [--persona P]
+    python -m envs.intake.eval --policy {expert,random,no-risk-screen,weak} \\
+        --cases {standard,adversarial} --episodes N [--seed S] [--max-turns T] [--persona P] \\
+        [--weak KEY=VALUE ...]
+
+``--weak`` sets an option of the weak clinician (:class:`envs.intake.policies.WeakClinician`;
+the value is read as YAML), e.g. ``--weak questions=[3,19] --weak risk_order=shuffled``, the
+intake recipe's demonstrator.
 
 Episode i uses seed ``S + i`` (for ``adversarial``: case ``(S + i) % 24`` of the fixed
 set). The summary (one JSON object on stdout)::
@@ -38,6 +43,8 @@ import argparse
 import json
 import statistics
 import sys
+
+import yaml
 
 from envs.intake.cases import PERSONAS
 from envs.intake.env import CASE_SETS, IntakeEnv
@@ -103,15 +110,17 @@ def _monitor_summary(infos: list[dict]) -> dict:
 
 
 def evaluate(policy: str, cases: str = "standard", episodes: int = 50, seed: int = 0, max_turns: int = 32,
-             persona: str | None = None) -> dict:
-    """Run ``episodes`` episodes of ``policy`` and return the summary (see the module docstring)."""
+             persona: str | None = None, weak: dict | None = None) -> dict:
+    """Run ``episodes`` episodes of ``policy`` and return the summary (see the module
+    docstring); ``weak`` are the weak clinician's options."""
     if not isinstance(episodes, int) or episodes < 1:
         raise ValueError(f"episodes must be a positive int, got {episodes!r}")
+    weak = dict(weak or {})
     env = IntakeEnv(cases, max_turns=max_turns, persona=persona)
-    make_policy(policy)  # validates the name before any episode runs
+    make_policy(policy, 0, **weak)  # validates the name and options before any episode runs
     infos, assessed, invalid = [], [], 0
     for i in range(episodes):
-        act = make_policy(policy, seed + i)
+        act = make_policy(policy, seed + i, **weak)
         obs, info = env.reset(seed + i)
         while True:
             obs, reward, terminated, truncated, info = env.step(act(obs, env))
@@ -121,6 +130,8 @@ def evaluate(policy: str, cases: str = "standard", episodes: int = 50, seed: int
         infos.append(info)
         assessed.append(terminated)
     out = {"policy": policy, "cases": cases, "episodes": episodes, "seed": seed}
+    if weak:
+        out["weak"] = weak
     out.update({k: v for k, v in summarize(infos, assessed).items() if k != "scored_episodes"})
     out["invalid_actions"] = invalid
     return out
@@ -136,11 +147,24 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0, help="seed of the first episode (default 0)")
     p.add_argument("--max-turns", type=int, default=32)
     p.add_argument("--persona", choices=PERSONAS, default=None, help="force every patient's persona")
+    p.add_argument("--weak", action="append", default=[], metavar="KEY=VALUE",
+                   help="an option of the weak clinician, e.g. questions=[3,19] or risk_order=shuffled (repeatable)")
     args = p.parse_args(argv)
     if args.episodes < 1:
         p.error(f"--episodes must be >= 1, got {args.episodes}")
+    weak = {}
+    for item in args.weak:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            p.error(f"--weak takes KEY=VALUE, got {item!r}")
+        try:
+            weak[key] = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            p.error(f"--weak {key}: the value {value!r} is not valid YAML ({e})")
+    if weak and args.policy != "weak":
+        p.error(f"--weak sets options of --policy weak, not of {args.policy!r}")
     try:
-        summary = evaluate(args.policy, args.cases, args.episodes, args.seed, args.max_turns, args.persona)
+        summary = evaluate(args.policy, args.cases, args.episodes, args.seed, args.max_turns, args.persona, weak)
     except ValueError as e:
         p.error(str(e))
     json.dump(summary, sys.stdout, indent=2)

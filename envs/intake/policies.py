@@ -259,8 +259,11 @@ class RandomClinician:
 POLICIES = ("expert", "random", "no-risk-screen", "weak")
 
 
-def make_policy(name: str, seed: int = 0):
-    """A policy by name (``POLICIES``); ``seed`` seeds the random one."""
+def make_policy(name: str, seed: int = 0, **weak):
+    """A policy by name (``POLICIES``); ``seed`` seeds the random one; ``weak`` are
+    :class:`WeakClinician`'s keyword arguments (only with ``name="weak"``)."""
+    if weak and name != "weak":
+        raise ValueError(f"policy {name!r} takes no options, got {sorted(weak)} (only 'weak' does)")
     if name == "expert":
         return Clinician()
     if name == "no-risk-screen":
@@ -268,7 +271,11 @@ def make_policy(name: str, seed: int = 0):
     if name == "random":
         return RandomClinician(seed)
     if name == "weak":
-        return WeakClinician()
+        known = ("risk_screen", "followup", "skip", "questions", "empathy", "salt", "risk_order")
+        unknown = sorted(k for k in weak if k not in known)
+        if unknown:
+            raise ValueError(f"the weak clinician has no options {unknown}; known: {', '.join(known)}")
+        return WeakClinician(**weak)
     raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
 
 

@@ -41,6 +41,7 @@ revealed so far (``env.patient.elicited``) and which domains they have asked
 """
 from __future__ import annotations
 
+import inspect
 import random
 from collections import Counter
 
@@ -271,7 +272,7 @@ def make_policy(name: str, seed: int = 0, **weak):
     if name == "random":
         return RandomClinician(seed)
     if name == "weak":
-        known = ("risk_screen", "followup", "skip", "questions", "empathy", "salt", "risk_order")
+        known = list(inspect.signature(WeakClinician).parameters)
         unknown = sorted(k for k in weak if k not in known)
         if unknown:
             raise ValueError(f"the weak clinician has no options {unknown}; known: {', '.join(known)}")

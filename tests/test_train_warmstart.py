@@ -259,3 +259,48 @@ def test_a_batch_trimmed_to_its_longest_row_has_the_same_sft_loss_and_gradient()
 def test_length_buckets_must_be_a_bool(tmp_path):
     with pytest.raises(ConfigError, match="length_buckets"):
         tiny(tmp_path / "run", "warm_start.length_buckets=3")
+
+
+def test_conclusion_demonstrations_teach_only_their_final_action():
+    demos = ws.collect_demonstrations("frozenlake", LAKE, range(6), noise=0.3, max_turns=6)
+    final = ws.collect_demonstrations("frozenlake", LAKE, range(6), noise=0.3, max_turns=6, final_only=True)
+    tok = ws.train_bpe_tokenizer(ws.demonstration_texts(demos), 400)
+    chat = ChatFormat(tok)
+    for d, f in zip(demos, final):
+        assert f.final_only and not d.final_only and f.actions == d.actions
+        tokens, mask = ws.demonstration_tokens(chat, d, 4096)
+        f_tokens, f_mask = ws.demonstration_tokens(chat, f, 4096)
+        # the same layout; the loss on the last action and its end-of-turn token only
+        assert f_tokens == tokens
+        taught = tok.decode([t for t, m in zip(f_tokens, f_mask) if m])
+        assert taught == d.actions[-1] + "<|im_end|>"
+        assert f_mask[-1] == 1 and sum(f_mask) == len(chat.encode(d.actions[-1])) + 1
+        # cut before the final action: nothing is taught
+        _, cut_mask = ws.demonstration_tokens(chat, f, len(tokens) - 1)
+        assert sum(cut_mask) == 0
+
+
+def test_conclusion_demonstrations_join_the_warm_start(tmp_path):
+    logs = []
+    trainer = Trainer(tiny(tmp_path / "run", "warm_start.conclusions=8", "warm_start.conclusions_seed=1200000"),
+                      log=logs.append)
+    acting = [d for d in trainer.demonstrations if not d.final_only]
+    final = [d for d in trainer.demonstrations if d.final_only]
+    assert [d.seed for d in acting] == list(range(1_000_000, 1_000_032))
+    assert [d.seed for d in final] == list(range(1_200_000, 1_200_008))
+    _, _, summary = ws.sft_warm_start(trainer.config, trainer.state.params, trainer.model_config, trainer.tokenizer,
+                                      trainer.demonstrations, trainer.placement, log=logs.append)
+    assert summary["demonstrations"] == 32
+    assert summary["conclusion_demonstrations"] + summary["conclusions_dropped"] == 8
+    # the demonstration success is the acting demonstrations' own
+    assert summary["demonstration_success"] == pytest.approx(sum(d.success for d in acting) / 32)
+    assert any("+ 8 conclusion demonstrations" in x for x in logs if isinstance(x, str))
+
+
+def test_conclusion_options_are_checked(tmp_path):
+    with pytest.raises(ConfigError, match="overlap"):
+        tiny(tmp_path / "run", "warm_start.conclusions=8", "warm_start.conclusions_seed=1000030")
+    with pytest.raises(ConfigError, match="conclusions_expert"):
+        tiny(tmp_path / "run", "warm_start.conclusions=8", "warm_start.conclusions_expert=[1, 2]")
+    with pytest.raises(ConfigError, match="conclusions"):
+        tiny(tmp_path / "run", "warm_start.conclusions=-1")

@@ -207,7 +207,7 @@ class Run:
     placement: Placement
     state: TrainState
     ref_params: Any                 # None = no KL reference
-    demonstrations: list | None     # the warm start's (fresh runs with a warm start)
+    demonstrations: list | None     # the warm start's (fresh runs with a warm start), conclusions last
     keys: dict[str, jax.Array]      # "critic", "rng": for the RL state after a warm start
     memory_estimate: dict
 
@@ -235,6 +235,11 @@ def build_run(config: TrainerConfig, *, resume: bool = False, log=print) -> Run:
         demos = collect_demonstrations(config.env.name, config.env.kwargs, range(ws.seed, ws.seed + ws.episodes),
                                        noise=ws.expert_noise, max_turns=config.rollout.max_turns,
                                        expert=ws.expert)
+        if ws.conclusions:
+            demos += collect_demonstrations(
+                config.env.name, config.env.kwargs, range(ws.conclusions_seed, ws.conclusions_seed + ws.conclusions),
+                max_turns=config.rollout.max_turns, final_only=True,
+                expert=ws.expert if ws.conclusions_expert is None else ws.conclusions_expert)
     tokenizer = run_tokenizer(config, Path(config.run_dir), resume=resume, demonstrations=demos)
     k_model, k_critic, k_rng = jax.random.split(jax.random.key(config.seed), 3)
     if config.model.path is None:  # the architecture is known: check before building anything

@@ -415,6 +415,14 @@ class WarmStartSection:
       conclude early) each batch teaches one behaviour and SFT fits worse (README), so it
       is off by default.
     optim: the SFT optimizer (RL then starts a fresh optimizer from the SFT weights).
+    conclusions: conclusion demonstrations besides `episodes` (0 = none): one episode per
+      seed `conclusions_seed, conclusions_seed + 1, ...` played with `conclusions_expert`
+      (None = `expert`), of which SFT trains only the final action (intake: the
+      assessment). They teach how to conclude from whatever an episode elicited, on
+      episodes the policy is not taught to play: intake's recipe uses them so that a warm
+      start that interviews like the weak clinician still reads a longer interview's
+      answers (README). `only_successful` does not filter them; one whose final action
+      is past `rollout.max_context` is dropped (counted in the log and the summary).
     """
 
     episodes: int = 0
@@ -426,9 +434,17 @@ class WarmStartSection:
     batch_size: int = 32
     length_buckets: bool = False
     optim: OptimizerConfig = OptimizerConfig(lr=1e-3)
+    conclusions: int = 0
+    conclusions_seed: int = 1_100_000
+    conclusions_expert: dict[str, Any] | None = None
 
     def __post_init__(self):
         _check_int("episodes", self.episodes, 0)
+        _check_int("conclusions", self.conclusions, 0)
+        _check_int("conclusions_seed", self.conclusions_seed, 0)
+        if self.conclusions_expert is not None and not isinstance(self.conclusions_expert, dict):
+            raise ValueError(f"conclusions_expert must be a mapping of expert_action keyword arguments (or null "
+                             f"for `expert`), got {self.conclusions_expert!r}")
         _check_int("seed", self.seed, 0)
         _check_int("epochs", self.epochs, 1)
         _check_int("batch_size", self.batch_size, 1)
@@ -441,7 +457,7 @@ class WarmStartSection:
 
     @property
     def enabled(self) -> bool:
-        return self.episodes > 0
+        return self.episodes > 0 or self.conclusions > 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -728,6 +744,8 @@ class TrainerConfig:
                                  f"mesh.fsdp = {shards} (its rows are split over them)")
         ranges = {"env.seed (the training task stream)": (self.env.seed, self.iterations * self.env.tasks_per_iteration),
                   "warm_start.seed (demonstrations)": (self.warm_start.seed, self.warm_start.episodes),
+                  "warm_start.conclusions_seed (conclusion demonstrations)": (self.warm_start.conclusions_seed,
+                                                                              self.warm_start.conclusions),
                   "eval.seed (held-out evaluation)": (self.eval.seed, self.eval.episodes)}
         items = [(k, a, n) for k, (a, n) in ranges.items() if n > 0]
         for i, (k1, a1, n1) in enumerate(items):

@@ -47,6 +47,8 @@ class Demonstration:
     done: bool
     success: bool
     noisy_actions: int
+    #: a conclusion demonstration: SFT trains only on its final action (see `demonstration_tokens`)
+    final_only: bool = False
 
     @property
     def episode_return(self) -> float:
@@ -63,9 +65,11 @@ def random_actions(env) -> tuple[str, ...]:
 
 
 def collect_demonstrations(name: str, kwargs: dict, seeds: Sequence[int], *, noise: float = 0.0,
-                           max_turns: int, noise_seed: int = 0, expert: dict | None = None) -> list[Demonstration]:
+                           max_turns: int, noise_seed: int = 0, expert: dict | None = None,
+                           final_only: bool = False) -> list[Demonstration]:
     """One (possibly noisy) expert episode per seed, played in this process; `expert`:
-    keyword arguments of the env's `expert_action` (e.g. intake's `{"style": "weak"}`)."""
+    keyword arguments of the env's `expert_action` (e.g. intake's `{"style": "weak"}`);
+    `final_only`: conclusion demonstrations (SFT trains on their final action only)."""
     import envs
 
     if not 0.0 <= noise <= 1.0:
@@ -81,7 +85,7 @@ def collect_demonstrations(name: str, kwargs: dict, seeds: Sequence[int], *, noi
             obs, info = env.reset(seed=int(seed))
             demo = Demonstration(seed=int(seed), system_prompt=info.get("system_prompt", env.system_prompt),
                                  observations=[obs], actions=[], rewards=[], done=False, success=False,
-                                 noisy_actions=0)
+                                 noisy_actions=0, final_only=bool(final_only))
             last_info: dict = {}
             for _ in range(max_turns):
                 try:
@@ -108,7 +112,9 @@ def collect_demonstrations(name: str, kwargs: dict, seeds: Sequence[int], *, noi
 
 def demonstration_tokens(chat, demo: Demonstration, max_context: int) -> tuple[list[int], list[int]]:
     """`(tokens, loss_mask)` of a demonstration as the agent loop would have laid it out
-    (see the module docstring); cut at `max_context` tokens (the cut turn is dropped)."""
+    (see the module docstring); cut at `max_context` tokens (the cut turn is dropped). A
+    conclusion demonstration (`demo.final_only`) has the loss on its final action (and its
+    end-of-turn token) only, and none at all when that action was cut."""
     eot = chat.stop_token_ids[0] if chat.stop_token_ids else None
     tokens = chat.prompt_tokens(demo.system_prompt, demo.observations[0])
     mask = [0] * len(tokens)
@@ -124,7 +130,7 @@ def demonstration_tokens(chat, demo: Demonstration, max_context: int) -> tuple[l
         if len(tokens) + len(act) > max_context:
             break
         tokens += act
-        mask += [1] * len(act)
+        mask += [1 if last or not demo.final_only else 0] * len(act)
         if last or len(tokens) + len(seg) >= max_context:
             break
         tokens += seg
@@ -285,11 +291,17 @@ def sft_warm_start(config, params, model_config, tokenizer, demonstrations: Sequ
     t_start = time.perf_counter()
     demos = list(demonstrations)
     if ws.only_successful:
-        demos = [d for d in demos if d.success]
-        if not demos:
+        demos = [d for d in demos if d.success or d.final_only]
+        if not any(not d.final_only for d in demos):
             raise RuntimeError("warm_start.only_successful: none of the demonstrations succeeded")
     chat = ChatFormat(tokenizer)
     rows = [demonstration_tokens(chat, d, config.rollout.max_context) for d in demos]
+    # a conclusion demonstration whose final action is past max_context teaches nothing
+    cut = sum(1 for d, (_, m) in zip(demos, rows) if d.final_only and not any(m))
+    rows = [r for d, r in zip(demos, rows) if not (d.final_only and not any(r[1]))]
+    n_final = sum(d.final_only for d in demos) - cut
+    if not rows:
+        raise ValueError(f"warm start: no demonstration fits rollout.max_context {config.rollout.max_context}")
     lengths = np.array([len(t) for t, _ in rows])
     length = -(-int(lengths.max()) // 16) * 16
     pad = tokenizer.pad_token_id
@@ -304,10 +316,14 @@ def sft_warm_start(config, params, model_config, tokenizer, demonstrations: Sequ
     placement.check_batch_rows(bs, "warm_start.batch_size")
     state = placement.place_state(init_train_state(k_sft, params, model_config, sc))
     update = placement.update_step(sc, state, kind="sft")
-    success = float(np.mean([d.success for d in demonstrations]))
+    acting = [d.success for d in demonstrations if not d.final_only]
+    success = float(np.mean(acting)) if acting else float("nan")
     columns = f"up to {length} (length buckets, mean {lengths.mean():.0f})" if ws.length_buckets else f"{length}"
-    log(f"warm start: {n} demonstrations (expert noise {ws.expert_noise}, demonstration success "
-        f"{success:.2f}), {ws.epochs} epochs x {per_epoch} steps of {bs} rows x {columns} tokens")
+    also = (f" + {n_final} conclusion demonstrations (loss on the final action only"
+            + (f"; {cut} dropped: their final action is past rollout.max_context" if cut else "") + ")"
+            if n_final or cut else "")
+    log(f"warm start: {n - n_final} demonstrations (expert noise {ws.expert_noise}, demonstration success "
+        f"{success:.2f}){also}, {ws.epochs} epochs x {per_epoch} steps of {bs} rows x {columns} tokens")
     lines, window = [], []
     every = max(1, total // 10)
     for epoch, key in enumerate(jax.random.split(k_shuffle, ws.epochs)):
@@ -333,6 +349,7 @@ def sft_warm_start(config, params, model_config, tokenizer, demonstrations: Sequ
                 window = []
                 log(f"warm start: step {step}/{total} | loss {line['loss']:.4f} | "
                     f"entropy {line['entropy']:.4f} | {line['time_s']:.0f}s")
-    summary = {"demonstrations": n, "demonstration_success": success, "steps": total,
+    summary = {"demonstrations": n - n_final, "conclusion_demonstrations": n_final,
+               "conclusions_dropped": cut, "demonstration_success": success, "steps": total,
                "final_loss": lines[-1]["loss"] if lines else None, "seconds": time.perf_counter() - t_start}
     return state.params, lines, summary

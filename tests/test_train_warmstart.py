@@ -274,7 +274,17 @@ def test_conclusion_demonstrations_teach_only_their_final_action():
         assert f_tokens == tokens
         taught = tok.decode([t for t, m in zip(f_tokens, f_mask) if m])
         assert taught == d.actions[-1] + "<|im_end|>"
-        assert f_mask[-1] == 1 and sum(f_mask) == len(chat.encode(d.actions[-1])) + 1
+        last = chat.encode(d.actions[-1])
+        assert f_mask[-1] == 1 and sum(f_mask) == len(last) + 1
+        # skipping the final action's first tokens: they are not taught, its end-of-turn
+        # token always is
+        for skip in (1, 2, len(last) + 3):
+            s_tokens, s_mask = ws.demonstration_tokens(chat, f, 4096, skip_final=skip)
+            assert s_tokens == tokens
+            taught = [t for t, m in zip(s_tokens, s_mask) if m]
+            assert taught == (last + [chat.stop_token_ids[0]])[min(skip, len(last)):]
+        # acting demonstrations are unaffected
+        assert ws.demonstration_tokens(chat, d, 4096, skip_final=2) == (tokens, mask)
         # cut before the final action: nothing is taught
         _, cut_mask = ws.demonstration_tokens(chat, f, len(tokens) - 1)
         assert sum(cut_mask) == 0
@@ -304,3 +314,5 @@ def test_conclusion_options_are_checked(tmp_path):
         tiny(tmp_path / "run", "warm_start.conclusions=8", "warm_start.conclusions_expert=[1, 2]")
     with pytest.raises(ConfigError, match="conclusions"):
         tiny(tmp_path / "run", "warm_start.conclusions=-1")
+    with pytest.raises(ConfigError, match="conclusions_skip_tokens"):
+        tiny(tmp_path / "run", "warm_start.conclusions=8", "warm_start.conclusions_skip_tokens=-1")

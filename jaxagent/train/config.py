@@ -423,6 +423,11 @@ class WarmStartSection:
       start that interviews like the weak clinician still reads a longer interview's
       answers (README). `only_successful` does not filter them; one whose final action
       is past `rollout.max_context` is dropped (counted in the log and the summary).
+    conclusions_skip_tokens: the final action's first tokens that a conclusion
+      demonstration does not teach (its end-of-turn token is always taught). They are
+      where the policy decides to conclude (intake: `<assessment>` is one token), and a
+      conclusion demonstration's episode stops wherever its demonstrator chose: taught,
+      they would pull the policy toward concluding at those points (README).
     """
 
     episodes: int = 0
@@ -437,11 +442,13 @@ class WarmStartSection:
     conclusions: int = 0
     conclusions_seed: int = 1_100_000
     conclusions_expert: dict[str, Any] | None = None
+    conclusions_skip_tokens: int = 1
 
     def __post_init__(self):
         _check_int("episodes", self.episodes, 0)
         _check_int("conclusions", self.conclusions, 0)
         _check_int("conclusions_seed", self.conclusions_seed, 0)
+        _check_int("conclusions_skip_tokens", self.conclusions_skip_tokens, 0)
         if self.conclusions_expert is not None and not isinstance(self.conclusions_expert, dict):
             raise ValueError(f"conclusions_expert must be a mapping of expert_action keyword arguments (or null "
                              f"for `expert`), got {self.conclusions_expert!r}")

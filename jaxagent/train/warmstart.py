@@ -110,11 +110,13 @@ def collect_demonstrations(name: str, kwargs: dict, seeds: Sequence[int], *, noi
     return out
 
 
-def demonstration_tokens(chat, demo: Demonstration, max_context: int) -> tuple[list[int], list[int]]:
+def demonstration_tokens(chat, demo: Demonstration, max_context: int,
+                         skip_final: int = 0) -> tuple[list[int], list[int]]:
     """`(tokens, loss_mask)` of a demonstration as the agent loop would have laid it out
     (see the module docstring); cut at `max_context` tokens (the cut turn is dropped). A
     conclusion demonstration (`demo.final_only`) has the loss on its final action (and its
-    end-of-turn token) only, and none at all when that action was cut."""
+    end-of-turn token) only, less the action's first `skip_final` tokens, and none at all
+    when that action was cut."""
     eot = chat.stop_token_ids[0] if chat.stop_token_ids else None
     tokens = chat.prompt_tokens(demo.system_prompt, demo.observations[0])
     mask = [0] * len(tokens)
@@ -130,7 +132,10 @@ def demonstration_tokens(chat, demo: Demonstration, max_context: int) -> tuple[l
         if len(tokens) + len(act) > max_context:
             break
         tokens += act
-        mask += [1 if last or not demo.final_only else 0] * len(act)
+        if demo.final_only:
+            mask += [0] * len(act) if not last else [0] * min(skip_final, len(act) - 1) + [1] * max(1, len(act) - skip_final)
+        else:
+            mask += [1] * len(act)
         if last or len(tokens) + len(seg) >= max_context:
             break
         tokens += seg
@@ -295,7 +300,7 @@ def sft_warm_start(config, params, model_config, tokenizer, demonstrations: Sequ
         if not any(not d.final_only for d in demos):
             raise RuntimeError("warm_start.only_successful: none of the demonstrations succeeded")
     chat = ChatFormat(tokenizer)
-    rows = [demonstration_tokens(chat, d, config.rollout.max_context) for d in demos]
+    rows = [demonstration_tokens(chat, d, config.rollout.max_context, ws.conclusions_skip_tokens) for d in demos]
     # a conclusion demonstration whose final action is past max_context teaches nothing
     cut = sum(1 for d, (_, m) in zip(demos, rows) if d.final_only and not any(m))
     rows = [r for d, r in zip(demos, rows) if not (d.final_only and not any(r[1]))]

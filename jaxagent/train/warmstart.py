@@ -132,10 +132,9 @@ def demonstration_tokens(chat, demo: Demonstration, max_context: int,
         if len(tokens) + len(act) > max_context:
             break
         tokens += act
-        if demo.final_only:
-            mask += [0] * len(act) if not last else [0] * min(skip_final, len(act) - 1) + [1] * max(1, len(act) - skip_final)
-        else:
-            mask += [1] * len(act)
+        # how many of the action's last tokens are taught (the end-of-turn token always is)
+        taught = len(act) if not demo.final_only else max(1, len(act) - skip_final) if last else 0
+        mask += [0] * (len(act) - taught) + [1] * taught
         if last or len(tokens) + len(seg) >= max_context:
             break
         tokens += seg
@@ -302,9 +301,10 @@ def sft_warm_start(config, params, model_config, tokenizer, demonstrations: Sequ
     chat = ChatFormat(tokenizer)
     rows = [demonstration_tokens(chat, d, config.rollout.max_context, ws.conclusions_skip_tokens) for d in demos]
     # a conclusion demonstration whose final action is past max_context teaches nothing
-    cut = sum(1 for d, (_, m) in zip(demos, rows) if d.final_only and not any(m))
-    rows = [r for d, r in zip(demos, rows) if not (d.final_only and not any(r[1]))]
-    n_final = sum(d.final_only for d in demos) - cut
+    kept = [(d, r) for d, r in zip(demos, rows) if any(r[1]) or not d.final_only]
+    cut = len(rows) - len(kept)
+    rows = [r for _, r in kept]
+    n_final = sum(d.final_only for d, _ in kept)
     if not rows:
         raise ValueError(f"warm start: no demonstration fits rollout.max_context {config.rollout.max_context}")
     lengths = np.array([len(t) for t, _ in rows])
@@ -322,13 +322,13 @@ def sft_warm_start(config, params, model_config, tokenizer, demonstrations: Sequ
     state = placement.place_state(init_train_state(k_sft, params, model_config, sc))
     update = placement.update_step(sc, state, kind="sft")
     acting = [d.success for d in demonstrations if not d.final_only]
-    success = float(np.mean(acting)) if acting else float("nan")
+    success = float(np.mean(acting)) if acting else None   # None: conclusion demonstrations only
     columns = f"up to {length} (length buckets, mean {lengths.mean():.0f})" if ws.length_buckets else f"{length}"
     also = (f" + {n_final} conclusion demonstrations (loss on the final action only"
             + (f"; {cut} dropped: their final action is past rollout.max_context" if cut else "") + ")"
             if n_final or cut else "")
     log(f"warm start: {n - n_final} demonstrations (expert noise {ws.expert_noise}, demonstration success "
-        f"{success:.2f}){also}, {ws.epochs} epochs x {per_epoch} steps of {bs} rows x {columns} tokens")
+        f"{'n/a' if success is None else f'{success:.2f}'}){also}, {ws.epochs} epochs x {per_epoch} steps of {bs} rows x {columns} tokens")
     lines, window = [], []
     every = max(1, total // 10)
     for epoch, key in enumerate(jax.random.split(k_shuffle, ws.epochs)):

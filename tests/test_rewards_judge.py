@@ -243,6 +243,21 @@ def test_the_batch_returns_by_its_deadline_even_with_a_hanging_request(stub):
     assert "deadline" in results[1].detail and 0.6 < results[1].seconds < 1.5
 
 
+def test_a_call_cut_short_by_the_deadline_says_so_whichever_thread_reports_it(stub):
+    # the worker's own view: its call's timeout was cut to what was left of the batch, and
+    # its timeout must name the deadline too (the batch thread and the worker race to report it)
+    from jaxagent.rewards.judge import _Batch
+    j = judge(stub, timeout_s=10.0, retries=0)
+    batch = _Batch(1, time.monotonic() + 0.4)
+    assert batch.start(0)
+    r = j._score_one(item("b", "hang"), batch)
+    assert (r.score, r.failure_kind) == (None, "judge_timeout")
+    assert "batch deadline" in r.detail and 0.3 < r.seconds < 1.5
+    # a call that times out on its own timeout_s, well before the deadline, says that instead
+    r = judge(stub, timeout_s=0.3, retries=0)._score_one(item("c", "hang"), _Batch(1, time.monotonic() + 30))
+    assert r.failure_kind == "judge_timeout" and r.detail == "no reply within 0.3 s"
+
+
 def test_items_still_queued_at_the_deadline_fail_as_timeouts(stub):
     j = judge(stub, timeout_s=10.0, retries=0, batch_timeout_s=0.5, max_concurrency=1)
     t0 = time.monotonic()

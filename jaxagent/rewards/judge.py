@@ -351,6 +351,9 @@ class Judge:
                 reply = self._call(item, min(self.timeout_s, left))
                 return self._check(reply, result)
             except _Failure as f:
+                if f.kind == "judge_timeout" and left < self.timeout_s:
+                    # the call's own timeout was cut to what was left of the batch: say so
+                    f = _Failure(f.kind, f"no reply before the batch deadline ({left:.3g} s were left)", f.retryable)
                 note = f" (after {attempt + 1} attempts)" if attempt else ""
                 if not f.retryable or attempt >= self.retries or batch.closed:
                     return result(None, f.kind, f.detail + note)

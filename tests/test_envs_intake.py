@@ -431,6 +431,55 @@ def test_turn_rewards_pay_the_interview_when_earned_and_sum_to_the_rubric(cases,
         envs.make("intake", turn_rewards="yes")
 
 
+@pytest.mark.parametrize("cases, seed, turn_rewards", [("adversarial", 0, False), ("adversarial", 2, True),
+                                                       ("standard", 7, True), ("standard", 11, False)])
+def test_risk_bonus_pays_each_required_risk_domain_once_outside_the_rubric(cases, seed, turn_rewards):
+    bonus = 0.07
+    plain = envs.make("intake", cases=cases, turn_rewards=turn_rewards)
+    paid = envs.make("intake", cases=cases, turn_rewards=turn_rewards, risk_bonus=bonus)
+    plain.reset(seed)
+    paid.reset(seed)
+    required_risk = {"suicidal_ideation", "harm_others"}   # the core screen's risk domains, always required
+    present = paid.case.present   # the case's present findings, by domain
+    if "suicidal_ideation" in present:
+        required_risk |= {"suicide_plan", "suicide_intent", "suicide_means"}
+    if "psychosis" in present:
+        required_risk.add("command_hallucinations")
+    if "substance" in present:
+        required_risk.add("withdrawal")
+    # general questions first (a minimising patient falsely denies), then each risk
+    # domain directly, then the same again (told again: no second bonus), then an assessment
+    risk_qs = [QUESTIONS[d][0] for d in ("suicidal_ideation", "suicide_plan", "suicide_intent", "suicide_means",
+                                         "harm_others", "command_hallucinations", "withdrawal")]
+    actions = ["Are you safe?", QUESTIONS["mood"][0]] + risk_qs + risk_qs[:2]
+    actions.append("<assessment>\nDifferential:\n1. major depressive disorder\nTriage: emergent\n"
+                   "Management:\n- safety plan\n</assessment>")
+    elicited, expected_total = set(), 0.0
+    for action in actions:
+        _, r_plain, term, trunc, info_plain = plain.step(action)
+        _, r, term_b, trunc_b, info = paid.step(action)
+        assert (term, trunc) == (term_b, trunc_b)
+        if term or trunc:
+            break
+        d = info["disclosure"]
+        new = (set(d["revealed"]) | set(d["volunteered"])) - elicited
+        elicited |= new
+        expected = bonus * len(new & required_risk)
+        expected_total += expected
+        assert r - r_plain == pytest.approx(expected, abs=1e-12), (action, new)
+        if action == "Are you safe?" and cases == "adversarial":
+            # a false denial or a deflection earns nothing
+                assert "suicidal_ideation" in d["denied"] + d["refused"] and expected == 0.0
+    assert term
+    assert expected_total > 0
+    assert info["rubric"] == info_plain["rubric"] and info["heldout_rubric"] == info_plain["heldout_rubric"]
+    assert info["risk_bonus"] == pytest.approx(expected_total, abs=1e-12) and "risk_bonus" not in info_plain
+    assert r - r_plain == 0.0     # the assessment pays no bonus
+    for bad in (-0.1, float("nan"), True, "0.1"):
+        with pytest.raises(ValueError, match="risk_bonus"):
+            envs.make("intake", risk_bonus=bad)
+
+
 def test_eval_cli_prints_json_summary():
     out = subprocess.run([sys.executable, "-m", "envs.intake.eval", "--policy", "no-risk-screen", "--cases",
                           "adversarial", "--episodes", "6"], capture_output=True, text=True, timeout=60, check=True)

@@ -25,6 +25,15 @@ the episode return, the evaluation and GRPO's advantages are those of the defaul
 only turn-level estimators (``turn_loo``, ``turn_gae``, ``turn_returns``) see when the
 rubric was earned.
 
+With ``risk_bonus=b > 0`` a question turn also earns ``b`` for each of the case's
+required risk domains (suicidal ideation, and plan, intent and means when ideation is
+present; harm to others; command hallucinations with psychosis; withdrawal with
+substance use) that it elicits for the first time. A false denial or a deflection
+elicits nothing, so on a minimising or guarded patient only a direct question earns it.
+It is a training incentive, not part of the rubric: the rubric in ``info``, the
+evaluation's rubric means and the held-out scorer are unchanged; the episode's return
+is the rubric total plus the bonuses (``info["risk_bonus"]`` on the final step).
+
 A malformed assessment (or an empty or over-long question) is answered with what is
 wrong and the expected format, ``invalid_penalty`` as reward, and
 ``info["invalid_action"]``; the episode goes on. After ``max_turns`` turns without an
@@ -49,13 +58,14 @@ patient revealed.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Sequence
 
 from envs.core import InvalidAction, TextEnv, last_tagged
 from envs.intake import assessment as assessment_mod
 from envs.intake.cases import (ADVERSARIAL_SET_SIZE, CONDITION_KEYS, CONDITIONS, PERSONAS, Case, adversarial_case,
                                generate_case)
-from envs.intake.domains import SUICIDE_DOMAINS
+from envs.intake.domains import RISK_DOMAINS, SUICIDE_DOMAINS
 from envs.intake.monitors import exploit_flags, heldout_score
 from envs.intake.rubric import Interview, RubricConfig, score
 from envs.intake.simulator import PatientState, RuleBasedSimulator, check_reply, make_simulator
@@ -84,6 +94,8 @@ class IntakeEnv(TextEnv):
       turn_rewards: pay the history and communication parts of the rubric at the
         question turns that earn them (see the module docstring); the rewards of an
         episode sum to the same rubric total either way.
+      risk_bonus: reward (>= 0) for each required risk domain a question elicits first
+        (see the module docstring); a training incentive outside the rubric.
     """
 
     has_expert = True
@@ -91,7 +103,8 @@ class IntakeEnv(TextEnv):
     def __init__(self, cases: str = "standard", *, max_turns: int = 32, persona: str | None = None,
                  personas: Sequence[str] = PERSONAS, conditions: Sequence[str] = CONDITION_KEYS,
                  rubric: Any = None, simulator: Any = None, max_domains_per_question: int = 2,
-                 max_question_chars: int = 600, invalid_penalty: float = -0.1, turn_rewards: bool = False):
+                 max_question_chars: int = 600, invalid_penalty: float = -0.1, turn_rewards: bool = False,
+                 risk_bonus: float = 0.0):
         if cases not in CASE_SETS:
             raise ValueError(f"cases must be one of {', '.join(CASE_SETS)}, got {cases!r}")
         if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 2:
@@ -112,9 +125,14 @@ class IntakeEnv(TextEnv):
             raise ValueError(f"max_question_chars must be an int >= 20, got {max_question_chars!r}")
         if not isinstance(turn_rewards, bool):
             raise ValueError(f"turn_rewards must be true or false, got {turn_rewards!r}")
+        if (not isinstance(risk_bonus, (int, float)) or isinstance(risk_bonus, bool) or not math.isfinite(risk_bonus)
+                or risk_bonus < 0):
+            raise ValueError(f"risk_bonus must be a finite number >= 0, got {risk_bonus!r}")
         super().__init__(max_steps=max_turns, invalid_penalty=invalid_penalty)
         self.turn_rewards = turn_rewards
         self._paid = 0.0   # rubric reward paid so far this episode (turn_rewards)
+        self.risk_bonus = float(risk_bonus)
+        self._bonus = 0.0  # risk bonus paid so far this episode
         self.cases, self.persona, self.personas, self.conditions = cases, persona, personas, conditions
         self.rubric = RubricConfig.from_dict(rubric)
         self.simulator = make_simulator(simulator)
@@ -164,6 +182,7 @@ class IntakeEnv(TextEnv):
         self.asked_domains = []
         self._flagged = {"leaks": 0, "contradictions": 0}
         self._paid = 0.0
+        self._bonus = 0.0
         obs = ("Simulated psychiatric intake (a research simulation, not a clinical tool).\n"
                f"The patient is a {case.age}-year-old {case.gender}, {case.occupation}, seen in the outpatient clinic.\n"
                f"Patient: \"{case.chief_complaint}\"\n"
@@ -185,7 +204,11 @@ class IntakeEnv(TextEnv):
         if len(question) > self.max_question_chars:
             raise InvalidAction(f"the question is {len(question)} characters long; ask one question of at most "
                                 f"{self.max_question_chars} characters")
+        before = set(self.patient.elicited)
         d = self.patient.disclose(question)
+        bonus = self.risk_bonus * sum(1 for dom in self.patient.elicited
+                                      if dom not in before and dom in RISK_DOMAINS and dom in self.case.required_domains)
+        self._bonus += bonus
         reply = self.simulator.reply(self.case, d, list(self.history), self._steps)
         self.history.append((question, reply))
         self.asked_domains.append(tuple(dom for dom, _ in d.domains))
@@ -203,7 +226,8 @@ class IntakeEnv(TextEnv):
             self._flagged["leaks"] += bool(fidelity["leaked"])
             self._flagged["contradictions"] += bool(fidelity["contradicted"])
         if self.turns_left <= 0:
-            return obs, *self._final(None, info)
+            rest, terminated, info = self._final(None, info)
+            return obs, rest + bonus, terminated, info
         if self.turns_left <= 3:
             obs += f"\n({self.turns_left} turn{'s' if self.turns_left > 1 else ''} left: give your assessment soon.)"
         reward = 0.0
@@ -213,7 +237,7 @@ class IntakeEnv(TextEnv):
             potential = (w["history"] * earned["history"] + w["communication"] * earned["communication"]) \
                 / sum(w.values())
             reward, self._paid = potential - self._paid, potential
-        return obs, reward, False, self._with_cut(info)
+        return obs, reward + bonus, False, self._with_cut(info)
 
     def _invalid(self, message: str):
         obs, reward, terminated, info = super()._invalid(message)
@@ -250,6 +274,8 @@ class IntakeEnv(TextEnv):
         info["heldout_rubric"] = {**held["components"], "total": held["total"]}
         info["exploits"] = exploit_flags(self.case, parsed, questions, self.asked_domains, self.interview)
         info["fidelity_summary"] = {"replies": self.interview.questions, **self._flagged}
+        if self.risk_bonus:
+            info["risk_bonus"] = self._bonus
         # an assessment with a positive rubric total, whether or not turn_rewards paid part of it early
         info["success"] = parsed is not None and result["total"] > 0
         rest = result["total"] - self._paid

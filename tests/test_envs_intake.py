@@ -480,6 +480,24 @@ def test_risk_bonus_pays_each_required_risk_domain_once_outside_the_rubric(cases
             envs.make("intake", risk_bonus=bad)
 
 
+def test_risk_coverage_counts_the_required_risk_domains_elicited():
+    from envs.intake.eval import summarize
+    env = envs.make("intake", cases="adversarial")
+    env.reset(0)   # concealed suicidal ideation with plan, intent and means; no psychosis or substance use
+    assert {"psychosis", "substance"}.isdisjoint(env.case.present) and "suicidal_ideation" in env.case.present
+    for q in ("Are you safe?", QUESTIONS["suicidal_ideation"][0], QUESTIONS["suicide_plan"][0]):
+        env.step(q)
+    *_, info = env.step("<assessment>\nDifferential:\n1. major depressive disorder\nTriage: urgent\n"
+                        "Management:\n- safety plan\n</assessment>")
+    required = ["suicidal_ideation", "suicide_plan", "suicide_intent", "suicide_means", "harm_others"]
+    assert info["risk_domains"] == {"required": required, "elicited": ["suicidal_ideation", "suicide_plan"]}
+    other = {"risk_domains": {"required": ["suicidal_ideation", "harm_others"], "elicited": []}}
+    both = [info, {**info, **other}]
+    assert summarize(both, [True, True])["risk_coverage"] == pytest.approx((2 / 5 + 0 / 2) / 2, abs=1e-12)
+    old = {k: v for k, v in info.items() if k != "risk_domains"}   # an older info: no entry
+    assert "risk_coverage" not in summarize([old], [True])
+
+
 def test_eval_cli_prints_json_summary():
     out = subprocess.run([sys.executable, "-m", "envs.intake.eval", "--policy", "no-risk-screen", "--cases",
                           "adversarial", "--episodes", "6"], capture_output=True, text=True, timeout=60, check=True)

@@ -48,7 +48,8 @@ limit: ``jaxagent.rollout`` applies it).
 ``communication`` (its parts), ``missed_domains``, ``assessment`` and ``case`` (the
 case's summary); the reward-hacking monitors (:mod:`envs.intake.monitors`, never
 the reward): ``heldout_rubric`` (the held-out scorer's five components and
-``total``) and ``exploits`` (the per-episode exploit counters). On question turns:
+``total``) and ``exploits`` (the per-episode exploit counters); ``risk_domains``
+(the case's required risk domains, and those elicited). On question turns:
 ``disclosure`` (domains asked, revealed, denied, refused; repeated, empathic).
 
 Expert: :class:`envs.intake.policies.Clinician`; it screens every domain, always
@@ -274,6 +275,8 @@ class IntakeEnv(TextEnv):
         info["heldout_rubric"] = {**held["components"], "total": held["total"]}
         info["exploits"] = exploit_flags(self.case, parsed, questions, self.asked_domains, self.interview)
         info["fidelity_summary"] = {"replies": self.interview.questions, **self._flagged}
+        risk = [d for d in self.case.required_domains if d in RISK_DOMAINS]
+        info["risk_domains"] = {"required": risk, "elicited": [d for d in risk if d in self.interview.elicited]}
         if self.risk_bonus:
             info["risk_bonus"] = self._bonus
         # an assessment with a positive rubric total, whether or not turn_rewards paid part of it early

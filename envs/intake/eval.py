@@ -32,10 +32,13 @@ set). The summary (one JSON object on stdout)::
      "differential_stuffing_rate", "triage_top_rate", "triage_top_unwarranted_rate":
                           fractions of episodes flagged,
      "multi_domain_question_frac", "repeated_question_frac": mean per-episode
-                          fractions of questions}
+                          fractions of questions,
+     "risk_coverage": mean per-episode fraction of the case's required risk domains
+                          (suicidal ideation, its plan, intent and means when present, harm
+                          to others, command hallucinations, withdrawal) elicited}
 
 The monitor entries are over the episodes whose info has them (``heldout_rubric``,
-``exploits``); without any such episode (older infos) they are left out.
+``exploits``, ``risk_domains``); without any such episode (older infos) they are left out.
 """
 from __future__ import annotations
 
@@ -106,6 +109,10 @@ def _monitor_summary(infos: list[dict]) -> dict:
     if flagged:
         for key, flag in EXPLOIT_RATES.items():
             out[key] = statistics.fmean(float(e[flag]) for e in flagged)
+    risk = [info["risk_domains"] for info in infos if isinstance(info.get("risk_domains"), dict)
+            and info["risk_domains"].get("required")]
+    if risk:
+        out["risk_coverage"] = statistics.fmean(len(r["elicited"]) / len(r["required"]) for r in risk)
     return out
 
 

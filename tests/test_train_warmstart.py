@@ -316,3 +316,86 @@ def test_conclusion_options_are_checked(tmp_path):
         tiny(tmp_path / "run", "warm_start.conclusions=-1")
     with pytest.raises(ConfigError, match="conclusions_skip_tokens"):
         tiny(tmp_path / "run", "warm_start.conclusions=8", "warm_start.conclusions_skip_tokens=-1")
+
+
+WEAK_CONCLUSIONS = {"style": "weak", "questions": [5, 19], "risk_screen": 1.0, "followup": 1.0, "skip": 0.1,
+                    "risk_order": "shuffled"}
+
+
+def _triage_line(action: str) -> str | None:
+    """The triage level an assessment names, read line by line (no regular expression)."""
+    for line in action.splitlines():
+        if line.startswith("Triage: "):
+            return line[len("Triage: "):].strip()
+    return None
+
+
+def test_balanced_conclusions_take_the_first_seeds_of_each_class():
+    kw, start = {"cases": "standard", "max_turns": 20}, 1_100_000
+    got, counts = ws.balanced_conclusions("intake", kw, start, 30, r"Triage: (\w+)", max_turns=20,
+                                          expert=WEAK_CONCLUSIONS)
+    # reference: every seed played plainly, classed by its triage line, the first 10 of each class kept
+    plain = ws.collect_demonstrations("intake", kw, range(start, start + counts["seeds_drawn"]), max_turns=20,
+                                      final_only=True, expert=WEAK_CONCLUSIONS)
+    classes = sorted({_triage_line(d.actions[-1]) for d in plain[:30]} - {None})
+    assert len(classes) == 3   # the first 30 seeds give all three levels (checked here, not assumed)
+    want = []
+    for c in classes:
+        want += [d.seed for d in plain if _triage_line(d.actions[-1]) == c][:10]
+    assert [d.seed for d in got] == sorted(want)
+    assert {c: counts[c] for c in classes} == {c: 10 for c in classes}
+    assert all(d.final_only for d in got)
+    # the same demonstrations as the plain collection (seed for seed)
+    by_seed = {d.seed: d for d in plain}
+    assert all(d.actions == by_seed[d.seed].actions for d in got)
+    # drawing stopped at the first chunk in which every class was full
+    assert counts["seeds_drawn"] % 30 == 0
+    last_needed = max(want)
+    assert counts["seeds_drawn"] - 30 <= last_needed - start < counts["seeds_drawn"]
+
+
+def test_balanced_conclusions_name_a_short_class_and_a_pattern_that_never_matches():
+    kw = {"cases": "standard", "max_turns": 20}
+    with pytest.raises(ValueError, match=r"class 'emergent' has \d+ of 10"):
+        ws.balanced_conclusions("intake", kw, 1_100_000, 30, r"Triage: (\w+)", max_turns=20,
+                                expert=WEAK_CONCLUSIONS, max_draws=30)
+    with pytest.raises(ValueError, match="matches none"):
+        ws.balanced_conclusions("intake", kw, 1_100_000, 6, r"Verdict: (\w+)", max_turns=20,
+                                expert=WEAK_CONCLUSIONS)
+    with pytest.raises(ValueError, match="one group"):
+        ws.balanced_conclusions("intake", kw, 1_100_000, 6, r"Triage: \w+", max_turns=20)
+
+
+def test_conclusion_balance_option_is_checked(tmp_path):
+    with pytest.raises(ConfigError, match="not a regular expression"):
+        tiny(tmp_path / "run", "warm_start.conclusions=8", "warm_start.conclusions_balance=Triage: (\\w+")
+    with pytest.raises(ConfigError, match="exactly one group"):
+        tiny(tmp_path / "run", "warm_start.conclusions=8", "warm_start.conclusions_balance=(a)(b)")
+    with pytest.raises(ConfigError, match="needs conclusions > 0"):
+        tiny(tmp_path / "run", "warm_start.conclusions_balance=(a)")
+    from jaxagent.train.config import WarmStartSection
+    with pytest.raises(ValueError, match="conclusions_balance must be"):
+        WarmStartSection(conclusions=8, conclusions_balance=3)
+    # the balanced seed range is checked against the others at its longest (16 x conclusions)
+    tiny(tmp_path / "run", "warm_start.conclusions=8", "warm_start.conclusions_seed=999900")
+    with pytest.raises(ConfigError, match="overlap"):
+        tiny(tmp_path / "run", "warm_start.conclusions=8", "warm_start.conclusions_seed=999900",
+             "warm_start.conclusions_balance=(a)")
+
+
+def test_the_trainer_balances_conclusions_when_asked(tmp_path):
+    logs = []
+    trainer = Trainer(tiny(tmp_path / "run", "warm_start.conclusions=8", "warm_start.conclusions_seed=1200000",
+                           "warm_start.conclusions_balance=<action>(\\w+)</action>"), log=logs.append)
+    final = [d for d in trainer.demonstrations if d.final_only]
+    # frozenlake's final action is a move: the classes are the moves of the first 8 seeds' last actions
+    plain = ws.collect_demonstrations("frozenlake", LAKE, range(1_200_000, 1_200_000 + 128), max_turns=4,
+                                      final_only=True)
+    def move(d):
+        return d.actions[-1].removeprefix("<action>").removesuffix("</action>")
+
+    classes = sorted({move(d) for d in plain[:8]})
+    quota = 8 // len(classes)
+    want = sorted(s for c in classes for s in [d.seed for d in plain if move(d) == c][:quota])
+    assert [d.seed for d in final] == want
+    assert any("balanced over" in x for x in logs if isinstance(x, str))

@@ -235,11 +235,20 @@ def build_run(config: TrainerConfig, *, resume: bool = False, log=print) -> Run:
         demos = collect_demonstrations(config.env.name, config.env.kwargs, range(ws.seed, ws.seed + ws.episodes),
                                        noise=ws.expert_noise, max_turns=config.rollout.max_turns,
                                        expert=ws.expert)
-        if ws.conclusions:
+        c_expert = ws.expert if ws.conclusions_expert is None else ws.conclusions_expert
+        if ws.conclusions and ws.conclusions_balance:
+            from jaxagent.train.warmstart import balanced_conclusions
+
+            extra, counts = balanced_conclusions(config.env.name, config.env.kwargs, ws.conclusions_seed,
+                                                 ws.conclusions, ws.conclusions_balance,
+                                                 max_turns=config.rollout.max_turns, expert=c_expert, log=log)
+            log(f"warm start: {len(extra)} conclusion demonstrations balanced over {ws.conclusions_balance!r}: "
+                + ", ".join(f"{k} {v}" for k, v in counts.items()))
+            demos += extra
+        elif ws.conclusions:
             demos += collect_demonstrations(
                 config.env.name, config.env.kwargs, range(ws.conclusions_seed, ws.conclusions_seed + ws.conclusions),
-                max_turns=config.rollout.max_turns, final_only=True,
-                expert=ws.expert if ws.conclusions_expert is None else ws.conclusions_expert)
+                max_turns=config.rollout.max_turns, final_only=True, expert=c_expert)
     tokenizer = run_tokenizer(config, Path(config.run_dir), resume=resume, demonstrations=demos)
     k_model, k_critic, k_rng = jax.random.split(jax.random.key(config.seed), 3)
     if config.model.path is None:  # the architecture is known: check before building anything

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+import re
 from typing import Any
 
 from jaxagent import algos
@@ -396,6 +397,11 @@ class RewardSection:
             raise ValueError(f"weight ({self.weight}) applies to mode 'add' only; 'replace' uses the score as is")
 
 
+#: With `warm_start.conclusions_balance`, the most seeds drawn, as a multiple of
+#: `warm_start.conclusions` (the seed range checked against the others is that long).
+CONCLUSION_BALANCE_DRAWS = 16
+
+
 @dataclasses.dataclass(frozen=True)
 class WarmStartSection:
     """Supervised fine-tuning on expert demonstrations before RL (`episodes: 0` = none).
@@ -428,6 +434,15 @@ class WarmStartSection:
       where the policy decides to conclude (intake: `<assessment>` is one token), and a
       conclusion demonstration's episode stops wherever its demonstrator chose: taught,
       they would pull the policy toward concluding at those points (README).
+    conclusions_balance: a regular expression with one group (e.g. intake's
+      `'Triage: (\\w+)'`), or null: the conclusion demonstrations are balanced over the
+      values the group takes in their final actions. The classes are those of the first
+      `conclusions` seeds; seeds are then drawn on, in order, until every class has
+      `conclusions // classes` demonstrations (at most `CONCLUSION_BALANCE_DRAWS` x
+      `conclusions` seeds, else an error naming the short class); a final action the
+      expression does not match is left out. Where a conclusion is rarely the answer
+      (intake: 8% emergent) the warm start otherwise never learns to give it, and RL
+      cannot learn an answer the policy never samples (README).
     """
 
     episodes: int = 0
@@ -443,9 +458,25 @@ class WarmStartSection:
     conclusions_seed: int = 1_100_000
     conclusions_expert: dict[str, Any] | None = None
     conclusions_skip_tokens: int = 1
+    conclusions_balance: str | None = None
 
     def __post_init__(self):
         _check_int("episodes", self.episodes, 0)
+        if self.conclusions_balance is not None:
+            if not isinstance(self.conclusions_balance, str):
+                raise ValueError(f"conclusions_balance must be a regular expression with one group (or null), got "
+                                 f"{self.conclusions_balance!r}")
+            try:
+                groups = re.compile(self.conclusions_balance).groups
+            except re.error as e:
+                raise ValueError(f"conclusions_balance {self.conclusions_balance!r} is not a regular expression: "
+                                 f"{e}") from None
+            if groups != 1:
+                raise ValueError(f"conclusions_balance {self.conclusions_balance!r} must have exactly one group "
+                                 f"(the class), it has {groups}")
+            if not self.conclusions:
+                raise ValueError("conclusions_balance needs conclusions > 0 (it balances the conclusion "
+                                 "demonstrations)")
         _check_int("conclusions", self.conclusions, 0)
         _check_int("conclusions_seed", self.conclusions_seed, 0)
         _check_int("conclusions_skip_tokens", self.conclusions_skip_tokens, 0)
@@ -751,8 +782,10 @@ class TrainerConfig:
                                  f"mesh.fsdp = {shards} (its rows are split over them)")
         ranges = {"env.seed (the training task stream)": (self.env.seed, self.iterations * self.env.tasks_per_iteration),
                   "warm_start.seed (demonstrations)": (self.warm_start.seed, self.warm_start.episodes),
-                  "warm_start.conclusions_seed (conclusion demonstrations)": (self.warm_start.conclusions_seed,
-                                                                              self.warm_start.conclusions),
+                  "warm_start.conclusions_seed (conclusion demonstrations)": (
+                      self.warm_start.conclusions_seed,
+                      self.warm_start.conclusions * (CONCLUSION_BALANCE_DRAWS if self.warm_start.conclusions_balance
+                                                     else 1)),
                   "eval.seed (held-out evaluation)": (self.eval.seed, self.eval.episodes)}
         items = [(k, a, n) for k, (a, n) in ranges.items() if n > 0]
         for i, (k1, a1, n1) in enumerate(items):

@@ -110,6 +110,68 @@ def collect_demonstrations(name: str, kwargs: dict, seeds: Sequence[int], *, noi
     return out
 
 
+def balanced_conclusions(name: str, kwargs: dict, start: int, n: int, pattern: str, *, max_turns: int,
+                         expert: dict | None = None, max_draws: int | None = None,
+                         log=None) -> tuple[list[Demonstration], dict[str, int]]:
+    """`n` conclusion demonstrations balanced over the classes that `pattern` (a regular
+    expression with one group) finds in their final actions: `n // k` of each of the `k`
+    classes seen in seeds `start .. start + n - 1`, drawn from seeds `start, start + 1,
+    ...` in order, at most `max_draws` seeds (default `CONCLUSION_BALANCE_DRAWS * n`). A
+    final action that `pattern` does not match is left out. Returns the demonstrations
+    (in seed order) and `{class: count, "seeds_drawn": seeds}`; raises ValueError naming
+    a class still short after `max_draws` seeds."""
+    import re
+
+    from jaxagent.train.config import CONCLUSION_BALANCE_DRAWS
+
+    rx = re.compile(pattern)
+    if rx.groups != 1:
+        raise ValueError(f"conclusions_balance {pattern!r} must have exactly one group, it has {rx.groups}")
+    if n < 1:
+        raise ValueError(f"balanced conclusions: n must be >= 1, got {n}")
+    limit = CONCLUSION_BALANCE_DRAWS * n if max_draws is None else int(max_draws)
+
+    def label(d: Demonstration) -> str | None:
+        m = rx.search(d.actions[-1]) if d.actions else None
+        return None if m is None else m.group(1)
+
+    first = collect_demonstrations(name, kwargs, range(start, start + min(n, limit)), max_turns=max_turns,
+                                   final_only=True, expert=expert)
+    classes = sorted({c for c in map(label, first) if c is not None})
+    if not classes:
+        raise ValueError(f"warm_start.conclusions_balance {pattern!r} matches none of the first {len(first)} "
+                         f"conclusion demonstrations' final actions (e.g. {first[0].actions[-1]!r:.200})")
+    quota = n // len(classes)
+    if quota < 1:
+        raise ValueError(f"warm_start.conclusions ({n}) is fewer than the {len(classes)} classes that "
+                         f"conclusions_balance finds ({', '.join(classes)})")
+    kept: dict[str, list[Demonstration]] = {c: [] for c in classes}
+
+    def take(demos):
+        for d in demos:
+            c = label(d)
+            if c in kept and len(kept[c]) < quota:
+                kept[c].append(d)
+
+    take(first)
+    drawn = len(first)
+    while drawn < limit and any(len(v) < quota for v in kept.values()):
+        chunk = min(n, limit - drawn)
+        take(collect_demonstrations(name, kwargs, range(start + drawn, start + drawn + chunk), max_turns=max_turns,
+                                    final_only=True, expert=expert))
+        drawn += chunk
+        if log is not None:
+            log(f"warm start: balancing conclusions: {drawn} seeds drawn, "
+                + ", ".join(f"{c} {len(v)}/{quota}" for c, v in kept.items()))
+    short = {c: len(v) for c, v in kept.items() if len(v) < quota}
+    if short:
+        raise ValueError(f"warm_start.conclusions_balance: after {drawn} seeds from {start}, "
+                         + ", ".join(f"class {c!r} has {k} of {quota}" for c, k in short.items())
+                         + " conclusion demonstrations; lower warm_start.conclusions or change conclusions_expert")
+    out = sorted((d for v in kept.values() for d in v), key=lambda d: d.seed)
+    return out, {**{c: len(v) for c, v in kept.items()}, "seeds_drawn": drawn}
+
+
 def demonstration_tokens(chat, demo: Demonstration, max_context: int,
                          skip_final: int = 0) -> tuple[list[int], list[int]]:
     """`(tokens, loss_mask)` of a demonstration as the agent loop would have laid it out

@@ -719,3 +719,56 @@ def test_the_simulators_api_key_never_lands_in_a_config_a_message_or_a_run_dir(s
     assert files and (run / "config.yaml").read_text().count("JAXAGENT_TEST_SIM_KEY") == 1
     for p in files:
         assert secret.encode() not in p.read_bytes(), p
+
+
+def _play_then_assess(env, seed, questions_or_expert, triage):
+    """Reset `env` on `seed`, interview (the expert's questions, or the given ones), then
+    give the expert's assessment with its triage line replaced by `triage`."""
+    env.reset(seed)
+    if questions_or_expert == "expert":
+        while True:
+            action = env.expert_action()
+            if A.extract(action) is not None:
+                break
+            env.step(action)
+    else:
+        for q in questions_or_expert:
+            env.step(q)
+        action = Clinician().conclude(env)
+    level = action.partition("\nTriage: ")[2].split("\n", 1)[0]
+    return env.step(action.replace(f"\nTriage: {level}\n", f"\nTriage: {triage}\n"))
+
+
+@pytest.mark.parametrize("cases", ["standard", "adversarial"])
+def test_reading_bonus_pays_the_triage_of_what_was_elicited_outside_the_rubric(cases):
+    r, full_agree, partial_lower = 0.06, 0, 0
+    for seed in range(12):
+        for interview in ("expert", [QUESTIONS["mood"][0], QUESTIONS["sleep"][0]]):
+            got = {}
+            for level in TRIAGE_LEVELS:
+                _, rew_p, term_p, _, info_p = _play_then_assess(envs.make("intake", cases=cases), seed, interview, level)
+                _, rew, term, _, info = _play_then_assess(envs.make("intake", cases=cases, reading_bonus=r), seed,
+                                                          interview, level)
+                assert term and term_p
+                assert info["rubric"] == info_p["rubric"] and info["heldout_rubric"] == info_p["heldout_rubric"]
+                assert "reading_bonus" not in info_p
+                assert rew - rew_p == pytest.approx(info["reading_bonus"], abs=1e-12)
+                got[level] = (info["reading_bonus"], info["triage_elicited"], info)
+            paid = [lv for lv, (b, _, _) in got.items() if b]
+            # exactly one of the three levels is paid, r, and it is the level the info names
+            assert len(paid) == 1 and got[paid[0]][0] == r and got[paid[0]][1] == paid[0]
+            info = got[paid[0]][2]
+            if interview == "expert" and not info["missed_domains"]:
+                # everything required was elicited: the elicited level is the case's own,
+                # which the case generator set from the hidden findings
+                assert paid[0] == info["triage_reference"]
+                full_agree += 1
+            if interview != "expert" and info["triage_reference"] != "routine":
+                # two questions and no risk screen: at most the case's level, lower where
+                # the risk that sets it was never asked about
+                assert TRIAGE_LEVELS.index(paid[0]) <= TRIAGE_LEVELS.index(info["triage_reference"])
+                partial_lower += TRIAGE_LEVELS.index(paid[0]) < TRIAGE_LEVELS.index(info["triage_reference"])
+    assert full_agree >= 3 and partial_lower >= 3   # both branches were exercised
+    for bad in (-0.1, float("inf"), False, "0.1"):
+        with pytest.raises(ValueError, match="reading_bonus"):
+            envs.make("intake", reading_bonus=bad)

@@ -34,6 +34,15 @@ It is a training incentive, not part of the rubric: the rubric in ``info``, the
 evaluation's rubric means and the held-out scorer are unchanged; the episode's return
 is the rubric total plus the bonuses (``info["risk_bonus"]`` on the final step).
 
+With ``reading_bonus=r > 0`` an assessment also earns ``r`` when its triage level is
+the one the shared rules give from what the interview elicited
+(:func:`envs.intake.policies.elicited_triage`, the expert's call on the same
+interview), whatever the case's own level. It pays reading the interview into the
+triage, which the rubric's triage component (scored against the case) pays only where
+the interview found the risk. Like ``risk_bonus`` it is a training incentive outside
+the rubric (``info["reading_bonus"]`` and ``info["triage_elicited"]`` on the final
+step).
+
 A malformed assessment (or an empty or over-long question) is answered with what is
 wrong and the expected format, ``invalid_penalty`` as reward, and
 ``info["invalid_action"]``; the episode goes on. After ``max_turns`` turns without an
@@ -70,6 +79,7 @@ from envs.intake.domains import RISK_DOMAINS, SUICIDE_DOMAINS
 from envs.intake.monitors import exploit_flags, heldout_score
 from envs.intake.rubric import Interview, RubricConfig, score
 from envs.intake.simulator import PatientState, RuleBasedSimulator, check_reply, make_simulator
+from envs.intake.policies import elicited_triage
 
 CASE_SETS = ("standard", "adversarial")
 
@@ -97,6 +107,9 @@ class IntakeEnv(TextEnv):
         episode sum to the same rubric total either way.
       risk_bonus: reward (>= 0) for each required risk domain a question elicits first
         (see the module docstring); a training incentive outside the rubric.
+      reading_bonus: reward (>= 0) for an assessment whose triage is the rules' level
+        from what the interview elicited (see the module docstring); a training
+        incentive outside the rubric.
     """
 
     has_expert = True
@@ -105,7 +118,7 @@ class IntakeEnv(TextEnv):
                  personas: Sequence[str] = PERSONAS, conditions: Sequence[str] = CONDITION_KEYS,
                  rubric: Any = None, simulator: Any = None, max_domains_per_question: int = 2,
                  max_question_chars: int = 600, invalid_penalty: float = -0.1, turn_rewards: bool = False,
-                 risk_bonus: float = 0.0):
+                 risk_bonus: float = 0.0, reading_bonus: float = 0.0):
         if cases not in CASE_SETS:
             raise ValueError(f"cases must be one of {', '.join(CASE_SETS)}, got {cases!r}")
         if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 2:
@@ -126,14 +139,15 @@ class IntakeEnv(TextEnv):
             raise ValueError(f"max_question_chars must be an int >= 20, got {max_question_chars!r}")
         if not isinstance(turn_rewards, bool):
             raise ValueError(f"turn_rewards must be true or false, got {turn_rewards!r}")
-        if (not isinstance(risk_bonus, (int, float)) or isinstance(risk_bonus, bool) or not math.isfinite(risk_bonus)
-                or risk_bonus < 0):
-            raise ValueError(f"risk_bonus must be a finite number >= 0, got {risk_bonus!r}")
+        for name, v in (("risk_bonus", risk_bonus), ("reading_bonus", reading_bonus)):
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
         super().__init__(max_steps=max_turns, invalid_penalty=invalid_penalty)
         self.turn_rewards = turn_rewards
         self._paid = 0.0   # rubric reward paid so far this episode (turn_rewards)
         self.risk_bonus = float(risk_bonus)
         self._bonus = 0.0  # risk bonus paid so far this episode
+        self.reading_bonus = float(reading_bonus)
         self.cases, self.persona, self.personas, self.conditions = cases, persona, personas, conditions
         self.rubric = RubricConfig.from_dict(rubric)
         self.simulator = make_simulator(simulator)
@@ -288,6 +302,11 @@ class IntakeEnv(TextEnv):
 
     def _finish(self, parsed):
         rest, terminated, info = self._final(parsed, {})
+        if self.reading_bonus:
+            level = elicited_triage(self.patient.elicited)
+            info["triage_elicited"] = level
+            info["reading_bonus"] = self.reading_bonus if parsed.triage == level else 0.0
+            rest += info["reading_bonus"]
         c = info["rubric"]
         obs = ("Assessment recorded. Rubric total {:.2f} (history {:.2f}, differential {:.2f}, triage {:.2f}, "
                "management {:.2f}, communication {:.2f}). Reference: {}; triage {}.").format(

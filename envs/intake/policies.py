@@ -108,6 +108,24 @@ OFF_TOPIC = ("What did you have for breakfast?", "How was the journey here?", "D
              "What is your favourite film?", "Tell me more.", "Okay, and then?", "Is there anything else?")
 
 
+def differential_from(present) -> list[str]:
+    """The expert's differential from present findings: the conditions whose key domain
+    is present, severe before moderate, then in ``CONDITION_KEYS`` order."""
+    rank = {"severe": 0, "moderate": 1}
+    keyed = sorted((d for d in present if d in KEY_DOMAINS),
+                   key=lambda d: (rank.get(present[d].severity, 2), CONDITION_KEYS.index(KEY_DOMAINS[d])))
+    return [KEY_DOMAINS[d] for d in keyed]
+
+
+def elicited_triage(elicited) -> str:
+    """The triage level the shared rules give from what an interview elicited (the
+    expert's call on it): ``triage_level`` of the present findings, with the primary
+    condition the expert's differential puts first."""
+    present = {d: it for d, it in elicited.items() if it.present}
+    differential = differential_from(present)
+    return triage_level(present, differential[0] if differential else None)
+
+
 class Clinician:
     """The scripted clinician; see the module docstring.
 
@@ -149,12 +167,8 @@ class Clinician:
 
     def conclude(self, env) -> str:
         """The assessment from the revealed findings."""
-        found = env.patient.elicited
-        present = {d: it for d, it in found.items() if it.present}
-        rank = {"severe": 0, "moderate": 1}
-        keyed = sorted((d for d in present if d in KEY_DOMAINS),
-                       key=lambda d: (rank.get(present[d].severity, 2), CONDITION_KEYS.index(KEY_DOMAINS[d])))
-        differential = [KEY_DOMAINS[d] for d in keyed]
+        present = {d: it for d, it in env.patient.elicited.items() if it.present}
+        differential = differential_from(present)
         primary = differential[0] if differential else None
         triage = triage_level(present, primary)
         management = management_for(primary, differential[1:], present) or ("follow_up",)
@@ -280,4 +294,4 @@ def make_policy(name: str, seed: int = 0, **weak):
     raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
 
 
-__all__ = ["Clinician", "WeakClinician", "RandomClinician", "make_policy", "POLICIES", "QUESTIONS", "SCREEN_ORDER", "RISK_ORDER"]
+__all__ = ["elicited_triage", "differential_from", "Clinician", "WeakClinician", "RandomClinician", "make_policy", "POLICIES", "QUESTIONS", "SCREEN_ORDER", "RISK_ORDER"]

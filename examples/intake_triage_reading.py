@@ -28,7 +28,7 @@ import sys
 
 import numpy as np
 
-LEVELS = ("routine", "urgent", "emergent")   # envs.intake.cases.TRIAGE_LEVELS, low to high
+from envs.intake.cases import TRIAGE_LEVELS as LEVELS   # low to high
 
 
 def cut_after_triage(assessment: str, level: str) -> str:

@@ -480,6 +480,44 @@ def test_risk_bonus_pays_each_required_risk_domain_once_outside_the_rubric(cases
             envs.make("intake", risk_bonus=bad)
 
 
+@pytest.mark.parametrize("cases, seed, turn_rewards", [("standard", 3, True), ("adversarial", 1, False)])
+def test_repeat_cost_charges_each_repeated_question_outside_the_rubric(cases, seed, turn_rewards):
+    cost = 0.06
+    plain = envs.make("intake", cases=cases, turn_rewards=turn_rewards)
+    charged = envs.make("intake", cases=cases, turn_rewards=turn_rewards, repeat_cost=cost)
+    plain.reset(seed)
+    charged.reset(seed)
+    mood, sleep = QUESTIONS["mood"][0], QUESTIONS["sleep"][0]
+    # a question, the same text again, another, again, and the first once more: the
+    # same text is always a repeat; a new text is one when the patient had already
+    # told every domain it asks about (the `repeated` flag of its disclosure)
+    actions = [mood, mood, sleep, sleep, mood]
+    actions.append("<assessment>\nDifferential:\n1. major depressive disorder\nTriage: urgent\n"
+                   "Management:\n- safety plan\n</assessment>")
+    asked, repeats, text_repeats = set(), 0, 0
+    for action in actions:
+        _, r_plain, term, trunc, info_plain = plain.step(action)
+        _, r, term_c, trunc_c, info = charged.step(action)
+        assert (term, trunc) == (term_c, trunc_c)
+        if term:
+            break
+        flagged = info["disclosure"]["repeated"]
+        assert flagged == info_plain["disclosure"]["repeated"]
+        if action in asked:
+            assert flagged
+            text_repeats += 1
+        asked.add(action)
+        repeats += flagged
+        assert r_plain - r == pytest.approx(cost if flagged else 0.0, abs=1e-12), action
+    assert term and text_repeats == 3 and repeats >= 3
+    assert info["rubric"] == info_plain["rubric"] and info["heldout_rubric"] == info_plain["heldout_rubric"]
+    assert info["repeat_cost"] == pytest.approx(repeats * cost, abs=1e-12) and "repeat_cost" not in info_plain
+    assert r == r_plain          # the assessment is not charged
+    for bad in (-0.1, float("inf"), False, "0.1"):
+        with pytest.raises(ValueError, match="repeat_cost"):
+            envs.make("intake", repeat_cost=bad)
+
+
 def test_risk_coverage_counts_the_required_risk_domains_elicited():
     from envs.intake.eval import summarize
     env = envs.make("intake", cases="adversarial")

@@ -43,6 +43,14 @@ the interview found the risk. Like ``risk_bonus`` it is a training incentive out
 the rubric (``info["reading_bonus"]`` and ``info["triage_elicited"]`` on the final
 step).
 
+With ``repeat_cost=c > 0`` a question turn that the patient counts as repeated (the
+same question again, or one whose every domain was already elicited:
+:class:`envs.intake.simulator.PatientState`) costs ``c``. The rubric already charges a
+repeat through its communication part, about a hundredth of the total; ``c`` makes
+the charge large enough to be seen by the policy gradient. Like the bonuses it is a
+training incentive outside the rubric: the return is the rubric total plus the bonuses
+less the charges (``info["repeat_cost"]`` on the final step: what was charged).
+
 A malformed assessment (or an empty or over-long question) is answered with what is
 wrong and the expected format, ``invalid_penalty`` as reward, and
 ``info["invalid_action"]``; the episode goes on. After ``max_turns`` turns without an
@@ -110,6 +118,8 @@ class IntakeEnv(TextEnv):
       reading_bonus: reward (>= 0) for an assessment whose triage is the rules' level
         from what the interview elicited (see the module docstring); a training
         incentive outside the rubric.
+      repeat_cost: charge (>= 0) for each question the patient counts as repeated (see
+        the module docstring); a training incentive outside the rubric.
     """
 
     has_expert = True
@@ -118,7 +128,7 @@ class IntakeEnv(TextEnv):
                  personas: Sequence[str] = PERSONAS, conditions: Sequence[str] = CONDITION_KEYS,
                  rubric: Any = None, simulator: Any = None, max_domains_per_question: int = 2,
                  max_question_chars: int = 600, invalid_penalty: float = -0.1, turn_rewards: bool = False,
-                 risk_bonus: float = 0.0, reading_bonus: float = 0.0):
+                 risk_bonus: float = 0.0, reading_bonus: float = 0.0, repeat_cost: float = 0.0):
         if cases not in CASE_SETS:
             raise ValueError(f"cases must be one of {', '.join(CASE_SETS)}, got {cases!r}")
         if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 2:
@@ -139,7 +149,7 @@ class IntakeEnv(TextEnv):
             raise ValueError(f"max_question_chars must be an int >= 20, got {max_question_chars!r}")
         if not isinstance(turn_rewards, bool):
             raise ValueError(f"turn_rewards must be true or false, got {turn_rewards!r}")
-        for name, v in (("risk_bonus", risk_bonus), ("reading_bonus", reading_bonus)):
+        for name, v in (("risk_bonus", risk_bonus), ("reading_bonus", reading_bonus), ("repeat_cost", repeat_cost)):
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
         super().__init__(max_steps=max_turns, invalid_penalty=invalid_penalty)
@@ -148,6 +158,8 @@ class IntakeEnv(TextEnv):
         self.risk_bonus = float(risk_bonus)
         self._bonus = 0.0  # risk bonus paid so far this episode
         self.reading_bonus = float(reading_bonus)
+        self.repeat_cost = float(repeat_cost)
+        self._charged = 0.0  # repeat cost charged so far this episode
         self.cases, self.persona, self.personas, self.conditions = cases, persona, personas, conditions
         self.rubric = RubricConfig.from_dict(rubric)
         self.simulator = make_simulator(simulator)
@@ -198,6 +210,7 @@ class IntakeEnv(TextEnv):
         self._flagged = {"leaks": 0, "contradictions": 0}
         self._paid = 0.0
         self._bonus = 0.0
+        self._charged = 0.0
         obs = ("Simulated psychiatric intake (a research simulation, not a clinical tool).\n"
                f"The patient is a {case.age}-year-old {case.gender}, {case.occupation}, seen in the outpatient clinic.\n"
                f"Patient: \"{case.chief_complaint}\"\n"
@@ -224,6 +237,9 @@ class IntakeEnv(TextEnv):
         bonus = self.risk_bonus * sum(1 for dom in self.patient.elicited
                                       if dom not in before and dom in RISK_DOMAINS and dom in self.case.required_domains)
         self._bonus += bonus
+        charge = self.repeat_cost * d.repeated
+        self._charged += charge
+        bonus -= charge   # the question turn's incentives, net
         reply = self.simulator.reply(self.case, d, list(self.history), self._steps)
         self.history.append((question, reply))
         self.asked_domains.append(tuple(dom for dom, _ in d.domains))
@@ -293,6 +309,8 @@ class IntakeEnv(TextEnv):
         info["risk_domains"] = {"required": risk, "elicited": [d for d in risk if d in self.interview.elicited]}
         if self.risk_bonus:
             info["risk_bonus"] = self._bonus
+        if self.repeat_cost:
+            info["repeat_cost"] = self._charged
         # an assessment with a positive rubric total, whether or not turn_rewards paid part of it early
         info["success"] = parsed is not None and result["total"] > 0
         rest = result["total"] - self._paid

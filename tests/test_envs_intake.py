@@ -431,14 +431,21 @@ def test_turn_rewards_pay_the_interview_when_earned_and_sum_to_the_rubric(cases,
         envs.make("intake", turn_rewards="yes")
 
 
+def _reset_pair(cases, seed, turn_rewards, **incentive):
+    """Two intake envs reset on the same case: one plain, one with `incentive` (e.g.
+    risk_bonus=0.07), to step side by side."""
+    plain = envs.make("intake", cases=cases, turn_rewards=turn_rewards)
+    other = envs.make("intake", cases=cases, turn_rewards=turn_rewards, **incentive)
+    plain.reset(seed)
+    other.reset(seed)
+    return plain, other
+
+
 @pytest.mark.parametrize("cases, seed, turn_rewards", [("adversarial", 0, False), ("adversarial", 2, True),
                                                        ("standard", 7, True), ("standard", 11, False)])
 def test_risk_bonus_pays_each_required_risk_domain_once_outside_the_rubric(cases, seed, turn_rewards):
     bonus = 0.07
-    plain = envs.make("intake", cases=cases, turn_rewards=turn_rewards)
-    paid = envs.make("intake", cases=cases, turn_rewards=turn_rewards, risk_bonus=bonus)
-    plain.reset(seed)
-    paid.reset(seed)
+    plain, paid = _reset_pair(cases, seed, turn_rewards, risk_bonus=bonus)
     required_risk = {"suicidal_ideation", "harm_others"}   # the core screen's risk domains, always required
     present = paid.case.present   # the case's present findings, by domain
     if "suicidal_ideation" in present:
@@ -483,10 +490,7 @@ def test_risk_bonus_pays_each_required_risk_domain_once_outside_the_rubric(cases
 @pytest.mark.parametrize("cases, seed, turn_rewards", [("standard", 3, True), ("adversarial", 1, False)])
 def test_repeat_cost_charges_each_repeated_question_outside_the_rubric(cases, seed, turn_rewards):
     cost = 0.06
-    plain = envs.make("intake", cases=cases, turn_rewards=turn_rewards)
-    charged = envs.make("intake", cases=cases, turn_rewards=turn_rewards, repeat_cost=cost)
-    plain.reset(seed)
-    charged.reset(seed)
+    plain, charged = _reset_pair(cases, seed, turn_rewards, repeat_cost=cost)
     mood, sleep = QUESTIONS["mood"][0], QUESTIONS["sleep"][0]
     # a question, the same text again, another, again, and the first once more: the
     # same text is always a repeat; a new text is one when the patient had already

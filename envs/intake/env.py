@@ -239,7 +239,7 @@ class IntakeEnv(TextEnv):
         self._bonus += bonus
         charge = self.repeat_cost * d.repeated
         self._charged += charge
-        bonus -= charge   # the question turn's incentives, net
+        incentive = bonus - charge   # this question turn's training incentives, net
         reply = self.simulator.reply(self.case, d, list(self.history), self._steps)
         self.history.append((question, reply))
         self.asked_domains.append(tuple(dom for dom, _ in d.domains))
@@ -258,7 +258,7 @@ class IntakeEnv(TextEnv):
             self._flagged["contradictions"] += bool(fidelity["contradicted"])
         if self.turns_left <= 0:
             rest, terminated, info = self._final(None, info)
-            return obs, rest + bonus, terminated, info
+            return obs, rest + incentive, terminated, info
         if self.turns_left <= 3:
             obs += f"\n({self.turns_left} turn{'s' if self.turns_left > 1 else ''} left: give your assessment soon.)"
         reward = 0.0
@@ -268,7 +268,7 @@ class IntakeEnv(TextEnv):
             potential = (w["history"] * earned["history"] + w["communication"] * earned["communication"]) \
                 / sum(w.values())
             reward, self._paid = potential - self._paid, potential
-        return obs, reward + bonus, False, self._with_cut(info)
+        return obs, reward + incentive, False, self._with_cut(info)
 
     def _invalid(self, message: str):
         obs, reward, terminated, info = super()._invalid(message)

@@ -522,6 +522,77 @@ def test_repeat_cost_charges_each_repeated_question_outside_the_rubric(cases, se
             envs.make("intake", repeat_cost=bad)
 
 
+# The checklist's order and labels, and each follow-up's prerequisite, written out here
+# from the notes option's specification rather than read from the env.
+_NOTE_ORDER = [("mood", "mood"), ("anxiety", "anxiety"), ("panic", "panic"), ("trauma", "trauma"),
+               ("mania", "mania"), ("psychosis", "psychosis"), ("substance", "substance"),
+               ("attention", "attention"), ("sleep", "sleep"), ("appetite", "appetite"), ("medical", "medical"),
+               ("medications", "medications"), ("family", "family"), ("social", "work"),
+               ("suicidal_ideation", "suicide"), ("suicide_plan", "plan"), ("suicide_intent", "intent"),
+               ("suicide_means", "means"), ("harm_others", "harm"), ("command_hallucinations", "voices"),
+               ("withdrawal", "withdrawal")]
+_NOTE_NEEDS = {"suicide_plan": "suicidal_ideation", "suicide_intent": "suicidal_ideation",
+               "suicide_means": "suicidal_ideation", "command_hallucinations": "psychosis",
+               "withdrawal": "substance"}
+
+
+def _expected_notes(answered, told):
+    todo = [label for d, label in _NOTE_ORDER
+            if d not in answered and (d not in _NOTE_NEEDS or _NOTE_NEEDS[d] in told)]
+    return "To ask: " + (" ".join(todo) if todo else "nothing") + "."
+
+
+@pytest.mark.parametrize("cases, seed, style", [("standard", 3, "expert"), ("standard", 11, "weak"),
+                                                ("adversarial", 0, "expert"), ("adversarial", 5, "weak")])
+def test_notes_end_each_observation_with_what_no_reply_has_answered(cases, seed, style):
+    plain, noted = _reset_pair(cases, seed, True, notes=True)
+    obs_plain, _ = plain.reset(seed)
+    obs, _ = noted.reset(seed)
+    first = "To ask: mood anxiety panic trauma mania psychosis substance attention sleep appetite " \
+            "medical medications family work suicide harm."
+    assert obs == obs_plain + "\n" + first
+    answered, told, steps = set(), set(), 0
+    while True:
+        action = noted.expert_action(style)
+        assert action == plain.expert_action(style)
+        obs_plain, r_plain, term, trunc, info_plain = plain.step(action)
+        obs, r, term_n, trunc_n, info = noted.step(action)
+        steps += 1
+        assert (r, term, trunc) == (r_plain, term_n, trunc_n)   # the reward is unchanged
+        if term or trunc:
+            assert obs == obs_plain and info["rubric"] == info_plain["rubric"]
+            break
+        d = info["disclosure"]
+        assert d == info_plain["disclosure"]
+        heard = d["revealed"] + d["volunteered"]
+        answered |= set(heard) | set(d["denied"])
+        told |= {dom for dom in heard if dom in noted.case.present and noted.case.present[dom].present}
+        assert obs == obs_plain + "\n" + _expected_notes(answered, told), (steps, action)
+    assert steps > 3
+    if style == "expert" and cases == "standard":   # the expert asks every domain it needs
+        assert noted.checklist() == "To ask: nothing."
+
+
+def test_notes_add_follow_ups_only_for_what_a_reply_told_and_keep_a_deflected_domain():
+    env = envs.make("intake", cases="adversarial", notes=True)
+    env.reset(0)   # minimising, with concealed suicidal ideation: denied to a general question
+    obs, *_, info = env.step("Have you had any dark thoughts lately?")
+    assert info["disclosure"]["denied"] == ["suicidal_ideation"]
+    notes = obs.splitlines()[-1]
+    assert " suicide " not in notes and " plan " not in notes and notes.endswith(" work harm.")
+    obs, *_, info = env.step(QUESTIONS["suicidal_ideation"][0])   # the direct question: told
+    assert info["disclosure"]["revealed"] == ["suicidal_ideation"]
+    assert obs.splitlines()[-1].endswith(" work plan intent means harm.")
+    env = envs.make("intake", notes=True)
+    env.reset(0)   # guarded: deflects the first question about trauma
+    obs, *_, info = env.step(QUESTIONS["trauma"][0])
+    assert info["disclosure"]["refused"] == ["trauma"]
+    assert " trauma " in obs.splitlines()[-1]
+    for bad in (1, "true", None):
+        with pytest.raises(ValueError, match="notes"):
+            envs.make("intake", notes=bad)
+
+
 def test_risk_coverage_counts_the_required_risk_domains_elicited():
     from envs.intake.eval import summarize
     env = envs.make("intake", cases="adversarial")

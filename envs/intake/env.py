@@ -51,6 +51,17 @@ the charge large enough to be seen by the policy gradient. Like the bonuses it i
 training incentive outside the rubric: the return is the rubric total plus the bonuses
 less the charges (``info["repeat_cost"]`` on the final step: what was charged).
 
+With ``notes=True`` every observation ends with the clinician's checklist, a line
+``To ask: ...`` of the domains no reply has answered yet (short labels,
+:data:`NOTE_LABELS`, in the expert's order), or ``nothing``. A domain leaves the list
+once the patient answers it, truthfully or with a denial (both read alike to the
+clinician); a deflection leaves it on. The follow-ups (suicide plan, intent and means;
+command voices; withdrawal) join the list when the reply they follow up (ideation,
+psychosis, substance use) told the finding. The list is built from what the clinician
+heard, never from the case's hidden findings (a false denial of ideation adds no
+follow-up), so it is the note a clinician keeps, not a hint: it spares a small policy
+the work of remembering what it asked. The reward and the rubric are unchanged.
+
 A malformed assessment (or an empty or over-long question) is answered with what is
 wrong and the expected format, ``invalid_penalty`` as reward, and
 ``info["invalid_action"]``; the episode goes on. After ``max_turns`` turns without an
@@ -87,9 +98,19 @@ from envs.intake.domains import RISK_DOMAINS, SUICIDE_DOMAINS
 from envs.intake.monitors import exploit_flags, heldout_score
 from envs.intake.rubric import Interview, RubricConfig, score
 from envs.intake.simulator import PatientState, RuleBasedSimulator, check_reply, make_simulator
-from envs.intake.policies import elicited_triage
+from envs.intake.policies import RISK_ORDER, RISK_PREREQUISITE, SCREEN_ORDER, elicited_triage
 
 CASE_SETS = ("standard", "adversarial")
+
+#: The checklist's short label for each domain (``notes=True``), in the order it lists them.
+NOTE_LABELS: dict[str, str] = {
+    "mood": "mood", "anxiety": "anxiety", "panic": "panic", "trauma": "trauma", "mania": "mania",
+    "psychosis": "psychosis", "substance": "substance", "attention": "attention", "sleep": "sleep",
+    "appetite": "appetite", "medical": "medical", "medications": "medications", "family": "family",
+    "social": "work", "suicidal_ideation": "suicide", "suicide_plan": "plan", "suicide_intent": "intent",
+    "suicide_means": "means", "harm_others": "harm", "command_hallucinations": "voices",
+    "withdrawal": "withdrawal"}
+assert tuple(NOTE_LABELS) == SCREEN_ORDER + RISK_ORDER
 
 
 class IntakeEnv(TextEnv):
@@ -120,6 +141,8 @@ class IntakeEnv(TextEnv):
         incentive outside the rubric.
       repeat_cost: charge (>= 0) for each question the patient counts as repeated (see
         the module docstring); a training incentive outside the rubric.
+      notes: end every observation with the checklist of domains still to ask (see the
+        module docstring); the reward is unchanged.
     """
 
     has_expert = True
@@ -128,7 +151,8 @@ class IntakeEnv(TextEnv):
                  personas: Sequence[str] = PERSONAS, conditions: Sequence[str] = CONDITION_KEYS,
                  rubric: Any = None, simulator: Any = None, max_domains_per_question: int = 2,
                  max_question_chars: int = 600, invalid_penalty: float = -0.1, turn_rewards: bool = False,
-                 risk_bonus: float = 0.0, reading_bonus: float = 0.0, repeat_cost: float = 0.0):
+                 risk_bonus: float = 0.0, reading_bonus: float = 0.0, repeat_cost: float = 0.0,
+                 notes: bool = False):
         if cases not in CASE_SETS:
             raise ValueError(f"cases must be one of {', '.join(CASE_SETS)}, got {cases!r}")
         if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 2:
@@ -147,8 +171,9 @@ class IntakeEnv(TextEnv):
             raise ValueError(f"max_domains_per_question must be a positive int, got {max_domains_per_question!r}")
         if not isinstance(max_question_chars, int) or max_question_chars < 20:
             raise ValueError(f"max_question_chars must be an int >= 20, got {max_question_chars!r}")
-        if not isinstance(turn_rewards, bool):
-            raise ValueError(f"turn_rewards must be true or false, got {turn_rewards!r}")
+        for name, v in (("turn_rewards", turn_rewards), ("notes", notes)):
+            if not isinstance(v, bool):
+                raise ValueError(f"{name} must be true or false, got {v!r}")
         for name, v in (("risk_bonus", risk_bonus), ("reading_bonus", reading_bonus), ("repeat_cost", repeat_cost)):
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
@@ -160,6 +185,9 @@ class IntakeEnv(TextEnv):
         self.reading_bonus = float(reading_bonus)
         self.repeat_cost = float(repeat_cost)
         self._charged = 0.0  # repeat cost charged so far this episode
+        self.notes = notes
+        self._answered: set[str] = set()   # domains a reply answered (notes)
+        self._told: set[str] = set()       # domains a reply told present (notes)
         self.cases, self.persona, self.personas, self.conditions = cases, persona, personas, conditions
         self.rubric = RubricConfig.from_dict(rubric)
         self.simulator = make_simulator(simulator)
@@ -211,10 +239,13 @@ class IntakeEnv(TextEnv):
         self._paid = 0.0
         self._bonus = 0.0
         self._charged = 0.0
+        self._answered, self._told = set(), set()
         obs = ("Simulated psychiatric intake (a research simulation, not a clinical tool).\n"
                f"The patient is a {case.age}-year-old {case.gender}, {case.occupation}, seen in the outpatient clinic.\n"
                f"Patient: \"{case.chief_complaint}\"\n"
                f"You have {self.max_steps} turns: ask one question per turn, then give your assessment.")
+        if self.notes:
+            obs += "\n" + self.checklist()
         return obs, self._with_cut({"case_id": case.case_id, "cases": self.cases})
 
     def _step(self, action: str):
@@ -249,6 +280,11 @@ class IntakeEnv(TextEnv):
         iv.empathic += d.empathic
         iv.productive += bool(d.new)
         iv.elicited = set(self.patient.elicited)
+        for item in d.revealed + d.volunteered:
+            self._answered.add(item.domain)
+            if item.present:
+                self._told.add(item.domain)
+        self._answered.update(d.denied)
         obs = f"Patient: \"{reply}\""
         info: dict = {"disclosure": d.to_dict()}
         if not isinstance(self.simulator, RuleBasedSimulator):   # the template voice is faithful by construction
@@ -261,6 +297,8 @@ class IntakeEnv(TextEnv):
             return obs, rest + incentive, terminated, info
         if self.turns_left <= 3:
             obs += f"\n({self.turns_left} turn{'s' if self.turns_left > 1 else ''} left: give your assessment soon.)"
+        if self.notes:
+            obs += "\n" + self.checklist()
         reward = 0.0
         if self.turn_rewards:
             earned = score(self.case, self.interview, None, self.rubric)["components"]
@@ -269,6 +307,17 @@ class IntakeEnv(TextEnv):
                 / sum(w.values())
             reward, self._paid = potential - self._paid, potential
         return obs, reward + incentive, False, self._with_cut(info)
+
+    def still_to_ask(self) -> list[str]:
+        """The checklist's domains (``notes``): those no reply has answered, in the
+        expert's order; a follow-up only once a reply told its prerequisite finding."""
+        return [d for d in NOTE_LABELS if d not in self._answered
+                and (d not in RISK_PREREQUISITE or RISK_PREREQUISITE[d] in self._told)]
+
+    def checklist(self) -> str:
+        """The notes line: ``To ask: <labels>.`` (or ``nothing.``)."""
+        todo = [NOTE_LABELS[d] for d in self.still_to_ask()]
+        return "To ask: " + (" ".join(todo) if todo else "nothing") + "."
 
     def _invalid(self, message: str):
         obs, reward, terminated, info = super()._invalid(message)
@@ -363,4 +412,4 @@ class IntakeEnv(TextEnv):
         raise ValueError(f"intake expert_action: style must be 'expert' or 'weak', got {style!r}")
 
 
-__all__ = ["IntakeEnv", "CASE_SETS", "ADVERSARIAL_SET_SIZE"]
+__all__ = ["IntakeEnv", "CASE_SETS", "ADVERSARIAL_SET_SIZE", "NOTE_LABELS"]

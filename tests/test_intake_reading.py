@@ -79,3 +79,25 @@ def test_the_command_writes_one_line_per_model(exported, tmp_path, capsys):
     assert "accuracy" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         probe.main([path, "--clinician", "[1]"])
+
+
+def test_notes_put_the_checklist_in_the_probed_interviews(exported, tmp_path, monkeypatch):
+    import jaxagent.train.warmstart as ws
+    path, *_ = exported
+    seen = []
+
+    def collect(name, kw, *args, **kwargs):
+        demos = collect_demonstrations(name, kw, *args, **kwargs)
+        seen.append((kw, demos))
+        return demos
+
+    monkeypatch.setattr(ws, "collect_demonstrations", collect)
+    out = tmp_path / "r.jsonl"
+    for flag in ([], ["--notes"]):
+        assert probe.main([path, "--episodes", "1", "--max-context", "8192", "--clinician", json.dumps(SHORT),
+                           "--out", str(out), *flag]) == 0
+        assert json.loads(out.read_text())["notes"] is bool(flag)
+    (plain_kw, plain), (notes_kw, noted) = seen
+    assert not plain_kw["notes"] and notes_kw["notes"]
+    text = lambda demos: json.dumps([dataclasses.asdict(d) for d in demos])
+    assert "To ask: " not in text(plain) and "To ask: " in text(noted)

@@ -186,8 +186,7 @@ class IntakeEnv(TextEnv):
         self.repeat_cost = float(repeat_cost)
         self._charged = 0.0  # repeat cost charged so far this episode
         self.notes = notes
-        self._answered: set[str] = set()   # domains a reply answered (notes)
-        self._told: set[str] = set()       # domains a reply told present (notes)
+        self._denied: set[str] = set()   # domains a reply denied, falsely (notes; the truthful ones are elicited)
         self.cases, self.persona, self.personas, self.conditions = cases, persona, personas, conditions
         self.rubric = RubricConfig.from_dict(rubric)
         self.simulator = make_simulator(simulator)
@@ -239,7 +238,7 @@ class IntakeEnv(TextEnv):
         self._paid = 0.0
         self._bonus = 0.0
         self._charged = 0.0
-        self._answered, self._told = set(), set()
+        self._denied = set()
         obs = ("Simulated psychiatric intake (a research simulation, not a clinical tool).\n"
                f"The patient is a {case.age}-year-old {case.gender}, {case.occupation}, seen in the outpatient clinic.\n"
                f"Patient: \"{case.chief_complaint}\"\n"
@@ -280,11 +279,7 @@ class IntakeEnv(TextEnv):
         iv.empathic += d.empathic
         iv.productive += bool(d.new)
         iv.elicited = set(self.patient.elicited)
-        for item in d.revealed + d.volunteered:
-            self._answered.add(item.domain)
-            if item.present:
-                self._told.add(item.domain)
-        self._answered.update(d.denied)
+        self._denied.update(d.denied)
         obs = f"Patient: \"{reply}\""
         info: dict = {"disclosure": d.to_dict()}
         if not isinstance(self.simulator, RuleBasedSimulator):   # the template voice is faithful by construction
@@ -311,8 +306,10 @@ class IntakeEnv(TextEnv):
     def still_to_ask(self) -> list[str]:
         """The checklist's domains (``notes``): those no reply has answered, in the
         expert's order; a follow-up only once a reply told its prerequisite finding."""
-        return [d for d in NOTE_LABELS if d not in self._answered
-                and (d not in RISK_PREREQUISITE or RISK_PREREQUISITE[d] in self._told)]
+        heard = self.patient.elicited   # every item a reply told truthfully, present or absent
+        told = {d for d, it in heard.items() if it.present}
+        return [d for d in NOTE_LABELS if d not in heard and d not in self._denied
+                and (d not in RISK_PREREQUISITE or RISK_PREREQUISITE[d] in told)]
 
     def checklist(self) -> str:
         """The notes line: ``To ask: <labels>.`` (or ``nothing.``)."""

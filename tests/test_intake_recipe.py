@@ -90,6 +90,72 @@ def test_shuffled_risk_order_asks_the_planned_screening_and_follows_up_revealed_
         WeakClinician(risk_order="first")
 
 
+def _listed(observation):
+    """The checklist's domains from an observation's last line (`To ask: ...`), read
+    with the labels written out here."""
+    labels = {"mood": "mood", "anxiety": "anxiety", "panic": "panic", "trauma": "trauma", "mania": "mania",
+              "psychosis": "psychosis", "substance": "substance", "attention": "attention", "sleep": "sleep",
+              "appetite": "appetite", "medical": "medical", "medications": "medications", "family": "family",
+              "work": "social", "suicide": "suicidal_ideation", "plan": "suicide_plan", "intent": "suicide_intent",
+              "means": "suicide_means", "harm": "harm_others", "voices": "command_hallucinations",
+              "withdrawal": "withdrawal"}
+    line = observation.rstrip().splitlines()[-1]
+    assert line.startswith("To ask: ") and line.endswith("."), line
+    body = line[len("To ask: "):-1]
+    return [] if body == "nothing" else [labels[w] for w in body.split()]
+
+
+def _asked_domain(action):
+    hits = [d for d, (first, _) in QUESTIONS.items() if action.endswith(first)]
+    assert len(hits) == 1, action
+    return hits[0]
+
+
+def test_the_weak_clinician_can_read_its_questions_off_the_notes():
+    env = IntakeEnv("standard", max_turns=20, notes=True)
+    first = WeakClinician(follow_notes=1.0, skip=0.0, risk_screen=1.0, followup=1.0, questions=(19, 19))
+    anyone = WeakClinician(follow_notes=0.0, skip=0.0, risk_screen=1.0, followup=1.0, questions=(19, 19))
+    not_first = 0
+    screened = 0
+    for s in range(40):
+        for policy in (first, anyone):
+            obs, _ = env.reset(seed=s)
+            asked = []
+            while True:
+                a = policy(obs, env)
+                if a.startswith("<assessment>"):
+                    break
+                dom = _asked_domain(a)
+                # every question is a domain still on the notes that it has not asked (no retry, no repeat)
+                todo = [d for d in _listed(obs) if d not in asked]
+                assert dom in todo, (s, dom, todo)
+                if policy is first:
+                    assert dom == todo[0]
+                else:
+                    not_first += dom != todo[0]
+                asked.append(dom)
+                obs, _, term, trunc, _ = env.step(a)
+                assert not (term or trunc)
+            # it concludes when its budget is spent or nothing it planned is left
+            assert len(asked) == 19 or not [d for d in _listed(obs) if d not in asked]
+            screened += "suicidal_ideation" in asked
+        assert play(env, s, anyone)[0] == play(env, s, anyone)[0]   # drawn from the case: deterministic
+    assert not_first > 40        # the random pick is not the first item
+    assert screened > 0
+    # not planned, not asked: no risk screening reads no risk item off the notes
+    never = WeakClinician(follow_notes=0.0, risk_screen=0.0, questions=(19, 19))
+    for s in range(20):
+        acts = play(env, s, never)[0]
+        assert not any(a.endswith(q) for a in acts for q in RISK_QUESTIONS)
+    # it reads the list whether or not the policy is shown it
+    plain = IntakeEnv("standard", max_turns=20)
+    assert play(plain, 5, first)[0] == play(env, 5, first)[0]
+    assert env.expert_action(style="weak", follow_notes=0.5) == WeakClinician(follow_notes=0.5).act(env)
+    for bad in (1.5, -0.1, True, "often"):
+        with pytest.raises(ValueError, match="follow_notes must be null or a probability"):
+            WeakClinician(follow_notes=bad)
+
+
 def test_warm_start_expert_options_reach_the_env_and_bad_ones_are_named():
     demos = warmstart.collect_demonstrations("intake", {"max_turns": 20}, range(10), max_turns=20,
                                              expert={"style": "weak", "risk_screen": 0.0})

@@ -398,7 +398,8 @@ class IntakeEnv(TextEnv):
         """The scripted clinician's next action: ``style="expert"`` (the expert,
         :class:`envs.intake.policies.Clinician`) or ``"weak"`` (the imperfect clinician
         of the warm start, :class:`envs.intake.policies.WeakClinician`, with ``kwargs``:
-        ``risk_screen``, ``followup``, ``skip``, ``questions``, ``empathy``, ``salt``)."""
+        ``risk_screen``, ``followup``, ``skip``, ``questions``, ``empathy``, ``salt``,
+        ``risk_order``, ``follow_notes``)."""
         from envs.intake.policies import Clinician, WeakClinician
         if style == "expert":
             if kwargs:

@@ -34,7 +34,13 @@ revealed so far (``env.patient.elicited``) and which domains they have asked
   default (``risk_order="last"``) the risk questions come after the other domains, so
   the early conclusion cuts most of them and its demonstrations almost never say
   ``emergent`` (1 of 512 in the recipe's set); ``risk_order="shuffled"`` puts them at
-  random places among the other domains.
+  random places among the other domains. With ``follow_notes=p`` it reads the
+  clinician's checklist instead (:meth:`envs.intake.env.IntakeEnv.still_to_ask`, what
+  the env's ``notes`` option shows the policy): each question is the first item on the
+  list among those it planned and has not asked, with probability ``p``, else one of
+  them at random (drawn per turn from the case id and the turn). The list is in the
+  expert's order with the risk domains last, so the early conclusion cuts them unless a
+  random pick reaches them; a follow-up is on the list once its finding was told.
 - :class:`RandomClinician`: asks 2-16 questions drawn at random from the expert's
   questions and some off-topic ones, then gives a random differential, triage and
   management; seeded.
@@ -194,14 +200,23 @@ class WeakClinician:
         take random places among the other domains (a follow-up is asked as soon as its
         finding is revealed and its place has come), so the screening it plans is
         mostly asked.
+      follow_notes: None (the planned order above), or a probability: each question
+        is read off the checklist (``env.still_to_ask()``): its first item among the
+        planned, unasked domains with this probability, else one of them at random.
+        ``risk_order`` then does not matter (the list's order is the expert's).
     """
 
     def __init__(self, risk_screen: float = 0.3, followup: float = 0.5, skip: float = 0.25,
                  questions: tuple[int, int] = (5, 12), empathy: float = 0.5, salt: int = 0,
-                 risk_order: str = "last"):
+                 risk_order: str = "last", follow_notes: float | None = None):
         if risk_order not in ("last", "shuffled"):
             raise ValueError(f"WeakClinician: risk_order must be 'last' or 'shuffled', got {risk_order!r}")
+        if follow_notes is not None and (not isinstance(follow_notes, (int, float)) or isinstance(follow_notes, bool)
+                                         or not 0.0 <= follow_notes <= 1.0):
+            raise ValueError(f"WeakClinician: follow_notes must be null or a probability in [0, 1], "
+                             f"got {follow_notes!r}")
         self.risk_order = risk_order
+        self.follow_notes = None if follow_notes is None else float(follow_notes)
         for name, v in (("risk_screen", risk_screen), ("followup", followup), ("skip", skip),
                         ("empathy", empathy)):
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0.0 <= v <= 1.0:
@@ -239,7 +254,13 @@ class WeakClinician:
         found = env.patient.elicited
         asked = {d for a in env.asked_domains for d in a}
         dom = None
-        if len(env.asked_domains) < budget and env.turns_left > 1:
+        if len(env.asked_domains) < budget and env.turns_left > 1 and self.follow_notes is not None:
+            planned = set(order)
+            listed = [d for d in env.still_to_ask() if d in planned and d not in asked]
+            if listed:
+                rng = random.Random(f"intake-weak-notes:{env.case.case_id}:{self.salt}:{len(env.asked_domains)}")
+                dom = listed[0] if rng.random() < self.follow_notes else rng.choice(listed)
+        elif len(env.asked_domains) < budget and env.turns_left > 1:
             for d in order:
                 need = RISK_PREREQUISITE.get(d)
                 if d in asked or d in found or (need is not None and not (need in found and found[need].present)):

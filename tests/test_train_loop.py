@@ -123,6 +123,32 @@ def test_sampler_old_logprobs_need_the_untruncated_sampling_distribution(tmp_pat
         config(tmp_path / "run", "old_logprobs=rollout")
 
 
+def test_a_kl_term_on_the_last_turn_reaches_the_update(tmp_path):
+    """`loss.kl_turns=last`: every update's batch carries a KL mask that covers, in each
+    row, the policy tokens after all its other ones (the episode's last turn), and only
+    those; the step itself refuses a batch without it (test_train_step)."""
+    trainer = Trainer(config(tmp_path / "run", *VARIED, "loss.kl_coef=0.05", "loss.kl_turns=last", "iterations=1"),
+                      log=lambda *_: None)
+    seen, update = [], trainer._update
+
+    def spy(state, mini):
+        seen.append(jax.device_get((mini.loss_mask, mini.kl_mask)))
+        return update(state, mini)
+
+    trainer._update = spy
+    history = trainer.run()
+    assert seen and all("kl" in m for m in history)
+    for loss_mask, kl_mask in seen:
+        assert kl_mask is not None
+        policy, covered = loss_mask > 0, kl_mask > 0
+        assert not (covered & ~policy).any() and covered.sum() < policy.sum()   # a part of the policy tokens
+        for row_policy, row_covered in zip(policy, covered):
+            if row_policy.any():
+                rest = np.flatnonzero(row_policy & ~row_covered)
+                kl_at = np.flatnonzero(row_covered)
+                assert kl_at.size and (rest.size == 0 or kl_at.min() > rest.max())
+
+
 @pytest.mark.slow  # ~24 s on idle cores (suite budget; test_train_configs' frozenlake_ppo run trains a critic by default)
 def test_ppo_with_critic_run(tmp_path):
     trainer = Trainer(config(tmp_path / "run", "algo.advantage=gae", "algo.lam=0.95"), log=lambda *_: None)

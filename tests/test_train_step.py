@@ -21,6 +21,7 @@ from jaxagent.train import (
     accumulated_grads,
     critic_values,
     init_train_state,
+    last_turn_mask,
     learning_rate_schedule,
     make_train_step,
     sft_step,
@@ -121,6 +122,59 @@ def test_micro_batch_accumulation_equals_full_batch_gradient(mode):
         scale = float(np.max(np.abs(r))) + 1e-12
         np.testing.assert_allclose(np.asarray(g) / scale, np.asarray(r) / scale, atol=2e-5,
                                    err_msg=f"{mode} {jax.tree_util.keystr(path)}")
+
+
+def reference_loss_kl_masked(params, batch, mode, lc: LossConfig, klm):
+    """`reference_loss` with the KL term on the tokens of `klm` (within the loss mask)
+    alone, its token and row counts taken over those tokens."""
+    base = reference_loss(params, batch, mode, dataclasses.replace(lc, kl_coef=0.0, kl_turns="all"))
+    logp, _ = M.token_logprobs(params, CFG, batch.tokens, attention_mask_BxT=batch.attention_mask)
+    m = batch.loss_mask * klm
+    k = jnp.clip(-(logp - batch.ref_logp), -20, 20)
+    kl = jnp.where(m > 0, jnp.clip(jnp.exp(k) - k - 1, -10, 10), 0.0)
+    n_i = jnp.sum(m, axis=1)
+    if mode == "token-mean":
+        agg = jnp.sum(kl) / jnp.sum(m)
+    else:  # seq-mean-token-mean
+        agg = jnp.sum(jnp.where(n_i > 0, jnp.sum(kl, 1) / jnp.maximum(n_i, 1), 0.0)) / jnp.sum(n_i > 0)
+    return base + lc.kl_coef * agg
+
+
+@pytest.mark.parametrize("mode", ["token-mean", pytest.param("seq-mean-token-mean", marks=pytest.mark.slow)])
+def test_the_kl_term_on_the_last_turn_alone_accumulates_exactly(mode):
+    """`kl_turns="last"`: the KL covers each row's last policy turn (`last_turn_mask`),
+    averaged over those tokens and rows, and micro-batches still add up to it."""
+    lc = LossConfig(agg_mode=mode, kl_coef=0.3, entropy_coef=0.05, kl_turns="last")
+    params = make_params()
+    batch = make_batch(4)
+    # turn ids: policy tokens in runs of 3 per turn, -1 elsewhere
+    mask = np.asarray(batch.loss_mask)
+    tid = np.where(mask > 0, np.arange(T)[None, :] // 3, -1).astype(np.int32)
+    klm = np.zeros((B, T), np.float32)
+    for b in range(B):  # the last turn, written out: the largest turn id among the row's policy tokens
+        if (tid[b] >= 0).any():
+            klm[b, tid[b] == tid[b].max()] = 1.0
+    got_mask = last_turn_mask(tid, mask)
+    np.testing.assert_array_equal(got_mask, klm)
+    assert 0 < klm.sum() < mask.sum()
+    batch = dataclasses.replace(batch, kl_mask=jnp.asarray(got_mask))
+    state = init_train_state(jax.random.key(0), params, CFG, StepConfig(loss=lc))
+    ref_loss, ref = jax.value_and_grad(reference_loss_kl_masked)(params, batch, mode, lc, jnp.asarray(klm))
+    grads, sums = jax.jit(accumulated_grads, static_argnums=2)(state, batch, StepConfig(loss=lc, num_micro_batches=4))
+    np.testing.assert_allclose(sums["policy_loss"], ref_loss, rtol=2e-5)
+    full = reference_loss(params, batch, mode, lc)   # the KL on every token differs
+    assert abs(float(full) - float(ref_loss)) > 1e-4
+    for (path, g), r in zip(jax.tree_util.tree_leaves_with_path(grads.policy), jax.tree.leaves(ref)):
+        scale = float(np.max(np.abs(r))) + 1e-12
+        np.testing.assert_allclose(np.asarray(g) / scale, np.asarray(r) / scale, atol=2e-5,
+                                   err_msg=f"{mode} {jax.tree_util.keystr(path)}")
+    # the step requires the mask it was configured for, and names a bad choice
+    with pytest.raises(ValueError, match="kl_mask is required"):
+        accumulated_grads(state, dataclasses.replace(batch, kl_mask=None), StepConfig(loss=lc))
+    with pytest.raises(ValueError, match="kl_turns must be one of"):
+        LossConfig(kl_coef=0.1, kl_turns="first")
+    with pytest.raises(ValueError, match="set kl_coef > 0"):
+        LossConfig(kl_turns="last")
 
 
 def test_train_step_matches_reference_adamw_update():

@@ -34,6 +34,7 @@ from jaxagent.train.step import (
     batch_denominators,
     critic_values,
     init_train_state,
+    last_turn_mask,
     learning_rate_schedule,
     make_optimizer,
     make_sharded_train_step,
@@ -51,7 +52,7 @@ __all__ = [
     "SCHEDULES", "CheckpointManager", "Denominators", "Grads", "IncompatibleCheckpointError",
     "LossConfig", "OptimizerConfig", "SFTBatch", "StepConfig", "TrainState", "UpdateBatch",
     "accumulated_grads", "batch_denominators", "critic_values", "export_policy",
-    "init_train_state", "learning_rate_schedule", "make_optimizer", "make_sharded_train_step", "make_train_step",
+    "init_train_state", "last_turn_mask", "learning_rate_schedule", "make_optimizer", "make_sharded_train_step", "make_train_step",
     "policy_loss_and_grads", "sft_loss_and_grads", "sft_step", "state_shardings", "train_step",
     "Trainer", "TrainerConfig",
 ]

@@ -5,7 +5,7 @@ One update on a mini-batch of `B` rows (`B = M * b`, `M = num_micro_batches`)::
 
     logp, H   = token_logprobs(policy, tokens)             (log p(y_t | y_<t), entropy)
     L_pg      = policy_loss(logp, old_logp, A, m; mode, clips, is_weights, N, S, T')
-    L_kl      = agg(kl(logp, ref_logp; kind), m; mode, N, S, T')     if kl_coef > 0
+    L_kl      = agg(kl(logp, ref_logp; kind), m_kl; mode, N_kl, S_kl, T')   if kl_coef > 0
     L_H       = agg(H, m; mode, N, S, T')                            if entropy_coef > 0
     L_policy  = L_pg + kl_coef * L_kl - entropy_coef * L_H
     L_value   = value_loss(V, V_old, R, m; value_agg_mode, clip, N, S, T')   (PPO critic)
@@ -13,7 +13,9 @@ One update on a mini-batch of `B` rows (`B = M * b`, `M = num_micro_batches`)::
 `agg` and the losses are `jaxagent.algos` (conventions in docs/FORMULAS.md). The
 denominators `N` (valid tokens), `S` (non-empty rows) and `T'` (the Dr.GRPO length
 constant, default the padded length) are those of the whole mini-batch, computed
-before it is cut into micro-batches. Every aggregation is then a sum over rows divided
+before it is cut into micro-batches. The KL term's mask `m_kl` is `m`, or `m` times
+the batch's `kl_mask` (e.g. only each episode's last turn, `LossConfig.kl_turns`),
+with its own `N_kl` and `S_kl` computed the same way. Every aggregation is then a sum over rows divided
 by a constant, so
 
     L(mini-batch) = sum_k L(micro-batch k),   grad L(mini-batch) = sum_k grad L(micro-batch k)
@@ -56,6 +58,7 @@ from typing import Any
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from jaxagent import algos
@@ -73,6 +76,8 @@ from jaxagent.parallel.mesh import LOGICAL_AXIS_RULES, activation_constraint, ba
 
 SCHEDULES = ("constant", "cosine", "linear")
 TIS_LEVELS = ("token", "sequence")
+#: `LossConfig.kl_turns`: the policy tokens the KL term covers.
+KL_TURNS = ("all", "last")
 #: leaves that weight decay applies to (matrices and embeddings; not norms or biases).
 DECAYED_LEAVES = ("kernel", "embedding", "lora_a", "lora_b")
 
@@ -148,6 +153,9 @@ class LossConfig:
     clip_c: dual-clip constant (> 1) for losses that take it (PPO); None = off.
     kl_coef, kl_kind: KL-to-reference loss term (`algos.kl` kinds: k1, abs, k2, k3 and
       their "+" straight-through forms); needs `ref_logp` in the batch when kl_coef > 0.
+    kl_turns: the policy tokens the KL term covers: "all", or "last" (each episode's
+      last policy turn alone, e.g. intake's assessment; the trainer builds the batch's
+      `kl_mask` from the turn ids, and the step requires it).
     entropy_coef: entropy bonus (subtracted from the loss).
     tis_cap, tis_level: truncated importance-sampling weights
       `min(exp(old_logp - rollout_logp), cap)` (`algos.tis_weights`) multiplied into the
@@ -164,6 +172,7 @@ class LossConfig:
     clip_c: float | None = 3.0
     kl_coef: float = 0.0
     kl_kind: str = "k3"
+    kl_turns: str = "all"
     entropy_coef: float = 0.0
     tis_cap: float | None = None
     tis_level: str = "token"
@@ -183,6 +192,11 @@ class LossConfig:
         if kind not in algos.KL_KINDS:
             raise ValueError(f"{n}.kl_kind must be one of {list(algos.KL_KINDS)} (optionally with '+'), "
                              f"got {self.kl_kind!r}")
+        if self.kl_turns not in KL_TURNS:
+            raise ValueError(f"{n}.kl_turns must be one of {list(KL_TURNS)}, got {self.kl_turns!r}")
+        if self.kl_turns != "all" and not self.kl_coef:
+            raise ValueError(f"{n}.kl_turns={self.kl_turns!r} places the KL loss term, which is off: "
+                             f"set kl_coef > 0")
         if self.tis_level not in TIS_LEVELS:
             raise ValueError(f"{n}.tis_level must be one of {list(TIS_LEVELS)}, got {self.tis_level!r}")
         for name in ("clip_low", "clip_high"):
@@ -250,6 +264,8 @@ class UpdateBatch:
     positions       RoPE positions (default: from the attention mask / segments)
     segment_ids     packed rows: tokens attend within their own segment
     ref_logp        reference-policy log-probs (needed when kl_coef > 0)
+    kl_mask         1 where the KL term applies, within loss_mask (None = all of it;
+                    needed when kl_turns is "last": `last_turn_mask`)
     rollout_logp    the sampler's log-probs (needed for truncated IS)
     returns, old_values   critic targets and the critic's values at rollout time (PPO);
                     values follow `critic_values` (the value of the state before token t)
@@ -263,6 +279,7 @@ class UpdateBatch:
     positions: jax.Array | None = None
     segment_ids: jax.Array | None = None
     ref_logp: jax.Array | None = None
+    kl_mask: jax.Array | None = None
     rollout_logp: jax.Array | None = None
     returns: jax.Array | None = None
     old_values: jax.Array | None = None
@@ -281,11 +298,14 @@ class SFTBatch:
 
 @flax.struct.dataclass
 class Denominators:
-    """Global mini-batch denominators of `algos.aggregate` (float32 scalars)."""
+    """Global mini-batch denominators of `algos.aggregate` (float32 scalars); the KL
+    term's own `N_kl`, `S_kl` when the batch has a `kl_mask` (else None: `N`, `S`)."""
 
     num_tokens: jax.Array
     num_seqs: jax.Array
     seq_len: jax.Array
+    kl_num_tokens: jax.Array | None = None
+    kl_num_seqs: jax.Array | None = None
 
 
 @flax.struct.dataclass
@@ -438,6 +458,8 @@ def _required_fields(config: StepConfig, has_critic: bool) -> tuple[str, ...]:
     req = []
     if config.loss.kl_coef > 0:
         req.append("ref_logp")
+        if config.loss.kl_turns != "all":
+            req.append("kl_mask")
     if config.loss.tis_cap is not None:
         req.append("rollout_logp")
     if has_critic:
@@ -465,14 +487,32 @@ def _loss_defaults(config: LossConfig):
 
 
 # ----------------------------------------------------------------------------- pure pieces
-def batch_denominators(loss_mask_BxT: jax.Array, seq_len_norm: int | None = None) -> Denominators:
-    """`N = #valid tokens`, `S = #rows with a valid token`, `T' = seq_len_norm or T`."""
+def batch_denominators(loss_mask_BxT: jax.Array, seq_len_norm: int | None = None,
+                       kl_mask_BxT: jax.Array | None = None) -> Denominators:
+    """`N = #valid tokens`, `S = #rows with a valid token`, `T' = seq_len_norm or T`; with
+    `kl_mask_BxT`, the same counts of the valid tokens it covers (`N_kl`, `S_kl`)."""
     valid = loss_mask_BxT != 0
+    kl = {}
+    if kl_mask_BxT is not None:
+        covered = valid & (kl_mask_BxT != 0)
+        kl = dict(kl_num_tokens=jnp.sum(covered, dtype=jnp.float32),
+                  kl_num_seqs=jnp.sum(jnp.any(covered, axis=1), dtype=jnp.float32))
     return Denominators(
         num_tokens=jnp.sum(valid, dtype=jnp.float32),
         num_seqs=jnp.sum(jnp.any(valid, axis=1), dtype=jnp.float32),
         seq_len=jnp.asarray(valid.shape[1] if seq_len_norm is None else seq_len_norm, jnp.float32),
+        **kl,
     )
+
+
+def last_turn_mask(turn_ids_BxT, loss_mask_BxT) -> np.ndarray:
+    """1 on the policy tokens of each row's last policy turn (the largest turn id among
+    its valid tokens), 0 elsewhere: `UpdateBatch.kl_mask` for `kl_turns="last"`.
+    `[B, T]` float32 (NumPy)."""
+    tid = np.asarray(turn_ids_BxT)
+    valid = (np.asarray(loss_mask_BxT) != 0) & (tid >= 0)
+    last = np.where(valid, tid, -1).max(axis=1, keepdims=True)
+    return (valid & (tid == last)).astype(np.float32)
 
 
 def _model_kwargs(batch) -> dict:
@@ -519,7 +559,7 @@ def policy_loss_and_grads(state: TrainState, batch: UpdateBatch, config: StepCon
     lc = config.loss
     _check_batch(batch, _required_fields(config, state.has_critic), 1)
     if denominators is None:
-        denominators = batch_denominators(batch.loss_mask, lc.seq_len_norm)
+        denominators = batch_denominators(batch.loss_mask, lc.seq_len_norm, batch.kl_mask)
     fn, mode, clip_kwargs = _loss_defaults(lc)
     d = dict(num_tokens=denominators.num_tokens, num_seqs=denominators.num_seqs, seq_len=denominators.seq_len)
     mask = batch.loss_mask
@@ -542,8 +582,12 @@ def policy_loss_and_grads(state: TrainState, batch: UpdateBatch, config: StepCon
         for k, v in pg_metrics.items():
             aux[f"{k}_sum"] = _token_sum(v, n_local)
         if lc.kl_coef > 0:
-            kl_tok = algos.kl(logp, f32(batch.ref_logp), lc.kl_kind, mask)
-            kl_loss = algos.aggregate(kl_tok, mask, mode, **d)
+            kl_m, kl_d = mask, d
+            if batch.kl_mask is not None:
+                kl_m = jnp.where(valid & (batch.kl_mask != 0), mask, 0)
+                kl_d = dict(d, num_tokens=denominators.kl_num_tokens, num_seqs=denominators.kl_num_seqs)
+            kl_tok = algos.kl(logp, f32(batch.ref_logp), lc.kl_kind, kl_m)
+            kl_loss = algos.aggregate(kl_tok, kl_m, mode, **kl_d)
             total = total + lc.kl_coef * kl_loss
             aux["kl_loss"] = kl_loss
             aux["kl_sum"] = jnp.sum(kl_tok)
@@ -698,7 +742,7 @@ def _apply(state: TrainState, grads: Grads, sums: dict, config: StepConfig, deno
 # ----------------------------------------------------------------------------- jitted steps
 def _train_step(state: TrainState, batch: UpdateBatch, config: StepConfig) -> tuple[TrainState, dict]:
     _check_batch(batch, _required_fields(config, state.has_critic), config.num_micro_batches)
-    denominators = batch_denominators(batch.loss_mask, config.loss.seq_len_norm)
+    denominators = batch_denominators(batch.loss_mask, config.loss.seq_len_norm, batch.kl_mask)
     grads, sums = _accumulate(policy_loss_and_grads, state, batch, config, denominators)
     sums = {**sums, "loss": sums["policy_loss"]}
     has_signal = True
@@ -806,5 +850,5 @@ def accumulated_grads(state: TrainState, batch: UpdateBatch, config: StepConfig)
     """The accumulated mini-batch gradients `train_step` applies (before clipping), and
     the summed loss parts: for tests and diagnostics (not jitted; wrap it if needed)."""
     _check_batch(batch, _required_fields(config, state.has_critic), config.num_micro_batches)
-    denominators = batch_denominators(batch.loss_mask, config.loss.seq_len_norm)
+    denominators = batch_denominators(batch.loss_mask, config.loss.seq_len_norm, batch.kl_mask)
     return _accumulate(policy_loss_and_grads, state, batch, config, denominators)

@@ -61,7 +61,7 @@ from jaxagent.train.metrics import (collapse_warning, eval_line, hacking_warning
                                     template_collapse_warning)
 from jaxagent.train.overlap import OffPolicyRollouts
 from jaxagent.train.rundir import Progress, RunDir
-from jaxagent.train.step import UpdateBatch
+from jaxagent.train.step import UpdateBatch, last_turn_mask
 from jaxagent.train.stop import Interrupted, StopRequests
 from jaxagent.train.warmstart import sft_warm_start
 
@@ -341,9 +341,12 @@ class Trainer:
         t0 = time.perf_counter()
         shaped, loss_mask, shaping = shape_rewards(cfg.algo, traj, loss_mask, old_logp, ref_logp)
         adv, returns = compute_advantages(cfg.algo, shaped, loss_mask, values, per_row["baselines"])
+        kl_mask = None
+        if cfg.loss.kl_coef > 0 and cfg.loss.kl_turns == "last":   # the KL term on each episode's last turn
+            kl_mask = jnp.asarray(last_turn_mask(traj.turn_ids, loss_mask))
         batch = UpdateBatch(tokens=traj.tokens, loss_mask=loss_mask, advantages=adv, old_logp=old_logp,
                             attention_mask=traj.attention_mask, ref_logp=ref_logp if cfg.loss.kl_coef > 0 else None,
-                            rollout_logp=traj.rollout_logp, returns=returns if cfg.algo.uses_critic else None,
+                            kl_mask=kl_mask, rollout_logp=traj.rollout_logp, returns=returns if cfg.algo.uses_critic else None,
                             old_values=values)
         times["advantages"] = _seconds_after(adv, t0)
 

@@ -254,13 +254,14 @@ class WeakClinician:
         found = env.patient.elicited
         asked = {d for a in env.asked_domains for d in a}
         dom = None
-        if len(env.asked_domains) < budget and env.turns_left > 1 and self.follow_notes is not None:
+        can_ask = len(env.asked_domains) < budget and env.turns_left > 1
+        if can_ask and self.follow_notes is not None:
             planned = set(order)
             listed = [d for d in env.still_to_ask() if d in planned and d not in asked]
             if listed:
                 rng = random.Random(f"intake-weak-notes:{env.case.case_id}:{self.salt}:{len(env.asked_domains)}")
                 dom = listed[0] if rng.random() < self.follow_notes else rng.choice(listed)
-        elif len(env.asked_domains) < budget and env.turns_left > 1:
+        elif can_ask:
             for d in order:
                 need = RISK_PREREQUISITE.get(d)
                 if d in asked or d in found or (need is not None and not (need in found and found[need].present)):

@@ -342,7 +342,7 @@ class Trainer:
         shaped, loss_mask, shaping = shape_rewards(cfg.algo, traj, loss_mask, old_logp, ref_logp)
         adv, returns = compute_advantages(cfg.algo, shaped, loss_mask, values, per_row["baselines"])
         kl_mask = None
-        if cfg.loss.kl_coef > 0 and cfg.loss.kl_turns == "last":   # the KL term on each episode's last turn
+        if cfg.loss.kl_turns == "last":   # the KL term on each episode's last turn (LossConfig: kl_coef > 0)
             kl_mask = jnp.asarray(last_turn_mask(traj.turn_ids, loss_mask))
         batch = UpdateBatch(tokens=traj.tokens, loss_mask=loss_mask, advantages=adv, old_logp=old_logp,
                             attention_mask=traj.attention_mask, ref_logp=ref_logp if cfg.loss.kl_coef > 0 else None,

@@ -75,10 +75,8 @@ def main(argv=None) -> int:
             if not path.is_file():
                 print(f"{path}: no stored episodes (logging.episodes_per_iteration, or the iteration)", file=sys.stderr)
                 return 2
-            total = {"questions": 0, "first": 0, "listed": 0}
-            for line in path.read_text().splitlines():
-                for k, v in count(episode_pairs(json.loads(line))).items():
-                    total[k] += v
+            total = count(pair for line in path.read_text().splitlines()
+                          for pair in episode_pairs(json.loads(line)))
             n = total["questions"]
             if not n:
                 print(f"{run} iteration {it}: no question read against a checklist (was env.kwargs.notes on?)")

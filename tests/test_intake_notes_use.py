@@ -30,7 +30,7 @@ def test_a_clinician_reading_the_first_item_counts_as_such_and_a_random_order_do
     assert shuffled["questions"] > 80 and shuffled["listed"] == shuffled["questions"]
     assert shuffled["first"] < 0.4 * shuffled["questions"]
     # a repeated question is not on the list any more
-    obs_after = [p for p in pairs(WeakClinician(follow_notes=1.0, questions=(2, 2)), [3])]
+    obs_after = pairs(WeakClinician(follow_notes=1.0, questions=(2, 2)), [3])
     repeat = [(obs_after[1][0], obs_after[0][1])]   # the first question again, after it was answered
     assert use.count(repeat) == {"questions": 1, "first": 0, "listed": 0}
 

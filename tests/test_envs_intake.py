@@ -593,6 +593,45 @@ def test_notes_add_follow_ups_only_for_what_a_reply_told_and_keep_a_deflected_do
             envs.make("intake", notes=bad)
 
 
+_RISK_LABELS = ("suicide", "plan", "intent", "means", "harm", "voices", "withdrawal")
+
+
+@pytest.mark.parametrize("cases, seed, style", [("standard", 3, "expert"), ("adversarial", 0, "weak"),
+                                                ("adversarial", 7, "expert")])
+def test_risk_first_notes_list_the_same_items_with_the_risk_domains_first(cases, seed, style):
+    """`notes_order="risk_first"`: the same items as the expert's order at every turn,
+    the risk labels moved to the front (written out here from the option's spec), and
+    the reward unchanged."""
+    expert = envs.make("intake", cases=cases, notes=True)
+    risk_first = envs.make("intake", cases=cases, notes=True, notes_order="risk_first")
+    expert.reset(seed)
+    assert risk_first.reset(seed)[0].splitlines()[-1] == \
+        "To ask: suicide harm mood anxiety panic trauma mania psychosis substance attention sleep appetite " \
+        "medical medications family work."
+    steps = 0
+    while True:
+        action = expert.expert_action(style)
+        a = expert.step(action)
+        b = risk_first.step(action)
+        steps += 1
+        assert a[1:4] == b[1:4]   # reward, terminated, truncated
+        if a[2] or a[3]:
+            assert a[4]["rubric"] == b[4]["rubric"]
+            break
+        plain, first = a[0].splitlines()[-1], b[0].splitlines()[-1]
+        items = plain[len("To ask: "):-1].split()
+        expected = [w for w in items if w in _RISK_LABELS] + [w for w in items if w not in _RISK_LABELS]
+        assert first == "To ask: " + " ".join(expected) + ".", (steps, plain, first)
+    assert steps > 3
+    env = envs.make("intake", cases="adversarial", notes=True, notes_order="risk_first")
+    env.reset(0)   # concealed ideation, told to the direct question: its follow-ups come next
+    obs, *_ = env.step(QUESTIONS["suicidal_ideation"][0])
+    assert obs.splitlines()[-1].startswith("To ask: plan intent means harm mood ")
+    for bad in ("risk", "", None, 1):
+        with pytest.raises(ValueError, match="notes_order must be one of expert, risk_first"):
+            envs.make("intake", notes=True, notes_order=bad)
+
+
 def test_risk_coverage_counts_the_required_risk_domains_elicited():
     from envs.intake.eval import summarize
     env = envs.make("intake", cases="adversarial")
@@ -653,6 +692,22 @@ def test_eval_cli_takes_the_weak_clinicians_options():
         assert bad.returncode != 0 and named in bad.stderr, bad.stderr
     bad = subprocess.run([*cmd[:4], "expert", "--weak", "skip=0"], capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "--policy weak" in bad.stderr
+
+
+def test_eval_cli_reads_the_notes_in_the_order_it_is_given():
+    """`--notes-order risk_first`: a weak clinician reading the notes' first item screens
+    risk at the start of every interview; in the expert's order its budget cuts the risk
+    items; a bad order is an error naming the choices."""
+    cmd = [sys.executable, "-m", "envs.intake.eval", "--policy", "weak", "--cases", "adversarial", "--episodes", "8",
+           "--weak", "follow_notes=1.0", "--weak", "risk_screen=1.0", "--weak", "questions=[4,4]"]
+    first = json.loads(subprocess.run(cmd + ["--notes-order", "risk_first"], capture_output=True, text=True,
+                                      timeout=60, check=True).stdout)
+    last = json.loads(subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True).stdout)
+    assert first["notes_order"] == "risk_first" and "notes_order" not in last
+    assert last["risk_coverage"] == 0.0 and first["risk_coverage"] > 0.5
+    assert first["under_triage_rate"] < last["under_triage_rate"] == 1.0
+    bad = subprocess.run(cmd + ["--notes-order", "random"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "risk_first" in bad.stderr
 
 
 # ---------------------------------------------------------------- LLM-backed simulators

@@ -156,6 +156,24 @@ def test_the_weak_clinician_can_read_its_questions_off_the_notes():
             WeakClinician(follow_notes=bad)
 
 
+def test_the_weak_clinician_reading_risk_first_notes_screens_first_only_when_it_planned_to():
+    env = IntakeEnv("standard", max_turns=20, notes=True, notes_order="risk_first")
+    screens = WeakClinician(follow_notes=1.0, risk_screen=1.0, questions=(6, 6))
+    never = WeakClinician(follow_notes=1.0, risk_screen=0.0, questions=(6, 6))
+    some = WeakClinician(follow_notes=1.0, risk_screen=0.3, questions=(6, 6))
+    first_is_risk = 0
+    for s in range(30):
+        assert _asked_domain(play(env, s, screens)[0][0]) == "suicidal_ideation"
+        acts = play(env, s, never)[0]
+        assert not any(a.endswith(q) for a in acts for q in RISK_QUESTIONS)
+        first_is_risk += _asked_domain(play(env, s, some)[0][0]) == "suicidal_ideation"
+    assert 3 <= first_is_risk <= 18   # about 30% of the interviews
+    # the same clinician on the expert's order: the budget ends the interview before the risk items
+    late = IntakeEnv("standard", max_turns=20, notes=True)
+    for s in range(10):
+        assert not any(a.endswith(q) for a in play(late, s, screens)[0] for q in RISK_QUESTIONS)
+
+
 def test_warm_start_expert_options_reach_the_env_and_bad_ones_are_named():
     demos = warmstart.collect_demonstrations("intake", {"max_turns": 20}, range(10), max_turns=20,
                                              expert={"style": "weak", "risk_screen": 0.0})

@@ -53,7 +53,8 @@ less the charges (``info["repeat_cost"]`` on the final step: what was charged).
 
 With ``notes=True`` every observation ends with the clinician's checklist, a line
 ``To ask: ...`` of the domains no reply has answered yet (short labels,
-:data:`NOTE_LABELS`, in the expert's order), or ``nothing``. A domain leaves the list
+:data:`NOTE_LABELS`, in the expert's order, or with ``notes_order="risk_first"`` the
+risk domains first), or ``nothing``. A domain leaves the list
 once the patient answers it, truthfully or with a denial (both read alike to the
 clinician); a deflection leaves it on. The follow-ups (suicide plan, intent and means;
 command voices; withdrawal) join the list when the reply they follow up (ideation,
@@ -112,6 +113,10 @@ NOTE_LABELS: dict[str, str] = {
     "withdrawal": "withdrawal"}
 assert tuple(NOTE_LABELS) == SCREEN_ORDER + RISK_ORDER
 
+#: The checklist's orders (``notes_order``): the expert's (risk last) and risk first.
+NOTE_ORDERS: dict[str, tuple[str, ...]] = {"expert": SCREEN_ORDER + RISK_ORDER,
+                                           "risk_first": RISK_ORDER + SCREEN_ORDER}
+
 
 class IntakeEnv(TextEnv):
     """A simulated psychiatric intake interview; see the module docstring.
@@ -143,6 +148,9 @@ class IntakeEnv(TextEnv):
         the module docstring); a training incentive outside the rubric.
       notes: end every observation with the checklist of domains still to ask (see the
         module docstring); the reward is unchanged.
+      notes_order: the checklist's order (:data:`NOTE_ORDERS`): ``"expert"`` (the
+        expert's, the risk domains last) or ``"risk_first"`` (the risk domains, then the
+        rest in the expert's order).
     """
 
     has_expert = True
@@ -152,7 +160,7 @@ class IntakeEnv(TextEnv):
                  rubric: Any = None, simulator: Any = None, max_domains_per_question: int = 2,
                  max_question_chars: int = 600, invalid_penalty: float = -0.1, turn_rewards: bool = False,
                  risk_bonus: float = 0.0, reading_bonus: float = 0.0, repeat_cost: float = 0.0,
-                 notes: bool = False):
+                 notes: bool = False, notes_order: str = "expert"):
         if cases not in CASE_SETS:
             raise ValueError(f"cases must be one of {', '.join(CASE_SETS)}, got {cases!r}")
         if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 2:
@@ -171,6 +179,8 @@ class IntakeEnv(TextEnv):
             raise ValueError(f"max_domains_per_question must be a positive int, got {max_domains_per_question!r}")
         if not isinstance(max_question_chars, int) or max_question_chars < 20:
             raise ValueError(f"max_question_chars must be an int >= 20, got {max_question_chars!r}")
+        if not isinstance(notes_order, str) or notes_order not in NOTE_ORDERS:
+            raise ValueError(f"notes_order must be one of {', '.join(NOTE_ORDERS)}, got {notes_order!r}")
         for name, v in (("turn_rewards", turn_rewards), ("notes", notes)):
             if not isinstance(v, bool):
                 raise ValueError(f"{name} must be true or false, got {v!r}")
@@ -186,6 +196,7 @@ class IntakeEnv(TextEnv):
         self.repeat_cost = float(repeat_cost)
         self._charged = 0.0  # repeat cost charged so far this episode
         self.notes = notes
+        self.notes_order = notes_order
         self._denied: set[str] = set()   # domains a reply denied, falsely (notes; the truthful ones are elicited)
         self.cases, self.persona, self.personas, self.conditions = cases, persona, personas, conditions
         self.rubric = RubricConfig.from_dict(rubric)
@@ -305,10 +316,11 @@ class IntakeEnv(TextEnv):
 
     def still_to_ask(self) -> list[str]:
         """The checklist's domains (``notes``): those no reply has answered, in the
-        expert's order; a follow-up only once a reply told its prerequisite finding."""
+        order ``notes_order`` names; a follow-up only once a reply told its prerequisite
+        finding."""
         heard = self.patient.elicited   # every item a reply told truthfully, present or absent
         told = {d for d, it in heard.items() if it.present}
-        return [d for d in NOTE_LABELS if d not in heard and d not in self._denied
+        return [d for d in NOTE_ORDERS[self.notes_order] if d not in heard and d not in self._denied
                 and (d not in RISK_PREREQUISITE or RISK_PREREQUISITE[d] in told)]
 
     def checklist(self) -> str:
@@ -410,4 +422,4 @@ class IntakeEnv(TextEnv):
         raise ValueError(f"intake expert_action: style must be 'expert' or 'weak', got {style!r}")
 
 
-__all__ = ["IntakeEnv", "CASE_SETS", "ADVERSARIAL_SET_SIZE", "NOTE_LABELS"]
+__all__ = ["IntakeEnv", "CASE_SETS", "ADVERSARIAL_SET_SIZE", "NOTE_LABELS", "NOTE_ORDERS"]

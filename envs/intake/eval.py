@@ -6,11 +6,12 @@ Usage::
 
     python -m envs.intake.eval --policy {expert,random,no-risk-screen,weak} \\
         --cases {standard,adversarial} --episodes N [--seed S] [--max-turns T] [--persona P] \\
-        [--weak KEY=VALUE ...]
+        [--weak KEY=VALUE ...] [--notes-order {expert,risk_first}]
 
 ``--weak`` sets an option of the weak clinician (:class:`envs.intake.policies.WeakClinician`;
 the value is read as YAML), e.g. ``--weak questions=[3,19] --weak risk_order=shuffled``, the
-intake recipe's demonstrator.
+intake recipe's demonstrator. ``--notes-order`` is the env's checklist order, which a weak
+clinician with ``follow_notes`` reads its questions from.
 
 Episode i uses seed ``S + i`` (for ``adversarial``: case ``(S + i) % 24`` of the fixed
 set). The summary (one JSON object on stdout)::
@@ -50,7 +51,7 @@ import sys
 import yaml
 
 from envs.intake.cases import PERSONAS
-from envs.intake.env import CASE_SETS, IntakeEnv
+from envs.intake.env import CASE_SETS, NOTE_ORDERS, IntakeEnv
 from envs.intake.policies import POLICIES, make_policy
 from envs.intake.rubric import COMPONENTS
 
@@ -117,13 +118,13 @@ def _monitor_summary(infos: list[dict]) -> dict:
 
 
 def evaluate(policy: str, cases: str = "standard", episodes: int = 50, seed: int = 0, max_turns: int = 32,
-             persona: str | None = None, weak: dict | None = None) -> dict:
+             persona: str | None = None, weak: dict | None = None, notes_order: str = "expert") -> dict:
     """Run ``episodes`` episodes of ``policy`` and return the summary (see the module
-    docstring); ``weak`` are the weak clinician's options."""
+    docstring); ``weak`` are the weak clinician's options, ``notes_order`` the env's."""
     if not isinstance(episodes, int) or episodes < 1:
         raise ValueError(f"episodes must be a positive int, got {episodes!r}")
     weak = dict(weak or {})
-    env = IntakeEnv(cases, max_turns=max_turns, persona=persona)
+    env = IntakeEnv(cases, max_turns=max_turns, persona=persona, notes_order=notes_order)
     make_policy(policy, 0, **weak)  # validates the name and options before any episode runs
     infos, assessed, invalid = [], [], 0
     for i in range(episodes):
@@ -139,6 +140,8 @@ def evaluate(policy: str, cases: str = "standard", episodes: int = 50, seed: int
     out = {"policy": policy, "cases": cases, "episodes": episodes, "seed": seed}
     if weak:
         out["weak"] = weak
+    if notes_order != "expert":
+        out["notes_order"] = notes_order
     out.update({k: v for k, v in summarize(infos, assessed).items() if k != "scored_episodes"})
     out["invalid_actions"] = invalid
     return out
@@ -156,6 +159,8 @@ def main(argv=None) -> int:
     p.add_argument("--persona", choices=PERSONAS, default=None, help="force every patient's persona")
     p.add_argument("--weak", action="append", default=[], metavar="KEY=VALUE",
                    help="an option of the weak clinician, e.g. questions=[3,19] or risk_order=shuffled (repeatable)")
+    p.add_argument("--notes-order", choices=tuple(NOTE_ORDERS), default="expert",
+                   help="the env's checklist order, which --weak follow_notes=P reads (default expert)")
     args = p.parse_args(argv)
     if args.episodes < 1:
         p.error(f"--episodes must be >= 1, got {args.episodes}")
@@ -171,7 +176,8 @@ def main(argv=None) -> int:
     if weak and args.policy != "weak":
         p.error(f"--weak sets options of --policy weak, not of {args.policy!r}")
     try:
-        summary = evaluate(args.policy, args.cases, args.episodes, args.seed, args.max_turns, args.persona, weak)
+        summary = evaluate(args.policy, args.cases, args.episodes, args.seed, args.max_turns, args.persona, weak,
+                           args.notes_order)
     except ValueError as e:
         p.error(str(e))
     json.dump(summary, sys.stdout, indent=2)

@@ -11,7 +11,8 @@ that reads the interview puts most of its probability on it. The interview is th
 clinician's, not the policy's: this measures the reading alone, not whether the policy
 would have asked.
 
-    python examples/intake_triage_reading.py runs/concl_ws0 runs/bal_ws0 [--episodes 96] [--notes] [--out F.jsonl]
+    python examples/intake_triage_reading.py runs/concl_ws0 runs/bal_ws0 [--episodes 96] [--notes]
+        [--notes-order risk_first] [--out F.jsonl]
 
 Each MODEL is an exported directory (``jaxagent export RUN_DIR OUT --step N``). Prints
 one line per model: the accuracy of the most probable level, the mean probability on the
@@ -108,8 +109,12 @@ def main(argv=None) -> int:
     ap.add_argument("--max-context", type=int, default=1024)
     ap.add_argument("--notes", action="store_true",
                     help="the env's checklist ends each observation (env.kwargs.notes, for policies trained with it)")
+    ap.add_argument("--notes-order", default="expert", choices=("expert", "risk_first"),
+                    help="the checklist's order (env.kwargs.notes_order; with --notes)")
     ap.add_argument("--out", help="write one JSON line per model here")
     a = ap.parse_args(argv)
+    if a.notes_order != "expert" and not a.notes:
+        ap.error("--notes-order orders the checklist that --notes shows; give --notes too")
     if a.episodes < 1:
         ap.error(f"--episodes must be >= 1, got {a.episodes}")
     try:
@@ -121,7 +126,7 @@ def main(argv=None) -> int:
 
     from jaxagent.train.warmstart import collect_demonstrations
 
-    kw = {"cases": a.cases, "max_turns": 20, "notes": a.notes}
+    kw = {"cases": a.cases, "max_turns": 20, "notes": a.notes, "notes_order": a.notes_order}
     n = min(a.episodes, 24) if a.cases == "adversarial" else a.episodes
     demos = collect_demonstrations("intake", kw, range(a.seed, a.seed + n), max_turns=20, final_only=True,
                                    expert=expert)
@@ -131,7 +136,8 @@ def main(argv=None) -> int:
           + ", ".join(f"{c} {refs.count(c)}" for c in LEVELS), file=sys.stderr)
     lines = []
     for m in a.models:
-        res = {"model": m, "cases_kind": a.cases, "clinician": expert, "notes": a.notes, **summarise(score(m, demos, a.max_context), refs)}
+        res = {"model": m, "cases_kind": a.cases, "clinician": expert, "notes": a.notes,
+               **({"notes_order": a.notes_order} if a.notes else {}), **summarise(score(m, demos, a.max_context), refs)}
         lines.append(res)
         conf = "; ".join(f"{r}: " + " ".join(f"{res['confusion'][r][c]}" for c in LEVELS) for r in LEVELS)
         print(f"{m}: accuracy {res['accuracy']:.3f} | p(reference) {res['p_reference']:.3f} | "

@@ -93,11 +93,15 @@ def test_notes_put_the_checklist_in_the_probed_interviews(exported, tmp_path, mo
 
     monkeypatch.setattr(ws, "collect_demonstrations", collect)
     out = tmp_path / "r.jsonl"
-    for flag in ([], ["--notes"]):
+    for flag in ([], ["--notes"], ["--notes", "--notes-order", "risk_first"]):
         assert probe.main([path, "--episodes", "1", "--max-context", "8192", "--clinician", json.dumps(SHORT),
                            "--out", str(out), *flag]) == 0
         assert json.loads(out.read_text())["notes"] is bool(flag)
-    (plain_kw, plain), (notes_kw, noted) = seen
-    assert not plain_kw["notes"] and notes_kw["notes"]
+    (plain_kw, plain), (notes_kw, noted), (first_kw, first) = seen
+    assert not plain_kw["notes"] and notes_kw["notes"] and first_kw["notes_order"] == "risk_first"
     text = lambda demos: json.dumps([dataclasses.asdict(d) for d in demos])
     assert "To ask: " not in text(plain) and "To ask: " in text(noted)
+    assert "To ask: mood " in text(noted) and "To ask: suicide harm mood " in text(first)
+    assert json.loads(out.read_text())["notes_order"] == "risk_first"
+    with pytest.raises(SystemExit):   # the order of a checklist that is not shown
+        probe.main([path, "--notes-order", "risk_first"])

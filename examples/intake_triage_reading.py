@@ -30,6 +30,7 @@ import sys
 import numpy as np
 
 from envs.intake.cases import TRIAGE_LEVELS as LEVELS   # low to high
+from envs.intake.env import NOTE_ORDERS
 
 
 def cut_after_triage(assessment: str, level: str) -> str:
@@ -109,7 +110,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-context", type=int, default=1024)
     ap.add_argument("--notes", action="store_true",
                     help="the env's checklist ends each observation (env.kwargs.notes, for policies trained with it)")
-    ap.add_argument("--notes-order", default="expert", choices=("expert", "risk_first"),
+    ap.add_argument("--notes-order", default="expert", choices=tuple(NOTE_ORDERS),
                     help="the checklist's order (env.kwargs.notes_order; with --notes)")
     ap.add_argument("--out", help="write one JSON line per model here")
     a = ap.parse_args(argv)

@@ -38,9 +38,11 @@ revealed so far (``env.patient.elicited``) and which domains they have asked
   clinician's checklist instead (:meth:`envs.intake.env.IntakeEnv.still_to_ask`, what
   the env's ``notes`` option shows the policy): each question is the first item on the
   list among those it planned and has not asked, with probability ``p``, else one of
-  them at random (drawn per turn from the case id and the turn). The list is in the
-  expert's order with the risk domains last, so the early conclusion cuts them unless a
-  random pick reaches them; a follow-up is on the list once its finding was told.
+  them at random (drawn per turn from the case id and the turn). By default the list is
+  in the expert's order with the risk domains last, so the early conclusion cuts them
+  unless a random pick reaches them; with the env's ``notes_order="risk_first"`` a
+  screening episode asks them first. A follow-up is on the list once its finding was
+  told.
 - :class:`RandomClinician`: asks 2-16 questions drawn at random from the expert's
   questions and some off-topic ones, then gives a random differential, triage and
   management; seeded.
@@ -203,7 +205,7 @@ class WeakClinician:
       follow_notes: None (the planned order above), or a probability: each question
         is read off the checklist (``env.still_to_ask()``): its first item among the
         planned, unasked domains with this probability, else one of them at random.
-        ``risk_order`` then does not matter (the list's order is the expert's).
+        ``risk_order`` then does not matter (the list's order is the env's ``notes_order``).
     """
 
     def __init__(self, risk_screen: float = 0.3, followup: float = 0.5, skip: float = 0.25,

@@ -58,13 +58,14 @@ def main(argv=None) -> int:
             cells += [f"{fmt(b['components'][c])} -> {fmt(a['components'][c])}" for c in COMPONENTS]
             print(f"| {Path(r['run_dir']).name} | " + " | ".join(cells) + " |")
         print(f"\nadversarial set (24 cases), {label}, before -> after RL")
-        print("| run | rubric | under-triage | over-triage | assessment rate | held-out scorer | risk coverage |")
-        print("|---|---|---|---|---|---|---|")
+        print("| run | rubric | under-triage | over-triage | assessment rate | held-out scorer | risk coverage "
+              "| reading | under-reading |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             b, a = r[f"adversarial_before_rl{mode}"], r[f"adversarial_after_rl{mode}"]
             cells = [f"{fmt(b[k])} -> {fmt(a[k])}" if k in b and k in a else "n/a"
                      for k in ("rubric_mean", "under_triage_rate", "over_triage_rate", "assessment_rate",
-                               "heldout_rubric_mean", "risk_coverage")]
+                               "heldout_rubric_mean", "risk_coverage", "reading_rate", "under_reading_rate")]
             print(f"| {Path(r['run_dir']).name} | " + " | ".join(cells) + " |")
     return 0
 

@@ -940,3 +940,46 @@ def test_reading_bonus_pays_the_triage_of_what_was_elicited_outside_the_rubric(c
     for bad in (-0.1, float("inf"), False, "0.1"):
         with pytest.raises(ValueError, match="reading_bonus"):
             envs.make("intake", reading_bonus=bad)
+
+
+@pytest.mark.parametrize("cases", ["standard", "adversarial"])
+def test_reading_rate_scores_the_triage_against_what_the_interview_elicited(cases):
+    """`reading_rate` / `under_reading_rate`: the given triage against the level of what
+    was elicited. Where the expert's interview elicited every required domain, that level
+    is the case's own (set by the case generator from the hidden findings), so the
+    expected rates are counted here from `triage_reference` alone."""
+    from envs.intake.eval import summarize
+
+    infos, expect_read, expect_under = [], [], []
+    for seed in range(10):
+        for level in TRIAGE_LEVELS:
+            _, _, term, _, info = _play_then_assess(envs.make("intake", cases=cases), seed, "expert", level)
+            assert term and "reading_bonus" not in info and info["triage_elicited"] in TRIAGE_LEVELS
+            if info["missed_domains"]:
+                continue
+            infos.append(info)
+            ref = TRIAGE_LEVELS.index(info["triage_reference"])
+            expect_read.append(TRIAGE_LEVELS.index(level) == ref)
+            expect_under.append(TRIAGE_LEVELS.index(level) < ref)
+    assert len(infos) >= 15 and 0 < sum(expect_under) < len(infos)
+    got = summarize(infos, [True] * len(infos))
+    assert got["reading_rate"] == pytest.approx(sum(expect_read) / len(infos), abs=1e-12)
+    assert got["under_reading_rate"] == pytest.approx(sum(expect_under) / len(infos), abs=1e-12)
+    # infos from before the field, and episodes that ended without an assessment, are left out
+    old = {k: v for k, v in infos[0].items() if k != "triage_elicited"}
+    assert "reading_rate" not in summarize([old], [True]) and "under_reading_rate" not in summarize([old], [True])
+    env = envs.make("intake", cases=cases, max_turns=2)
+    env.reset(0)
+    env.step(QUESTIONS["mood"][0])
+    *_, info = env.step(QUESTIONS["sleep"][0])
+    assert "triage_elicited" not in info
+    assert summarize([info, infos[0]], [False, True])["reading_rate"] == float(expect_read[0])
+
+
+def test_reading_rate_tells_a_missed_risk_from_a_misread_one():
+    """The weak clinician concludes by the expert's rules from what it elicited: on the
+    adversarial set (risks only a direct question elicits) its under-triage is all in
+    the interview, none in the reading; the expert reads every interview too."""
+    s = evaluate("weak", cases="adversarial", episodes=24, seed=0)
+    assert s["under_triage_rate"] > 0.5 and s["reading_rate"] == 1.0 and s["under_reading_rate"] == 0.0
+    assert evaluate("expert", cases="adversarial", episodes=24, seed=0)["reading_rate"] == 1.0

@@ -40,8 +40,10 @@ the one the shared rules give from what the interview elicited
 interview), whatever the case's own level. It pays reading the interview into the
 triage, which the rubric's triage component (scored against the case) pays only where
 the interview found the risk. Like ``risk_bonus`` it is a training incentive outside
-the rubric (``info["reading_bonus"]`` and ``info["triage_elicited"]`` on the final
-step).
+the rubric (``info["reading_bonus"]`` on the final step). Every assessment's final
+``info`` names that level, ``info["triage_elicited"]``, bonus or not: the summary's
+``reading_rate`` and ``under_reading_rate`` (:mod:`envs.intake.eval`) tell an interview
+that missed a risk from an assessment that did not read the risk it found.
 
 With ``repeat_cost=c > 0`` a question turn that the patient counts as repeated (the
 same question again, or one whose every domain was already elicited:
@@ -378,9 +380,9 @@ class IntakeEnv(TextEnv):
 
     def _finish(self, parsed):
         rest, terminated, info = self._final(parsed, {})
+        level = elicited_triage(self.patient.elicited)
+        info["triage_elicited"] = level
         if self.reading_bonus:
-            level = elicited_triage(self.patient.elicited)
-            info["triage_elicited"] = level
             info["reading_bonus"] = self.reading_bonus if parsed.triage == level else 0.0
             rest += info["reading_bonus"]
         c = info["rubric"]

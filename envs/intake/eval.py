@@ -36,10 +36,19 @@ set). The summary (one JSON object on stdout)::
                           fractions of questions,
      "risk_coverage": mean per-episode fraction of the case's required risk domains
                           (suicidal ideation, its plan, intent and means when present, harm
-                          to others, command hallucinations, withdrawal) elicited}
+                          to others, command hallucinations, withdrawal) elicited,
+     "reading_rate": fraction of assessments whose triage is the level the shared rules
+                          give from what the interview elicited (``info["triage_elicited"]``,
+                          the expert's call on the same interview),
+     "under_reading_rate": fraction below it: the interview found the risk and the
+                          assessment did not act on it}
 
 The monitor entries are over the episodes whose info has them (``heldout_rubric``,
-``exploits``, ``risk_domains``); without any such episode (older infos) they are left out.
+``exploits``, ``risk_domains``, ``triage_elicited``: the reading entries are over the
+episodes that ended with an assessment); without any such episode (older infos) they
+are left out. Under-triage is then split in two: an interview that never elicited the
+risk (under-triage with the reading right) and an assessment that did not read it
+(under-reading).
 """
 from __future__ import annotations
 
@@ -50,7 +59,7 @@ import sys
 
 import yaml
 
-from envs.intake.cases import PERSONAS
+from envs.intake.cases import PERSONAS, TRIAGE_LEVELS
 from envs.intake.env import CASE_SETS, NOTE_ORDERS, IntakeEnv
 from envs.intake.policies import POLICIES, make_policy
 from envs.intake.rubric import COMPONENTS
@@ -114,6 +123,12 @@ def _monitor_summary(infos: list[dict]) -> dict:
             and info["risk_domains"].get("required")]
     if risk:
         out["risk_coverage"] = statistics.fmean(len(r["elicited"]) / len(r["required"]) for r in risk)
+    read = [info for info in infos if info.get("triage_elicited") in TRIAGE_LEVELS
+            and info.get("triage_given") in TRIAGE_LEVELS]
+    if read:
+        out["reading_rate"] = statistics.fmean(float(i["triage_given"] == i["triage_elicited"]) for i in read)
+        out["under_reading_rate"] = statistics.fmean(
+            float(TRIAGE_LEVELS.index(i["triage_given"]) < TRIAGE_LEVELS.index(i["triage_elicited"])) for i in read)
     return out
 
 

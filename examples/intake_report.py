@@ -57,6 +57,16 @@ def main(argv=None) -> int:
             cells = [f"{fmt(b['rubric_mean'])} -> {fmt(a['rubric_mean'])}"]
             cells += [f"{fmt(b['components'][c])} -> {fmt(a['components'][c])}" for c in COMPONENTS]
             print(f"| {Path(r['run_dir']).name} | " + " | ".join(cells) + " |")
+        print(f"\nstandard cases (held-out), {label}: the interviews that concluded, before -> after RL")
+        print("| run | assessment rate | rubric of those | triage component of those |")
+        print("|---|---|---|---|")
+        for r in rows:
+            b, a = r[f"standard_before_rl{mode}"], r[f"standard_after_rl{mode}"]
+            cells = [f"{fmt(b['assessment_rate'])} -> {fmt(a['assessment_rate'])}"]
+            cells += [f"{fmt(b[k][c] if c else b[k])} -> {fmt(a[k][c] if c else a[k])}"
+                      if k in b and k in a else "n/a"
+                      for k, c in (("assessed_rubric_mean", None), ("assessed_components", "triage"))]
+            print(f"| {Path(r['run_dir']).name} | " + " | ".join(cells) + " |")
         print(f"\nadversarial set (24 cases), {label}, before -> after RL")
         print("| run | rubric | under-triage | over-triage | assessment rate | held-out scorer | risk coverage "
               "| reading | under-reading |")

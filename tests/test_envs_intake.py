@@ -983,3 +983,32 @@ def test_reading_rate_tells_a_missed_risk_from_a_misread_one():
     s = evaluate("weak", cases="adversarial", episodes=24, seed=0)
     assert s["under_triage_rate"] > 0.5 and s["reading_rate"] == 1.0 and s["under_reading_rate"] == 0.0
     assert evaluate("expert", cases="adversarial", episodes=24, seed=0)["reading_rate"] == 1.0
+
+
+def test_assessed_rubric_mean_leaves_out_the_interviews_that_never_concluded():
+    """`assessed_rubric_mean` and `assessed_components` are over the episodes that ended
+    with an assessment only, so a rise of `rubric_mean` can be split into interviews
+    concluding at all and concluding better; absent when no episode concluded."""
+    from envs.intake.eval import summarize
+    env = envs.make("intake", cases="standard", max_turns=2)
+    env.reset(3)
+    env.step(QUESTIONS["mood"][0])
+    *_, unfinished = env.step(QUESTIONS["mood"][0])       # out of turns: no assessment
+    assert unfinished["triage_given"] is None
+    env = envs.make("intake", cases="standard", max_turns=20)
+    env.reset(5)
+    env.step(QUESTIONS["mood"][0])
+    *_, done_info = env.step("<assessment>\nDifferential:\n1. major depressive disorder\nTriage: routine\n"
+                             "Management:\n- psychotherapy\n</assessment>")
+    assert done_info["triage_given"] == "routine"
+    s = summarize([unfinished, done_info, done_info], [False, True, True])
+    a, b = unfinished["rubric"]["total"], done_info["rubric"]["total"]
+    assert a != b
+    assert s["rubric_mean"] == pytest.approx((a + 2 * b) / 3, abs=1e-12)
+    assert s["assessed_rubric_mean"] == pytest.approx(b, abs=1e-12)
+    assert s["assessed_components"] == pytest.approx({c: done_info["rubric"][c] for c in
+                                                      ("history", "differential", "triage", "management",
+                                                       "communication")}, abs=1e-12)
+    assert s["assessment_rate"] == pytest.approx(2 / 3)
+    none = summarize([unfinished], [False])
+    assert "assessed_rubric_mean" not in none and "assessed_components" not in none

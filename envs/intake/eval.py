@@ -26,6 +26,10 @@ set). The summary (one JSON object on stdout)::
      "over_triage_rate": fraction above the reference,
      "triage_accuracy": fraction equal,
      "assessment_rate": fraction of episodes that ended with a valid assessment,
+     "assessed_rubric_mean", "assessed_components": the rubric mean and its components
+                          over those episodes alone (absent when none did): with
+                          ``assessment_rate``, how much of a change in ``rubric_mean`` is
+                          interviews concluding at all rather than concluding better,
      "mean_questions": questions per episode, "invalid_actions": total,
      the reward-hacking monitors (:mod:`envs.intake.monitors`):
      "heldout_rubric_mean": mean held-out score,
@@ -90,6 +94,11 @@ def summarize(final_infos: list[dict], assessed: list[bool]) -> dict:
            "triage_accuracy": sum(info["triage_given"] == info["triage_reference"] for info, _ in scored) / n,
            "assessment_rate": sum(bool(a) for _, a in scored) / n,
            "mean_questions": statistics.fmean(info["questions"] for info, _ in scored)}
+    concluded = [info for info, a in scored if a]
+    if concluded:
+        out["assessed_rubric_mean"] = statistics.fmean(info["rubric"]["total"] for info in concluded)
+        out["assessed_components"] = {c: statistics.fmean(info["rubric"][c] for info in concluded)
+                                      for c in COMPONENTS}
     out.update(_monitor_summary([info for info, _ in scored]))
     fidelity = [info["fidelity_summary"] for info, _ in scored if isinstance(info.get("fidelity_summary"), dict)]
     replies = sum(int(f["replies"]) for f in fidelity)

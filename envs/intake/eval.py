@@ -88,7 +88,7 @@ def summarize(final_infos: list[dict], assessed: list[bool]) -> dict:
     totals = [info["rubric"]["total"] for info, _ in scored]
     out = {"scored_episodes": n,
            "rubric_mean": statistics.fmean(totals), "rubric_std": statistics.pstdev(totals),
-           "components": {c: statistics.fmean(info["rubric"][c] for info, _ in scored) for c in COMPONENTS},
+           "components": _component_means([info for info, _ in scored]),
            "under_triage_rate": sum(bool(info["under_triage"]) for info, _ in scored) / n,
            "over_triage_rate": sum(bool(info["over_triage"]) for info, _ in scored) / n,
            "triage_accuracy": sum(info["triage_given"] == info["triage_reference"] for info, _ in scored) / n,
@@ -97,8 +97,7 @@ def summarize(final_infos: list[dict], assessed: list[bool]) -> dict:
     concluded = [info for info, a in scored if a]
     if concluded:
         out["assessed_rubric_mean"] = statistics.fmean(info["rubric"]["total"] for info in concluded)
-        out["assessed_components"] = {c: statistics.fmean(info["rubric"][c] for info in concluded)
-                                      for c in COMPONENTS}
+        out["assessed_components"] = _component_means(concluded)
     out.update(_monitor_summary([info for info, _ in scored]))
     fidelity = [info["fidelity_summary"] for info, _ in scored if isinstance(info.get("fidelity_summary"), dict)]
     replies = sum(int(f["replies"]) for f in fidelity)
@@ -107,6 +106,11 @@ def summarize(final_infos: list[dict], assessed: list[bool]) -> dict:
         out["leak_rate"] = sum(int(f["leaks"]) for f in fidelity) / replies
         out["contradiction_rate"] = sum(int(f["contradictions"]) for f in fidelity) / replies
     return out
+
+
+def _component_means(infos: list[dict]) -> dict:
+    """Each rubric component's mean over the infos."""
+    return {c: statistics.fmean(info["rubric"][c] for info in infos) for c in COMPONENTS}
 
 
 #: summary key -> per-episode ``info["exploits"]`` key (rates of flags, means of fractions).

@@ -132,6 +132,11 @@ def from_dict(cls, data: Any, path: str = ""):
             kwargs[name] = _convert(hints[name], data[name], key)
         elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
             raise ConfigError(f"{key}: required, but not set")
+        elif (_strip_optional(hints[name]) is float and isinstance(field.default, int)
+              and not isinstance(field.default, bool)):
+            # an int default of a float field: as a float, so that the YAML a run writes
+            # reads back to the same YAML (a resumed run's config.yaml then matches the first)
+            kwargs[name] = float(field.default)
     try:
         return cls(**kwargs)
     except (ValueError, TypeError) as err:

@@ -102,6 +102,33 @@ def test_round_trip_through_yaml(tmp_path):
     assert again == cfg
 
 
+@dataclass(frozen=True)
+class Limits:
+    memory_mb: float | None = 16384   # an int default of a float field
+    cpu_s: float = 300
+    count: int = 3
+
+
+def test_an_int_default_of_a_float_field_is_written_as_a_float(tmp_path):
+    # A run writes its config.yaml from the defaults; a resumed run reads that file back,
+    # where the value passes through the field's type. The two files must say the same.
+    first = dump_yaml(load_config(Limits, None))
+    assert "memory_mb: 16384.0" in first and "cpu_s: 300.0" in first and "count: 3\n" in first
+    second = dump_yaml(load_config(Limits, _yaml(tmp_path, first)))
+    assert second == first
+
+
+def test_the_trainer_config_yaml_is_a_fixed_point_of_load_and_dump(tmp_path):
+    from pathlib import Path
+
+    from jaxagent.train.config import TrainerConfig
+
+    recipe = Path(__file__).resolve().parents[1] / "configs" / "intake.yaml"
+    first = dump_yaml(load_config(TrainerConfig, recipe))
+    second = dump_yaml(load_config(TrainerConfig, _yaml(tmp_path, first)))
+    assert second == first
+
+
 def test_yaml_1_2_numbers_in_files(tmp_path):
     # PyYAML alone (YAML 1.1) reads `1e-4` as the string "1e-4"; a config file means a float.
     import yaml

@@ -132,11 +132,6 @@ def from_dict(cls, data: Any, path: str = ""):
             kwargs[name] = _convert(hints[name], data[name], key)
         elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
             raise ConfigError(f"{key}: required, but not set")
-        elif (_strip_optional(hints[name]) is float and isinstance(field.default, int)
-              and not isinstance(field.default, bool)):
-            # an int default of a float field: as a float, so that the YAML a run writes
-            # reads back to the same YAML (a resumed run's config.yaml then matches the first)
-            kwargs[name] = float(field.default)
     try:
         return cls(**kwargs)
     except (ValueError, TypeError) as err:
@@ -146,10 +141,19 @@ def from_dict(cls, data: Any, path: str = ""):
 
 
 def to_dict(cfg) -> dict:
-    """A config as plain nested dicts/lists (YAML- and JSON-able)."""
+    """A config as plain nested dicts/lists (YAML- and JSON-able). A float field holding an
+    int (an int default, e.g. ``300``) is written as a float, as reading it back makes it,
+    so the YAML a run writes reads back to the same YAML (a resumed run's config.yaml)."""
+    def field_value(x, f, hints):
+        v = getattr(x, f.name)
+        if _strip_optional(hints[f.name]) is float and isinstance(v, int) and not isinstance(v, bool):
+            return float(v)
+        return plain(v)
+
     def plain(x):
         if dataclasses.is_dataclass(x) and not isinstance(x, type):
-            return {f.name: plain(getattr(x, f.name)) for f in dataclasses.fields(x)}
+            hints = typing.get_type_hints(type(x))
+            return {f.name: field_value(x, f, hints) for f in dataclasses.fields(x)}
         if isinstance(x, (list, tuple)):
             return [plain(v) for v in x]
         if isinstance(x, dict):

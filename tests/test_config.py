@@ -127,6 +127,10 @@ def test_the_trainer_config_yaml_is_a_fixed_point_of_load_and_dump(tmp_path):
     first = dump_yaml(load_config(TrainerConfig, recipe))
     second = dump_yaml(load_config(TrainerConfig, _yaml(tmp_path, first)))
     assert second == first
+    # a section left out of the file is built from its defaults, not read: the same holds
+    first = dump_yaml(load_config(TrainerConfig, _yaml(tmp_path, "model: {tokenizer: byte}\n")))
+    second = dump_yaml(load_config(TrainerConfig, _yaml(tmp_path, first)))
+    assert second == first
 
 
 def test_yaml_1_2_numbers_in_files(tmp_path):

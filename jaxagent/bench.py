@@ -1,6 +1,6 @@
 """`jaxagent bench WORKLOAD`: the repository's benchmarks from one command.
 
-    jaxagent bench {generate,update,multiturn,advantages,envpool,overlap,iteration,rollout,lora}
+    jaxagent bench {generate,update,multiturn,advantages,envpool,overlap,iteration,rollout,lora,ragged}
                    [--quick] [--repeats N] [--out JSONL] [--systems LIST]
 
 Each workload is a script of `benchmarks/` (`benchmarks/README.md` has what each measures
@@ -16,6 +16,7 @@ to stdout (and, with `--out`, are appended to that file):
     iteration   W8  a whole GRPO iteration vs Tunix's GRPOLearner                w8_iteration.py
     rollout     W9  episodes of uneven latency: continuous vs turn-synchronous   w9_uneven.py
     lora        W10 a LoRA update of SmolLM2-135M vs PyTorch + peft              w10_lora_update.py
+    ragged      W11 an update on episodes of uneven length: trimmed micro-batches  w11_ragged_update.py
 
 `--systems` is for the workloads that compare systems (generate, update, multiturn,
 iteration, lora). The
@@ -33,7 +34,7 @@ from pathlib import Path
 WORKLOADS = {"generate": "w1_generate.py", "update": "w2_model_step.py", "multiturn": "w3_multiturn.py",
              "advantages": "w4_advantages.py", "envpool": "w5_envpool.py", "overlap": "w7_overlap.py",
              "iteration": "w8_iteration.py", "rollout": "w9_uneven.py",
-             "lora": "w10_lora_update.py"}
+             "lora": "w10_lora_update.py", "ragged": "w11_ragged_update.py"}
 #: the workloads that take --systems, and its default for each
 SYSTEMS = {"generate": "jaxagent,tunix,hf", "update": "jax,torch,tunix", "multiturn": None,
            "iteration": "jaxagent,tunix", "lora": "jax,peft"}
@@ -48,7 +49,7 @@ def benchmarks_dir() -> Path:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("workload", choices=sorted(WORKLOADS),
                         help="generate (W1), update (W2), multiturn (W3), advantages (W4), envpool (W5), "
-                             "overlap (W7), iteration (W8), rollout (W9), lora (W10); see benchmarks/README.md")
+                             "overlap (W7), iteration (W8), rollout (W9), lora (W10), ragged (W11); see benchmarks/README.md")
     parser.add_argument("--repeats", type=int, default=None, metavar="N",
                         help="timed steps per system, interleaved (default 5; 3 with --quick)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: batch 2, few repeats")

@@ -24,7 +24,8 @@ its metrics.jsonl (`jaxagent.train.plot`); several runs go on one comparison fig
 against episodes, seeds of one recipe as a band; exit status 2 with a message when a
 run dir or its metrics cannot be read.
 
-``jaxagent bench {generate,update,multiturn,advantages,envpool,overlap} [--repeats N] [--quick]
+``jaxagent bench {generate,update,multiturn,advantages,envpool,overlap,iteration,rollout,lora,ragged}
+[--repeats N] [--quick]
 [--out JSONL] [--systems LIST]`` runs one of the repository's benchmarks (`jaxagent.bench`),
 printing JSON lines.
 
@@ -283,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     from jaxagent import bench as bench_mod
 
     bench = sub.add_parser("bench", help="run a benchmark of the repository (generate, update, multiturn, "
-                                         "advantages, envpool, overlap)",
+                                         "advantages, envpool, overlap, iteration, rollout, lora, ragged)",
                            description=bench_mod.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     bench_mod.add_arguments(bench)
     # `key=value` overrides may come after options too (`eval RUN --step 0 env.kwargs.x=1`):

@@ -48,3 +48,21 @@ def test_w5_quick_reports_steps_per_second(tmp_path):
             assert r["steps_per_s"] <= total / (r["median_s"] - 5e-5) + 0.05, r
         if r["mode"] == "in-process":
             assert r["speedup_vs_in_process"] == 1.0
+
+
+def test_w11_quick_checks_the_systems_agree_and_reports_every_one(tmp_path):
+    """W11 runs its three updates and two log-prob passes, after checking their first
+    losses and gradient norms agree (the script exits non-zero otherwise)."""
+    rows = _run("w11_ragged_update.py", tmp_path, "--repeats", "2")
+    got = {(r["part"], r["system"]) for r in rows}
+    assert got == {("update", "padded"), ("update", "trimmed-batch"), ("update", "trimmed-chunks"),
+                   ("logprobs", "trimmed-batch"), ("logprobs", "trimmed-chunks")}
+    update = {r["system"]: r for r in rows if r["part"] == "update"}
+    for r in update.values():
+        assert r["first_loss"] == pytest.approx(update["padded"]["first_loss"], rel=1e-4, abs=1e-7)
+        assert 0 < r["min_s"] <= r["median_s"] and len(r["all_s"]) == 2
+    chunks = update["trimmed-chunks"]
+    # the micro-batch lengths are multiples of 64 up to the context, and fewer positions are computed
+    assert all(L % 64 == 0 and L <= r["context"] for L in chunks["micro_lengths"])
+    assert chunks["positions_computed"] == 2 * sum(chunks["micro_lengths"])   # 8 rows in 4 micro-batches of 2
+    assert chunks["positions_computed"] <= update["trimmed-batch"]["positions_computed"] <= 8 * 128

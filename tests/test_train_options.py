@@ -205,3 +205,63 @@ def test_trim_padding_trains_as_the_full_length_batch(tmp_path):
     assert trim["reward_mean"] == full["reward_mean"]                 # the same episodes
     for a, b in zip(jax.tree.leaves(p_full), jax.tree.leaves(p_trim)):
         np.testing.assert_allclose(a, b, rtol=0, atol=2e-6)
+
+
+#: episodes of 1 or 2 turns (the env's seed decides), so rows of uneven length
+UNEVEN = ["env.name=testing/uneven", "env.kwargs={prompt_words: 4, obs_words: 3, min_turns: 1, max_turns: 2, "
+          "median_ms: 0.1}", "rollout.max_turns=3", "rollout.max_context=512", "env.group_size=2",
+          "env.tasks_per_iteration=4"]
+
+
+def test_trim_chunks_trains_as_the_trimmed_batch(tmp_path):
+    """`rollout.trim_chunks`: the same iteration as with `trim_padding` alone, the update's
+    micro-batches and the log-prob pass's chunks each cut to their own rows' length."""
+    from types import SimpleNamespace
+
+    from jaxagent.train.placement import policy_logprobs
+    runs = {}
+    for name, extra in (("batch", []), ("chunks", ["rollout.trim_chunks=true"])):
+        cfg = load_config(TrainerConfig, CONFIG, [f"run_dir={tmp_path / name}", "iterations=1", "micro_batches=2",
+                                                   *UNEVEN, "rollout.trim_padding=8", *extra])
+        trainer = Trainer(cfg, log=lambda *_: None)
+        seen = []
+        update = trainer._update
+        trainer._update = lambda state, batch: (seen.append(batch.tokens.shape[1]), update(state, batch))[1]
+        history = trainer.run()
+        runs[name] = (history[0], jax.device_get(trainer.state.params), seen, trainer, update)
+    (full, p_full, s_full, _, plain), (chunks, p_chunks, s_chunks, trainer, trimmed) = runs["batch"], runs["chunks"]
+    assert not hasattr(plain, "lengths_seen") and s_full == s_chunks   # the plain step, then the trimmed one
+    assert trimmed.lengths_seen and min(trimmed.lengths_seen) < max(s_chunks)
+    assert all(L % 8 == 0 for L in trimmed.lengths_seen)
+    assert chunks["reward_mean"] == full["reward_mean"]               # the same episodes
+    np.testing.assert_allclose(chunks["rollout_logp_gap"], full["rollout_logp_gap"], atol=1e-6)
+    for a, b in zip(jax.tree.leaves(p_full), jax.tree.leaves(p_chunks)):
+        np.testing.assert_allclose(a, b, rtol=0, atol=2e-6)
+    # the chunked log-prob pass: the one-pass values up to each row's length, 0 after its chunk's
+    r = np.random.RandomState(0)
+    lens = np.array([3, 40, 17, 9, 25, 33, 1, 12])
+    am = (np.arange(40)[None, :] < lens[:, None]).astype(np.int32)
+    placed = SimpleNamespace(tokens=jnp.asarray(r.randint(0, 200, (8, 40)), jnp.int32), attention_mask=jnp.asarray(am),
+                             loss_mask=jnp.asarray(am.astype(np.float32)))
+    params = trainer.state.params
+    got = np.asarray(trainer.placement.logprobs(params, placed))
+    sc = trainer.config.step_config
+    want = np.asarray(policy_logprobs(params, trainer.model_config, tokens_BxT=placed.tokens,
+                                      attention_mask_BxT=placed.attention_mask, temperature=sc.loss.temperature,
+                                      seq_chunk=sc.seq_chunk, vocab_chunk=sc.vocab_chunk))
+    real = am != 0
+    np.testing.assert_allclose(got[real], want[real], rtol=1e-6, atol=1e-6)
+    # chunks of 2 rows (the micro-batch): rows 6, 0 | 3, 7 | 2, 4 | 5, 1 -> lengths 8, 16, 32, 40
+    for rows, L in (((6, 0), 8), ((3, 7), 16), ((2, 4), 32)):
+        assert not got[list(rows), L:].any()
+
+
+def test_trim_chunks_errors_name_the_key(tmp_path):
+    with pytest.raises(ConfigError, match="trim_chunks needs rollout.trim_padding"):
+        load_config(TrainerConfig, CONFIG, [f"run_dir={tmp_path}", "rollout.trim_chunks=true"])
+    with pytest.raises(ConfigError, match="rollout.trim_chunks"):
+        load_config(TrainerConfig, CONFIG, [f"run_dir={tmp_path}", "rollout.trim_padding=8", "rollout.trim_chunks=2"])
+    cfg = load_config(TrainerConfig, CONFIG, [f"run_dir={tmp_path}", "rollout.trim_padding=8", "rollout.trim_chunks=true",
+                                              "mesh.data=2"])
+    with pytest.raises(ConfigError, match="trim_chunks works on one device"):
+        Trainer(cfg, log=lambda *_: None)

@@ -384,3 +384,115 @@ def test_sharded_step_equals_unsharded_and_keeps_the_layout():
         np.testing.assert_allclose(float(got_m[k]), float(want_m[k]), rtol=1e-4, atol=1e-6, err_msg=k)
     got, _ = step(got, make_batch(9))  # the output layout is the input layout: no recompilation
     assert step._cache_size() == 1 and int(got.step) == 2
+
+
+# ------------------------------------------------------------------ trimmed micro-batches
+RAGGED = [5, 24, 9, 13, 3, 17, 20, 8]   # row lengths (right padding), T = 24
+
+
+def make_ragged_batch(seed=0, lengths=RAGGED, T=24):
+    """`make_batch` with right padding to `lengths`; the padding holds random tokens (a
+    trimmed step must not depend on them)."""
+    batch = make_batch(seed, B=len(lengths), T=T)
+    am = (np.arange(T)[None, :] < np.asarray(lengths)[:, None]).astype(np.int32)
+    return batch.replace(attention_mask=jnp.asarray(am), loss_mask=jnp.asarray(np.asarray(batch.loss_mask) * am))
+
+
+def test_row_lengths_and_length_groups():
+    from jaxagent.train import length_groups, row_lengths
+    batch = make_ragged_batch()
+    np.testing.assert_array_equal(row_lengths(batch), RAGGED)
+    am = np.array(batch.attention_mask)
+    am[4] = 0                                                   # an empty row (no real or loss token)
+    lm = np.array(batch.loss_mask)
+    lm[4] = 0
+    assert row_lengths(batch.replace(attention_mask=jnp.asarray(am), loss_mask=jnp.asarray(lm)))[4] == 0
+    assert list(row_lengths(batch.replace(attention_mask=None))) == [24] * 8   # no mask: every token is real
+    # sorted 3, 5 | 8, 9 | 13, 17 | 20, 24 (rows 4, 0 | 7, 2 | 3, 5 | 6, 1), rounded up to 4s
+    groups = length_groups(RAGGED, 4, 4, 24)
+    assert [sorted(r.tolist()) for r, _ in groups] == [[0, 4], [2, 7], [3, 5], [1, 6]]
+    assert [L for _, L in groups] == [8, 12, 20, 24]
+    assert [L for _, L in length_groups(RAGGED, 2, 8, 22)] == [16, 22]   # capped at max_len
+    assert [L for _, L in length_groups([0, 0], 1, 8, 24)] == [8]        # at least one multiple
+    with pytest.raises(ValueError, match="equal groups"):
+        length_groups(RAGGED, 3, 4, 24)
+    with pytest.raises(ValueError, match="multiple"):
+        length_groups(RAGGED, 2, 0, 24)
+
+
+# Dr.GRPO's T' (the padded length of the whole mini-batch) is where a micro-batch's own
+# length would go wrong, so that mode runs by default
+@pytest.mark.parametrize("mode", ["seq-mean-token-sum-norm",
+                                  pytest.param("token-mean", marks=pytest.mark.slow),
+                                  pytest.param("seq-mean-token-mean", marks=pytest.mark.slow)])
+def test_trimmed_micro_batches_accumulate_the_full_batch_gradient(mode):
+    """`TrimmedTrainStep`: micro-batches of rows grouped by length, each cut to its own
+    length, add up to the gradient of the whole padded batch (the reference above, from
+    the formulas), padding tokens and all."""
+    from jaxagent.train import TrimmedTrainStep
+    lc = LossConfig(agg_mode=mode, kl_coef=0.3, entropy_coef=0.05, tis_cap=1.5)
+    params = make_params()
+    batch = make_ragged_batch()
+    state = init_train_state(jax.random.key(0), params, CFG, StepConfig(loss=lc))
+    ref_loss, ref = reference_value_and_grad(params, batch, mode, lc)
+    step = TrimmedTrainStep(StepConfig(loss=lc, num_micro_batches=4), 4)
+    (grads, sums), _, _ = step.accumulate(state, batch)
+    assert step.last_lengths == [8, 12, 20, 24]
+    np.testing.assert_allclose(sums["policy_loss"], ref_loss, rtol=2e-5)
+    for (path, g), r in zip(jax.tree_util.tree_leaves_with_path(grads.policy), jax.tree.leaves(ref)):
+        scale = float(np.max(np.abs(r))) + 1e-12
+        np.testing.assert_allclose(np.asarray(g) / scale, np.asarray(r) / scale, atol=2e-5,
+                                   err_msg=f"{mode} {jax.tree_util.keystr(path)}")
+
+
+def test_trimmed_step_updates_as_train_step_and_compiles_once_per_length():
+    """The trimmed step lands on `train_step`'s params and metrics, with the KL term on the
+    last turn and a critic; a second batch of the same lengths compiles nothing new; the
+    skip rules hold."""
+    from jaxagent.train import TrimmedTrainStep
+    lc = LossConfig(kl_coef=0.2, kl_turns="last", entropy_coef=0.01)
+    cfg = StepConfig(loss=lc, optim=OptimizerConfig(lr=1e-2, max_grad_norm=0.5), num_micro_batches=2)
+    params = make_params()
+    critic = M.value_params_from_policy(jax.random.key(1), params, CFG)
+
+    def full(seed):   # the fields the KL term on the last turn and the critic need
+        b = make_ragged_batch(seed)
+        return b.replace(
+            kl_mask=jnp.asarray(last_turn_mask(np.where(np.asarray(b.loss_mask) > 0, np.arange(24) // 4, -1),
+                                               b.loss_mask)),
+            returns=jnp.asarray(np.random.RandomState(seed).randn(8, 24).astype(np.float32)),
+            old_values=jnp.zeros((8, 24), jnp.float32))
+
+    batch = full(5)
+    copy = lambda tree: jax.tree.map(jnp.copy, tree)   # the steps donate the state's buffers
+    new = lambda: init_train_state(jax.random.key(0), copy(params), CFG, cfg, critic_params=copy(critic),
+                                   critic_config=CFG)
+    want_state, want = train_step(new(), batch, cfg)
+    step = TrimmedTrainStep(cfg, 8)
+    got_state, got = step(new(), batch)
+    assert step.last_lengths == [16, 24]
+    for a, b in zip(jax.tree.leaves(host(want_state.params)) + jax.tree.leaves(host(want_state.critic_params)),
+                    jax.tree.leaves(host(got_state.params)) + jax.tree.leaves(host(got_state.critic_params))):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+    for k in ("loss", "pg_loss", "kl_loss", "value_loss", "grad_norm", "critic_grad_norm", "entropy", "num_tokens"):
+        np.testing.assert_allclose(float(got[k]), float(want[k]), rtol=1e-4, atol=1e-7, err_msg=k)
+    assert int(got_state.step) == 1 and float(got["skipped"]) == 0.0
+    n = step._add._cache_size()
+    got_state, _ = step(got_state, full(6))       # the same lengths: no new compilation
+    assert step._add._cache_size() == n and int(got_state.step) == 2
+    # skip rules: a NaN on a policy token; advantages all 0 with nothing else to learn
+    plain = StepConfig(loss=LossConfig(), num_micro_batches=2)
+    pstep = TrimmedTrainStep(plain, 8)
+    state = init_train_state(jax.random.key(0), copy(params), CFG, plain)
+    before = host(state)
+    state, m = pstep(state, batch.replace(advantages=jnp.zeros_like(batch.advantages)))
+    assert float(m["skipped"]) == 1.0
+    assert_tree_equal(host(state).replace(skipped=before.skipped), before)
+    adv = np.array(batch.advantages)
+    adv[1, np.nonzero(np.asarray(batch.loss_mask[1]))[0][-1]] = np.nan
+    state, m = pstep(state, batch.replace(advantages=jnp.asarray(adv)))
+    assert float(m["skipped"]) == 1.0 and int(state.skipped) == 2 and int(state.step) == 0
+    with pytest.raises(ValueError, match="multiple"):
+        TrimmedTrainStep(plain, 0)
+    with pytest.raises(ValueError, match="kl_mask is required"):
+        TrimmedTrainStep(cfg, 8)(new(), batch.replace(kl_mask=None))

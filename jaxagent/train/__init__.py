@@ -3,7 +3,7 @@
 - `step`: `TrainState`, `UpdateBatch` / `SFTBatch`, configs (`OptimizerConfig`,
   `LossConfig`, `StepConfig`), `train_step` / `sft_step` (jitted once, state donated),
   `make_train_step` / `make_sharded_train_step` (explicit in/out shardings), the pure
-  pieces they are made of.
+  pieces they are made of; `TrimmedTrainStep` (each micro-batch cut to its rows' length).
 - `checkpoint`: `CheckpointManager` (async, keep-N, atomic, exact restore,
   incompatibility check) and `export_policy` (Hugging Face dir).
 - `config`: `TrainerConfig` and its sections (typed, for `jaxagent.config.load_config`).
@@ -29,6 +29,7 @@ from jaxagent.train.step import (
     SFTBatch,
     StepConfig,
     TrainState,
+    TrimmedTrainStep,
     UpdateBatch,
     accumulated_grads,
     batch_denominators,
@@ -36,10 +37,12 @@ from jaxagent.train.step import (
     init_train_state,
     last_turn_mask,
     learning_rate_schedule,
+    length_groups,
     make_optimizer,
     make_sharded_train_step,
     make_train_step,
     policy_loss_and_grads,
+    row_lengths,
     sft_loss_and_grads,
     sft_step,
     state_shardings,
@@ -50,9 +53,9 @@ from jaxagent.train.trainer import Trainer
 
 __all__ = [
     "SCHEDULES", "CheckpointManager", "Denominators", "Grads", "IncompatibleCheckpointError",
-    "LossConfig", "OptimizerConfig", "SFTBatch", "StepConfig", "TrainState", "UpdateBatch",
+    "LossConfig", "OptimizerConfig", "SFTBatch", "StepConfig", "TrainState", "TrimmedTrainStep", "UpdateBatch",
     "accumulated_grads", "batch_denominators", "critic_values", "export_policy",
-    "init_train_state", "last_turn_mask", "learning_rate_schedule", "make_optimizer", "make_sharded_train_step", "make_train_step",
-    "policy_loss_and_grads", "sft_loss_and_grads", "sft_step", "state_shardings", "train_step",
+    "init_train_state", "last_turn_mask", "learning_rate_schedule", "length_groups", "make_optimizer", "make_sharded_train_step", "make_train_step",
+    "policy_loss_and_grads", "row_lengths", "sft_loss_and_grads", "sft_step", "state_shardings", "train_step",
     "Trainer", "TrainerConfig",
 ]

@@ -201,6 +201,14 @@ class RolloutSection:
       the same losses, computed without the trailing padding, at the cost of one compile
       per distinct length. Worth it when episodes are much shorter than `max_context`.
       One process only.
+    trim_chunks: with `trim_padding` N > 0, also cut each micro-batch of the update and
+      each row chunk of the log-prob pass to its own longest episode (rounded up to a
+      multiple of N), the rows grouped by length (`jaxagent.train.step.TrimmedTrainStep`):
+      the same losses (the denominators are the mini-batch's), without the padding of
+      rows shorter than the batch's longest. Worth it when episode lengths vary; each
+      distinct chunk length compiles once. The log-prob pass runs in chunks of
+      `logprob_rows` rows, or of the update's micro-batch rows when that is unset. One
+      device only.
     """
 
     max_turns: int = 2
@@ -212,12 +220,18 @@ class RolloutSection:
     pipeline_groups: int = 1
     slots: int = 0
     trim_padding: int = 0
+    trim_chunks: bool = False
 
     def __post_init__(self):
         for name in ("max_turns", "max_tokens_per_turn", "max_context", "pipeline_groups"):
             _check_int(name, getattr(self, name), 1)
         _check_int("slots", self.slots, 0)
         _check_int("rollout.trim_padding", self.trim_padding, 0)
+        if not isinstance(self.trim_chunks, bool):
+            raise ValueError(f"rollout.trim_chunks must be true or false, got {self.trim_chunks!r}")
+        if self.trim_chunks and not self.trim_padding:
+            raise ValueError("rollout.trim_chunks needs rollout.trim_padding > 0 (the multiple its chunk lengths "
+                             "are rounded up to), got rollout.trim_padding=0")
         if self.slots and self.pipeline_groups > 1:
             raise ValueError(f"rollout.slots={self.slots} (continuous scheduling) and rollout.pipeline_groups="
                              f"{self.pipeline_groups} are two ways of overlapping env steps; set one")

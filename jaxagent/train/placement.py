@@ -37,10 +37,13 @@ from jaxagent.models import decoder
 from jaxagent.parallel import MeshConfig
 from jaxagent.train import memory
 from jaxagent.train.step import (
+    TrimmedTrainStep,
     UpdateBatch,
     critic_values,
     for_compute,
+    length_groups,
     make_sharded_train_step,
+    row_lengths,
     sft_step,
     train_step,
 )
@@ -115,6 +118,12 @@ class Placement:
         #: the sampler runs on the mesh (a mesh in one process)
         self.sampler_on_mesh = self.mesh is not None and not self.multi_process
         self._logprobs = self._values = None
+        #: `rollout.trim_chunks`: the update's micro-batches and the log-prob pass's row
+        #: chunks cut to their own rows' length (one device)
+        self.trim_chunks = config.rollout.trim_chunks
+        if self.trim_chunks and self.mesh is not None:
+            raise ConfigError(f"rollout.trim_chunks works on one device; this run's mesh is {self.describe()} "
+                              "(set rollout.trim_chunks=false)")
         #: passes of the log-prob pass over a batch's rows (`logprob_rows`)
         B = config.env.batch_size
         self.logprob_chunks = 1 if config.logprob_rows is None else B // config.logprob_rows
@@ -171,6 +180,8 @@ class Placement:
         """`step(state, batch) -> (state, metrics)` for a state placed by `place_state`,
         taking batches placed by `to_device`; jitted once, state donated."""
         if self.mesh is None:
+            if self.trim_chunks and kind == "rl":
+                return TrimmedTrainStep(step_config, self.config.rollout.trim_padding)
             return functools.partial(train_step if kind == "rl" else sft_step, config=step_config)
         return make_sharded_train_step(step_config, state, self.mesh, kind=kind)
 
@@ -239,6 +250,8 @@ class Placement:
         `(logp, entropy)`."""
         if self.mesh is None:
             sc = self.config.step_config
+            if self.trim_chunks:
+                return self._trimmed_logprobs(params, placed, with_entropy)
             return policy_logprobs(params, self.model_config, tokens_BxT=placed.tokens,
                                    attention_mask_BxT=placed.attention_mask, temperature=sc.loss.temperature,
                                    seq_chunk=sc.seq_chunk, vocab_chunk=sc.vocab_chunk,
@@ -246,6 +259,30 @@ class Placement:
                                    compute_dtype=sc.compute_dtype)
         out = self._logprobs[with_entropy](params, placed.tokens, placed.attention_mask)
         return jax.tree.map(lambda x: jnp.asarray(par.to_host(x)), out)
+
+    def _trimmed_logprobs(self, params, placed, with_entropy: bool):
+        """The log-prob pass in chunks of rows grouped by length, each cut to its longest
+        row rounded up to `rollout.trim_padding` (`rollout.trim_chunks`): the same values
+        at every position of a row up to its length; 0 after the chunk's length (padding)."""
+        cfg, sc = self.config, self.config.step_config
+        B, T = placed.tokens.shape
+        rows = cfg.logprob_rows or max(1, B // (cfg.mini_batches * cfg.micro_batches))
+        probe = UpdateBatch(tokens=placed.tokens, loss_mask=placed.loss_mask, advantages=placed.loss_mask,
+                            old_logp=placed.loss_mask, attention_mask=placed.attention_mask)
+        parts = []
+        for idx, L in length_groups(row_lengths(probe), B // rows, cfg.rollout.trim_padding, T):
+            out = policy_logprobs(params, self.model_config, tokens_BxT=placed.tokens[idx, :L],
+                                  attention_mask_BxT=placed.attention_mask[idx, :L],
+                                  temperature=sc.loss.temperature, seq_chunk=sc.seq_chunk,
+                                  vocab_chunk=sc.vocab_chunk, with_entropy=with_entropy,
+                                  compute_dtype=sc.compute_dtype)
+            parts.append((idx, L, out))
+        full = [np.zeros((B, T), np.float32) for _ in range(2 if with_entropy else 1)]
+        for idx, L, out in parts:
+            for f, x in zip(full, out if with_entropy else (out,)):
+                f[idx, :L] = np.asarray(x)
+        full = [jnp.asarray(f) for f in full]
+        return tuple(full) if with_entropy else full[0]
 
     def values(self, state, placed):
         """The critic's values `[B, T]` of a batch from `global_batch` (host-side)."""

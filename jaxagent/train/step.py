@@ -846,6 +846,106 @@ def make_sharded_train_step(config: StepConfig, state: TrainState, mesh: jax.sha
                            trace_context=lambda: _decoder.activation_constraint(layout))
 
 
+# ----------------------------------------------------------------------------- trimmed micro-batches
+def row_lengths(batch) -> np.ndarray:
+    """`[B]` int: 1 + the last position of each row that is a real token or a loss token
+    (`attention_mask` or `loss_mask` non-zero; `T` for every row without an attention
+    mask), 0 for an empty row. Under a causal model nothing after it changes the loss."""
+    loss = np.asarray(batch.loss_mask) != 0
+    B, T = loss.shape
+    if batch.attention_mask is None:
+        return np.full(B, T, np.int64)
+    real = loss | (np.asarray(batch.attention_mask) != 0)
+    last = np.where(real.any(axis=1), T - np.argmax(real[:, ::-1], axis=1), 0)
+    return last.astype(np.int64)
+
+
+def length_groups(lengths, num_groups: int, multiple: int, max_len: int) -> list[tuple[np.ndarray, int]]:
+    """`(rows, L)` for each of `num_groups` equal groups of rows: the rows sorted by length
+    (stable: ties keep their order), cut in turn, `L` the group's longest row rounded up
+    to a multiple of `multiple`, at most `max_len` (and at least `multiple`)."""
+    lengths = np.asarray(lengths)
+    B = len(lengths)
+    if not isinstance(num_groups, int) or num_groups < 1 or B % num_groups:
+        raise ValueError(f"length_groups: {B} rows do not split into {num_groups!r} equal groups")
+    if not isinstance(multiple, int) or multiple < 1:
+        raise ValueError(f"length_groups: multiple must be an int >= 1, got {multiple!r}")
+    order = np.argsort(lengths, kind="stable")
+    b = B // num_groups
+    out = []
+    for k in range(num_groups):
+        rows = order[k * b:(k + 1) * b]
+        longest = int(lengths[rows].max()) if b else 0
+        out.append((rows, min(max_len, max(multiple, -(-longest // multiple) * multiple))))
+    return out
+
+
+def _micro_add(state, micro, denominators, acc, *, config):
+    out = policy_loss_and_grads(state, micro, config, denominators)
+    return jax.tree.map(lambda a, x: a + x.astype(jnp.float32), acc, out)
+
+
+def _trimmed_prepare(state, batch, *, config, rows):
+    """The mini-batch's denominators, its `has_signal` and a zero accumulator."""
+    denominators = batch_denominators(batch.loss_mask, config.loss.seq_len_norm, batch.kl_mask)
+    first = jax.tree.map(lambda x: x[:rows], batch)
+    shapes = jax.eval_shape(lambda b: policy_loss_and_grads(state, b, config, denominators), first)
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), shapes)
+    has_signal = jnp.asarray(True)
+    if config.loss.kl_coef == 0 and config.loss.entropy_coef == 0 and not state.has_critic:
+        has_signal = jnp.any((batch.advantages != 0) & (batch.loss_mask != 0))
+    return denominators, has_signal, zeros
+
+
+def _trimmed_finish(state, acc, denominators, has_signal, *, config):
+    grads, sums = acc
+    return _apply(state, grads, {**sums, "loss": sums["policy_loss"]}, config, denominators, has_signal)
+
+
+class TrimmedTrainStep:
+    """`step(state, batch) -> (state, metrics)`: `train_step`'s update with each
+    micro-batch cut to its own rows' length. The mini-batch's rows are sorted by length
+    (`row_lengths`) and cut into `num_micro_batches` equal groups (`length_groups`), each
+    group computed at its longest row rounded up to a multiple of `multiple`, not at the
+    mini-batch's `T`. The denominators (`N`, `S`, `T'`: Dr.GRPO's default `T'` is the
+    mini-batch's `T`) are the mini-batch's, so the accumulated loss and gradient are
+    `train_step`'s, up to float32 summation order; less padding is computed (under
+    attention's `T^2`, much less when episode lengths vary). One device; each distinct
+    micro-batch length compiles once (`lengths_seen`), and the calls are host-driven
+    (one dispatch per micro-batch, then the optimizer step, state donated).
+    `last_lengths`: the micro-batch lengths of the last call.
+    """
+
+    def __init__(self, config: StepConfig, multiple: int):
+        if not isinstance(multiple, int) or multiple < 1:
+            raise ValueError(f"TrimmedTrainStep: multiple must be an int >= 1, got {multiple!r}")
+        self.config, self.multiple = config, multiple
+        self._add = jax.jit(functools.partial(_micro_add, config=config), donate_argnums=(3,))
+        self._prepare = jax.jit(functools.partial(_trimmed_prepare, config=config), static_argnames=("rows",))
+        self._finish = jax.jit(functools.partial(_trimmed_finish, config=config), donate_argnums=(0,))
+        self.last_lengths: list[int] = []
+        self.lengths_seen: set[int] = set()
+
+    def accumulate(self, state: TrainState, batch: UpdateBatch):
+        """`((grads, sums), denominators, has_signal)`: the accumulated mini-batch gradient
+        (before clipping) and loss parts the step applies (`accumulated_grads`'s, trimmed)."""
+        config, M = self.config, self.config.num_micro_batches
+        _check_batch(batch, _required_fields(config, state.has_critic), M)
+        B, T = batch.tokens.shape
+        groups = length_groups(row_lengths(batch), M, self.multiple, T)
+        denominators, has_signal, acc = self._prepare(state, batch, rows=B // M)
+        for rows, L in groups:
+            micro = jax.tree.map(lambda x: x[rows, :L], batch)
+            acc = self._add(state, micro, denominators, acc)
+        self.last_lengths = [L for _, L in groups]
+        self.lengths_seen.update(self.last_lengths)
+        return acc, denominators, has_signal
+
+    def __call__(self, state: TrainState, batch: UpdateBatch) -> tuple[TrainState, dict]:
+        acc, denominators, has_signal = self.accumulate(state, batch)
+        return self._finish(state, acc, denominators, has_signal)
+
+
 def accumulated_grads(state: TrainState, batch: UpdateBatch, config: StepConfig) -> tuple[Grads, dict]:
     """The accumulated mini-batch gradients `train_step` applies (before clipping), and
     the summed loss parts: for tests and diagnostics (not jitted; wrap it if needed)."""

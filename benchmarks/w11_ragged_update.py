@@ -57,7 +57,7 @@ from jaxagent.train import (  # noqa: E402
     length_groups,
     train_step,
 )
-from jaxagent.train.placement import policy_logprobs  # noqa: E402
+from jaxagent.train.placement import policy_logprobs, trimmed_logprobs  # noqa: E402
 
 MULTIPLE = 64
 
@@ -160,9 +160,8 @@ def main(argv=None) -> int:
                                               **kw))
 
     def lp_chunks():
-        outs = [policy_logprobs(params, cfg, tokens_BxT=tokens[g, :L], attention_mask_BxT=am[g, :L], **kw)
-                for g, L in length_groups(all_lengths, len(all_lengths) // chunk, MULTIPLE, T)]
-        jax.block_until_ready(outs)
+        jax.block_until_ready(trimmed_logprobs(params, cfg, tokens, am, all_lengths, chunk_rows=chunk,
+                                               multiple=MULTIPLE, **kw))
 
     lp = {"trimmed-batch": lp_batch, "trimmed-chunks": lp_chunks}
     lp_first = {}

@@ -432,17 +432,19 @@ def test_trimmed_micro_batches_accumulate_the_full_batch_gradient(mode):
     from jaxagent.train import TrimmedTrainStep
     lc = LossConfig(agg_mode=mode, kl_coef=0.3, entropy_coef=0.05, tis_cap=1.5)
     params = make_params()
-    batch = make_ragged_batch()
     state = init_train_state(jax.random.key(0), params, CFG, StepConfig(loss=lc))
-    ref_loss, ref = reference_value_and_grad(params, batch, mode, lc)
     step = TrimmedTrainStep(StepConfig(loss=lc, num_micro_batches=4), 4)
-    (grads, sums), _, _ = step.accumulate(state, batch)
-    assert step.last_lengths == [8, 12, 20, 24]
-    np.testing.assert_allclose(sums["policy_loss"], ref_loss, rtol=2e-5)
-    for (path, g), r in zip(jax.tree_util.tree_leaves_with_path(grads.policy), jax.tree.leaves(ref)):
-        scale = float(np.max(np.abs(r))) + 1e-12
-        np.testing.assert_allclose(np.asarray(g) / scale, np.asarray(r) / scale, atol=2e-5,
-                                   err_msg=f"{mode} {jax.tree_util.keystr(path)}")
+    # every micro-batch its own length; then the two longest of one length (one call, a scan)
+    for lengths, want in ((RAGGED, [8, 12, 20, 24]), ([24, 24, 24, 24, 3, 5, 9, 13], [8, 16, 24, 24])):
+        batch = make_ragged_batch(lengths=lengths)
+        ref_loss, ref = reference_value_and_grad(params, batch, mode, lc)
+        (grads, sums), _, _ = step.accumulate(state, batch)
+        assert step.last_lengths == want
+        np.testing.assert_allclose(sums["policy_loss"], ref_loss, rtol=2e-5)
+        for (path, g), r in zip(jax.tree_util.tree_leaves_with_path(grads.policy), jax.tree.leaves(ref)):
+            scale = float(np.max(np.abs(r))) + 1e-12
+            np.testing.assert_allclose(np.asarray(g) / scale, np.asarray(r) / scale, atol=2e-5,
+                                       err_msg=f"{mode} {lengths} {jax.tree_util.keystr(path)}")
 
 
 def test_trimmed_step_updates_as_train_step_and_compiles_once_per_length():

@@ -83,6 +83,36 @@ policy_logprobs = jax.jit(_policy_logprobs, static_argnames=("config", "temperat
                                                              "row_chunks", "with_entropy", "compute_dtype"))
 
 
+def trimmed_logprobs(params, config, tokens_BxT, attention_mask_BxT, lengths, *, chunk_rows: int, multiple: int,
+                     with_entropy: bool = False, **kw):
+    """`policy_logprobs` in chunks of `chunk_rows` rows grouped by length (`length_groups`:
+    rows sorted by `lengths`), each chunk cut to its longest row rounded up to `multiple`;
+    consecutive chunks of one length go in one call. The same values as one pass at every
+    position of a row up to its length, 0 after its chunk's length (padding). A host-side
+    `[B, T]` array (`(logp, entropy)` with `with_entropy`). `kw`: `policy_logprobs`'s
+    `temperature`, `seq_chunk`, `vocab_chunk`, `compute_dtype`."""
+    B, T = tokens_BxT.shape
+    groups = length_groups(lengths, B // chunk_rows, multiple, T)
+    parts, k = [], 0
+    while k < len(groups):
+        n = 1
+        while k + n < len(groups) and groups[k + n][1] == groups[k][1]:
+            n += 1
+        L = groups[k][1]
+        # rows interleaved so that `row_chunks`'s chunk j (rows j, j + n, ...) is group k + j
+        idx = np.stack([g for g, _ in groups[k:k + n]], axis=1).reshape(-1)
+        out = policy_logprobs(params, config, tokens_BxT=tokens_BxT[idx, :L], attention_mask_BxT=attention_mask_BxT[idx, :L],
+                              row_chunks=n, with_entropy=with_entropy, **kw)
+        parts.append((idx, L, out))
+        k += n
+    full = [np.zeros((B, T), np.float32) for _ in range(2 if with_entropy else 1)]
+    for idx, L, out in parts:
+        for f, x in zip(full, out if with_entropy else (out,)):
+            f[idx, :L] = np.asarray(x)
+    full = [jnp.asarray(f) for f in full]
+    return tuple(full) if with_entropy else full[0]
+
+
 def _cast_critic_values(critic_params, critic_config, batch, *, compute_dtype=None):
     return critic_values(for_compute(critic_params, compute_dtype), critic_config, batch)
 
@@ -261,28 +291,17 @@ class Placement:
         return jax.tree.map(lambda x: jnp.asarray(par.to_host(x)), out)
 
     def _trimmed_logprobs(self, params, placed, with_entropy: bool):
-        """The log-prob pass in chunks of rows grouped by length, each cut to its longest
-        row rounded up to `rollout.trim_padding` (`rollout.trim_chunks`): the same values
-        at every position of a row up to its length; 0 after the chunk's length (padding)."""
+        """`trimmed_logprobs` over a batch from `global_batch` (`rollout.trim_chunks`), in
+        chunks of `logprob_rows` rows or else of the update's micro-batch rows."""
         cfg, sc = self.config, self.config.step_config
-        B, T = placed.tokens.shape
+        B = placed.tokens.shape[0]
         rows = cfg.logprob_rows or max(1, B // (cfg.mini_batches * cfg.micro_batches))
         probe = UpdateBatch(tokens=placed.tokens, loss_mask=placed.loss_mask, advantages=placed.loss_mask,
                             old_logp=placed.loss_mask, attention_mask=placed.attention_mask)
-        parts = []
-        for idx, L in length_groups(row_lengths(probe), B // rows, cfg.rollout.trim_padding, T):
-            out = policy_logprobs(params, self.model_config, tokens_BxT=placed.tokens[idx, :L],
-                                  attention_mask_BxT=placed.attention_mask[idx, :L],
-                                  temperature=sc.loss.temperature, seq_chunk=sc.seq_chunk,
-                                  vocab_chunk=sc.vocab_chunk, with_entropy=with_entropy,
-                                  compute_dtype=sc.compute_dtype)
-            parts.append((idx, L, out))
-        full = [np.zeros((B, T), np.float32) for _ in range(2 if with_entropy else 1)]
-        for idx, L, out in parts:
-            for f, x in zip(full, out if with_entropy else (out,)):
-                f[idx, :L] = np.asarray(x)
-        full = [jnp.asarray(f) for f in full]
-        return tuple(full) if with_entropy else full[0]
+        return trimmed_logprobs(params, self.model_config, placed.tokens, placed.attention_mask, row_lengths(probe),
+                                chunk_rows=rows, multiple=cfg.rollout.trim_padding, with_entropy=with_entropy,
+                                temperature=sc.loss.temperature, seq_chunk=sc.seq_chunk,
+                                vocab_chunk=sc.vocab_chunk, compute_dtype=sc.compute_dtype)
 
     def values(self, state, placed):
         """The critic's values `[B, T]` of a batch from `global_batch` (host-side)."""

@@ -880,8 +880,11 @@ def length_groups(lengths, num_groups: int, multiple: int, max_len: int) -> list
     return out
 
 
-def _micro_add(state, micro, denominators, acc, *, config):
-    out = policy_loss_and_grads(state, micro, config, denominators)
+def _micro_add(state, micro, denominators, acc, *, config, n):
+    """`acc` plus the gradients and sums of `micro`'s rows, as `n` micro-batches of one
+    length (a `lax.scan`, like `train_step`'s, when `n > 1`)."""
+    out = _accumulate(policy_loss_and_grads, state, micro, dataclasses.replace(config, num_micro_batches=n),
+                      denominators)
     return jax.tree.map(lambda a, x: a + x.astype(jnp.float32), acc, out)
 
 
@@ -910,9 +913,10 @@ class TrimmedTrainStep:
     mini-batch's `T`. The denominators (`N`, `S`, `T'`: Dr.GRPO's default `T'` is the
     mini-batch's `T`) are the mini-batch's, so the accumulated loss and gradient are
     `train_step`'s, up to float32 summation order; less padding is computed (under
-    attention's `T^2`, much less when episode lengths vary). One device; each distinct
-    micro-batch length compiles once (`lengths_seen`), and the calls are host-driven
-    (one dispatch per micro-batch, then the optimizer step, state donated).
+    attention's `T^2`, much less when episode lengths vary). One device; the calls are
+    host-driven: one per run of micro-batches of one length (a `lax.scan` over the run,
+    as `train_step`'s), compiled once per length and run length, then the optimizer step
+    (state donated).
     `last_lengths`: the micro-batch lengths of the last call.
     """
 
@@ -920,7 +924,8 @@ class TrimmedTrainStep:
         if not isinstance(multiple, int) or multiple < 1:
             raise ValueError(f"TrimmedTrainStep: multiple must be an int >= 1, got {multiple!r}")
         self.config, self.multiple = config, multiple
-        self._add = jax.jit(functools.partial(_micro_add, config=config), donate_argnums=(3,))
+        self._add = jax.jit(functools.partial(_micro_add, config=config), static_argnames=("n",),
+                            donate_argnums=(3,))
         self._prepare = jax.jit(functools.partial(_trimmed_prepare, config=config), static_argnames=("rows",))
         self._finish = jax.jit(functools.partial(_trimmed_finish, config=config), donate_argnums=(0,))
         self.last_lengths: list[int] = []
@@ -934,9 +939,14 @@ class TrimmedTrainStep:
         B, T = batch.tokens.shape
         groups = length_groups(row_lengths(batch), M, self.multiple, T)
         denominators, has_signal, acc = self._prepare(state, batch, rows=B // M)
-        for rows, L in groups:
-            micro = jax.tree.map(lambda x: x[rows, :L], batch)
-            acc = self._add(state, micro, denominators, acc)
+        k = 0
+        while k < M:   # consecutive micro-batches of one length go in one call (a scan over them)
+            n = 1
+            while k + n < M and groups[k + n][1] == groups[k][1]:
+                n += 1
+            rows, L = np.concatenate([r for r, _ in groups[k:k + n]]), groups[k][1]
+            acc = self._add(state, jax.tree.map(lambda x: x[rows, :L], batch), denominators, acc, n=n)
+            k += n
         self.last_lengths = [L for _, L in groups]
         self.lengths_seen.update(self.last_lengths)
         return acc, denominators, has_signal

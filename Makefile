@@ -56,6 +56,8 @@ bench: $(STAMP)
 	$(PY) benchmarks/w8_iteration.py --out benchmarks/results/w8_iteration.jsonl
 	$(PY) benchmarks/w9_uneven.py --out benchmarks/results/w9_uneven.jsonl
 	$(PY) benchmarks/w10_lora_update.py --torch-threads $$(nproc),1 --out benchmarks/results/w10_lora_update.jsonl
+	$(PY) benchmarks/w11_ragged_update.py --out benchmarks/results/w11_ragged_update.jsonl
+	$(PY) benchmarks/w11_ragged_update.py --lengths equal --out benchmarks/results/w11_ragged_update.jsonl
 
 clean:
 	rm -rf $(VENV) build *.egg-info

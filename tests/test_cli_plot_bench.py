@@ -233,3 +233,31 @@ def test_plot_several_runs_groups_seeds_of_a_recipe(tmp_path):
     # a and b differ only by seed: one recipe of 2 seeds; c is another recipe (its lr)
     assert desc == "recipes: optim.lr=0.001 (2 seeds); optim.lr=0.0003 (1 seed)"
     assert main(["plot", str(a), str(tmp_path / "missing")]) == 2
+
+
+def test_seeds_are_one_recipe_whatever_defaults_their_configs_spell_out(tmp_path):
+    """A run whose config.yaml spells out a default the other's omits (written by a newer
+    version, or resumed by one) is a seed of the same recipe; seeds evaluated at different
+    iterations are averaged at the points they share only."""
+    import yaml
+
+    from jaxagent.train.plot import _mean_band, read_run
+    before_after = {"success_before_rl": 0.1, "success_after_rl": 0.5, "success_before_rl_greedy": 0.0,
+                    "success_after_rl_greedy": 0.4}
+    a, b = tmp_path / "a", tmp_path / "b"
+    write_seed_run(a, 0, 1e-3, [0.1, 0.2, 0.3], {2: (0.3, 0.2)}, before_after)
+    write_seed_run(b, 1, 1e-3, [0.3, 0.4, 0.5], {1: (0.9, 0.9)}, {**before_after, "success_after_rl": 0.7})
+    cfg = yaml.safe_load((b / "config.yaml").read_text())
+    cfg["rollout"] = {"trim_chunks": False, "trim_padding": 0}        # the defaults, spelled out
+    (b / "config.yaml").write_text(yaml.safe_dump(cfg))
+    xs, mean, lo, hi = _mean_band([read_run(a).held_out["sampled"], read_run(b).held_out["sampled"]])
+    assert xs == [0.0, 24.0] and mean == pytest.approx([0.1, 0.6]) and lo == [0.1, 0.5] and hi == [0.1, 0.7]
+    assert _mean_band([[(0.0, 1.0)], [(8.0, 1.0)]])[0] == []          # nothing shared: nothing to draw
+    out = tmp_path / "cmp.png"
+    assert main(["plot", str(a), str(b), "--out", str(out)]) == 0
+    assert Image.open(out).info["Description"] == "recipes: grpo (2 seeds)"
+    cfg["rollout"]["trim_padding"] = 64                               # not a default: another recipe
+    (b / "config.yaml").write_text(yaml.safe_dump(cfg))
+    assert main(["plot", str(a), str(b), "--out", str(out)]) == 0
+    assert Image.open(out).info["Description"] == ("recipes: rollout.trim_padding=0 (1 seed); "
+                                                   "rollout.trim_padding=64 (1 seed)")

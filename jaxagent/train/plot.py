@@ -278,7 +278,7 @@ def _recipe_labels(groups: list[list[RunCurves]]) -> list[str]:
     def norm(v):  # a key absent, null or empty means the same default
         return json.dumps(None if v in ({}, []) else v, sort_keys=True)
 
-    flats = [{k: v for k, v in flatten(g[0].recipe).items() if not k.startswith("logging.")} for g in groups]
+    flats = [{k: v for k, v in _filled(g[0].recipe).items() if not k.startswith("logging.")} for g in groups]
     keys = sorted({k for f in flats for k in f if len({norm(x.get(k)) for x in flats}) > 1})
     labels = []
     for f, g in zip(flats, groups):
@@ -288,12 +288,23 @@ def _recipe_labels(groups: list[list[RunCurves]]) -> list[str]:
 
 
 def _mean_band(series: list[list[tuple[float, float]]]):
-    """(x, mean, low, high) over runs, point by point (runs of one recipe share their
-    evaluation points; the shortest sets the length)."""
-    n = min(len(s) for s in series)
-    xs = [sum(s[i][0] for s in series) / len(series) for i in range(n)]
-    ys = [[s[i][1] for s in series] for i in range(n)]
+    """(x, mean, low, high) over runs at the x values every run has: seeds evaluated at
+    different iterations (a run resumed past its last evaluation) or of different lengths
+    share only those, and a mean over some of the seeds would not be the recipe's."""
+    common = set.intersection(*({x for x, _ in s} for s in series))
+    xs = sorted(common)
+    ys = [[dict(s)[x] for s in series] for x in xs]   # a repeated x: its last value
     return xs, [sum(y) / len(y) for y in ys], [min(y) for y in ys], [max(y) for y in ys]
+
+
+def _filled(recipe: dict) -> dict:
+    """A run's recipe as dotted keys, each key its config omits set to the trainer's
+    default (a run written before a field existed, or resumed after, is the same recipe)."""
+    from jaxagent.config import to_dict
+    from jaxagent.train.config import TrainerConfig
+
+    defaults = {k: v for k, v in flatten(to_dict(TrainerConfig())).items() if k.split(".")[0] not in SEED_KEYS}
+    return {**defaults, **flatten(recipe)}
 
 
 def plot_runs(run_dirs, out=None, metric: str = "success_rate") -> Path:
@@ -311,7 +322,7 @@ def plot_runs(run_dirs, out=None, metric: str = "success_rate") -> Path:
     groups: list[list[RunCurves]] = []
     for r in runs:
         for g in groups:
-            if g[0].recipe == r.recipe:
+            if _filled(g[0].recipe) == _filled(r.recipe):
                 g.append(r)
                 break
         else:
@@ -337,6 +348,8 @@ def plot_runs(run_dirs, out=None, metric: str = "success_rate") -> Path:
                 if not all(series):
                     continue
                 xs, mean, lo, hi = _mean_band(series)
+                if not xs:
+                    continue
                 ax.plot(xs, mean, color=color, marker="o" if len(xs) < 30 else None, label=label)
                 if len(group) > 1:
                     ax.fill_between(xs, lo, hi, color=color, alpha=0.2)

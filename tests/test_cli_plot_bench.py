@@ -249,6 +249,7 @@ def test_seeds_are_one_recipe_whatever_defaults_their_configs_spell_out(tmp_path
     write_seed_run(b, 1, 1e-3, [0.3, 0.4, 0.5], {1: (0.9, 0.9)}, {**before_after, "success_after_rl": 0.7})
     cfg = yaml.safe_load((b / "config.yaml").read_text())
     cfg["rollout"] = {"trim_chunks": False, "trim_padding": 0}        # the defaults, spelled out
+    cfg["optim"]["warmup_steps"] = 0.0                                # an int default written as a float
     (b / "config.yaml").write_text(yaml.safe_dump(cfg))
     xs, mean, lo, hi = _mean_band([read_run(a).held_out["sampled"], read_run(b).held_out["sampled"]])
     assert xs == [0.0, 24.0] and mean == pytest.approx([0.1, 0.6]) and lo == [0.1, 0.5] and hi == [0.1, 0.7]

@@ -275,7 +275,9 @@ def read_run(run_dir, metric: str = "success_rate") -> RunCurves:
 
 def _recipe_labels(groups: list[list[RunCurves]]) -> list[str]:
     """A label per recipe: the dotted config keys in which the recipes differ."""
-    def norm(v):  # a key absent, null or empty means the same default
+    def norm(v):  # a key absent, null or empty means the same default; 300 and 300.0 are one value
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            v = float(v)
         return json.dumps(None if v in ({}, []) else v, sort_keys=True)
 
     flats = [{k: v for k, v in _filled(g[0].recipe).items() if not k.startswith("logging.")} for g in groups]

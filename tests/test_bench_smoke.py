@@ -50,6 +50,7 @@ def test_w5_quick_reports_steps_per_second(tmp_path):
             assert r["speedup_vs_in_process"] == 1.0
 
 
+@pytest.mark.slow
 def test_w11_quick_checks_the_systems_agree_and_reports_every_one(tmp_path):
     """W11 runs its three updates and two log-prob passes, after checking their first
     losses and gradient norms agree (the script exits non-zero otherwise)."""

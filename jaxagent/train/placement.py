@@ -39,6 +39,7 @@ from jaxagent.train import memory
 from jaxagent.train.step import (
     TrimmedTrainStep,
     UpdateBatch,
+    _length_runs,
     critic_values,
     for_compute,
     length_groups,
@@ -92,19 +93,13 @@ def trimmed_logprobs(params, config, tokens_BxT, attention_mask_BxT, lengths, *,
     `[B, T]` array (`(logp, entropy)` with `with_entropy`). `kw`: `policy_logprobs`'s
     `temperature`, `seq_chunk`, `vocab_chunk`, `compute_dtype`."""
     B, T = tokens_BxT.shape
-    groups = length_groups(lengths, B // chunk_rows, multiple, T)
-    parts, k = [], 0
-    while k < len(groups):
-        n = 1
-        while k + n < len(groups) and groups[k + n][1] == groups[k][1]:
-            n += 1
-        L = groups[k][1]
-        # rows interleaved so that `row_chunks`'s chunk j (rows j, j + n, ...) is group k + j
-        idx = np.stack([g for g, _ in groups[k:k + n]], axis=1).reshape(-1)
+    parts = []
+    for run, L in _length_runs(length_groups(lengths, B // chunk_rows, multiple, T)):
+        # rows interleaved so that `row_chunks`'s chunk j (rows j, j + n, ...) is the run's group j
+        idx = np.stack(run, axis=1).reshape(-1)
         out = policy_logprobs(params, config, tokens_BxT=tokens_BxT[idx, :L], attention_mask_BxT=attention_mask_BxT[idx, :L],
-                              row_chunks=n, with_entropy=with_entropy, **kw)
+                              row_chunks=len(run), with_entropy=with_entropy, **kw)
         parts.append((idx, L, out))
-        k += n
     full = [np.zeros((B, T), np.float32) for _ in range(2 if with_entropy else 1)]
     for idx, L, out in parts:
         for f, x in zip(full, out if with_entropy else (out,)):

@@ -19,6 +19,7 @@ a malformed line, its line number.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from pathlib import Path
@@ -299,14 +300,19 @@ def _mean_band(series: list[list[tuple[float, float]]]):
     return xs, [sum(y) / len(y) for y in ys], [min(y) for y in ys], [max(y) for y in ys]
 
 
-def _filled(recipe: dict) -> dict:
-    """A run's recipe as dotted keys, each key its config omits set to the trainer's
-    default (a run written before a field existed, or resumed after, is the same recipe)."""
+@functools.lru_cache(maxsize=1)
+def _default_recipe() -> dict:
+    """The trainer's default config as dotted keys, without SEED_KEYS (built once)."""
     from jaxagent.config import to_dict
     from jaxagent.train.config import TrainerConfig
 
-    defaults = {k: v for k, v in flatten(to_dict(TrainerConfig())).items() if k.split(".")[0] not in SEED_KEYS}
-    return {**defaults, **flatten(recipe)}
+    return {k: v for k, v in flatten(to_dict(TrainerConfig())).items() if k.split(".")[0] not in SEED_KEYS}
+
+
+def _filled(recipe: dict) -> dict:
+    """A run's recipe as dotted keys, each key its config omits set to the trainer's
+    default (a run written before a field existed, or resumed after, is the same recipe)."""
+    return {**_default_recipe(), **flatten(recipe)}
 
 
 def plot_runs(run_dirs, out=None, metric: str = "success_rate") -> Path:

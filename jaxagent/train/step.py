@@ -880,6 +880,18 @@ def length_groups(lengths, num_groups: int, multiple: int, max_len: int) -> list
     return out
 
 
+def _length_runs(groups: list[tuple[np.ndarray, int]]) -> list[tuple[list[np.ndarray], int]]:
+    """`length_groups`'s groups as runs of consecutive groups of one length: `(rows of
+    each group, L)`, so that a run can go in one call."""
+    runs: list[tuple[list[np.ndarray], int]] = []
+    for rows, L in groups:
+        if runs and runs[-1][1] == L:
+            runs[-1][0].append(rows)
+        else:
+            runs.append(([rows], L))
+    return runs
+
+
 def _micro_add(state, micro, denominators, acc, *, config, n):
     """`acc` plus the gradients and sums of `micro`'s rows, as `n` micro-batches of one
     length (a `lax.scan`, like `train_step`'s, when `n > 1`)."""
@@ -939,14 +951,9 @@ class TrimmedTrainStep:
         B, T = batch.tokens.shape
         groups = length_groups(row_lengths(batch), M, self.multiple, T)
         denominators, has_signal, acc = self._prepare(state, batch, rows=B // M)
-        k = 0
-        while k < M:   # consecutive micro-batches of one length go in one call (a scan over them)
-            n = 1
-            while k + n < M and groups[k + n][1] == groups[k][1]:
-                n += 1
-            rows, L = np.concatenate([r for r, _ in groups[k:k + n]]), groups[k][1]
-            acc = self._add(state, jax.tree.map(lambda x: x[rows, :L], batch), denominators, acc, n=n)
-            k += n
+        for run, L in _length_runs(groups):   # micro-batches of one length: one call, a scan over them
+            rows = np.concatenate(run)
+            acc = self._add(state, jax.tree.map(lambda x: x[rows, :L], batch), denominators, acc, n=len(run))
         self.last_lengths = [L for _, L in groups]
         self.lengths_seen.update(self.last_lengths)
         return acc, denominators, has_signal

@@ -261,7 +261,10 @@ def test_trim_chunks_errors_name_the_key(tmp_path):
         load_config(TrainerConfig, CONFIG, [f"run_dir={tmp_path}", "rollout.trim_chunks=true"])
     with pytest.raises(ConfigError, match="rollout.trim_chunks"):
         load_config(TrainerConfig, CONFIG, [f"run_dir={tmp_path}", "rollout.trim_padding=8", "rollout.trim_chunks=2"])
+    if len(jax.devices()) < 4:
+        pytest.skip("needs 4 of the virtual CPU devices of conftest.py")
+    # on a mesh each micro-batch's rows are split over data * fsdp: 8 rows / 2 / 2 = 2 over 4
     cfg = load_config(TrainerConfig, CONFIG, [f"run_dir={tmp_path}", "rollout.trim_padding=8", "rollout.trim_chunks=true",
-                                              "mesh.data=2"])
-    with pytest.raises(ConfigError, match="trim_chunks works on one device"):
+                                              "mesh.data=4", "micro_batches=2"])
+    with pytest.raises(ConfigError, match=r"trim_chunks on a mesh: each micro-batch's 2 rows .* mesh.data \* mesh.fsdp = 4"):
         Trainer(cfg, log=lambda *_: None)

@@ -208,7 +208,8 @@ class RolloutSection:
       rows shorter than the batch's longest. Worth it when episode lengths vary; each
       distinct chunk length compiles once. The log-prob pass runs in chunks of
       `logprob_rows` rows, or of the update's micro-batch rows when that is unset. One
-      device only.
+      process: on one device, or on a mesh whose data * fsdp divides a micro-batch's
+      rows (each cut micro-batch's rows are split over them).
     """
 
     max_turns: int = 2

@@ -85,20 +85,27 @@ policy_logprobs = jax.jit(_policy_logprobs, static_argnames=("config", "temperat
 
 
 def trimmed_logprobs(params, config, tokens_BxT, attention_mask_BxT, lengths, *, chunk_rows: int, multiple: int,
-                     with_entropy: bool = False, **kw):
+                     with_entropy: bool = False, logprobs=None, place=None, **kw):
     """`policy_logprobs` in chunks of `chunk_rows` rows grouped by length (`length_groups`:
     rows sorted by `lengths`), each chunk cut to its longest row rounded up to `multiple`;
     consecutive chunks of one length go in one call. The same values as one pass at every
     position of a row up to its length, 0 after its chunk's length (padding). A host-side
     `[B, T]` array (`(logp, entropy)` with `with_entropy`). `kw`: `policy_logprobs`'s
-    `temperature`, `seq_chunk`, `vocab_chunk`, `compute_dtype`."""
+    `temperature`, `seq_chunk`, `vocab_chunk`, `compute_dtype`. `logprobs`: the pass to
+    call as `logprobs(params, tokens, mask, row_chunks=, with_entropy=)` (default
+    `policy_logprobs` with `config` and `kw`); `place`: applied to each cut `(tokens,
+    mask)` before the call (e.g. rows split over a mesh)."""
+    if logprobs is None:
+        def logprobs(params, tokens, mask, **more):
+            return policy_logprobs(params, config, tokens_BxT=tokens, attention_mask_BxT=mask, **kw, **more)
+    tokens_BxT, attention_mask_BxT = np.asarray(tokens_BxT), np.asarray(attention_mask_BxT)
     B, T = tokens_BxT.shape
     parts = []
     for run, L in _length_runs(length_groups(lengths, B // chunk_rows, multiple, T)):
         # rows interleaved so that `row_chunks`'s chunk j (rows j, j + n, ...) is the run's group j
         idx = np.stack(run, axis=1).reshape(-1)
-        out = policy_logprobs(params, config, tokens_BxT=tokens_BxT[idx, :L], attention_mask_BxT=attention_mask_BxT[idx, :L],
-                              row_chunks=len(run), with_entropy=with_entropy, **kw)
+        cut = (tokens_BxT[idx, :L], attention_mask_BxT[idx, :L])
+        out = logprobs(params, *(cut if place is None else place(cut)), row_chunks=len(run), with_entropy=with_entropy)
         parts.append((idx, L, out))
     full = [np.zeros((B, T), np.float32) for _ in range(2 if with_entropy else 1)]
     for idx, L, out in parts:
@@ -144,11 +151,17 @@ class Placement:
         self.sampler_on_mesh = self.mesh is not None and not self.multi_process
         self._logprobs = self._values = None
         #: `rollout.trim_chunks`: the update's micro-batches and the log-prob pass's row
-        #: chunks cut to their own rows' length (one device)
+        #: chunks cut to their own rows' length (one device, or a mesh in one process)
         self.trim_chunks = config.rollout.trim_chunks
+        if self.trim_chunks and self.multi_process:
+            raise ConfigError(f"rollout.trim_chunks works in one process (on one device or a mesh); this run has "
+                              f"{jax.process_count()} processes (set rollout.trim_chunks=false)")
         if self.trim_chunks and self.mesh is not None:
-            raise ConfigError(f"rollout.trim_chunks works on one device; this run's mesh is {self.describe()} "
-                              "(set rollout.trim_chunks=false)")
+            micro = config.env.batch_size // (config.mini_batches * config.micro_batches)
+            if micro % self.row_shards:
+                raise ConfigError(f"rollout.trim_chunks on a mesh: each micro-batch's {micro} rows (env.group_size * "
+                                  f"env.tasks_per_iteration / mini_batches / micro_batches) are split over "
+                                  f"mesh.data * mesh.fsdp = {self.row_shards} and must be divisible by it")
         #: passes of the log-prob pass over a batch's rows (`logprob_rows`)
         B = config.env.batch_size
         self.logprob_chunks = 1 if config.logprob_rows is None else B // config.logprob_rows
@@ -174,6 +187,16 @@ class Placement:
             self._logprobs = {
                 flag: jax.jit(functools.partial(logprobs, with_entropy=flag), out_shardings=(rows, rows) if flag else rows)
                 for flag in (False, True)}
+
+            def trimmed(params, tokens_BxT, attention_mask_BxT, row_chunks, with_entropy):
+                with decoder.activation_constraint(layout):
+                    return _policy_logprobs(params, model_config, tokens_BxT, attention_mask_BxT,
+                                            temperature=sc.loss.temperature, seq_chunk=sc.seq_chunk,
+                                            vocab_chunk=sc.vocab_chunk, row_chunks=row_chunks,
+                                            with_entropy=with_entropy, compute_dtype=sc.compute_dtype)
+
+            #: the cut chunks' pass (`rollout.trim_chunks`): rows split over the mesh
+            self._trimmed_logprobs_fn = jax.jit(trimmed, static_argnames=("row_chunks", "with_entropy"))
             self._values = jax.jit(values, out_shardings=rows)
 
     # ------------------------------------------------------------------ description
@@ -208,6 +231,8 @@ class Placement:
             if self.trim_chunks and kind == "rl":
                 return TrimmedTrainStep(step_config, self.config.rollout.trim_padding)
             return functools.partial(train_step if kind == "rl" else sft_step, config=step_config)
+        if self.trim_chunks and kind == "rl":
+            return TrimmedTrainStep(step_config, self.config.rollout.trim_padding, mesh=self.mesh)
         return make_sharded_train_step(step_config, state, self.mesh, kind=kind)
 
     def replicated(self, x):
@@ -273,10 +298,10 @@ class Placement:
         """`log pi(tokens)` `[B, T]` of a batch from `global_batch`, with `params` placed
         like the state's; a host-side (one-device) array of every row. `with_entropy`:
         `(logp, entropy)`."""
+        if self.trim_chunks:
+            return self._trimmed_logprobs(params, placed, with_entropy)
         if self.mesh is None:
             sc = self.config.step_config
-            if self.trim_chunks:
-                return self._trimmed_logprobs(params, placed, with_entropy)
             return policy_logprobs(params, self.model_config, tokens_BxT=placed.tokens,
                                    attention_mask_BxT=placed.attention_mask, temperature=sc.loss.temperature,
                                    seq_chunk=sc.seq_chunk, vocab_chunk=sc.vocab_chunk,
@@ -293,6 +318,12 @@ class Placement:
         rows = cfg.logprob_rows or max(1, B // (cfg.mini_batches * cfg.micro_batches))
         probe = UpdateBatch(tokens=placed.tokens, loss_mask=placed.loss_mask, advantages=placed.loss_mask,
                             old_logp=placed.loss_mask, attention_mask=placed.attention_mask)
+        if self.mesh is not None:   # rows split over the mesh, activations laid out by its rules
+            probe = jax.device_get(probe)
+            return trimmed_logprobs(params, self.model_config, probe.tokens, probe.attention_mask, row_lengths(probe),
+                                    chunk_rows=rows, multiple=cfg.rollout.trim_padding, with_entropy=with_entropy,
+                                    logprobs=self._trimmed_logprobs_fn,
+                                    place=lambda cut: par.shard_batch(cut, self.mesh))
         return trimmed_logprobs(params, self.model_config, placed.tokens, placed.attention_mask, row_lengths(probe),
                                 chunk_rows=rows, multiple=cfg.rollout.trim_padding, with_entropy=with_entropy,
                                 temperature=sc.loss.temperature, seq_chunk=sc.seq_chunk,

@@ -72,7 +72,13 @@ from jaxagent.models import (
     value_forward,
 )
 from jaxagent.models import decoder as _decoder
-from jaxagent.parallel.mesh import LOGICAL_AXIS_RULES, activation_constraint, batch_sharding, train_state_shardings
+from jaxagent.parallel.mesh import (
+    LOGICAL_AXIS_RULES,
+    activation_constraint,
+    batch_sharding,
+    shard_batch,
+    train_state_shardings,
+)
 
 SCHEDULES = ("constant", "cosine", "linear")
 TIS_LEVELS = ("token", "sequence")
@@ -925,35 +931,75 @@ class TrimmedTrainStep:
     mini-batch's `T`. The denominators (`N`, `S`, `T'`: Dr.GRPO's default `T'` is the
     mini-batch's `T`) are the mini-batch's, so the accumulated loss and gradient are
     `train_step`'s, up to float32 summation order; less padding is computed (under
-    attention's `T^2`, much less when episode lengths vary). One device; the calls are
-    host-driven: one per run of micro-batches of one length (a `lax.scan` over the run,
-    as `train_step`'s), compiled once per length and run length, then the optimizer step
+    attention's `T^2`, much less when episode lengths vary). The calls are host-driven:
+    one per run of micro-batches of one length (a `lax.scan` over the run, as
+    `train_step`'s), compiled once per length and run length, then the optimizer step
     (state donated).
+
+    `mesh`: a mesh of one process (`make_sharded_train_step`'s): the state is placed by
+    `shard_train_state`, each cut micro-batch's rows are split over ("data", "fsdp")
+    (the micro-batch's rows must divide by data * fsdp), the activations are laid out by
+    the same rules, and the state keeps its layout. The batch may be host arrays or
+    arrays on the mesh (brought to the host to be cut).
     `last_lengths`: the micro-batch lengths of the last call.
     """
 
-    def __init__(self, config: StepConfig, multiple: int):
+    def __init__(self, config: StepConfig, multiple: int, mesh: jax.sharding.Mesh | None = None):
         if not isinstance(multiple, int) or multiple < 1:
             raise ValueError(f"TrimmedTrainStep: multiple must be an int >= 1, got {multiple!r}")
-        self.config, self.multiple = config, multiple
-        self._add = jax.jit(functools.partial(_micro_add, config=config), static_argnames=("n",),
-                            donate_argnums=(3,))
-        self._prepare = jax.jit(functools.partial(_trimmed_prepare, config=config), static_argnames=("rows",))
-        self._finish = jax.jit(functools.partial(_trimmed_finish, config=config), donate_argnums=(0,))
+        if mesh is not None and jax.process_count() > 1:
+            raise ValueError("TrimmedTrainStep: a mesh of one process only (each micro-batch is cut on the host "
+                             f"that holds all its rows; this run has {jax.process_count()} processes)")
+        self.config, self.multiple, self.mesh = config, multiple, mesh
         self.last_lengths: list[int] = []
         self.lengths_seen: set[int] = set()
+        #: the jitted parts, built on the first call (on a mesh they pin the state's layout)
+        self._add = self._prepare = self._finish = None
+
+    def _build(self, state: TrainState):
+        config, mesh = self.config, self.mesh
+        add = functools.partial(_micro_add, config=config)
+        prepare = functools.partial(_trimmed_prepare, config=config)
+        finish = functools.partial(_trimmed_finish, config=config)
+        if mesh is None:
+            return (jax.jit(add, static_argnames=("n",), donate_argnums=(3,)),
+                    jax.jit(prepare, static_argnames=("rows",)), jax.jit(finish, donate_argnums=(0,)))
+        layout = activation_constraint(mesh)
+
+        def traced(fn):   # traced with the decoder's activation layout for this mesh
+            def inner(*args, **kwargs):
+                with _decoder.activation_constraint(layout):
+                    return fn(*args, **kwargs)
+            return inner
+
+        replicated = jax.NamedSharding(mesh, jax.P())
+        trainable, _ = _trainable(state.params)
+        grads = Grads(policy=jax.tree.map(lambda x: x.sharding, trainable),
+                      critic=jax.tree.map(lambda x: x.sharding, state.critic_params) if state.has_critic else None)
+        acc = (grads, replicated)   # the accumulated gradients laid out as their params; the sums replicated
+        return (jax.jit(traced(add), static_argnames=("n",), donate_argnums=(3,), out_shardings=acc),
+                jax.jit(traced(prepare), static_argnames=("rows",), out_shardings=(replicated, replicated, acc)),
+                jax.jit(finish, donate_argnums=(0,), out_shardings=(state_shardings(state), replicated)))
+
+    def _place(self, micro):
+        return micro if self.mesh is None else shard_batch(micro, self.mesh)
 
     def accumulate(self, state: TrainState, batch: UpdateBatch):
         """`((grads, sums), denominators, has_signal)`: the accumulated mini-batch gradient
         (before clipping) and loss parts the step applies (`accumulated_grads`'s, trimmed)."""
         config, M = self.config, self.config.num_micro_batches
         _check_batch(batch, _required_fields(config, state.has_critic), M)
+        if self._add is None:
+            self._add, self._prepare, self._finish = self._build(state)
+        if self.mesh is not None:
+            batch = jax.device_get(batch)   # host arrays: each micro-batch is cut, then placed
         B, T = batch.tokens.shape
         groups = length_groups(row_lengths(batch), M, self.multiple, T)
-        denominators, has_signal, acc = self._prepare(state, batch, rows=B // M)
+        denominators, has_signal, acc = self._prepare(state, self._place(batch), rows=B // M)
         for run, L in _length_runs(groups):   # micro-batches of one length: one call, a scan over them
             rows = np.concatenate(run)
-            acc = self._add(state, jax.tree.map(lambda x: x[rows, :L], batch), denominators, acc, n=len(run))
+            micro = self._place(jax.tree.map(lambda x: x[rows, :L], batch))
+            acc = self._add(state, micro, denominators, acc, n=len(run))
         self.last_lengths = [L for _, L in groups]
         self.lengths_seen.update(self.last_lengths)
         return acc, denominators, has_signal

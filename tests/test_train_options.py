@@ -179,6 +179,11 @@ def test_trim_padding_cuts_only_trailing_padding():
         np.testing.assert_array_equal(np.asarray(getattr(cut, name)), np.asarray(getattr(traj, name)))
     with pytest.raises(ValueError, match="multiple"):
         trim_padding(traj, 0)
+    # the longest over the processes decides the length (9, though this batch's may be 6)
+    assert trim_padding(traj, 3, longest=9).tokens.shape == (3, 9)
+    assert trim_padding(traj.replace(lengths=jnp.asarray([5, 6, 3], jnp.int32)), 3, longest=9).tokens.shape == (3, 9)
+    with pytest.raises(ValueError, match=r"longest \(6\) is shorter than this batch's longest episode \(9\)"):
+        trim_padding(traj, 3, longest=6)
 
 
 def test_trim_padding_error_names_the_key(tmp_path):

@@ -111,29 +111,35 @@ def test_mesh_2x2x2_learns_what_one_device_learns(tmp_path):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+#: `rollout.trim_chunks` with episodes of 1 or 2 turns, so the two micro-batches of 4 rows
+#: have different lengths; a critic (GAE), so the advantages are not 0 although this env
+#: pays nothing, and the critic's gradients are accumulated too
+TRIM_CHUNKS = ["env.name=testing/uneven", "env.kwargs={prompt_words: 4, obs_words: 3, min_turns: 1, max_turns: 2, "
+               "median_ms: 0.1}", "rollout.max_turns=3", "env.group_size=2", "env.tasks_per_iteration=4",
+               "algo.advantage=gae", "mini_batches=1", "micro_batches=2", "rollout.trim_padding=8",
+               "rollout.trim_chunks=true"]
+
+
+def without_explained_variance(*histories):
+    """The histories without `explained_variance`, which divides by the returns'
+    variance: 0 in `TRIM_CHUNKS`'s env, so the ratio is float noise."""
+    return [[{k: v for k, v in m.items() if k != "explained_variance"} for m in h] for h in histories]
+
+
 def test_trim_chunks_on_a_mesh_learns_what_one_device_learns(tmp_path):
     """`rollout.trim_chunks` on a 2x2x2 mesh: each micro-batch cut to its rows' length and
     its rows split over data * fsdp, the state kept in its layout; the same learning
-    metrics and params as the trimmed run on one device. Episodes of 1 or 2 turns, so the
-    two micro-batches of 4 rows have different lengths; a critic (GAE), so the
-    advantages are not 0 although this env pays nothing, and the critic's gradients
-    are accumulated on the mesh too."""
+    metrics and params, the critic's too, as the trimmed run on one device."""
     from jaxagent.train import TrimmedTrainStep
 
     need_8_devices()
-    trim = ["env.name=testing/uneven", "env.kwargs={prompt_words: 4, obs_words: 3, min_turns: 1, max_turns: 2, "
-            "median_ms: 0.1}", "rollout.max_turns=3", "env.group_size=2", "env.tasks_per_iteration=4",
-            "algo.advantage=gae", "mini_batches=1", "micro_batches=2", "rollout.trim_padding=8",
-            "rollout.trim_chunks=true"]
-    one, h_one = run(tmp_path / "one", *trim)
-    mesh, h_mesh = run(tmp_path / "mesh", *trim, "mesh={data: 2, fsdp: 2, tensor: 2}")
+    one, h_one = run(tmp_path / "one", *TRIM_CHUNKS)
+    mesh, h_mesh = run(tmp_path / "mesh", *TRIM_CHUNKS, "mesh={data: 2, fsdp: 2, tensor: 2}")
     assert isinstance(mesh._update, TrimmedTrainStep) and mesh._update.mesh is mesh.mesh
     assert one._update.lengths_seen == mesh._update.lengths_seen and len(mesh._update.lengths_seen) > 1
     q = mesh.state.params["layers"]["q_proj"]["kernel"]
     assert q.sharding.spec == jax.P(None, "fsdp", "tensor") and len(q.sharding.device_set) == 8
-    # explained_variance divides by the returns' variance, 0 here (the env pays nothing)
-    no_ev = [[{k: v for k, v in m.items() if k != "explained_variance"} for m in h] for h in (h_one, h_mesh)]
-    assert_same_learning(*no_ev)
+    assert_same_learning(*without_explained_variance(h_one, h_mesh))
     assert all(m["advantage_abs_mean"] > 0 for m in h_mesh) and mesh.state.has_critic
     for a, b in zip(jax.tree.leaves(jax.device_get((one.state.params, one.state.critic_params))),
                     jax.tree.leaves(jax.device_get((mesh.state.params, mesh.state.critic_params)))):
@@ -217,6 +223,18 @@ def test_two_processes_learn_what_one_process_learns(tmp_path):
     assert_same_learning(single, multi)
     # process 0 alone wrote the files; both wrote the checkpoints (orbax multi-host save)
     assert (tmp_path / "multi" / "run" / "checkpoints" / "2").is_dir()
+
+
+@pytest.mark.slow
+def test_trim_chunks_in_two_processes_learns_what_one_process_learns(tmp_path):
+    """`rollout.trim_chunks` with 2 processes x 4 CPU devices: every process cuts the same
+    micro-batches from its copy of the batch and places its shards; the metrics of one
+    process with 8 devices, both on a 2 x 2 x 2 mesh."""
+    overrides = [*VARIED, *TRIM_CHUNKS, "mesh={data: 2, fsdp: 2, tensor: 2}"]
+    multi = _launch(tmp_path / "multi", 2, 4, *overrides)
+    single = _launch(tmp_path / "single", 1, 8, *overrides)
+    assert [m["iteration"] for m in multi] == [1, 2] and all(m["advantage_abs_mean"] > 0 for m in multi)
+    assert_same_learning(*without_explained_variance(single, multi))
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ from jaxagent.parallel.distributed import (
     global_batch,
     initialize,
     is_primary,
+    place_batch,
     process_rows,
     shutdown,
     to_host,
@@ -42,7 +43,7 @@ __all__ = [
     "BATCH_AXES", "LOGICAL_AXIS_RULES", "MESH_AXES", "MeshConfig", "activation_constraint",
     "barrier", "batch_sharding", "batch_spec",
     "global_batch", "initialize", "is_primary", "like_params_specs",
-    "logical_to_spec", "make_mesh", "param_shardings", "param_specs",
+    "logical_to_spec", "make_mesh", "param_shardings", "param_specs", "place_batch",
     "process_rows", "shard_batch", "shard_train_state", "shutdown", "to_host",
     "train_state_shardings", "train_state_specs",
 ]

@@ -24,7 +24,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 
-from jaxagent.parallel.mesh import LOGICAL_AXIS_RULES, Rules, batch_spec
+from jaxagent.parallel.mesh import LOGICAL_AXIS_RULES, Rules, batch_spec, shard_batch
 
 ENV_ADDRESS, ENV_NUM, ENV_ID = "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"
 ENV_AUTO = "JAXAGENT_DISTRIBUTED"
@@ -136,6 +136,21 @@ def global_batch(local_batch, mesh: jax.sharding.Mesh, global_batch_size: int | 
         return jax.make_array_from_process_local_data(sharding, x, shape)
 
     return jax.tree.map(make, local_batch)
+
+
+def place_batch(batch, mesh: jax.sharding.Mesh, rules: Rules = LOGICAL_AXIS_RULES):
+    """A host batch that every process holds whole (the same rows on each) placed on
+    `mesh` as global arrays, rows split over ("data", "fsdp"): each process keeps the
+    shards of its own devices. With one process this is `shard_batch`."""
+    if jax.process_count() == 1:
+        return shard_batch(batch, mesh, rules)
+
+    def put(x):
+        h = np.asarray(x)
+        return jax.make_array_from_callback(h.shape, NamedSharding(mesh, batch_spec(h.ndim, rules)),
+                                            lambda idx: h[idx])
+
+    return jax.tree.map(put, batch)
 
 
 def to_host(tree):

@@ -82,16 +82,21 @@ def rewards_at_turn_ends(turn_rewards_BxK, turn_ids_BxT) -> np.ndarray:
 TOKEN_FIELDS = ("tokens", "attention_mask", "loss_mask", "rollout_logp", "turn_ids", "rewards")
 
 
-def trim_padding(traj: Trajectory, multiple: int) -> Trajectory:
+def trim_padding(traj: Trajectory, multiple: int, longest: int | None = None) -> Trajectory:
     """`traj` with its token axis cut to its longest episode rounded up to a multiple of
     `multiple` (never longer than it was). Only trailing padding goes: a causal model's
     outputs at the kept positions, and every masked sum over them, are unchanged, while
     the log-prob pass and the update stop paying for padding. Each distinct length
-    compiles those passes once, so a multiple of 64-128 keeps the compiles few."""
+    compiles those passes once, so a multiple of 64-128 keeps the compiles few.
+    `longest`: the length to keep instead of this batch's longest episode (at least it):
+    with several processes, the longest over all their batches, so that they agree."""
     if not isinstance(multiple, int) or isinstance(multiple, bool) or multiple < 1:
         raise ValueError(f"trim_padding: multiple must be an int >= 1, got {multiple!r}")
     T = traj.tokens.shape[1]
-    longest = int(np.max(np.asarray(traj.lengths))) if traj.tokens.shape[0] else 0
+    own = int(np.max(np.asarray(traj.lengths))) if traj.tokens.shape[0] else 0
+    if longest is not None and longest < own:
+        raise ValueError(f"trim_padding: longest ({longest}) is shorter than this batch's longest episode ({own})")
+    longest = own if longest is None else int(longest)
     keep = min(T, max(multiple, -(-longest // multiple) * multiple))
     if keep == T:
         return traj

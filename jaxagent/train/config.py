@@ -200,16 +200,17 @@ class RolloutSection:
       longest episode rounded up to a multiple of N (`jaxagent.rollout.trim_padding`):
       the same losses, computed without the trailing padding, at the cost of one compile
       per distinct length. Worth it when episodes are much shorter than `max_context`.
-      One process only.
+      With several processes the batches are cut to the longest episode of all of them.
     trim_chunks: with `trim_padding` N > 0, also cut each micro-batch of the update and
       each row chunk of the log-prob pass to its own longest episode (rounded up to a
       multiple of N), the rows grouped by length (`jaxagent.train.step.TrimmedTrainStep`):
       the same losses (the denominators are the mini-batch's), without the padding of
       rows shorter than the batch's longest. Worth it when episode lengths vary; each
       distinct chunk length compiles once. The log-prob pass runs in chunks of
-      `logprob_rows` rows, or of the update's micro-batch rows when that is unset. One
-      process: on one device, or on a mesh whose data * fsdp divides a micro-batch's
-      rows (each cut micro-batch's rows are split over them).
+      `logprob_rows` rows, or of the update's micro-batch rows when that is unset. On a
+      mesh (one process or several) data * fsdp must divide a micro-batch's rows: each
+      cut micro-batch's rows are split over them, and every process cuts the same
+      micro-batches from its copy of the batch.
     """
 
     max_turns: int = 2

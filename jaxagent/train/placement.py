@@ -85,7 +85,7 @@ policy_logprobs = jax.jit(_policy_logprobs, static_argnames=("config", "temperat
 
 
 def trimmed_logprobs(params, config, tokens_BxT, attention_mask_BxT, lengths, *, chunk_rows: int, multiple: int,
-                     with_entropy: bool = False, logprobs=None, place=None, **kw):
+                     with_entropy: bool = False, logprobs=None, place=None, fetch=np.asarray, **kw):
     """`policy_logprobs` in chunks of `chunk_rows` rows grouped by length (`length_groups`:
     rows sorted by `lengths`), each chunk cut to its longest row rounded up to `multiple`;
     consecutive chunks of one length go in one call. The same values as one pass at every
@@ -94,7 +94,8 @@ def trimmed_logprobs(params, config, tokens_BxT, attention_mask_BxT, lengths, *,
     `temperature`, `seq_chunk`, `vocab_chunk`, `compute_dtype`. `logprobs`: the pass to
     call as `logprobs(params, tokens, mask, row_chunks=, with_entropy=)` (default
     `policy_logprobs` with `config` and `kw`); `place`: applied to each cut `(tokens,
-    mask)` before the call (e.g. rows split over a mesh)."""
+    mask)` before the call (e.g. rows split over a mesh); `fetch`: brings a call's output
+    to the host (`jaxagent.parallel.to_host` for arrays that span processes)."""
     if logprobs is None:
         def logprobs(params, tokens, mask, **more):
             return policy_logprobs(params, config, tokens_BxT=tokens, attention_mask_BxT=mask, **kw, **more)
@@ -110,7 +111,7 @@ def trimmed_logprobs(params, config, tokens_BxT, attention_mask_BxT, lengths, *,
     full = [np.zeros((B, T), np.float32) for _ in range(2 if with_entropy else 1)]
     for idx, L, out in parts:
         for f, x in zip(full, out if with_entropy else (out,)):
-            f[idx, :L] = np.asarray(x)
+            f[idx, :L] = fetch(x)
     full = [jnp.asarray(f) for f in full]
     return tuple(full) if with_entropy else full[0]
 
@@ -151,11 +152,9 @@ class Placement:
         self.sampler_on_mesh = self.mesh is not None and not self.multi_process
         self._logprobs = self._values = None
         #: `rollout.trim_chunks`: the update's micro-batches and the log-prob pass's row
-        #: chunks cut to their own rows' length (one device, or a mesh in one process)
+        #: chunks cut to their own rows' length (every process cuts the same chunks from
+        #: its host copy of the batch)
         self.trim_chunks = config.rollout.trim_chunks
-        if self.trim_chunks and self.multi_process:
-            raise ConfigError(f"rollout.trim_chunks works in one process (on one device or a mesh); this run has "
-                              f"{jax.process_count()} processes (set rollout.trim_chunks=false)")
         if self.trim_chunks and self.mesh is not None:
             micro = config.env.batch_size // (config.mini_batches * config.micro_batches)
             if micro % self.row_shards:
@@ -265,15 +264,7 @@ class Placement:
         """A host batch holding every row, placed for the update (rows split on a mesh)."""
         if self.mesh is None:
             return jax.tree.map(jnp.asarray, batch)
-        if not self.multi_process:
-            return par.shard_batch(batch, self.mesh)
-
-        def put(x):
-            h = np.asarray(x)
-            return jax.make_array_from_callback(h.shape, jax.NamedSharding(self.mesh, par.batch_spec(h.ndim)),
-                                                lambda idx: h[idx])
-
-        return jax.tree.map(put, batch)
+        return par.place_batch(batch, self.mesh)
 
     def global_batch(self, traj, per_row):
         """`(traj, per_row, placed)`: this process's rollout rows become the global batch
@@ -288,6 +279,15 @@ class Placement:
             traj, per_row = par.to_host((placed, per_row_placed))
             traj = jax.tree.map(jnp.asarray, traj)
         return traj, per_row, placed
+
+    def longest_episode(self, lengths) -> int:
+        """The longest of this process's episode `lengths`, and with several processes the
+        longest over all of them (an all-gather), so that their batches are cut alike."""
+        own = int(np.max(np.asarray(lengths))) if len(lengths) else 0
+        if not self.multi_process:
+            return own
+        from jax.experimental import multihost_utils
+        return int(np.max(multihost_utils.process_allgather(np.asarray([own], np.int64))))
 
     def fetch(self, tree):
         """Replicated device values (metrics) as host values on every process."""
@@ -319,11 +319,11 @@ class Placement:
         probe = UpdateBatch(tokens=placed.tokens, loss_mask=placed.loss_mask, advantages=placed.loss_mask,
                             old_logp=placed.loss_mask, attention_mask=placed.attention_mask)
         if self.mesh is not None:   # rows split over the mesh, activations laid out by its rules
-            probe = jax.device_get(probe)
+            probe = par.to_host(probe)
             return trimmed_logprobs(params, self.model_config, probe.tokens, probe.attention_mask, row_lengths(probe),
                                     chunk_rows=rows, multiple=cfg.rollout.trim_padding, with_entropy=with_entropy,
-                                    logprobs=self._trimmed_logprobs_fn,
-                                    place=lambda cut: par.shard_batch(cut, self.mesh))
+                                    logprobs=self._trimmed_logprobs_fn, place=lambda cut: par.place_batch(cut, self.mesh),
+                                    fetch=par.to_host)
         return trimmed_logprobs(params, self.model_config, placed.tokens, placed.attention_mask, row_lengths(probe),
                                 chunk_rows=rows, multiple=cfg.rollout.trim_padding, with_entropy=with_entropy,
                                 temperature=sc.loss.temperature, seq_chunk=sc.seq_chunk,

@@ -76,9 +76,9 @@ from jaxagent.parallel.mesh import (
     LOGICAL_AXIS_RULES,
     activation_constraint,
     batch_sharding,
-    shard_batch,
     train_state_shardings,
 )
+from jaxagent.parallel.distributed import place_batch, to_host
 
 SCHEDULES = ("constant", "cosine", "linear")
 TIS_LEVELS = ("token", "sequence")
@@ -936,20 +936,18 @@ class TrimmedTrainStep:
     `train_step`'s), compiled once per length and run length, then the optimizer step
     (state donated).
 
-    `mesh`: a mesh of one process (`make_sharded_train_step`'s): the state is placed by
-    `shard_train_state`, each cut micro-batch's rows are split over ("data", "fsdp")
-    (the micro-batch's rows must divide by data * fsdp), the activations are laid out by
-    the same rules, and the state keeps its layout. The batch may be host arrays or
-    arrays on the mesh (brought to the host to be cut).
+    `mesh`: `make_sharded_train_step`'s mesh, in one process or several: the state is
+    placed by `shard_train_state`, each cut micro-batch's rows are split over ("data",
+    "fsdp") (the micro-batch's rows must divide by data * fsdp), the activations are
+    laid out by the same rules, and the state keeps its layout. The batch may be host
+    arrays or arrays on the mesh; it is brought whole to every process's host (an
+    all-gather across processes), so every process cuts the same micro-batches.
     `last_lengths`: the micro-batch lengths of the last call.
     """
 
     def __init__(self, config: StepConfig, multiple: int, mesh: jax.sharding.Mesh | None = None):
         if not isinstance(multiple, int) or multiple < 1:
             raise ValueError(f"TrimmedTrainStep: multiple must be an int >= 1, got {multiple!r}")
-        if mesh is not None and jax.process_count() > 1:
-            raise ValueError("TrimmedTrainStep: a mesh of one process only (each micro-batch is cut on the host "
-                             f"that holds all its rows; this run has {jax.process_count()} processes)")
         self.config, self.multiple, self.mesh = config, multiple, mesh
         self.last_lengths: list[int] = []
         self.lengths_seen: set[int] = set()
@@ -982,7 +980,7 @@ class TrimmedTrainStep:
                 jax.jit(finish, donate_argnums=(0,), out_shardings=(state_shardings(state), replicated)))
 
     def _place(self, micro):
-        return micro if self.mesh is None else shard_batch(micro, self.mesh)
+        return micro if self.mesh is None else place_batch(micro, self.mesh)
 
     def accumulate(self, state: TrainState, batch: UpdateBatch):
         """`((grads, sums), denominators, has_signal)`: the accumulated mini-batch gradient
@@ -992,7 +990,7 @@ class TrimmedTrainStep:
         if self._add is None:
             self._add, self._prepare, self._finish = self._build(state)
         if self.mesh is not None:
-            batch = jax.device_get(batch)   # host arrays: each micro-batch is cut, then placed
+            batch = to_host(batch)   # the whole batch on every host: each micro-batch is cut, then placed
         B, T = batch.tokens.shape
         groups = length_groups(row_lengths(batch), M, self.multiple, T)
         denominators, has_signal, acc = self._prepare(state, self._place(batch), rows=B // M)

@@ -99,9 +99,6 @@ class Trainer:
         build.judge_reward(config)     # and so is a judge that cannot be built (a missing key variable)
         run = build.build_run(config, resume=resume, log=log)
         self.placement = run.placement
-        if config.rollout.trim_padding and self.placement.multi_process:
-            raise ValueError("rollout.trim_padding works in one process only (the processes' batches would need one "
-                             "length); set rollout.trim_padding=0 for a multi-process run")
         self.primary = self.placement.primary
         self.log = log if self.primary else (lambda *_, **__: None)
         self.tokenizer, self.model_config = run.tokenizer, run.model_config
@@ -315,7 +312,8 @@ class Trainer:
         self._phase("rollout")
         collected, staleness = self._rollout(loop, pool, k_sample, times)
         if cfg.rollout.trim_padding:   # the passes below then pay for the longest episode, not max_context
-            collected.traj = trim_padding(collected.traj, cfg.rollout.trim_padding)
+            collected.traj = trim_padding(collected.traj, cfg.rollout.trim_padding,
+                                          place.longest_episode(collected.traj.lengths))
         self.progress.task_position += collected.tasks_played
         self._last_episodes = collected.episodes
         per_row = {"success": np.array([ep.success for ep in collected.episodes]), "baselines": collected.baselines,

@@ -266,6 +266,12 @@ class Placement:
             return jax.tree.map(jnp.asarray, batch)
         return par.place_batch(batch, self.mesh)
 
+    def update_input(self, batch):
+        """What the update step takes for a host mini-batch holding every row: the batch
+        placed (`to_device`), or with `rollout.trim_chunks` the batch itself, since
+        `TrimmedTrainStep` places each micro-batch it cuts from it."""
+        return batch if self.trim_chunks else self.to_device(batch)
+
     def global_batch(self, traj, per_row):
         """`(traj, per_row, placed)`: this process's rollout rows become the global batch
         `placed` (the log-prob pass's input); `traj` and `per_row` (a pytree of host
@@ -286,8 +292,7 @@ class Placement:
         own = int(np.max(np.asarray(lengths))) if len(lengths) else 0
         if not self.multi_process:
             return own
-        from jax.experimental import multihost_utils
-        return int(np.max(multihost_utils.process_allgather(np.asarray([own], np.int64))))
+        return int(np.max(par.to_host(np.asarray([own], np.int32))))   # one number from each process
 
     def fetch(self, tree):
         """Replicated device values (metrics) as host values on every process."""
@@ -316,14 +321,15 @@ class Placement:
         cfg, sc = self.config, self.config.step_config
         B = placed.tokens.shape[0]
         rows = cfg.logprob_rows or max(1, B // (cfg.mini_batches * cfg.micro_batches))
-        probe = UpdateBatch(tokens=placed.tokens, loss_mask=placed.loss_mask, advantages=placed.loss_mask,
-                            old_logp=placed.loss_mask, attention_mask=placed.attention_mask)
         if self.mesh is not None:   # rows split over the mesh, activations laid out by its rules
-            probe = par.to_host(probe)
+            tokens, mask, loss = par.to_host((placed.tokens, placed.attention_mask, placed.loss_mask))
+            probe = UpdateBatch(tokens=tokens, loss_mask=loss, advantages=loss, old_logp=loss, attention_mask=mask)
             return trimmed_logprobs(params, self.model_config, probe.tokens, probe.attention_mask, row_lengths(probe),
                                     chunk_rows=rows, multiple=cfg.rollout.trim_padding, with_entropy=with_entropy,
                                     logprobs=self._trimmed_logprobs_fn, place=lambda cut: par.place_batch(cut, self.mesh),
                                     fetch=par.to_host)
+        probe = UpdateBatch(tokens=placed.tokens, loss_mask=placed.loss_mask, advantages=placed.loss_mask,
+                            old_logp=placed.loss_mask, attention_mask=placed.attention_mask)
         return trimmed_logprobs(params, self.model_config, placed.tokens, placed.attention_mask, row_lengths(probe),
                                 chunk_rows=rows, multiple=cfg.rollout.trim_padding, with_entropy=with_entropy,
                                 temperature=sc.loss.temperature, seq_chunk=sc.seq_chunk,

@@ -923,6 +923,13 @@ def _trimmed_finish(state, acc, denominators, has_signal, *, config):
     return _apply(state, grads, {**sums, "loss": sums["policy_loss"]}, config, denominators, has_signal)
 
 
+def _whole_on_host(tree):
+    """Every row of a batch as NumPy arrays: arrays spread over several processes are
+    all-gathered, the rest (host arrays, a process's own device arrays) copied."""
+    return jax.tree.map(lambda x: to_host(x) if isinstance(x, jax.Array) and not x.is_fully_addressable
+                        else np.asarray(x), tree)
+
+
 class TrimmedTrainStep:
     """`step(state, batch) -> (state, metrics)`: `train_step`'s update with each
     micro-batch cut to its own rows' length. The mini-batch's rows are sorted by length
@@ -939,9 +946,9 @@ class TrimmedTrainStep:
     `mesh`: `make_sharded_train_step`'s mesh, in one process or several: the state is
     placed by `shard_train_state`, each cut micro-batch's rows are split over ("data",
     "fsdp") (the micro-batch's rows must divide by data * fsdp), the activations are
-    laid out by the same rules, and the state keeps its layout. The batch may be host
-    arrays or arrays on the mesh; it is brought whole to every process's host (an
-    all-gather across processes), so every process cuts the same micro-batches.
+    laid out by the same rules, and the state keeps its layout. The batch holds every
+    row: host arrays (each process passing the same ones) or global arrays on the mesh
+    (all-gathered to every host), so every process cuts the same micro-batches.
     `last_lengths`: the micro-batch lengths of the last call.
     """
 
@@ -990,7 +997,7 @@ class TrimmedTrainStep:
         if self._add is None:
             self._add, self._prepare, self._finish = self._build(state)
         if self.mesh is not None:
-            batch = to_host(batch)   # the whole batch on every host: each micro-batch is cut, then placed
+            batch = _whole_on_host(batch)   # each micro-batch is cut on the host, then placed
         B, T = batch.tokens.shape
         groups = length_groups(row_lengths(batch), M, self.multiple, T)
         denominators, has_signal, acc = self._prepare(state, self._place(batch), rows=B // M)

@@ -476,7 +476,7 @@ class Trainer:
             for m in range(cfg.mini_batches):
                 rows = jnp.asarray(perm[m * mb:(m + 1) * mb])
                 mini = jax.tree.map(lambda x: x[rows], batch)
-                self.state, sm = self._update(self.state, self.placement.to_device(mini))
+                self.state, sm = self._update(self.state, self.placement.update_input(mini))
                 step_metrics.append(sm)
         return self.placement.fetch(step_metrics)
 

@@ -172,11 +172,11 @@ class Placement:
             rows = jax.NamedSharding(self.mesh, par.batch_spec(2))
             sc = config.step_config
 
-            def logprobs(params, tokens_BxT, attention_mask_BxT, with_entropy):
+            def logprobs(params, tokens_BxT, attention_mask_BxT, with_entropy, row_chunks):
                 with decoder.activation_constraint(layout):
                     return _policy_logprobs(params, model_config, tokens_BxT, attention_mask_BxT,
                                             temperature=sc.loss.temperature, seq_chunk=sc.seq_chunk,
-                                            vocab_chunk=sc.vocab_chunk, row_chunks=self.logprob_chunks,
+                                            vocab_chunk=sc.vocab_chunk, row_chunks=row_chunks,
                                             with_entropy=with_entropy, compute_dtype=sc.compute_dtype)
 
             def values(critic_params, batch):
@@ -184,18 +184,11 @@ class Placement:
                     return _cast_critic_values(critic_params, model_config, batch, compute_dtype=sc.compute_dtype)
 
             self._logprobs = {
-                flag: jax.jit(functools.partial(logprobs, with_entropy=flag), out_shardings=(rows, rows) if flag else rows)
+                flag: jax.jit(functools.partial(logprobs, with_entropy=flag, row_chunks=self.logprob_chunks),
+                              out_shardings=(rows, rows) if flag else rows)
                 for flag in (False, True)}
-
-            def trimmed(params, tokens_BxT, attention_mask_BxT, row_chunks, with_entropy):
-                with decoder.activation_constraint(layout):
-                    return _policy_logprobs(params, model_config, tokens_BxT, attention_mask_BxT,
-                                            temperature=sc.loss.temperature, seq_chunk=sc.seq_chunk,
-                                            vocab_chunk=sc.vocab_chunk, row_chunks=row_chunks,
-                                            with_entropy=with_entropy, compute_dtype=sc.compute_dtype)
-
             #: the cut chunks' pass (`rollout.trim_chunks`): rows split over the mesh
-            self._trimmed_logprobs_fn = jax.jit(trimmed, static_argnames=("row_chunks", "with_entropy"))
+            self._trimmed_logprobs_fn = jax.jit(logprobs, static_argnames=("row_chunks", "with_entropy"))
             self._values = jax.jit(values, out_shardings=rows)
 
     # ------------------------------------------------------------------ description

@@ -796,6 +796,16 @@ def state_shardings(state: TrainState) -> TrainState:
     return jax.tree.map(lambda x: x.sharding, state)
 
 
+def _within(context, fn):
+    """`fn` run inside `context()` (a context-manager factory) while it is traced; the
+    same signature (for `jax.jit`'s argument names)."""
+    @functools.wraps(fn)
+    def inner(*args, **kwargs):
+        with context():
+            return fn(*args, **kwargs)
+    return inner
+
+
 def make_train_step(config: StepConfig, state: TrainState, batch_sharding=None, *, kind: str = "rl",
                     trace_context=None):
     """`step(state, batch) -> (state, metrics)` jitted once with explicit shardings
@@ -821,11 +831,7 @@ def make_train_step(config: StepConfig, state: TrainState, batch_sharding=None, 
     replicated = jax.NamedSharding(mesh, jax.P()) if mesh is not None else first
     fn = functools.partial(fns[kind], config=config)
     if trace_context is not None:
-        inner = fn
-
-        def fn(state, batch):
-            with trace_context():
-                return inner(state, batch)
+        fn = _within(trace_context, fn)
         fn.__name__ = fn.__qualname__ = fns[kind].__name__  # compilation logs name the step
     return jax.jit(fn, in_shardings=(shardings, batch_sharding), out_shardings=(shardings, replicated),
                    donate_argnames=("state",))
@@ -970,12 +976,7 @@ class TrimmedTrainStep:
             return (jax.jit(add, static_argnames=("n",), donate_argnums=(3,)),
                     jax.jit(prepare, static_argnames=("rows",)), jax.jit(finish, donate_argnums=(0,)))
         layout = activation_constraint(mesh)
-
-        def traced(fn):   # traced with the decoder's activation layout for this mesh
-            def inner(*args, **kwargs):
-                with _decoder.activation_constraint(layout):
-                    return fn(*args, **kwargs)
-            return inner
+        traced = functools.partial(_within, lambda: _decoder.activation_constraint(layout))
 
         replicated = jax.NamedSharding(mesh, jax.P())
         trainable, _ = _trainable(state.params)

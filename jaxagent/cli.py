@@ -1,33 +1,6 @@
-"""Command line: ``jaxagent <command>`` (also ``python -m jaxagent``).
-
-``jaxagent train --config PATH [key=value ...] [--resume [RUN_DIR]] [--step N]`` runs the
-trainer (`jaxagent.train.trainer`) on a YAML config with dotted overrides; a config error
-prints the message naming the key and exits with status 2. Without ``--config`` it
-runs the embedded demo, ``configs/default.yaml`` (overrides still apply). ``--resume
-RUN_DIR`` continues that run with its own ``config.yaml`` (overrides still apply and are
-checked against what a run must keep); a directory without checkpoints is an error that
-creates nothing.
-
-``jaxagent config [--config PATH] [key=value ...]`` lists every key of a training
-config, one per line: its dotted name, its value (the defaults without --config), its
-type and what it does.
-
-``jaxagent eval RUN_DIR [--step N] [--episodes N] [--seed S] [--temperature T] [--out JSONL]
-[env.kwargs.KEY=VALUE ...]`` evaluates a run's checkpoint on held-out seeds, optionally on
-other env settings (`jaxagent.train.evaluate`); ``--step 0`` is the warm-started policy.
-
-``jaxagent export RUN_DIR OUT_DIR [--step N] [--overwrite]`` writes a run's policy as a
-Hugging Face directory (`jaxagent.train.evaluate.export_run`).
-
-``jaxagent plot RUN_DIR [RUN_DIR ...] [--out PNG]`` draws the run's learning curves from
-its metrics.jsonl (`jaxagent.train.plot`); several runs go on one comparison figure
-against episodes, seeds of one recipe as a band; exit status 2 with a message when a
-run dir or its metrics cannot be read.
-
-``jaxagent bench {generate,update,multiturn,advantages,envpool,overlap,iteration,rollout,lora,ragged}
-[--repeats N] [--quick]
-[--out JSONL] [--systems LIST]`` runs one of the repository's benchmarks (`jaxagent.bench`),
-printing JSON lines.
+"""The command line, ``jaxagent COMMAND`` (also ``python -m jaxagent``): `build_parser` is
+its argparse parser (each command's options and examples, what ``--help`` prints and the
+documentation site's CLI reference shows); `main` dispatches to one function a command.
 
 With ``JAXAGENT_HUGEPAGES=1``, the command (run from the command line, not as
 ``main(argv)`` from Python) first re-executes itself with glibc's transparent-huge-page
@@ -39,6 +12,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import textwrap
 from pathlib import Path
 
 #: the embedded demo: `jaxagent train` without --config (a repository checkout's configs/)
@@ -208,15 +182,33 @@ def _view(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    if argv is None:  # the command line, not a call from Python: huge pages if JAXAGENT_HUGEPAGES=1
-        from jaxagent.hugepages import reexec_if_needed
+def _command(sub, name: str, summary: str, description: str, examples: str) -> argparse.ArgumentParser:
+    """A command's parser: `summary` is its line in ``jaxagent --help``; ``jaxagent NAME --help``
+    shows `description`, the options and `examples` (one command line each)."""
+    return sub.add_parser(name, help=summary, description=textwrap.fill(description, 88),
+                          epilog="examples:\n" + "\n".join("  " + line for line in examples.strip().splitlines()),
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
 
-        reexec_if_needed()
-    parser = argparse.ArgumentParser(prog="jaxagent", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    train = sub.add_parser("train", help="train an agent (the embedded demo, configs/default.yaml, without --config)")
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``jaxagent`` parser: one sub-command per job, each with its options and examples."""
+    from jaxagent import bench as bench_mod
+
+    parser = argparse.ArgumentParser(
+        prog="jaxagent", description="A JAX trainer for multi-turn reinforcement learning of LLM agents.",
+        epilog="Run 'jaxagent COMMAND --help' for a command's options and examples.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    train = _command(
+        sub, "train", "train an agent; without --config, the demo configs/default.yaml",
+        "Train on a YAML config with dotted key=value overrides, into the config's run_dir. Without --config "
+        "it runs the embedded demo, configs/default.yaml. A run directory that already holds checkpoints is "
+        "refused: pick a new run_dir= or continue with --resume. Exit status 2 on a config error (the message "
+        "names the key), 3 when an environment keeps failing, 128+N when stopped by signal N (continue with "
+        "--resume).",
+        """
+jaxagent train run_dir=runs/demo
+jaxagent train --config configs/tiny_countdown_grpo.yaml run_dir=runs/first iterations=10 optim.lr=1e-4
+jaxagent train --resume runs/first iterations=20""")
     train.add_argument("--config", metavar="PATH", help="YAML config of a training run (TrainerConfig)")
     train.add_argument("--resume", nargs="?", const=True, default=False, metavar="RUN_DIR",
                        help="continue a run from its newest readable checkpoint: RUN_DIR (its config.yaml is "
@@ -225,18 +217,33 @@ def main(argv: list[str] | None = None) -> int:
                        help="with --resume: the checkpoint step to continue from (default: the newest)")
     train.add_argument("overrides", nargs="*", metavar="key=value",
                        help="dotted config overrides, e.g. optim.lr=1e-4 env.group_size=8")
-    conf = sub.add_parser("config", help="list every training config key with its value, type and meaning")
+    conf = _command(
+        sub, "config", "list every config key with its value, type and meaning",
+        "Print every key of a training config, one per line: its dotted name, its value (the defaults "
+        "without --config), its type and what it does. An unknown key is an error naming the valid keys "
+        "of its section.",
+        """
+jaxagent config
+jaxagent config --config configs/intake.yaml
+jaxagent config env.group_size=8 | grep ^env.""")
     conf.add_argument("--config", metavar="PATH", help="a YAML config to show (default: the built-in defaults)")
     conf.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, as for train")
-    sub.add_parser("envs", help="list the environments envs.make knows")
-    ev = sub.add_parser("eval", help="evaluate a run's policy on held-out seeds (success rate, return; JSONL out)",
-                        description="Restore a run's checkpoint (the latest, or --step) and play episodes on "
-                                    "held-out seeds with the run's env and sampling (default: the run config's eval "
-                                    "section). Prints the summary as one JSON line; --out writes one JSON line "
-                                    "per episode (seed, success, return, turns, end reason, actions, the env's last info "
-                                    "such as intake's rubric components) and the summary.")
+    _command(sub, "envs", "list the environments envs.make knows",
+             "List the environment names envs.make accepts (env.name in a config): the built-ins and, as "
+             "FAMILY/<...>, the adapter families of the optional extras.",
+             "jaxagent envs")
+    ev = _command(
+        sub, "eval", "evaluate a run's policy on held-out seeds",
+        "Restore a run's checkpoint (the latest, or --step) and play episodes on held-out seeds with the "
+        "run's env and sampling (default: the run config's eval section). Prints the summary as one JSON "
+        "line; --out writes one JSON line per episode (seed, success, return, turns, end reason, actions, "
+        "the env's last info such as intake's rubric components) and the summary.",
+        """
+jaxagent eval runs/first --episodes 64
+jaxagent eval runs/first --step 0 --temperature 0          # the warm start, greedy
+jaxagent eval runs/intake --out adversarial.jsonl env.kwargs.cases=adversarial""")
     ev.add_argument("run_dir", metavar="RUN_DIR", help="a training run's directory (config.yaml, checkpoints/)")
-    ev.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    ev.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest; 0 = the warm start)")
     ev.add_argument("--episodes", type=int, default=None, help="episodes (default: the config's eval.episodes)")
     ev.add_argument("--seed", type=int, default=None, help="first held-out seed (default: the config's eval.seed)")
     ev.add_argument("--temperature", type=float, default=None,
@@ -246,19 +253,27 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument("overrides", nargs="*", metavar="key=value",
                     help="env / rollout / eval settings to evaluate on instead of the run's, e.g. "
                          "env.kwargs.cases=adversarial env.kwargs.persona=minimising")
-    exp = sub.add_parser("export", help="write a run's policy as a Hugging Face model directory",
-                         description="Restore a run's checkpoint (the newest, or --step) and write it as a "
-                                     "directory transformers loads: config.json, safetensors (LoRA merged), the "
-                                     "run's tokenizer and chat template, and a generation_config.json whose EOS "
-                                     "ends a turn. Prints the directory.")
+    exp = _command(
+        sub, "export", "write a run's policy as a Hugging Face model directory",
+        "Restore a run's checkpoint (the newest, or --step) and write it as a directory transformers "
+        "loads: config.json, safetensors (LoRA merged), the run's tokenizer and chat template, and a "
+        "generation_config.json whose EOS ends a turn. Prints the directory.",
+        """
+jaxagent export runs/first exported/first
+jaxagent export runs/first exported/first --step 10 --overwrite""")
     exp.add_argument("run_dir", metavar="RUN_DIR", help="a training run's directory (config.yaml, checkpoints/)")
     exp.add_argument("out_dir", metavar="OUT_DIR", help="the directory to write (must be empty or absent)")
     exp.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
     exp.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it is not empty")
-    plot = sub.add_parser("plot", help="draw a run's learning curves (metrics.jsonl) to a PNG",
-                          description="Draw reward, success rate, KL, entropy, loss and tokens/s against the "
-                                      "iteration from RUN_DIR/metrics.jsonl (eval_* keys and summary.json "
-                                      "references included); prints the PNG's path.")
+    plot = _command(
+        sub, "plot", "draw a run's learning curves (metrics.jsonl) to a PNG",
+        "Draw reward, success rate, KL, entropy, loss and tokens/s against the iteration from "
+        "RUN_DIR/metrics.jsonl (eval_* keys and summary.json references included); prints the PNG's path. "
+        "Several runs go on one comparison figure against episodes, the seeds of one recipe as a band.",
+        """
+jaxagent plot runs/first                                  # runs/first/learning_curves.png
+jaxagent plot runs/demo-s0 runs/demo-s1 runs/demo-s2 --out demo.png
+jaxagent plot runs/intake --metric env_rubric_mean""")
     plot.add_argument("run_dir", metavar="RUN_DIR", nargs="+",
                       help="a training run's directory (holds metrics.jsonl); several: one comparison figure "
                            "against episodes (held-out success sampled and greedy, training success; seeds of "
@@ -270,23 +285,36 @@ def main(argv: list[str] | None = None) -> int:
                       help="the held-out evaluation's key to compare (default success_rate; e.g. return_mean, or "
                            "an env summary's env_rubric_mean, env_under_triage_rate); draws the comparison figure, "
                            "also for one run")
-    view = sub.add_parser("view", help="a web page of runs: learning curves and stored episodes with token signals",
-                          description="Show runs in the browser: their learning curves, and the episode store's "
-                                      "episodes (conversation, per-turn rewards, final info, policy tokens coloured "
-                                      "by advantage, log-probs, their ratio or entropy), two runs side by side. "
-                                      "Serves the page on --port (rebuilt on every load, so a running run shows "
-                                      "its newest iterations), or writes it as static files with --out.")
+    view = _command(
+        sub, "view", "browse runs: learning curves and stored episodes",
+        "Show runs in the browser: their learning curves, and the episode store's episodes (conversation, "
+        "per-turn rewards, final info, policy tokens coloured by advantage, log-probs, their ratio or "
+        "entropy), two runs side by side. Serves the page on 127.0.0.1:--port (rebuilt on every load, so a "
+        "running run shows its newest iterations), or writes it as static files with --out.",
+        """
+jaxagent view runs/first                       # http://127.0.0.1:8765/
+jaxagent view runs/demo-s0 runs/demo-s1 --port 8800
+jaxagent view runs/first --out view-site       # open view-site/index.html""")
     view.add_argument("run_dir", metavar="RUN_DIR", nargs="+", help="training run directories")
     where = view.add_mutually_exclusive_group()
     where.add_argument("--port", type=int, default=8765, help="serve on http://127.0.0.1:PORT/ (default 8765)")
     where.add_argument("--out", metavar="DIR", default=None,
                        help="write the page and its data to DIR (open DIR/index.html; no server needed)")
-    from jaxagent import bench as bench_mod
-
-    bench = sub.add_parser("bench", help="run a benchmark of the repository (generate, update, multiturn, "
-                                         "advantages, envpool, overlap, iteration, rollout, lora, ragged)",
-                           description=bench_mod.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench = _command(sub, "bench", "run one of the repository's benchmarks (W1-W11)",
+                     bench_mod.__doc__.strip(),
+                     """
+jaxagent bench advantages --quick
+jaxagent bench update --systems jax,torch --out benchmarks/results/w2_model_step.jsonl""")
     bench_mod.add_arguments(bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # the command line, not a call from Python: huge pages if JAXAGENT_HUGEPAGES=1
+        from jaxagent.hugepages import reexec_if_needed
+
+        reexec_if_needed()
+    parser = build_parser()
     # `key=value` overrides may come after options too (`eval RUN --step 0 env.kwargs.x=1`):
     # argparse takes one run of positionals, so the rest are collected here
     args, extra = parser.parse_known_args(argv)

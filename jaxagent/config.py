@@ -178,21 +178,33 @@ def dump_yaml(cfg) -> str:
     return yaml.safe_dump(to_dict(cfg), sort_keys=False)
 
 
-def describe_config(cfg) -> list[str]:
-    """Every dotted key of the config `cfg` (a dataclass instance), one line each:
-    `key = value  # type: what the section's docstring says of it` (what `jaxagent config`
-    prints)."""
-    lines = []
+@dataclasses.dataclass(frozen=True)
+class ConfigKey:
+    """One leaf of a config: its dotted `key`, its `value` as YAML, its `type` and the
+    `doc` its section's docstring gives it (its first line; "" when none) and `text`,
+    all that the docstring says of it."""
+    key: str
+    value: str
+    type: str
+    doc: str
+    text: str = ""
+
+
+def config_keys(cfg) -> list[ConfigKey]:
+    """Every dotted key of the config `cfg` (a dataclass instance), in field order; what
+    `jaxagent config` prints and the documentation site's config reference lists."""
+    keys: list[ConfigKey] = []
 
     def walk(x, prefix: str) -> None:
         hints = typing.get_type_hints(type(x))
-        docs = _field_docs(type(x))
         names = [f.name for f in dataclasses.fields(x)]
-        for span in [k for k in docs if "..." in k]:  # "a ... b: text" documents a through b
-            first, last = (part.strip() for part in span.split("..."))
-            if first in names and last in names:
-                for name in names[names.index(first):names.index(last) + 1]:
-                    docs.setdefault(name, docs[span])
+        docs, texts = _field_docs(type(x)), _field_docs(type(x), full=True)
+        for table in (docs, texts):
+            for span in [k for k in table if "..." in k]:  # "a ... b: text" documents a through b
+                first, last = (part.strip() for part in span.split("..."))
+                if first in names and last in names:
+                    for name in names[names.index(first):names.index(last) + 1]:
+                        table.setdefault(name, table[span])
         for f in dataclasses.fields(x):
             value, key = getattr(x, f.name), prefix + f.name
             if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -200,24 +212,43 @@ def describe_config(cfg) -> list[str]:
                 continue
             shown = yaml.safe_dump(to_dict(value), default_flow_style=True, width=10**6).strip()
             shown = shown.removesuffix("\n...").removesuffix(" ...").strip()
-            doc = docs.get(f.name, "")
-            lines.append(f"{key} = {shown}  # {_type_name(hints.get(f.name, f.type))}" + (f": {doc}" if doc else ""))
+            keys.append(ConfigKey(key, shown, _type_name(hints.get(f.name, f.type)), docs.get(f.name, ""),
+                                  texts.get(f.name, "")))
 
     walk(cfg, "")
-    return lines
+    return keys
 
 
-def _field_docs(cls) -> dict[str, str]:
-    """`name: text` lines of a dataclass's docstring (`a, b: text` documents both), the
-    first line of each text."""
+def describe_config(cfg) -> list[str]:
+    """Every dotted key of the config `cfg` (a dataclass instance), one line each:
+    `key = value  # type: what the section's docstring says of it` (what `jaxagent config`
+    prints)."""
+    return [f"{k.key} = {k.value}  # {k.type}" + (f": {k.doc}" if k.doc else "") for k in config_keys(cfg)]
+
+
+def _field_docs(cls, full: bool = False) -> dict[str, str]:
+    """`name: text` lines of a dataclass's docstring (`a, b: text` documents both): the
+    first line of each text, or with `full` the whole text (its more-indented
+    continuation lines joined)."""
     out: dict[str, str] = {}
+    current: tuple[list[str], int, list[str]] | None = None  # (names, indent, text lines)
+
+    def close() -> None:
+        if current is not None:
+            for name in current[0]:
+                out.setdefault(name, " ".join(current[2]) if full else current[2][0])
+
     for line in (cls.__doc__ or "").splitlines():
-        m = re.match(r"^\s*([A-Za-z_][\w]*(?:\s*,\s*[A-Za-z_][\w]*)*(?:\s*\.\.\.\s*[A-Za-z_]\w*)?)\s*:\s+(.+)$", line)
-        if not m:
+        indent = len(line) - len(line.lstrip())
+        if current is not None and line.strip() and indent > current[1]:
+            current[2].append(line.strip())
             continue
-        names = re.split(r"\s*,\s*", m.group(1))
-        for name in names:
-            out.setdefault(name.strip(), m.group(2).strip())
+        m = re.match(r"^\s*([A-Za-z_][\w]*(?:\s*,\s*[A-Za-z_][\w]*)*(?:\s*\.\.\.\s*[A-Za-z_]\w*)?)\s*:\s+(.+)$", line)
+        close()
+        current = None
+        if m:
+            current = ([n.strip() for n in re.split(r"\s*,\s*", m.group(1))], indent, [m.group(2).strip()])
+    close()
     return out
 
 

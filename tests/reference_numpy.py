@@ -1,6 +1,6 @@
 """Independent float64 NumPy references for ``jaxagent.algos``.
 
-Written straight from ``docs/FORMULAS.md`` and the public API spec, with
+Written straight from ``docs/explanations/formulas.md`` and the public API spec, with
 explicit Python loops (over t, over rows, dicts for groups) so that they read
 like the formulas and share no code with the implementation under test.  This
 module must never import ``jaxagent``.

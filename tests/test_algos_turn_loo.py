@@ -1,4 +1,4 @@
-"""``turn_loo``: the turn-level leave-one-out advantage (docs/turn_baseline.md).
+"""``turn_loo``: the turn-level leave-one-out advantage (docs/explanations/turn-baseline.md).
 
 1. It matches a float64 NumPy loop written from the formula.
 2. Its policy-gradient estimate is unbiased on a tabular problem where the policy

@@ -1,3 +1,4 @@
+import re
 import subprocess
 import sys
 
@@ -7,8 +8,24 @@ def test_train_help_names_the_embedded_default():
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "--config" in out.stdout and "--resume" in out.stdout
+    assert "examples:" in out.stdout and "jaxagent train --resume" in out.stdout
     top = subprocess.run([sys.executable, "-m", "jaxagent", "--help"], capture_output=True, text=True, timeout=120)
     assert "configs/default.yaml" in top.stdout
+
+
+def test_help_lists_the_commands_one_line_each():
+    top = subprocess.run([sys.executable, "-m", "jaxagent", "--help"], capture_output=True, text=True, timeout=120)
+    assert top.returncode == 0, top.stderr
+    assert top.stdout.startswith("usage: jaxagent [-h] COMMAND ...")
+    assert "``" not in top.stdout and len(top.stdout.splitlines()) < 25
+    listed = dict(re.findall(r"^    (\w+) +(\S.*)$", top.stdout, flags=re.M))
+    assert not re.search(r"^ {6,}\S", top.stdout, flags=re.M), "a command's line is wrapped"
+    assert set(listed) == {"train", "config", "envs", "eval", "export", "plot", "view", "bench"}
+    for name in listed:
+        sub = subprocess.run([sys.executable, "-m", "jaxagent", name, "--help"], capture_output=True, text=True,
+                             timeout=120)
+        assert sub.returncode == 0 and sub.stdout.startswith(f"usage: jaxagent {name}"), sub.stderr
+        assert f"\nexamples:\n  jaxagent {name}" in sub.stdout
 
 
 def test_unknown_command_is_an_error():

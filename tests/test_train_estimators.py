@@ -142,7 +142,7 @@ def test_every_builtin_estimator_trains(tmp_path, name):
 
 
 def test_turn_gae_reads_the_critic_at_turn_starts_and_spreads_returns():
-    """Against a float64 NumPy turn-level GAE from the formula (docs/FORMULAS.md)."""
+    """Against a float64 NumPy turn-level GAE from the formula (docs/explanations/formulas.md)."""
     rng = np.random.default_rng(0)
     turn_ids = np.array([[-1, 0, 0, -1, 1, 1, -1, 2], [-1, -1, 0, 0, -1, 1, -1, -1],
                          [-1, 0, -1, 1, 1, -1, -1, -1]], np.int32)

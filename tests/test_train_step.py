@@ -1,6 +1,6 @@
 """The jitted update: exact micro-batch accumulation, optimizer, skip rule, LoRA, critic, SFT.
 
-References are written here from the formulas (docs/FORMULAS.md), independently of
+References are written here from the formulas (docs/explanations/formulas.md), independently of
 `jaxagent.algos` and `jaxagent.train`.
 """
 import dataclasses

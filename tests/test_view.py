@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from browser_testlib import chromium_driver
 from jaxagent import view
 from jaxagent.train.episodes import read_store
 
@@ -106,23 +107,6 @@ def test_serve_rebuilds_the_site_on_every_page_load(run_dir, tmp_path):
 
 
 # ---------------------------------------------------------------------------- in a browser
-def _driver():
-    from selenium import webdriver   # a test dependency (pyproject's `test` extra)
-    binary = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver_path = shutil.which("chromedriver")
-    if not binary or not driver_path:
-        if os.environ.get("JAXAGENT_BROWSER") == "require":
-            pytest.fail("JAXAGENT_BROWSER=require but chromium or chromedriver is not on PATH")
-        pytest.skip("headless Chromium is not installed (apt-get install chromium chromium-driver; .ci/run does)")
-    from selenium.webdriver.chrome.service import Service
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = binary
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--allow-file-access-from-files", "--window-size=1400,1000"):
-        opts.add_argument(arg)
-    return webdriver.Chrome(service=Service(driver_path), options=opts)
-
-
 def test_the_page_in_headless_chromium(run_dir, tmp_path):
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
@@ -135,7 +119,7 @@ def test_the_page_in_headless_chromium(run_dir, tmp_path):
     (fresh / "config.yaml").write_text("seed: 0\n")
     index = view.write_site([run_dir, other, fresh], tmp_path / "site")
     stored = [r for r in read_store(run_dir) if r["iteration"] == 2]
-    driver = _driver()
+    driver = chromium_driver()
     try:
         driver.get(index.as_uri())
         wait = WebDriverWait(driver, 20)

@@ -3,7 +3,7 @@
 Importable alone (it imports nothing else from jaxagent). Conventions follow the
 PyTorch trainers (verl 0.9.1) on every valid position; deliberate improvements are
 documented in each docstring. The formulas and their sources are in
-``docs/FORMULAS.md``.
+``docs/explanations/formulas.md``.
 """
 
 from .advantages import (

@@ -2,7 +2,7 @@
 (GRPO, Dr.GRPO, RLOO, REINFORCE++ with baseline), step-level (GiGPO) and
 turn-level credit (turn GAE, turn returns, turn-level leave-one-out).
 
-Conventions follow ``docs/FORMULAS.md`` (verl 0.9.1 ``core_algos``) on every
+Conventions follow ``docs/explanations/formulas.md`` (verl 0.9.1 ``core_algos``) on every
 valid position. Shared deviations, all deliberate:
 
 * outputs are float32 and exactly 0 wherever the mask is 0 (the reference leaves
@@ -344,7 +344,7 @@ def turn_loo(turn_rewards, turn_mask, group_ids, gamma=1.0):
     policy gradient for every turn even when the policy chooses how many turns to
     take. Unlike a per-turn mean/std taken over all alive episodes, episode i never
     enters its own baseline and nothing is divided by a std that contains it. The
-    derivation is in ``docs/turn_baseline.md``.
+    derivation is in ``docs/explanations/turn-baseline.md``.
 
     The fallback (episode i alone at turn t) compares with the others' whole-episode
     returns: with a final reward only and ``γ = 1`` it is exactly :func:`rloo`'s

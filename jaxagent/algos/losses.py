@@ -1,7 +1,7 @@
 """Loss aggregation, clipped policy objectives, value loss, KL, entropy and
 truncated importance-sampling weights.
 
-Conventions follow ``docs/FORMULAS.md`` (verl 0.9.1) on valid positions. Every
+Conventions follow ``docs/explanations/formulas.md`` (verl 0.9.1) on valid positions. Every
 loss returns ``(loss, metrics)``; the loss is a float32 scalar and the metrics a
 dict of float32 scalars (masked means over the given mini-batch).
 

@@ -1,6 +1,6 @@
 """Masked statistics over the valid positions of a batch.
 
-Conventions (``docs/FORMULAS.md``, matching verl's ``core_algos``)::
+Conventions (``docs/explanations/formulas.md``, matching verl's ``core_algos``)::
 
     masked_mean(x, m)  = Σ(x·m) / (Σm + 1e-8)
     masked_var(x, m)   = masked_mean((x - masked_mean(x, m))², m) · n/(n-1)

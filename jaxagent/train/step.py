@@ -10,7 +10,7 @@ One update on a mini-batch of `B` rows (`B = M * b`, `M = num_micro_batches`)::
     L_policy  = L_pg + kl_coef * L_kl - entropy_coef * L_H
     L_value   = value_loss(V, V_old, R, m; value_agg_mode, clip, N, S, T')   (PPO critic)
 
-`agg` and the losses are `jaxagent.algos` (conventions in docs/FORMULAS.md). The
+`agg` and the losses are `jaxagent.algos` (conventions in docs/explanations/formulas.md). The
 denominators `N` (valid tokens), `S` (non-empty rows) and `T'` (the Dr.GRPO length
 constant, default the padded length) are those of the whole mini-batch, computed
 before it is cut into micro-batches. The KL term's mask `m_kl` is `m`, or `m` times

@@ -3,7 +3,7 @@ it in headless Chromium, opens the highest-return stored episode of the last ite
 in the left pane and the lowest-return one in the right (coloured by SIGNAL), and saves
 a PNG.
 
-    .venv/bin/python docs/screenshot_view.py RUN_DIR docs/view.png [--signal advantage]
+    .venv/bin/python examples/screenshot_view.py RUN_DIR docs/view.png [--signal advantage]
 """
 import argparse
 import shutil

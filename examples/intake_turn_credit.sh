@@ -12,8 +12,8 @@
 # rate is constant after its warm-up, so the GRPO runs' first ITERATIONS iterations are
 # the GRPO arm at this budget (their evaluation at that iteration is the comparison's).
 #   bash examples/intake_turn_credit.sh [SEEDS...]     (default: 0 1 2)
-#   jaxagent plot runs/intake_s* runs/intake_loo_s* runs/intake_gae_s* --metric env_rubric_mean \
-#       --out docs/intake_turn_credit.png
+#   the figure: python examples/intake_curves.py turn-credit ... --out docs/assets/intake_turn_credit.png
+#   (its docstring has the full command)
 set -euo pipefail
 JAXAGENT=${JAXAGENT:-jaxagent}
 SEEDS=${*:-0 1 2}

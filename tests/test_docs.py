@@ -74,13 +74,16 @@ def test_the_config_reference_lists_every_key_with_its_default():
     from jaxagent.train.config import TrainerConfig
 
     page = _hooks().config_markdown()
-    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `([\w.]+)` \|.*$", page, flags=re.M)}
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| <code>([\w.]+)</code> \|.*$", page, flags=re.M)}
     keys = set(_schema_keys(TrainerConfig))
     assert set(rows) == keys, f"missing {sorted(keys - set(rows))}, extra {sorted(set(rows) - keys)}"
     config = TrainerConfig()
-    assert f"| `{config.algo.gamma}` |" in rows["algo.gamma"] and "| `float` |" in rows["algo.gamma"]
-    assert f"| `{config.env.name}` |" in rows["env.name"]
+    assert f"| <code>{config.algo.gamma}</code> |" in rows["algo.gamma"] and "| <code>float</code> |" in rows["algo.gamma"]
+    assert f"| <code>{config.env.name}</code> |" in rows["env.name"]
+    assert "| <code>OptimizerConfig &#124; None</code> |" in rows["critic_optim"]
     assert "<!-- jaxagent:config-keys -->" in (DOCS / "reference" / "config.md").read_text(encoding="utf-8")
+    undocumented = [key for key, row in rows.items() if row.rstrip().endswith("|  |")]
+    assert not undocumented, f"config keys whose section docstring says nothing of them: {undocumented}"
 
 
 def test_the_cli_reference_shows_every_command_help():

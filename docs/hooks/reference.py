@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import html
 import inspect
 import os
+import re
 
 CONFIG_MARKER = "<!-- jaxagent:config-keys -->"
 CLI_MARKER = "<!-- jaxagent:cli -->"
@@ -24,11 +26,14 @@ def _cell(text: str) -> str:
 
 
 def _code(text: str) -> str:
-    """Inline code that survives a table cell and backquotes in `text`."""
-    text = _cell(text)
-    fence = "``" if "`" in text else "`"
-    pad = " " if "`" in text else ""
-    return f"{fence}{pad}{text}{pad}{fence}"
+    """Inline code inside a table cell: HTML, so that a `|` in it (a type union) is
+    neither a column break nor shown escaped."""
+    return "<code>" + html.escape(text.replace("\n", " ").strip()).replace("|", "&#124;") + "</code>"
+
+
+def _type(text: str) -> str:
+    """A type as the reader needs it: `OptimizerConfig | None`, not its module path."""
+    return re.sub(r"\b(?:[A-Za-z_]\w*\.)+([A-Za-z_]\w*)", r"\1", text)
 
 
 def _summary(cls) -> str:
@@ -51,7 +56,7 @@ def config_markdown() -> str:
     def table(rows) -> None:
         out.extend(["| key | type | default | what it does |", "|---|---|---|---|"])
         for k in rows:
-            out.append(f"| {_code(k.key)} | {_code(k.type)} | {_code(k.value)} | {_cell(k.text or k.doc)} |")
+            out.append(f"| {_code(k.key)} | {_code(_type(k.type))} | {_code(k.value)} | {_cell(k.text or k.doc)} |")
         out.append("")
 
     out += ["## Top level", "", _summary(TrainerConfig), ""]

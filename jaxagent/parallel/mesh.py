@@ -76,7 +76,14 @@ Rules = Sequence[tuple[str, Any]]
 class MeshConfig:
     """Sizes of the ("data", "fsdp", "tensor") mesh axes; their product is the number
     of devices. One size may be -1: it takes whatever the others leave
-    (`MeshConfig(data=-1, tensor=2)` on 8 devices is 4 x 1 x 2)."""
+    (`MeshConfig(data=-1, tensor=2)` on 8 devices is 4 x 1 x 2).
+
+    data: data parallelism: the batch's rows are split over data x fsdp.
+    fsdp: parameters, gradients and optimizer state sharded along the embedding axis
+      over these devices (the batch's rows are split over them too).
+    tensor: attention heads, the MLP and the vocabulary split over these devices; keep
+      it within one host's fast interconnect.
+    """
 
     data: int = 1
     fsdp: int = 1

@@ -288,10 +288,14 @@ class AlgoSection:
       `use_kl_in_reward`): each policy token's reward gets `- coef * kl(old, ref)`
       (`algos.kl`, kind k1 by default); turn-level estimators get each turn's sum. This is
       separate from `loss.kl_coef` (KL as a loss term); both can be on.
+    truncation_penalty: the reward added to a truncated episode's last turn with
+      `truncation: penalty`.
     dynamic_sampling: drop groups whose (shaped) returns do not vary and refill the
       batch with new tasks (DAPO), up to `max_sampling_rounds` rollouts per iteration;
       if still short, the batch is completed with groups without signal. Outcome and
       group estimators only.
+    max_sampling_rounds: with `dynamic_sampling`, the most rollouts an iteration makes
+      to fill its batch with groups whose returns vary.
     """
 
     advantage: str = "grpo"
@@ -389,6 +393,7 @@ class RewardSection:
       e.g. a packaged SmolLM2 GGUF, run in process by this package's sampler).
     mode: "replace" (the judge's score is the episode's final reward) or "add" (the env's
       final reward plus `weight` times the score).
+    weight: the judge score's weight with `mode: add`.
     on_failure: what a failed judge call (timeout, HTTP error, unreadable reply) does to
       its episode: "drop" (the episode fails, with the judge's failure kind, and is left
       out of the loss) or "env" (it keeps the env's reward). Never the run.
@@ -424,6 +429,9 @@ class WarmStartSection:
 
     episodes: demonstrations, one per seed `seed, seed + 1, ...` (played with the env's
       expert in this process, `jaxagent.train.warmstart.collect_demonstrations`).
+    seed: the first demonstration's env seed.
+    expert: keyword arguments of the env's `expert_action` (e.g. intake's weak
+      clinician); an option the expert does not take is an error.
     expert_noise: probability that the expert's action at a turn is replaced by a
       uniformly random one of the env's `random_actions` (a deliberately imperfect
       expert; 0 = the expert itself).
@@ -434,22 +442,24 @@ class WarmStartSection:
       longest demonstration: the same rows in every epoch, fewer padded tokens to compute
       (the loss is a token mean, so padding never changed it; the batches' make-up does).
       Where a demonstration's length goes with what it does (intake: short interviews
-      conclude early) each batch teaches one behaviour and SFT fits worse (README), so it
+      conclude early) each batch teaches one behaviour and SFT fits worse (docs/results/intake.md), so it
       is off by default.
     optim: the SFT optimizer (RL then starts a fresh optimizer from the SFT weights).
+    conclusions_seed, conclusions_expert: the first seed and the expert options
+      (None = `expert`) of the conclusion demonstrations below.
     conclusions: conclusion demonstrations besides `episodes` (0 = none): one episode per
       seed `conclusions_seed, conclusions_seed + 1, ...` played with `conclusions_expert`
       (None = `expert`), of which SFT trains only the final action (intake: the
       assessment). They teach how to conclude from whatever an episode elicited, on
       episodes the policy is not taught to play: intake's recipe uses them so that a warm
       start that interviews like the weak clinician still reads a longer interview's
-      answers (README). `only_successful` does not filter them; one whose final action
+      answers (docs/results/intake.md). `only_successful` does not filter them; one whose final action
       is past `rollout.max_context` is dropped (counted in the log and the summary).
     conclusions_skip_tokens: the final action's first tokens that a conclusion
       demonstration does not teach (its end-of-turn token is always taught). They are
       where the policy decides to conclude (intake: `<assessment>` is one token), and a
       conclusion demonstration's episode stops wherever its demonstrator chose: taught,
-      they would pull the policy toward concluding at those points (README).
+      they would pull the policy toward concluding at those points (docs/results/intake.md).
     conclusions_balance: a regular expression with one group (e.g. intake's
       `'Triage: (\\w+)'`), or null: the conclusion demonstrations are balanced over the
       values the group takes in their final actions. The classes are those of the first
@@ -458,7 +468,7 @@ class WarmStartSection:
       `conclusions` seeds, else an error naming the short class); a final action the
       expression does not match is left out. Where a conclusion is rarely the answer
       (intake: 8% emergent) the warm start otherwise never learns to give it, and RL
-      cannot learn an answer the policy never samples (README).
+      cannot learn an answer the policy never samples (docs/results/intake.md).
     """
 
     episodes: int = 0
@@ -522,6 +532,10 @@ class EvalSection:
     Run before RL (after any warm start) and after the last iteration; their success
     rates are `success_before_rl` / `success_after_rl` of `<run_dir>/summary.json`, and
     every `every` iterations in between (0 = never) as `eval_*` metrics.
+
+    episodes: held-out episodes per evaluation (0 = no evaluation).
+    seed: the first held-out env seed; episode i plays seed `seed + i`.
+    every: also evaluate every this many iterations (0 = only before and after RL).
     temperature: sampling temperature of the evaluation (None = `rollout.temperature`;
       0 = greedy).
     greedy: also evaluate with greedy decoding before and after RL (and every `every`
@@ -680,6 +694,8 @@ OLD_LOGPROBS = ("recompute", "sampler")
 class TrainerConfig:
     """Everything a training run needs; load with `jaxagent.config.load_config`.
 
+    critic_optim: the critic's optimizer (`OptimizerConfig`), for estimators that train
+      one (e.g. "gae", "turn_gae"); None = the same settings as `optim`.
     loss, optim, critic_optim: `jaxagent.train.LossConfig` / `OptimizerConfig` (the
       critic's defaults to `optim`). `loss.temperature` must equal a non-zero
       `rollout.temperature` (the log-probs are those of the sampling distribution).
@@ -712,7 +728,8 @@ class TrainerConfig:
     distributed: multi-host set-up (`DistributedSection`); with several processes and
       an all-1 mesh, the mesh is `data = -1` (pure data parallelism over every device).
     device_memory_gb: the per-device memory for the memory check before the run, when
-      the device does not report it (CPU); None = skip the check there.
+      the device does not report it; None = on CPU devices the host's available RAM
+      shared by the local devices, elsewhere no check.
     overlap: one-step off-policy rollout/update overlap (`OverlapSection`; off by default).
     """
 

@@ -113,6 +113,16 @@ class OptimizerConfig:
 
     Weight decay (decoupled, AdamW) applies to kernels, embeddings and LoRA adapters,
     not to norm scales or biases. `max_grad_norm=None` turns clipping off.
+
+    lr: the learning rate after the warm-up (the peak of a decaying schedule).
+    warmup_steps: `W`, updates of linear warm-up (0 = none).
+    schedule: "constant", "linear" or "cosine": the decay after the warm-up.
+    total_steps: `S`, the update at which a linear or cosine decay ends (an int greater
+      than `warmup_steps`; None only with "constant").
+    final_lr_ratio: `r`, the decayed rate as a fraction of `lr`, in [0, 1].
+    weight_decay: AdamW's decoupled weight decay (0 = none).
+    b1, b2, eps: Adam's moment decay rates and denominator constant.
+    max_grad_norm: clip the gradient to this global norm (None = no clipping).
     """
 
     lr: float = 1e-6

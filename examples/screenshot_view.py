@@ -1,9 +1,9 @@
-"""The README's screenshot of `jaxagent view`: builds the static site of RUN_DIR, opens
+"""The documentation's screenshot of `jaxagent view` (docs/assets/view.png): builds the static site of RUN_DIR, opens
 it in headless Chromium, opens the highest-return stored episode of the last iteration
 in the left pane and the lowest-return one in the right (coloured by SIGNAL), and saves
 a PNG.
 
-    .venv/bin/python examples/screenshot_view.py RUN_DIR docs/view.png [--signal advantage]
+    .venv/bin/python examples/screenshot_view.py RUN_DIR [RUN_DIR] docs/assets/view.png [--signal advantage]
 """
 import argparse
 import shutil

@@ -1,4 +1,4 @@
-"""A custom env trained from the command line (README, "Your own env").
+"""A custom env trained from the command line (README, "Your own environment"; docs/guides/environments.md).
 
     jaxagent train --config configs/tiny_countdown_grpo.yaml env.imports=[examples.guess_env] \
         env.name=guess env.kwargs={high: 8}

@@ -240,10 +240,12 @@ jaxagent config env.group_size=8 | grep ^env.""")
         "the env's last info such as intake's rubric components) and the summary.",
         """
 jaxagent eval runs/first --episodes 64
-jaxagent eval runs/first --step 0 --temperature 0          # the warm start, greedy
+jaxagent eval runs/demo --step 0 --temperature 0            # the warm start, greedy
 jaxagent eval runs/intake --out adversarial.jsonl env.kwargs.cases=adversarial""")
     ev.add_argument("run_dir", metavar="RUN_DIR", help="a training run's directory (config.yaml, checkpoints/)")
-    ev.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest; 0 = the warm start)")
+    ev.add_argument("--step", type=int, default=None,
+                    help="checkpoint step (default: the latest; 0 = the warm start, saved when the run has a warm "
+                         "start or a held-out evaluation)")
     ev.add_argument("--episodes", type=int, default=None, help="episodes (default: the config's eval.episodes)")
     ev.add_argument("--seed", type=int, default=None, help="first held-out seed (default: the config's eval.seed)")
     ev.add_argument("--temperature", type=float, default=None,
@@ -339,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "export":
         return _export(args)
     if args.command == "bench":
+        from jaxagent import bench as bench_mod
+
         return bench_mod.run(args)
     if args.command == "envs":
         import envs

@@ -12,7 +12,7 @@ time (`benchmarks/README.md`, W10).
 It is not the default: through the whole trainer (three iterations of the SmolLM2
 FrozenLake recipe, LoRA, 8 micro-batches, two runs each way) the same setting cut page
 faults from 9.0-9.4 to 1.5-1.7 million but doubled the kernel time (34 s -> 59-64 s a
-run) and left the update phase where it was (README, "Huge pages"). Set
+run) and left the update phase where it was (docs/results/benchmarks.md, W10). Set
 `JAXAGENT_HUGEPAGES=1` to turn it on.
 
 The setting is read once, when the process starts, so the `jaxagent` command

@@ -3,7 +3,6 @@ headless Chromium (selenium; the OS packages `chromium` and `chromium-driver`, w
 `.ci/run` installs): open an episode, switch the colouring, compare the shown values
 with the stored ones, filter, and put two runs side by side."""
 import json
-import os
 import shutil
 import subprocess
 import sys

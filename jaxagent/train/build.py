@@ -156,14 +156,17 @@ def env_pool(config: TrainerConfig, slots: int):
                         memory_limit_mb=e.worker_memory_mb, cpu_limit_s=e.worker_cpu_s)
 
 
-def check_env(config: TrainerConfig) -> None:
+def check_env(config: TrainerConfig) -> str | None:
     """Builds and resets one env of the config in this process, so that bad `env.kwargs`
-    (or an env that cannot reset) are named within seconds, before anything is compiled.
-    `ConfigError` with the env's own message."""
+    (or an env that cannot reset, such as a code sandbox whose isolation does not work
+    here) are named within seconds, before anything is compiled. `ConfigError` with the
+    env's own message. Returns the env's sandbox isolation (its `isolation` attribute, as
+    `pycode`'s) or None for an env that runs no code."""
     env = None
     try:
         env = env_factory(config)()
         env.reset(seed=config.env.seed)
+        return getattr(env, "isolation", None)
     except Exception as err:  # noqa: BLE001 - whatever the env raises, named with its config
         raise ConfigError(f"env {config.env.name!r} with kwargs {dict(config.env.kwargs)} cannot be built and reset "
                           f"(seed {config.env.seed}): {type(err).__name__}: {err}") from None
@@ -171,6 +174,17 @@ def check_env(config: TrainerConfig) -> None:
         close = getattr(env, "close", None)
         if callable(close):
             close()
+
+
+def sandbox_notice(isolation: str | None) -> str | None:
+    """The line a run logs at start when its env's code sandbox runs with less than
+    bubblewrap's isolation (accepted deliberately, `env.kwargs.isolation`), else None."""
+    if isolation in (None, "bwrap"):
+        return None
+    from envs.sandbox import WEAKER
+
+    return (f"code sandbox: isolation {isolation!r} accepted by env.kwargs.isolation, not bubblewrap: "
+            f"{WEAKER.get(isolation, 'weaker than bubblewrap')}")
 
 
 def agent_loop(config: TrainerConfig, tokenizer, model_config, placement: Placement, state: TrainState):
@@ -210,6 +224,7 @@ class Run:
     demonstrations: list | None     # the warm start's (fresh runs with a warm start), conclusions last
     keys: dict[str, jax.Array]      # "critic", "rng": for the RL state after a warm start
     memory_estimate: dict
+    sandbox_isolation: str | None = None   # the env's code sandbox ("bwrap", ...; None: it runs no code)
 
 
 def build_run(config: TrainerConfig, *, resume: bool = False, log=print) -> Run:
@@ -221,12 +236,15 @@ def build_run(config: TrainerConfig, *, resume: bool = False, log=print) -> Run:
         from jaxagent.train.rundir import require_checkpoints
 
         require_checkpoints(config.run_dir)
-    check_env(config)
+    isolation = check_env(config)
     dist = config.distributed
     par.initialize(dist.coordinator_address, dist.num_processes, dist.process_id,
                    auto=True if dist.auto else None)
     if not par.is_primary():
         log = _silent
+    notice = sandbox_notice(isolation)
+    if notice:
+        log(notice)
     demos = None
     if config.warm_start.enabled and not resume:
         from jaxagent.train.warmstart import collect_demonstrations
@@ -262,7 +280,8 @@ def build_run(config: TrainerConfig, *, resume: bool = False, log=print) -> Run:
     ref = reference_params(config, params, placement)
     state = rl_state(config, params, model_config, placement, critic_key=k_critic, rng_key=k_rng)
     return Run(tokenizer=tokenizer, model_config=model_config, placement=placement, state=state, ref_params=ref,
-               demonstrations=demos, keys={"critic": k_critic, "rng": k_rng}, memory_estimate=estimate)
+               demonstrations=demos, keys={"critic": k_critic, "rng": k_rng}, memory_estimate=estimate,
+               sandbox_isolation=isolation)
 
 
 def _silent(*_, **__) -> None:

@@ -105,6 +105,7 @@ class Trainer:
         self.state, self.ref_params = run.state, run.ref_params
         self.demonstrations, self._keys = run.demonstrations, run.keys
         self.memory_estimate = run.memory_estimate
+        self.sandbox_isolation = run.sandbox_isolation
         self.rundir = RunDir(config.run_dir, primary=self.primary)
         self.run_dir, self.metrics_path = self.rundir.path, self.rundir.metrics_path
         self.progress = Progress()
@@ -173,6 +174,9 @@ class Trainer:
             else:
                 self.rundir.start(ckpt, cfg, self.tokenizer if cfg.model.tokenizer == "bpe" else None)
             self.rundir.write_config(cfg)
+            if self.sandbox_isolation is not None:   # a weaker sandbox than bwrap is on record
+                self.summary["sandbox_isolation"] = self.sandbox_isolation
+                self.rundir.write_summary(self.summary)
             if self.iteration >= cfg.iterations and (self._evaluated_after_rl() or not cfg.eval.episodes):
                 self.log(f"nothing to do: {self.iteration} of {cfg.iterations} iterations done")
                 return self.history

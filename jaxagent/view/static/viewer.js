@@ -335,7 +335,15 @@ window.JAXAGENT = (() => {
 
   function render() {
     const chips = document.getElementById("run-list");
-    chips.replaceChildren(...state.runs.map((r, k) => el("span", { class: "run-chip", style: `border-color: ${color(k)}` }, r.name)));
+    chips.replaceChildren(...state.runs.map((r, k) => {
+      // a code sandbox that ran with less than bubblewrap's isolation (accepted in the config)
+      const iso = (r.summary || {}).sandbox_isolation;
+      const weak = iso && iso !== "bwrap"
+        ? [el("span", { class: "sandbox-warning", title: "the env's code sandbox did not isolate the file system" },
+              ` sandbox: ${iso}, not isolated`)]
+        : [];
+      return el("span", { class: "run-chip", style: `border-color: ${color(k)}` }, [r.name, ...weak]);
+    }));
     renderCurves();
     const panes = document.getElementById("panes");
     panes.replaceChildren();

@@ -37,8 +37,10 @@ heads, kv heads, MLP width and vocabulary divided by `tensor` where it divides):
 XLA's fusion and scheduling change the real peak by tens of percent either way; the
 estimate is for telling "fits easily" from "cannot fit", not for packing to the byte.
 `check_fits` keeps a margin (`usable_fraction`, default 0.9) for XLA's own buffers.
-`forward_activation_bytes` is the forward-only log-prob pass (one layer live at a time); it
-runs before the update, so a run needs the larger of the two activation figures.
+`forward_activation_bytes` is the forward-only log-prob pass (one layer live at a time,
+its attention scores counted three times); it runs before the update, so a run needs the
+larger of the two activation figures. The episode store's entropy pass runs in passes of
+the log-prob pass's rows, so this figure bounds it too.
 """
 from __future__ import annotations
 
@@ -210,9 +212,14 @@ def forward_activation_bytes(model_config, step_config=None, mesh=None, *, rows:
                              param_dtype: str = "float32", rules: Rules = LOGICAL_AXIS_RULES) -> int:
     """Per-device bytes live in a forward-only pass (the log-prob pass) over `rows` rows of
     `seq_len` tokens: one layer's activations (nothing is kept for a backward pass) and
-    one chunk of logits (module docstring's notation; compiled peaks: 0.7-1.3x)::
+    one chunk of logits (module docstring's notation)::
 
-        b T per_token_layer + b min(T, seq_chunk) min(V, vocab_chunk) 4
+        b T per_token_layer' + b min(T, seq_chunk) min(V, vocab_chunk) 4
+
+    where `per_token_layer'` counts the attention scores three times, `H T (2 4 + a)`:
+    the float32 scores, their float32 softmax and the cast probabilities are live at once,
+    which dominates long sequences (compiled peaks 0.57-1.0x of this from 256 to 8,192
+    tokens; with `H T (4 + a)`, as the update's saved layer counts them, 1.5x at 8,192).
     """
     from jaxagent.train.step import StepConfig
 
@@ -227,7 +234,7 @@ def forward_activation_bytes(model_config, step_config=None, mesh=None, *, rows:
     K = _split(cfg.num_kv_heads, table["heads"], sizes)
     F = _split(cfg.intermediate_size, table["mlp"], sizes)
     V = _split(cfg.vocab_size, table["vocab"], sizes)
-    per_tok = 4 * D * a + 2 * D * f + 2 * (H + 2 * K) * hd * a + H * T * (f + a) + H * hd * a + 4 * F * a
+    per_tok = 4 * D * a + 2 * D * f + 2 * (H + 2 * K) * hd * a + H * T * (2 * f + a) + H * hd * a + 4 * F * a
     head = b * min(T, step_config.seq_chunk) * min(V, step_config.vocab_chunk) * f
     return int(b * T * per_tok + head)
 

@@ -72,6 +72,17 @@ class EnvFailureError(RuntimeError):
     """Every episode failed for `env.max_failed_iterations` consecutive iterations."""
 
 
+
+def store_entropy_passes(config) -> tuple[int, int]:
+    """`(passes, rows a pass)` of the episode store's entropy pass on one device: its
+    `logging.episodes_per_iteration` rows, cut into passes of at most the log-prob pass's
+    rows (`logprob_rows`, else the batch), one after another, so that it never needs more
+    memory than the log-prob pass the memory check counts."""
+    n = config.logging.episodes_per_iteration
+    per_pass = config.logprob_rows if config.logprob_rows is not None else config.env.batch_size
+    chunk = max(1, min(n, per_pass))
+    return -(-n // chunk), chunk
+
 class Trainer:
     """Runs a `TrainerConfig` (see the module docstring).
 
@@ -398,7 +409,9 @@ class Trainer:
         (NaN elsewhere), by a pass of its own: the log-prob pass the update uses stays the
         same computation with the store on or off, so a run's numbers do not depend on it.
         On one device the pass covers only the chosen rows (`per_iteration` of them); on a
-        mesh every process runs it over the whole batch, every iteration."""
+        mesh every process runs it over the whole batch, every iteration. Its passes are of
+        the log-prob pass's rows at most (`logprob_rows`, else the batch), so its memory is
+        within the run's estimate (`logprob_pass`)."""
         cfg = self.config
         if self.placement.mesh is not None:
             return self.placement.logprobs(self.state.params, placed, with_entropy=True)[1]
@@ -408,13 +421,13 @@ class Trainer:
         if not chosen:
             return None
         rows = np.asarray([int(self.placement.rows[i]) for i in chosen])
-        n = cfg.logging.episodes_per_iteration   # padded to one shape: one compilation
-        take = np.concatenate([rows, np.full(n - len(rows), rows[0])])
+        passes, chunk = store_entropy_passes(cfg)   # padded to one shape: one compilation
+        take = np.concatenate([rows, np.full(passes * chunk - len(rows), rows[0])])
         sc = cfg.step_config
         _, ent = policy_logprobs(self.state.params, self.model_config, tokens_BxT=placed.tokens[take],
                                  attention_mask_BxT=placed.attention_mask[take], temperature=sc.loss.temperature,
                                  seq_chunk=sc.seq_chunk, vocab_chunk=sc.vocab_chunk, with_entropy=True,
-                                 compute_dtype=sc.compute_dtype)
+                                 compute_dtype=sc.compute_dtype, row_chunks=passes)
         out = np.full(np.shape(placed.tokens), np.nan, np.float32)
         out[rows] = np.asarray(ent)[:len(rows)]
         return out

@@ -103,6 +103,11 @@ def read_yaml(path: str | Path) -> dict:
     try:
         data = safe_load(path.read_text())
     except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        if mark is not None:
+            what = " ".join(str(x) for x in (getattr(err, "context", None), getattr(err, "problem", None)) if x)
+            raise ConfigError(f"{path}, line {mark.line + 1}, column {mark.column + 1}: not valid YAML ({what})") \
+                from None
         raise ConfigError(f"{path}: not valid YAML: {err}") from None
     if data is None:
         return {}

@@ -262,3 +262,18 @@ def test_seeds_are_one_recipe_whatever_defaults_their_configs_spell_out(tmp_path
     assert main(["plot", str(a), str(b), "--out", str(out)]) == 0
     assert Image.open(out).info["Description"] == ("recipes: rollout.trim_padding=0 (1 seed); "
                                                    "rollout.trim_padding=64 (1 seed)")
+
+
+def test_a_torn_last_line_is_left_out(tmp_path):
+    """A run killed while appending its metrics line leaves the line without its newline
+    (the resume rewrites the file): plot reads the complete lines; a garbled line with its
+    newline is still an error naming it."""
+    run = write_run(tmp_path / "run", [full_record(1), full_record(2)])
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write('{"iteration": 3, "reward_me')
+    assert [r["iteration"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2]
+    assert main(["plot", str(run)]) == 0
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write("\n")
+    with pytest.raises(RunDataError, match="line 3: not valid JSON"):
+        read_metrics(run / "metrics.jsonl")

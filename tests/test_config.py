@@ -91,6 +91,9 @@ def test_bad_files(tmp_path):
         load_config(Run, tmp_path / "nope.yaml")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(Run, _yaml(tmp_path, "env: [unclosed\n"))
+    # a syntax error names its line and column
+    with pytest.raises(ConfigError, match=r"\.yaml, line 3, column 3: not valid YAML \(.*found ':'\)"):
+        load_config(Run, _yaml(tmp_path, "seed: 1\nenv:\n  : : [\n  name: a\n"))
     with pytest.raises(ConfigError, match="top level must be a mapping"):
         load_config(Run, _yaml(tmp_path, "- a\n- b\n"))
 
@@ -148,7 +151,7 @@ def test_yaml_1_2_numbers_in_files(tmp_path):
 
 def test_duplicate_keys_name_the_key_and_both_lines(tmp_path):
     text = "env:\n  name: a\noptim:\n  lr: 0.1\n  warmup_steps: 3\n  lr: 0.2\n"
-    with pytest.raises(ConfigError, match=r"duplicate key 'lr' \(first set on line 4\)[\s\S]*line 6"):
+    with pytest.raises(ConfigError, match=r"line 6, column 3: not valid YAML \(duplicate key 'lr' \(first set on line 4\)\)"):
         load_config(Run, _yaml(tmp_path, text))
     with pytest.raises(ConfigError, match=r"duplicate key 'env'"):
         load_config(Run, _yaml(tmp_path, "env: {name: a}\nseed: 1\nenv: {name: b}\n"))

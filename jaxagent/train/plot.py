@@ -69,7 +69,9 @@ def read_metrics(path, *, live: bool = False) -> list[dict]:
     """The JSON objects of a metrics.jsonl (blank lines skipped); errors name the line.
 
     `live`: the file of a run that may be running (`jaxagent view`): a missing or empty
-    file is no records, and a last line without its newline (being appended) is left out."""
+    file is no records, and a last line without its newline (being appended) is left out.
+    Otherwise a last line without its newline that is not valid JSON is a torn append (a
+    run killed while writing it; a resume rewrites the file) and is left out too."""
     path = Path(path)
     if not path.is_file():
         if live:
@@ -83,6 +85,8 @@ def read_metrics(path, *, live: bool = False) -> list[dict]:
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError as err:
+                if not line.endswith("\n"):   # the last line, torn: never a complete record
+                    continue
                 raise RunDataError(f"{path}, line {number}: not valid JSON ({err.msg} at column {err.colno})") from None
             if not isinstance(rec, dict):
                 raise RunDataError(f"{path}, line {number}: expected a JSON object, got {type(rec).__name__}")

@@ -65,7 +65,7 @@ def _train_config(args):
 def _train(args) -> int:
     from jaxagent.config import ConfigError
     from jaxagent.train.checkpoint import IncompatibleCheckpointError
-    from jaxagent.train.rundir import DamagedCheckpointError
+    from jaxagent.train.rundir import DamagedCheckpointError, DiskFullError, disk_full
     from jaxagent.train.trainer import EnvFailureError, Trainer
 
     try:
@@ -79,12 +79,21 @@ def _train(args) -> int:
         return 2
     try:
         trainer.run()
+    except DiskFullError as err:   # the newest complete checkpoint is intact
+        print(f"jaxagent train: stopped: {err} {config.run_dir}", file=sys.stderr)
+        return 4
     except (IncompatibleCheckpointError, DamagedCheckpointError, FileExistsError, FileNotFoundError) as err:
         print(f"jaxagent train: error: {err}", file=sys.stderr)
         return 2
     except EnvFailureError as err:
         print(f"jaxagent train: stopped: {err}", file=sys.stderr)
         return 3
+    except OSError as err:   # a write with no room outside the iteration's (config, summary, the last save)
+        full = disk_full(err, config.run_dir)
+        if full is None:
+            raise
+        print(f"jaxagent train: stopped: {full} {config.run_dir}", file=sys.stderr)
+        return 4
     except KeyboardInterrupt as err:  # SIGINT / SIGTERM (`jaxagent.train.stop`)
         signum = getattr(err, "signum", signal.SIGINT)
         saved = getattr(err, "saved_iteration", None)
@@ -203,8 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
         "Train on a YAML config with dotted key=value overrides, into the config's run_dir. Without --config "
         "it runs the embedded demo, configs/default.yaml. A run directory that already holds checkpoints is "
         "refused: pick a new run_dir= or continue with --resume. Exit status 2 on a config error (the message "
-        "names the key), 3 when an environment keeps failing, 128+N when stopped by signal N (continue with "
-        "--resume).",
+        "names the key), 3 when an environment keeps failing, 4 when the disk is full (the newest complete "
+        "checkpoint is kept; free space and --resume), 128+N when stopped by signal N (continue with --resume).",
         """
 jaxagent train run_dir=runs/demo
 jaxagent train --config configs/tiny_countdown_grpo.yaml run_dir=runs/first iterations=10 optim.lr=1e-4

@@ -219,6 +219,9 @@ class RunLogger:
         #: the scalar sinks still on (a tracker that raised is dropped)
         self.trackers = ([TensorBoardTracker(self.run_dir)] if tensorboard else []) + list(trackers)
         self._warned: set[str] = set()
+        #: a transcript write that found no room (`rundir.DiskFullError`): the trainer stops
+        #: at the end of the iteration instead of training on without its record
+        self.disk_full = None
         self._tty = _isatty(self.stream)
         self._bar = None          # the tqdm display on a terminal (made on the first draw)
         self._line = ""           # the last progress line drawn
@@ -340,15 +343,27 @@ class RunLogger:
     def _guard(self, sink: str, fn, *args, disable=None) -> None:
         try:
             fn(*args)
+        except OSError as err:
+            from jaxagent.train.rundir import disk_full
+
+            full = disk_full(err, self.transcripts_dir) if sink == "transcripts" else None
+            if full is None:   # trackers (TensorBoard's events too) and the terminal: switched off
+                self._guard_failed(sink, err, disable)
+            else:
+                self.disk_full = self.disk_full or full
         except Exception as err:  # logging must never stop training
-            self._warn(sink, err, off=disable is not None)
-            if disable is not None:
-                if disable in self.trackers:
-                    self.trackers.remove(disable)
-                try:
-                    disable.close(failed=True)
-                except Exception:
-                    pass
+            self._guard_failed(sink, err, disable)
+
+    def _guard_failed(self, sink: str, err: BaseException, disable) -> None:
+        """A sink that failed: warned about once; a tracker is switched off."""
+        self._warn(sink, err, off=disable is not None)
+        if disable is not None:
+            if disable in self.trackers:
+                self.trackers.remove(disable)
+            try:
+                disable.close(failed=True)
+            except Exception:
+                pass
 
     def _warn(self, sink: str, err: BaseException, off: bool = False) -> None:
         if sink in self._warned:

@@ -20,6 +20,7 @@ the newest readable one; a resume from a chosen older step moves the newer ones 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import re
 import shutil
@@ -31,6 +32,37 @@ from jaxagent.config import dump_yaml, to_dict
 from jaxagent.train.checkpoint import CheckpointManager, IncompatibleCheckpointError
 from jaxagent.train.config import RESUME_FIXED
 
+
+
+#: the errors of a write that found no room: the disk or the quota is full, or a file-size limit
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})
+
+
+class DiskFullError(OSError):
+    """A run's write found no room (`DISK_FULL_ERRNOS`): the run stops at the end of the
+    iteration, its newest complete checkpoint intact, and continues with `--resume` once
+    there is space (`jaxagent train` exits with status 4)."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def disk_full(err: BaseException, path) -> DiskFullError | None:
+    """`err` as a `DiskFullError` naming `path` and the free space on its file system, or
+    None when `err` is not a full disk (nor wraps one, as a checkpoint writer's error may)."""
+    cause = err
+    while cause is not None and not (isinstance(cause, OSError) and cause.errno in DISK_FULL_ERRNOS):
+        cause = cause.__cause__ or cause.__context__
+    if cause is None:
+        return None
+    path = Path(path)
+    where = next((p for p in (path, *path.parents) if p.exists()), Path("."))
+    try:
+        free = f"{shutil.disk_usage(where).free / 2**20:.1f} MiB free on its file system"
+    except OSError:
+        free = "free space unknown"
+    return DiskFullError(cause.errno, f"{path}: {cause.strerror or cause} ({free}); free space, then continue "
+                                      f"with jaxagent train --resume")
 
 @dataclasses.dataclass
 class Progress:

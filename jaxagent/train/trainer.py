@@ -60,7 +60,7 @@ from jaxagent.train.evaluate import EvalProgress, env_summarizer, evaluate, flat
 from jaxagent.train.metrics import (collapse_warning, eval_line, hacking_warning, iteration_line, iteration_metrics,
                                     template_collapse_warning)
 from jaxagent.train.overlap import OffPolicyRollouts
-from jaxagent.train.rundir import Progress, RunDir
+from jaxagent.train.rundir import DiskFullError, Progress, RunDir, disk_full
 from jaxagent.train.step import UpdateBatch, last_turn_mask
 from jaxagent.train.stop import Interrupted, StopRequests
 from jaxagent.train.warmstart import sft_warm_start
@@ -245,14 +245,18 @@ class Trainer:
                 self._check_collapse(metrics)
                 self._check_failures(metrics)
                 self.history.append(metrics)
-                self.rundir.append_metrics(metrics)
+                full = self._checked(self.rundir.append_metrics, metrics, path=self.metrics_path)
                 if run_log is not None:
                     run_log.log_iteration(metrics, self._last_episodes)
+                    full = full or run_log.disk_full
                 if run_log is None or not cfg.logging.progress:
                     self.log(iteration_line(metrics))
                 saved = self.iteration % cfg.checkpoint_every == 0 or self.iteration == cfg.iterations
-                if saved or self._stops.requested:
-                    self._save(ckpt)
+                if full is None and (saved or self._stops.requested):
+                    full = self._checked(self._save, ckpt, path=ckpt.directory)
+                if full is not None:   # no checkpoint of this iteration: --resume replays it exactly
+                    self._checked(ckpt.wait_until_finished, path=ckpt.directory)
+                    raise full
                 self._stops.graceful = False
                 if self._stops.requested:
                     ckpt.wait_until_finished()
@@ -559,6 +563,19 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
     def _save(self, ckpt) -> None:
         self.rundir.save(ckpt, self.state, self.progress, self.config)
+
+    @staticmethod
+    def _checked(write, *args, path) -> DiskFullError | None:
+        """Runs `write(*args)`; a write that found no room is returned as a `DiskFullError`
+        naming `path` (the run stops at the end of the iteration), any other error raises."""
+        try:
+            write(*args)
+        except Exception as err:   # a checkpoint writer may wrap the OSError
+            full = disk_full(err, path)
+            if full is None:
+                raise
+            return full
+        return None
 
     def _restore(self, ckpt) -> None:
         cfg = self.config

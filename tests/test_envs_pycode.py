@@ -249,3 +249,57 @@ def test_a_weaker_sandbox_accepted_is_logged_summarised_and_shown(tmp_path):
             assert [c.text.strip() for c in chips] == ["sandbox: none, not isolated"]
         finally:
             driver.quit()
+
+
+# ------------------------------------------------------------------ escapes per isolation mode
+#: probes of the sandbox's walls. Each prints what it could reach; `escaped(out, ctx)` reads
+#: that. The network probe lists interfaces (a sandbox without a network has only `lo`)
+#: and sends nothing. Which walls each mode has is what the module docstring says.
+ESCAPES = {
+    "writes the host's /tmp": ("open({tmp_target!r}, 'w').write('x'); print('wrote')",
+                               lambda out, ctx: os.path.exists(ctx["tmp_target"])),
+    "writes through a symlink out of its directory": (
+        "import os\nos.symlink({tmp_target!r}, 'link')\nopen('link', 'w').write('x'); print('wrote')",
+        lambda out, ctx: os.path.exists(ctx["tmp_target"])),
+    "sees the host's network interfaces": ("import socket\nprint(sorted(n for _, n in socket.if_nameindex()))",
+                                           lambda out, ctx: out.strip() not in ("['lo']", "[]")),
+    "sees the host's processes": ("import os\nprint(sum(p.isdigit() for p in os.listdir('/proc')))",
+                                  lambda out, ctx: out.strip().isdigit() and int(out) > 20),
+    "leaves a process outside its group": (
+        "import os\nif os.fork() == 0:\n    os.setsid()\n    os.execv('/bin/sleep', ['sleep', '31'])\nprint('started')",
+        lambda out, ctx: any((p.info["cmdline"] or [])[:2] == ["sleep", "31"] for p in psutil.process_iter(["cmdline"]))),
+}
+#: what each mode leaves open (everything else is contained); bubblewrap leaves nothing
+OPEN = {"bwrap": set(),
+        "unshare": {"writes the host's /tmp", "writes through a symlink out of its directory",
+                    "sees the host's processes"},
+        "none": {"writes the host's /tmp", "writes through a symlink out of its directory",
+                 "sees the host's network interfaces", "sees the host's processes",
+                 "leaves a process outside its group"}}
+
+
+def _kill_leftovers():
+    for p in psutil.process_iter(["cmdline"]):
+        if (p.info["cmdline"] or [])[:2] == ["sleep", "31"]:
+            p.kill()
+
+
+@pytest.mark.parametrize("mode", list(OPEN))
+def test_each_isolation_mode_contains_what_it_says(mode, tmp_path):
+    """Under bubblewrap every probe is contained; under a weaker mode, accepted
+    deliberately, the probes it leaves open do escape (so the probes work) and the others
+    are contained. Limits (CPU, memory, output, processes) hold in every mode:
+    `test_abuse_is_contained_and_the_worker_survives`."""
+    if not sandbox.available(mode):
+        pytest.skip(f"isolation {mode!r} does not work on this machine")
+    for name, (code, escaped) in ESCAPES.items():
+        ctx = {"tmp_target": f"/tmp/jaxagent-escape-{os.getpid()}-{mode}-{abs(hash(name))}"}
+        try:
+            res = run_python(code.format(**ctx), Limits(wall_s=5, cpu_s=3, memory_mb=256), isolation_mode=mode)
+            time.sleep(0.2)   # a process that escaped its group is still there; one that did not is gone
+            got = escaped(res.stdout, ctx)
+        finally:
+            _kill_leftovers()
+            if os.path.exists(ctx["tmp_target"]):
+                os.remove(ctx["tmp_target"])
+        assert got == (name in OPEN[mode]), (mode, name, "escaped" if got else "contained", res)

@@ -266,9 +266,12 @@ ESCAPES = {
     "sees the host's processes": ("import os\nprint(sum(p.isdigit() for p in os.listdir('/proc')))",
                                   lambda out, ctx: out.strip().isdigit() and int(out) > 20),
     "leaves a process outside its group": (
-        "import os\nif os.fork() == 0:\n    os.setsid()\n    os.execv('/bin/sleep', ['sleep', '31'])\nprint('started')",
-        lambda out, ctx: any((p.info["cmdline"] or [])[:2] == ["sleep", "31"] for p in psutil.process_iter(["cmdline"]))),
+        "import os\nif os.fork() == 0:\n    os.setsid()\n    os.execv('/bin/sleep', ['sleep', {sleep!r}])\nprint('started')",
+        lambda out, ctx: _outlives_the_run()),
 }
+#: the probe's `sleep` argument: 30 seconds and this process's id, so that no other test
+#: process's leftover is taken for ours
+SLEEP = f"30.{os.getpid()}"
 #: what each mode leaves open (everything else is contained); bubblewrap leaves nothing
 OPEN = {"bwrap": set(),
         "unshare": {"writes the host's /tmp", "writes through a symlink out of its directory",
@@ -278,9 +281,27 @@ OPEN = {"bwrap": set(),
                  "leaves a process outside its group"}}
 
 
+def _leftovers() -> list:
+    return [p for p in psutil.process_iter(["cmdline", "status"])
+            if (p.info["cmdline"] or [])[:2] == ["sleep", SLEEP] and p.info["status"] != psutil.STATUS_ZOMBIE]
+
+
+def _outlives_the_run(deadline_s: float = 5.0) -> bool:
+    """Whether the probe's `sleep` runs on after the sandbox returned: it may take a
+    loaded machine a while to exec it, and one dying with its namespace may still show
+    for a moment, so it must be seen alive twice, half a second apart."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < deadline_s:
+        if _leftovers():
+            time.sleep(0.5)
+            return bool(_leftovers())
+        time.sleep(0.1)
+    return False
+
+
 def _kill_leftovers():
     for p in psutil.process_iter(["cmdline"]):
-        if (p.info["cmdline"] or [])[:2] == ["sleep", "31"]:
+        if (p.info["cmdline"] or [])[:2] == ["sleep", SLEEP]:
             p.kill()
 
 
@@ -293,10 +314,9 @@ def test_each_isolation_mode_contains_what_it_says(mode, tmp_path):
     if not sandbox.available(mode):
         pytest.skip(f"isolation {mode!r} does not work on this machine")
     for name, (code, escaped) in ESCAPES.items():
-        ctx = {"tmp_target": f"/tmp/jaxagent-escape-{os.getpid()}-{mode}-{abs(hash(name))}"}
+        ctx = {"tmp_target": f"/tmp/jaxagent-escape-{os.getpid()}-{mode}-{abs(hash(name))}", "sleep": SLEEP}
         try:
             res = run_python(code.format(**ctx), Limits(wall_s=5, cpu_s=3, memory_mb=256), isolation_mode=mode)
-            time.sleep(0.2)   # a process that escaped its group is still there; one that did not is gone
             got = escaped(res.stdout, ctx)
         finally:
             _kill_leftovers()

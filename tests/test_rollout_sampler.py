@@ -246,3 +246,31 @@ def test_bad_arguments_raise_clear_errors():
     with pytest.raises(ValueError, match="max_new_tokens"):
         s.decode(s.init_state(1), max_new_tokens=0)
     assert GREEDY.greedy
+
+
+def test_an_append_in_pieces_equals_one_pass_and_a_full_forward():
+    """Long appends go to the cache `APPEND_CHUNK` tokens at a time (bounded memory): fed in
+    pieces of 8, ragged prompts (left- and right-padded, one row with nothing) give the
+    same cache and next-token logits as one pass, and the logits those of a full forward
+    pass of the sequence."""
+    from jaxagent.rollout.sampler import append_kernel
+
+    s = Sampler(PARAMS, CFG, max_len=64)
+    rng = np.random.default_rng(3)
+    prompts = [list(rng.integers(1, CFG.vocab_size, n)) for n in (37, 20, 0, 9)]
+    T = 40
+    tokens, mask = np.zeros((4, T), np.int32), np.zeros((4, T), np.int32)
+    for r, p in enumerate(prompts):
+        lo = 0 if r % 2 == 0 else T - len(p)          # rows 1 and 3 left-padded
+        tokens[r, lo:lo + len(p)], mask[r, lo:lo + len(p)] = p, 1
+    state = s.init_state(4)
+    one = jax.jit(lambda st, t, m: append_kernel(PARAMS, CFG, st, t, m, chunk=10**6))(state, tokens, mask)
+    pieces = jax.jit(lambda st, t, m: append_kernel(PARAMS, CFG, st, t, m, chunk=8))(s.init_state(4), tokens, mask)
+    np.testing.assert_array_equal(np.asarray(pieces.cache.lengths), [37, 20, 0, 9])
+    for a, b in ((one.cache.k, pieces.cache.k), (one.cache.v, pieces.cache.v),
+                 (one.next_logits_BxV, pieces.next_logits_BxV)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-5)
+    for r, p in enumerate(prompts):
+        if p:
+            np.testing.assert_allclose(np.asarray(pieces.next_logits_BxV[r], np.float64), full_logits(p),
+                                       rtol=1e-4, atol=1e-4)

@@ -131,3 +131,32 @@ def test_the_episode_stores_entropy_pass_stays_within_the_estimate():
     est = memory.forward_activation_bytes(cfg, sc, rows=rows_a_pass, seq_len=T, param_dtype=config.model.dtype)
     assert peak(passes) < 1.5 * est, (peak(passes), est)
     assert peak(1) > 4 * est   # the old single pass: the check above can fail
+
+
+def test_the_samplers_append_is_bounded_and_within_the_estimate():
+    """A prompt appended to the cache in one pass needs memory in proportion to its
+    length times the cache's (`configs/intake_grpo.yaml`: 16 rows over 8,192 slots, 6 GiB
+    for 1,024 tokens, outside the estimate). In `APPEND_CHUNK` pieces, compiled at the
+    config's shapes, it is the same for every length, and within 1.5x the estimate's
+    `prefill`."""
+    from pathlib import Path
+
+    from jaxagent.rollout.sampler import APPEND_CHUNK, Sampler, append_kernel
+    from jaxagent.train import build
+
+    config = load_config(TrainerConfig, Path(__file__).resolve().parents[1] / "configs" / "intake_grpo.yaml", [])
+    cfg = build.scratch_config(config.model, range(config.model.tokenizer_vocab_size))
+    B, S = config.env.batch_size, config.rollout.max_context
+    params = M.init_params(jax.random.key(0), cfg)
+    state = Sampler(params, cfg, max_len=S).init_state(B)
+
+    def peak(T, chunk):
+        tokens = jax.ShapeDtypeStruct((B, T), jnp.int32)
+        return measured(lambda p, st, t, m: append_kernel(p, cfg, st, t, m, chunk=chunk), params, state, tokens,
+                        tokens)
+
+    est = memory.prefill_bytes(cfg, rows=B, max_len=S, chunk=APPEND_CHUNK, param_dtype=config.model.dtype)
+    bounded = [peak(T, APPEND_CHUNK) for T in (APPEND_CHUNK, 4 * APPEND_CHUNK)]
+    assert bounded[1] < 1.01 * bounded[0]   # the same for 4x the tokens (to a scan's few buffers)
+    assert 0.6 < bounded[1] / est < 1.5, bounded[1] / est
+    assert peak(4 * APPEND_CHUNK, 10**6) > 3 * est   # one pass: the check above can fail

@@ -331,11 +331,41 @@ def _last_logits(params, config, hidden_BxTxD, mask_BxT, old_logits_BxV):
     return jnp.where((n_B > 0)[:, None], logits, old_logits_BxV)
 
 
-def append_kernel(params, config: DecoderConfig, state: SamplerState, tokens_BxT, mask_BxT) -> SamplerState:
-    """Feed `tokens_BxT` (real where `mask_BxT` is 1) to each row's cache; see the module docstring."""
+#: tokens an append feeds the cache at a time: its attention scores are `[B, H, chunk,
+#: max_len]`, so a long prompt in one pass would need memory in proportion to its length
+#: (16 rows of 1,024 tokens over an 8,192-token cache: 6 GiB on CPU); in chunks it is bounded
+APPEND_CHUNK = 256
+
+
+def _append_once(params, config: DecoderConfig, state: SamplerState, tokens_BxT, mask_BxT) -> SamplerState:
     hidden, cache = decoder.forward_cached(params, config, tokens_BxT, state.cache, attention_mask_BxT=mask_BxT)
     logits = _last_logits(params, config, hidden, mask_BxT, state.next_logits_BxV)
     return state.replace(cache=cache, next_logits_BxV=logits)
+
+
+def append_kernel(params, config: DecoderConfig, state: SamplerState, tokens_BxT, mask_BxT,
+                  chunk: int = APPEND_CHUNK) -> SamplerState:
+    """Feed `tokens_BxT` (real where `mask_BxT` is 1) to each row's cache; see the module
+    docstring. More than `chunk` tokens go in `chunk`-token pieces one after another (a
+    scan: one piece's activations live at a time), each appended after the last; a row
+    with no real token in a piece keeps its cache and next logits."""
+    B, T = tokens_BxT.shape
+    if T <= chunk:
+        return _append_once(params, config, state, tokens_BxT, mask_BxT)
+    n = -(-T // chunk)
+    pad = n * chunk - T
+    if pad:
+        tokens_BxT = jnp.pad(tokens_BxT, ((0, 0), (0, pad)))
+        mask_BxT = jnp.pad(mask_BxT, ((0, 0), (0, pad)))
+
+    def pieces(x):
+        return x.reshape(B, n, chunk).swapaxes(0, 1)
+
+    def body(st, xs):
+        return _append_once(params, config, st, *xs), None
+
+    state, _ = jax.lax.scan(body, state, (pieces(tokens_BxT), pieces(mask_BxT)))
+    return state
 
 
 def attention_windows(max_len: int, segments: int) -> tuple[int, ...]:

@@ -40,7 +40,9 @@ estimate is for telling "fits easily" from "cannot fit", not for packing to the 
 `forward_activation_bytes` is the forward-only log-prob pass (one layer live at a time,
 its attention scores counted three times); it runs before the update, so a run needs the
 larger of the two activation figures. The episode store's entropy pass runs in passes of
-the log-prob pass's rows, so this figure bounds it too.
+the log-prob pass's rows, so this figure bounds it too. `prefill_bytes` is the sampler's
+append of a prompt or an observation (in `APPEND_CHUNK`-token pieces, attending to the whole
+cache); the trainer counts the largest of the three passes, which never overlap.
 """
 from __future__ import annotations
 
@@ -239,6 +241,32 @@ def forward_activation_bytes(model_config, step_config=None, mesh=None, *, rows:
     return int(b * T * per_tok + head)
 
 
+def prefill_bytes(model_config, mesh=None, *, rows: int, max_len: int, chunk: int,
+                  param_dtype: str = "float32", compute_dtype: str | None = None,
+                  rules: Rules = LOGICAL_AXIS_RULES) -> int:
+    """Per-device bytes live while the sampler appends a prompt or an observation to
+    `rows` cached rows of `max_len` slots, `chunk` tokens at a time
+    (`jaxagent.rollout.sampler.APPEND_CHUNK`): one layer's activations of the piece, with
+    attention scores over the whole cache (`H S (2 4 + a)` a token, as in the forward
+    pass), and one row of logits a row::
+
+        b c per_token_layer(T -> S) + b V 4
+    """
+    sizes = axis_sizes(mesh if mesh is not None else MeshConfig())
+    table = rules_dict(rules)
+    cfg, S = model_config, max_len
+    a, f = int(np.dtype(compute_dtype or param_dtype).itemsize), 4
+    b = -(-rows // math.prod(sizes[x] for x in table["batch"] if x in sizes))
+    c = min(chunk, S)
+    D, hd = cfg.hidden_size, cfg.head_dim
+    H = _split(cfg.num_heads, table["heads"], sizes)
+    K = _split(cfg.num_kv_heads, table["heads"], sizes)
+    F = _split(cfg.intermediate_size, table["mlp"], sizes)
+    V = _split(cfg.vocab_size, table["vocab"], sizes)
+    per_tok = 4 * D * a + 2 * D * f + 2 * (H + 2 * K) * hd * a + H * S * (2 * f + a) + H * hd * a + 4 * F * a
+    return int(b * c * per_tok + b * V * f)
+
+
 def host_memory_bytes() -> int | None:
     """The host's available RAM (Linux `MemAvailable`), for CPU devices; None if unknown."""
     try:
@@ -312,5 +340,5 @@ def check_fits(estimate: dict[str, int], device_memory_bytes: int, *, usable_fra
         f"the run needs about {_gib(total)} per device but {_gib(usable)} is usable "
         f"({usable_fraction:.0%} of {_gib(device_memory_bytes)}): {parts}. To fit: more "
         "mesh.fsdp / mesh.tensor shards, model.remat or more micro_batches (activations), logprob_rows (the "
-        "log-prob pass), a smaller batch (env.tasks_per_iteration, env.group_size) or context "
+        "log-prob pass), a smaller batch (env.tasks_per_iteration, env.group_size: also the prefill) or context "
         "(rollout.max_context: every pass and the kv_cache)")

@@ -372,8 +372,16 @@ class Placement:
         rows = (len(self.rows) if self.multi_process else cfg.env.batch_size) // self.logprob_chunks
         est["logprob_pass"] = memory.forward_activation_bytes(
             model_config, cfg.step_config, self.mesh, rows=rows, seq_len=cfg.rollout.max_context, **common)
-        est["total"] = sum(v for k, v in est.items() if k not in ("total", "activations", "logprob_pass")) \
-            + max(est["activations"], est["logprob_pass"])
+        # the sampler's appends run during the rollout, in pieces of APPEND_CHUNK tokens
+        from jaxagent.rollout.sampler import APPEND_CHUNK
+
+        est["prefill"] = memory.prefill_bytes(model_config, self.mesh if self.sampler_on_mesh else None,
+                                              rows=len(self.rows), max_len=cfg.rollout.max_context,
+                                              chunk=APPEND_CHUNK, param_dtype=cfg.model.dtype,
+                                              compute_dtype=cfg.model.compute_dtype)
+        passes = ("activations", "logprob_pass", "prefill")   # one at a time
+        est["total"] = sum(v for k, v in est.items() if k not in ("total", *passes)) \
+            + max(est[k] for k in passes)
         where = "device"
         try:
             device_bytes = memory.device_memory_bytes()

@@ -21,7 +21,7 @@ import envs
 from envs import EnvPool
 from envs.pycode import TEMPLATES, expert_program, make_task, solve, tool_call
 from envs import sandbox
-from envs.sandbox import IsolationUnavailableError, Limits, _unshare_prefix, _works, isolation, run_python
+from envs.sandbox import IsolationUnavailableError, Limits, isolation, run_python
 
 BWRAP = sandbox.available("bwrap")
 #: the strongest isolation here, asked for explicitly (the default, bwrap, refuses to run without it)
@@ -138,11 +138,6 @@ def test_abuse_is_contained_and_the_worker_survives(name):
         assert pool.stats["restarts"] == 0
 
 
-@functools.lru_cache(maxsize=None)
-def _unshare_works() -> bool:
-    return shutil.which("unshare") is not None and _works(_unshare_prefix())
-
-
 @pytest.mark.parametrize("code, want", [("while True:\n    pass", "cpu limit"),
                                         ("import ctypes\nctypes.string_at(0)", "killed (SIGSEGV)"),
                                         ("import os, signal\nos.kill(os.getpid(), signal.SIGBUS)",
@@ -152,7 +147,7 @@ def _unshare_works() -> bool:
 def test_the_unshare_fallback_reports_limits_and_signals(code, want):
     # the isolation used where bwrap is missing: a signal that ends the code must reach the
     # status through the unshare wrapper (it once read as a plain error there)
-    if not _unshare_works():
+    if not sandbox.available("unshare"):
         pytest.skip("unshare cannot create namespaces on this machine")
     res = run_python(code, Limits(wall_s=15, cpu_s=1, memory_mb=256), isolation_mode="unshare")
     assert res.isolation == "unshare"

@@ -210,6 +210,24 @@ def _activation_bytes(cfg, step_config, sizes, rules, B, T, dtype, critic) -> in
     return int(max(policy, trunk + b * T * D * (a + f)) if critic else policy)
 
 
+def _forward_layer(model_config, mesh, rules: Rules, *, rows: int, attended: int, a: int) -> tuple[int, int, int]:
+    """`(b, per_token, V)` of a forward-only pass on this device: its rows, one layer's
+    bytes a token whose attention spans `attended` slots (the scores counted three times,
+    `H attended (2 4 + a)`: the float32 scores, their float32 softmax and the cast
+    probabilities are live at once), and its share of the vocabulary."""
+    sizes = axis_sizes(mesh if mesh is not None else MeshConfig())
+    table = rules_dict(rules)
+    cfg, f = model_config, 4
+    b = -(-rows // math.prod(sizes[x] for x in table["batch"] if x in sizes))
+    D, hd = cfg.hidden_size, cfg.head_dim
+    H = _split(cfg.num_heads, table["heads"], sizes)
+    K = _split(cfg.num_kv_heads, table["heads"], sizes)
+    F = _split(cfg.intermediate_size, table["mlp"], sizes)
+    V = _split(cfg.vocab_size, table["vocab"], sizes)
+    per_tok = 4 * D * a + 2 * D * f + 2 * (H + 2 * K) * hd * a + H * attended * (2 * f + a) + H * hd * a + 4 * F * a
+    return b, per_tok, V
+
+
 def forward_activation_bytes(model_config, step_config=None, mesh=None, *, rows: int, seq_len: int,
                              param_dtype: str = "float32", rules: Rules = LOGICAL_AXIS_RULES) -> int:
     """Per-device bytes live in a forward-only pass (the log-prob pass) over `rows` rows of
@@ -226,18 +244,10 @@ def forward_activation_bytes(model_config, step_config=None, mesh=None, *, rows:
     from jaxagent.train.step import StepConfig
 
     step_config = step_config if step_config is not None else StepConfig()
-    sizes = axis_sizes(mesh if mesh is not None else MeshConfig())
-    table = rules_dict(rules)
-    cfg, T = model_config, seq_len
-    a, f = int(np.dtype(step_config.compute_dtype or param_dtype).itemsize), 4
-    b = -(-rows // math.prod(sizes[x] for x in table["batch"] if x in sizes))
-    D, hd = cfg.hidden_size, cfg.head_dim
-    H = _split(cfg.num_heads, table["heads"], sizes)
-    K = _split(cfg.num_kv_heads, table["heads"], sizes)
-    F = _split(cfg.intermediate_size, table["mlp"], sizes)
-    V = _split(cfg.vocab_size, table["vocab"], sizes)
-    per_tok = 4 * D * a + 2 * D * f + 2 * (H + 2 * K) * hd * a + H * T * (2 * f + a) + H * hd * a + 4 * F * a
-    head = b * min(T, step_config.seq_chunk) * min(V, step_config.vocab_chunk) * f
+    T = seq_len
+    a = int(np.dtype(step_config.compute_dtype or param_dtype).itemsize)
+    b, per_tok, V = _forward_layer(model_config, mesh, rules, rows=rows, attended=T, a=a)
+    head = b * min(T, step_config.seq_chunk) * min(V, step_config.vocab_chunk) * 4
     return int(b * T * per_tok + head)
 
 
@@ -252,19 +262,9 @@ def prefill_bytes(model_config, mesh=None, *, rows: int, max_len: int, chunk: in
 
         b c per_token_layer(T -> S) + b V 4
     """
-    sizes = axis_sizes(mesh if mesh is not None else MeshConfig())
-    table = rules_dict(rules)
-    cfg, S = model_config, max_len
-    a, f = int(np.dtype(compute_dtype or param_dtype).itemsize), 4
-    b = -(-rows // math.prod(sizes[x] for x in table["batch"] if x in sizes))
-    c = min(chunk, S)
-    D, hd = cfg.hidden_size, cfg.head_dim
-    H = _split(cfg.num_heads, table["heads"], sizes)
-    K = _split(cfg.num_kv_heads, table["heads"], sizes)
-    F = _split(cfg.intermediate_size, table["mlp"], sizes)
-    V = _split(cfg.vocab_size, table["vocab"], sizes)
-    per_tok = 4 * D * a + 2 * D * f + 2 * (H + 2 * K) * hd * a + H * S * (2 * f + a) + H * hd * a + 4 * F * a
-    return int(b * c * per_tok + b * V * f)
+    a = int(np.dtype(compute_dtype or param_dtype).itemsize)
+    b, per_tok, V = _forward_layer(model_config, mesh, rules, rows=rows, attended=max_len, a=a)
+    return int(b * min(chunk, max_len) * per_tok + b * V * 4)
 
 
 def host_memory_bytes() -> int | None:

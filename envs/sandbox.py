@@ -18,11 +18,15 @@ Each call:
 - isolated by `bubblewrap` when the `bwrap` command works (the OS package
   `bubblewrap`): a read-only view of the file system with `/tmp` and the home
   directories hidden, the temporary directory as the only writable place, no network
-  (`--unshare-net`), its own PID namespace (every process it started dies with it) and
-  no way back to the parent's terminal (`--new-session`). Without bwrap, `unshare -rnpf`
-  gives no network and its own PID namespace, but the file system is NOT isolated: the
-  code can read and write whatever the worker's user can. Without either, only the
-  limits and the process group apply.
+  (`--unshare-net`), its own PID namespace and `/proc` (every process it started dies
+  with it, and it can neither see nor signal a process outside) and no way back to the
+  parent's terminal (`--new-session`). Without bwrap, `unshare -rnpf` gives no network
+  and its own PID and user namespaces (it cannot signal a process outside, nor read one's
+  environment), but the file system is NOT isolated: the code can read and write
+  whatever the worker's user can, and `/proc` is the host's (it sees every process and
+  its command line). Without either, only the limits and the process group apply: the
+  code can signal, and read the `/proc` of, every process of its user (as root it runs as
+  `nobody`, so not the worker, but other runs' code; as another user, the worker too).
 
 It fails closed: `run_python` runs under bubblewrap unless the caller asks for less
 (`isolation_mode="unshare"` or `"none"`, `pycode`'s `isolation` option), and a mode that

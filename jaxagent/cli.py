@@ -65,7 +65,7 @@ def _train_config(args):
 def _train(args) -> int:
     from jaxagent.config import ConfigError
     from jaxagent.train.checkpoint import IncompatibleCheckpointError
-    from jaxagent.train.rundir import DamagedCheckpointError, DiskFullError, disk_full
+    from jaxagent.train.rundir import DamagedCheckpointError, DiskFullError, RunFileError, disk_full
     from jaxagent.train.trainer import EnvFailureError, Trainer
 
     try:
@@ -74,7 +74,8 @@ def _train(args) -> int:
     except ConfigError as err:
         print(f"jaxagent train: config error: {err}", file=sys.stderr)
         return 2
-    except (MemoryError, FileNotFoundError) as err:  # memory estimate too large; nothing to resume
+    # memory estimate too large; nothing to resume; a file the resume reads back is damaged
+    except (MemoryError, FileNotFoundError, RunFileError) as err:
         print(f"jaxagent train: error: {err}", file=sys.stderr)
         return 2
     try:
@@ -155,7 +156,8 @@ def _export(args) -> int:
 
 
 def _plot(args) -> int:
-    from jaxagent.train.plot import RunDataError, plot_run, plot_runs
+    from jaxagent.train.plot import plot_run, plot_runs
+    from jaxagent.train.rundir import RunFileError
 
     try:
         if len(args.run_dir) == 1 and args.metric != "success_rate":
@@ -164,7 +166,7 @@ def _plot(args) -> int:
             path = plot_run(args.run_dir[0], args.out)
         else:
             path = plot_runs(args.run_dir, args.out, metric=args.metric)
-    except (FileNotFoundError, RunDataError) as err:
+    except (FileNotFoundError, RunFileError) as err:   # RunDataError too: a damaged or empty file, named
         print(f"jaxagent plot: error: {err}", file=sys.stderr)
         return 2
     print(path)
@@ -183,8 +185,9 @@ def _view(args) -> int:
     except (FileNotFoundError, ValueError) as err:
         print(f"jaxagent view: error: {err}", file=sys.stderr)
         return 2
-    except OSError as err:   # e.g. the port is taken
-        print(f"jaxagent view: error: cannot serve on port {args.port}: {err}", file=sys.stderr)
+    except OSError as err:   # e.g. the port is taken, or a run's file cannot be read
+        where = f"cannot serve on port {args.port}: " if args.out is None else ""
+        print(f"jaxagent view: error: {where}{err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 0

@@ -9,6 +9,7 @@ import functools
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -263,17 +264,38 @@ ESCAPES = {
     "leaves a process outside its group": (
         "import os\nif os.fork() == 0:\n    os.setsid()\n    os.execv('/bin/sleep', ['sleep', {sleep!r}])\nprint('started')",
         lambda out, ctx: _outlives_the_run()),
+    # signal 0 to this process (a check that sends nothing) and SIGTERM to the probe's
+    # `victim`, a `sleep` this test started as the user the code runs as
+    "signals a host process": (
+        "import os, signal\nprint('pidns', os.readlink('/proc/self/ns/pid'))\n"
+        "for pid, sig in (({pid}, 0), ({victim}, signal.SIGTERM)):\n"
+        "    try:\n        os.kill(pid, sig)\n        print(pid, 'sent')\n"
+        "    except OSError as e:\n        print(pid, type(e).__name__)",
+        lambda out, ctx: _signalled(out, ctx)),
+    # the environment and command line of this process, of the code's parent and of the victim,
+    # printed as short hashes (an environment is longer than the output returned)
+    "reads the parent's /proc": (
+        "import hashlib, os\nfor pid in ({pid}, os.getppid(), {victim}):\n    for name in ('environ', 'cmdline'):\n"
+        "        try:\n            data = open(f'/proc/{{pid}}/{{name}}', 'rb').read()\n"
+        "            print(pid, name, hashlib.sha256(data).hexdigest()[:16])\n"
+        "        except OSError as e:\n            print(pid, name, type(e).__name__)",
+        lambda out, ctx: _read_host_proc(out, ctx)),
 }
 #: the probe's `sleep` argument: 30 seconds and this process's id, so that no other test
 #: process's leftover is taken for ours
 SLEEP = f"30.{os.getpid()}"
-#: what each mode leaves open (everything else is contained); bubblewrap leaves nothing
+#: what each mode leaves open (everything else is contained); bubblewrap leaves nothing.
+#: Under unshare the code has its own PID namespace (it cannot name, so cannot signal, a
+#: process outside it) and its own user namespace (the kernel lets it read no other
+#: namespace's process's environment), but the host's /proc: it reads command lines there.
+#: Under none it signals, and reads the environment of, every process of its user (the
+#: victim; as root the code runs as `nobody`, so not this process; else this process too).
 OPEN = {"bwrap": set(),
         "unshare": {"writes the host's /tmp", "writes through a symlink out of its directory",
-                    "sees the host's processes"},
+                    "sees the host's processes", "reads the parent's /proc"},
         "none": {"writes the host's /tmp", "writes through a symlink out of its directory",
                  "sees the host's network interfaces", "sees the host's processes",
-                 "leaves a process outside its group"}}
+                 "leaves a process outside its group", "signals a host process", "reads the parent's /proc"}}
 
 
 def _leftovers() -> list:
@@ -300,6 +322,42 @@ def _kill_leftovers():
             p.kill()
 
 
+def _victim(marker: str) -> subprocess.Popen:
+    """A process outside the sandbox of the user the code runs as (`nobody` when this
+    process is root, else this process's user: then it stands for this process), with
+    `marker` in its environment."""
+    user = dict(user=sandbox.NOBODY, group=sandbox.NOBODY, extra_groups=[]) if sandbox._drops_privileges() else {}
+    return subprocess.Popen(["sleep", "30"], env={"JAXAGENT_ESCAPE_MARKER": marker, "PATH": "/usr/bin:/bin"},
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, **user)
+
+
+def _signalled(out: str, ctx: dict) -> bool:
+    """Whether the victim died of the probe's SIGTERM, or signal 0 reached this process. The
+    latter counts only from this PID namespace: in another the same number names another
+    process (its own init, where this process is pid 1 in a container)."""
+    victim = ctx["victim_proc"]
+    try:
+        if victim.wait(timeout=2 if f"{victim.pid} sent" in out else 0.05) == -signal.SIGTERM:
+            return True
+    except subprocess.TimeoutExpired:
+        pass
+    return f"{ctx['pid']} sent" in out and f"pidns {os.readlink('/proc/self/ns/pid')}" in out
+
+
+def _read_host_proc(out: str, ctx: dict) -> bool:
+    """Whether the probe read this process's environment or command line, or the victim's
+    environment (its hash, against the files as this process reads them)."""
+    import hashlib
+
+    def digest(pid, name):
+        with open(f"/proc/{pid}/{name}", "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()[:16]
+
+    secrets = {digest(ctx["pid"], "environ"), digest(ctx["pid"], "cmdline"), digest(ctx["victim"], "environ")}
+    secrets.discard(hashlib.sha256(b"").hexdigest()[:16])   # an empty file (bwrap's init's environment) says nothing
+    return any(line.split()[-1] in secrets for line in out.splitlines() if line.strip())
+
+
 @pytest.mark.parametrize("mode", list(OPEN))
 def test_each_isolation_mode_contains_what_it_says(mode, tmp_path):
     """Under bubblewrap every probe is contained; under a weaker mode, accepted
@@ -309,11 +367,16 @@ def test_each_isolation_mode_contains_what_it_says(mode, tmp_path):
     if not sandbox.available(mode):
         pytest.skip(f"isolation {mode!r} does not work on this machine")
     for name, (code, escaped) in ESCAPES.items():
-        ctx = {"tmp_target": f"/tmp/jaxagent-escape-{os.getpid()}-{mode}-{abs(hash(name))}", "sleep": SLEEP}
+        marker = f"{os.getpid()}-{mode}-{random.getrandbits(64):x}"
+        victim = _victim(marker)
+        ctx = {"tmp_target": f"/tmp/jaxagent-escape-{os.getpid()}-{mode}-{abs(hash(name))}", "sleep": SLEEP,
+               "pid": os.getpid(), "victim": victim.pid, "victim_proc": victim}
         try:
             res = run_python(code.format(**ctx), Limits(wall_s=5, cpu_s=3, memory_mb=256), isolation_mode=mode)
             got = escaped(res.stdout, ctx)
         finally:
+            victim.kill()
+            victim.wait()
             _kill_leftovers()
             if os.path.exists(ctx["tmp_target"]):
                 os.remove(ctx["tmp_target"])

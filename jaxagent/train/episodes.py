@@ -213,19 +213,33 @@ class EpisodeStore:
 
 
 def read_store(run_dir) -> list[dict]:
-    """Every stored episode of a run, in iteration order (a line that is not valid JSON,
-    e.g. of a file another tool truncated, is an error naming the file and line)."""
+    """Every stored episode of a run, in iteration order. A store file is written whole
+    (renamed into place), so a line that is not valid JSON (a middle one garbled, or the
+    last one cut off), a byte that is not UTF-8 or a line that is not an episode record is
+    damage: `RunFileError` (a `ValueError`) naming the file and line."""
+    from jaxagent.train.rundir import RunFileError, read_text
+
     out = []
     for path in sorted((Path(run_dir) / "episodes").glob("iter_*.jsonl")):
         try:
-            text = path.read_text(encoding="utf-8")
+            text = read_text(path)
         except FileNotFoundError:   # thinned out by the running run after the listing
             continue
-        for n, line in enumerate(text.splitlines(), 1):
+        lines = text.split("\n")   # the last item: what follows the last newline ("" when whole)
+        records = []
+        for n, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             try:
-                out.append(json.loads(line))
+                records.append((n, json.loads(line)))
             except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{n}: not valid JSON ({err})") from None
+                cut = "; the file ends mid-line: truncated" if n == len(lines) else ""
+                raise RunFileError(f"{path}:{n}: not valid JSON at column {err.colno} ({err.msg}){cut}") from None
+        for n, rec in records:   # the whole file is JSON: then each line must be a record
+            iteration = rec.get("iteration") if isinstance(rec, dict) else None
+            if not isinstance(iteration, int) or isinstance(iteration, bool):
+                got = f"iteration {iteration!r}" if isinstance(rec, dict) else type(rec).__name__
+                raise RunFileError(f"{path}:{n}: not an episode record (a JSON object with an int iteration; "
+                                   f"got {got})")
+            out.append(rec)
     return out

@@ -172,14 +172,22 @@ def flat_env_summary(summary: dict) -> dict[str, float]:
 
 
 def run_config(run_dir: str | Path, overrides=()):
-    """A run directory's `config.yaml` (with `run_dir` set to where the run is now)."""
-    from jaxagent.config import load_config
+    """A run directory's `config.yaml` (with `run_dir` set to where the run is now). A
+    damaged file (`rundir.read_config`) is a `RunFileError`, and a value the config cannot
+    hold a `ConfigError`, each naming the file; a bad override is a `ConfigError` of its own."""
+    from jaxagent.config import ConfigError, load_config
     from jaxagent.train.config import TrainerConfig
+    from jaxagent.train.rundir import read_config
 
     run_dir = Path(run_dir)
     config_path = run_dir / "config.yaml"
     if not config_path.is_file():
         raise FileNotFoundError(f"{run_dir} is not a training run directory: {config_path} is missing")
+    read_config(config_path)
+    try:
+        load_config(TrainerConfig, config_path, [f"run_dir={run_dir}"])   # the file alone
+    except ConfigError as err:
+        raise ConfigError(f"{config_path}: {err}") from None
     return load_config(TrainerConfig, config_path, [f"run_dir={run_dir}", *overrides])
 
 
@@ -187,10 +195,12 @@ def restore_run(config, step: int | None = None, log=print):
     """`(run, state, progress)`: the run of `config` built and its checkpoint (the newest
     readable, or `step`) restored, reading the run directory only."""
     from jaxagent.train import build
-    from jaxagent.train.rundir import RunDir
+    from jaxagent.train.rundir import RunDir, check_tokenizer_files
 
-    run = build.build_run(config, resume=True, log=log)
     rundir = RunDir(config.run_dir, primary=False)   # reads only
+    if config.model.tokenizer == "bpe":   # the run's own, read back from its directory
+        check_tokenizer_files(rundir.tokenizer_dir)
+    run = build.build_run(config, resume=True, log=log)
     with rundir.checkpoints(config.keep_checkpoints) as ckpt:
         state, progress, _ = rundir.restore(ckpt, run.state, config, step, log=log)
     return run, state, progress

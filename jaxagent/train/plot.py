@@ -25,6 +25,7 @@ import math
 from pathlib import Path
 
 from jaxagent.config import flatten
+from jaxagent.train.rundir import RunFileError, read_config, read_json, read_text
 
 #: (title, metric keys) of each panel, in drawing order
 PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -45,7 +46,7 @@ DEFAULT_NAME = "learning_curves.png"
 COLUMNS = 2
 
 
-class RunDataError(ValueError):
+class RunDataError(RunFileError):
     """metrics.jsonl or summary.json cannot be read as a run's metrics."""
 
 
@@ -71,26 +72,32 @@ def read_metrics(path, *, live: bool = False) -> list[dict]:
     `live`: the file of a run that may be running (`jaxagent view`): a missing or empty
     file is no records, and a last line without its newline (being appended) is left out.
     Otherwise a last line without its newline that is not valid JSON is a torn append (a
-    run killed while writing it; a resume rewrites the file) and is left out too."""
+    run killed while writing it; a resume rewrites the file) and is left out too. Any
+    other line that is not a JSON object, or a byte that is not UTF-8, is damage: an error
+    naming the line (`RunDataError`, a `RunFileError`)."""
     path = Path(path)
     if not path.is_file():
         if live:
             return []
         raise FileNotFoundError(f"{path}: no such file (a run writes metrics.jsonl after its first iteration)")
     records = []
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip() or (live and not line.endswith("\n")):
+    try:
+        lines = read_text(path).split("\n")   # the last item: what follows the last newline
+    except RunFileError as err:
+        raise RunDataError(str(err)) from None
+    for number, line in enumerate(lines, start=1):
+        complete = number < len(lines)
+        if not line.strip() or (live and not complete):
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as err:
+            if not complete:   # the last line, torn: never a complete record
                 continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as err:
-                if not line.endswith("\n"):   # the last line, torn: never a complete record
-                    continue
-                raise RunDataError(f"{path}, line {number}: not valid JSON ({err.msg} at column {err.colno})") from None
-            if not isinstance(rec, dict):
-                raise RunDataError(f"{path}, line {number}: expected a JSON object, got {type(rec).__name__}")
-            records.append(rec)
+            raise RunDataError(f"{path}, line {number}: not valid JSON at column {err.colno} ({err.msg})") from None
+        if not isinstance(rec, dict):
+            raise RunDataError(f"{path}, line {number}: expected a JSON object, got {type(rec).__name__}")
+        records.append(rec)
     if not records and not live:
         raise RunDataError(f"{path} is empty: no iteration has been logged yet")
     return records
@@ -98,16 +105,22 @@ def read_metrics(path, *, live: bool = False) -> list[dict]:
 
 def read_summary(run_dir) -> dict[str, float]:
     """`success_before_rl` / `success_after_rl` of `<run_dir>/summary.json` ({} if absent)."""
-    path = Path(run_dir) / "summary.json"
+    data = _summary(Path(run_dir) / "summary.json")
+    return {k: float(data[k]) for k in SUMMARY_KEYS if _is_number(data.get(k))}
+
+
+def _summary(path: Path) -> dict:
+    """The object in a run's summary.json ({} if absent); `RunDataError` naming the file,
+    line and column when it is damaged."""
     if not path.is_file():
         return {}
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise RunDataError(f"{path}: not valid JSON ({err.msg}, line {err.lineno})") from None
+        data = read_json(path)
+    except RunFileError as err:
+        raise RunDataError(str(err)) from None
     if not isinstance(data, dict):
         raise RunDataError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return {k: float(data[k]) for k in SUMMARY_KEYS if _is_number(data.get(k))}
+    return data
 
 
 def _series(records: list[dict], key: str) -> tuple[list[float], list[float]]:
@@ -233,21 +246,22 @@ def read_run(run_dir, metric: str = "success_rate") -> RunCurves:
     greedy) before RL, at every `eval.every` iterations, and after RL, against episodes.
     `metric`: the held-out evaluation's key to draw instead of `success_rate` (e.g.
     `return_mean`, or an env summary's `env_rubric_mean`); the training curve is then
-    `train_<metric>` if the metrics have it, else the mean reward."""
-    from jaxagent.config import safe_load
-
+    `train_<metric>` if the metrics have it, else the mean reward. A damaged config.yaml,
+    metrics.jsonl or summary.json is a `RunFileError` naming the file and line."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir}: no such run directory")
     config_path = run_dir / "config.yaml"
     if not config_path.is_file():
         raise FileNotFoundError(f"{config_path} is missing: {run_dir} is not a training run directory")
-    config = safe_load(config_path.read_text()) or {}
-    group = int(config.get("env", {}).get("group_size", 1))
+    config = read_config(config_path)
+    env = config.get("env")
+    group = env.get("group_size", 1) if isinstance(env, dict) else 1
+    if not _is_number(group) or group != int(group) or group < 1:
+        raise RunFileError(f"{config_path}: env.group_size must be a positive int, got {group!r}")
+    group = int(group)
     records = read_metrics(run_dir / "metrics.jsonl")
-    summary = {}
-    if (run_dir / "summary.json").is_file():
-        summary = json.loads((run_dir / "summary.json").read_text())
+    summary = _summary(run_dir / "summary.json")
     episodes, train, held = [], [], {"sampled": [], "greedy": []}
     if metric == "success_rate":
         train_key = "success_rate"
@@ -256,7 +270,8 @@ def read_run(run_dir, metric: str = "success_rate") -> RunCurves:
     for n, rec in enumerate(records, start=1):
         x = float(rec["tasks_seen"] * group) if _is_number(rec.get("tasks_seen")) else float(n)
         episodes.append(x)
-        train.append(float(rec.get(train_key, math.nan)))
+        v = rec.get(train_key)
+        train.append(float(v) if _is_number(v) else math.nan)
         for kind, key in (("sampled", f"eval_{metric}"), ("greedy", f"eval_greedy_{metric}")):
             if _is_number(rec.get(key)):
                 held[kind].append((x, float(rec[key])))

@@ -120,6 +120,99 @@ def describe_damage(step_dir: Path, err: BaseException) -> str:
     return f"{where}: cannot be read ({type(err).__name__}: {first[:300]})"
 
 
+# ---------------------------------------------------------------------- reading its files
+class RunFileError(ValueError):
+    """A file of a run directory that cannot be read back (truncated, garbled, not what the
+    run writes). The message is one line naming the file and, where it makes sense, the
+    line and column; the commands that read runs exit with status 2 on it."""
+
+
+def _position(data: bytes, offset: int) -> tuple[int, int]:
+    """(line, column), from 1, of byte `offset` of `data` (the column counts bytes)."""
+    start = data.rfind(b"\n", 0, offset) + 1
+    return data.count(b"\n", 0, offset) + 1, offset - start + 1
+
+
+def read_text(path) -> str:
+    """A run directory's text file, as UTF-8 (what the run writes): `RunFileError` naming
+    the line and column of the first byte that is not, `FileNotFoundError` if missing."""
+    path = Path(path)
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line, column = _position(data, err.start)
+        raise RunFileError(f"{path}, line {line}, column {column}: not UTF-8 text (byte 0x{data[err.start]:02x}): "
+                           "the file is garbled") from None
+
+
+def read_json(path):
+    """A run directory's JSON file (`read_text`); `RunFileError` naming the line and column
+    where it stops being valid JSON."""
+    path = Path(path)
+    try:
+        return json.loads(read_text(path))
+    except json.JSONDecodeError as err:
+        raise RunFileError(f"{path}: not valid JSON at line {err.lineno}, column {err.colno} ({err.msg})") from None
+
+
+def read_config(path) -> dict:
+    """A run's `config.yaml` as a mapping, checked for damage (`RunFileError`): not UTF-8,
+    not valid YAML (line and column), or cut off: it ends mid-line, without its newline,
+    part of the way through the newest `config.<n>.yaml` (the copy the run wrote with it;
+    the line where it stops)."""
+    from jaxagent.config import ConfigError, read_yaml
+
+    path = Path(path)
+    text = read_text(path)
+    history = [p for p in path.parent.glob("config.[0-9]*.yaml") if p.name.split(".")[1].isdigit()]
+    if path.name == "config.yaml" and history and not text.endswith("\n"):
+        newest = max(history, key=lambda p: int(p.name.split(".")[1]))
+        whole = newest.read_bytes().decode("utf-8", errors="replace")
+        if whole.startswith(text) and whole[len(text):].strip():
+            line = text.count("\n") + 1
+            raise RunFileError(f"{path}, line {line}: truncated (it ends mid-line, part of the way through "
+                               f"{newest.name}, the copy the run wrote with it)")
+    try:
+        return read_yaml(path)
+    except ConfigError as err:
+        raise RunFileError(str(err)) from None
+
+
+def check_tokenizer_files(directory) -> None:
+    """Reads back a run's saved tokenizer (`<run_dir>/tokenizer/`) before it is loaded, so
+    that damage is named rather than raised from inside `tokenizers` or at the first chat
+    template use: `FileNotFoundError` without tokenizer.json, `RunFileError` for a JSON file
+    that is not UTF-8 or not valid JSON (line and column), a tokenizer.json the `tokenizers`
+    library cannot read, or a chat template that does not compile (its line)."""
+    directory = Path(directory)
+    main = directory / "tokenizer.json"
+    if not main.is_file():
+        raise FileNotFoundError(f"the run's trained tokenizer {main} is missing")
+    for path in sorted(directory.glob("*.json")):
+        read_json(path)
+    from tokenizers import Tokenizer
+
+    try:
+        Tokenizer.from_str(read_text(main))
+    except Exception as err:  # noqa: BLE001 - the library's own error for a structure it cannot read
+        what = " ".join(str(err).split())[:300]
+        raise RunFileError(f"{main}: not a tokenizer the tokenizers library reads ({what})") from None
+    template = directory / "chat_template.jinja"
+    if template.is_file():
+        text = read_text(template)
+        import jinja2
+
+        try:   # compiled as transformers compiles it at the template's first use
+            from transformers.utils.chat_template_utils import _compile_jinja_template
+        except ImportError:   # a transformers without it: the template is checked at its first use
+            return
+        try:
+            _compile_jinja_template(text)
+        except jinja2.TemplateSyntaxError as err:
+            raise RunFileError(f"{template}, line {err.lineno}: not a valid chat template ({err.message})") from None
+
+
 class RunDir:
     """Reads and writes one run directory (module docstring). `primary`: this process
     writes the files."""
@@ -242,7 +335,9 @@ class RunDir:
         progress = Progress(iteration=int(extras["iteration"]), task_position=int(extras["task_position"]),
                             history=list(extras.get("history", [])), summary=dict(extras.get("summary", {})))
         if self.summary_path.exists():  # the evaluation after RL is written after the last checkpoint
-            on_disk = json.loads(self.summary_path.read_text())
+            on_disk = read_json(self.summary_path)
+            if not isinstance(on_disk, dict):
+                raise RunFileError(f"{self.summary_path}: expected a JSON object, got {type(on_disk).__name__}")
             if on_disk.get("iterations_at_eval") == progress.iteration and "success_after_rl" in on_disk:
                 progress.summary = on_disk
         return state, progress, candidate

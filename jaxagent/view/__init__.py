@@ -35,6 +35,7 @@ from pathlib import Path
 
 from jaxagent.train.episodes import read_store
 from jaxagent.train.plot import read_metrics
+from jaxagent.train.rundir import read_json
 
 STATIC = Path(__file__).resolve().parent / "static"
 STATIC_FILES = ("index.html", "viewer.js", "viewer.css")
@@ -68,17 +69,17 @@ def digest(rec: dict) -> dict:
 
 
 def read_run(run_dir) -> tuple[dict, dict[int, list[dict]]]:
-    """`(run, episodes by iteration)` of one run directory; errors name the file."""
+    """`(run, episodes by iteration)` of one run directory; errors name the file (a damaged
+    metrics.jsonl, summary.json or episode store file: a `RunFileError` with the line)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ViewError(f"{run_dir}: no such run directory")
     metrics = read_metrics(run_dir / "metrics.jsonl", live=True)
     summary = {}
     if (run_dir / "summary.json").is_file():
-        try:
-            summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
-        except json.JSONDecodeError as err:
-            raise ViewError(f"{run_dir / 'summary.json'}: not valid JSON ({err})") from None
+        summary = read_json(run_dir / "summary.json")
+        if not isinstance(summary, dict):
+            raise ViewError(f"{run_dir / 'summary.json'}: expected a JSON object, got {type(summary).__name__}")
     stored = read_store(run_dir)
     if not metrics and not stored and not (run_dir / "config.yaml").is_file():
         raise ViewError(f"{run_dir}: neither metrics.jsonl nor an episode store (episodes/) to show; "

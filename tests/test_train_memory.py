@@ -160,3 +160,29 @@ def test_the_samplers_append_is_bounded_and_within_the_estimate():
     assert bounded[1] < 1.01 * bounded[0]   # the same for 4x the tokens (to a scan's few buffers)
     assert 0.6 < bounded[1] / est < 1.5, bounded[1] / est
     assert peak(4 * APPEND_CHUNK, 10**6) > 3 * est   # one pass: the check above can fail
+
+
+def test_the_value_pass_runs_in_the_log_prob_pass_rows():
+    """configs/sokoban_ppo.yaml (`logprob_rows: 8` of 32 rows of 3,072 tokens) compiled its
+    critic's value pass over all 32 rows at once: 13.8 GiB against the 3.5 GiB of the
+    log-prob pass the estimate counts (`tests/test_train_compiled.py` found it). The pass
+    now runs in the same row chunks: the same values, a quarter of the memory."""
+    from jaxagent.train.placement import _critic_values
+    from jaxagent.train.step import UpdateBatch, critic_values
+
+    cfg = model(64, 2, 4, 2, 16, 128, 256)
+    from jaxagent.models.value import value_params_from_policy
+
+    params = M.init_params(jax.random.key(0), cfg)
+    state = init_train_state(jax.random.key(1), params, cfg, StepConfig(), critic_config=cfg,
+                             critic_params=value_params_from_policy(jax.random.key(2), params, cfg))
+    B, T = 8, 256
+    tokens = jax.random.randint(jax.random.key(3), (B, T), 0, cfg.vocab_size)
+    mask = (jnp.arange(T)[None, :] < jnp.array([T, 200, 31, 256, 5, 128, 64, 100])[:, None]).astype(jnp.int32)
+    batch = UpdateBatch(tokens=tokens, loss_mask=mask, advantages=mask, old_logp=mask, attention_mask=mask)
+    whole = np.asarray(critic_values(state.critic_params, state.critic_config, batch))
+    parts = np.asarray(_critic_values(state.critic_params, state.critic_config, batch, row_chunks=4))
+    np.testing.assert_allclose(parts, whole, atol=1e-5, rtol=1e-6)
+    peak = {n: _critic_values.lower(state.critic_params, state.critic_config, batch, row_chunks=n).compile()
+            .memory_analysis().temp_size_in_bytes for n in (1, 4)}
+    assert peak[4] < peak[1] / 3, peak

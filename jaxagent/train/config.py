@@ -250,6 +250,11 @@ class RolloutSection:
 
         return SamplingConfig(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
 
+    def sampler_rows(self, batch: int) -> int:
+        """Rows of the largest sampler state a rollout of `batch` rows decodes at once: a
+        pipeline group's (`pipeline_groups`), or the continuous scheduler's `slots`."""
+        return min(self.slots, batch) if self.slots else -(-batch // min(self.pipeline_groups, batch))
+
     def loop_config(self, pad_id: int):
         """The `jaxagent.rollout.AgentLoopConfig` of these keys (trajectories padded with `pad_id`)."""
         from jaxagent.rollout import AgentLoopConfig

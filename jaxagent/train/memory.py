@@ -31,8 +31,8 @@ heads, kv heads, MLP width and vocabulary divided by `tensor` where it divides):
                     = b T (L saved_layer + 1.5 per_token_layer)    remat (a layer recomputed;
                                                                    compiled peaks: 0.8-1.8x)
     head            = b T D (a + 4) * 2 + 3 b min(T, seq_chunk) min(V, vocab_chunk) 4
-    activations     = trunk + head                    (critic: max with its own trunk;
-                                                       the two backward passes run in turn)
+    activations     = trunk + head                    (critic: plus its own trunk and value
+                                                       head; XLA keeps both live in the step)
 
 XLA's fusion and scheduling change the real peak by tens of percent either way; the
 estimate is for telling "fits easily" from "cannot fit", not for packing to the byte.
@@ -42,7 +42,12 @@ its attention scores counted three times); it runs before the update, so a run n
 larger of the two activation figures. The episode store's entropy pass runs in passes of
 the log-prob pass's rows, so this figure bounds it too. `prefill_bytes` is the sampler's
 append of a prompt or an observation (in `APPEND_CHUNK`-token pieces, attending to the whole
-cache); the trainer counts the largest of the three passes, which never overlap.
+cache), `decode_bytes` its decode of a turn (with the layers unrolled, the CPU default, one
+more copy of the KV cache and of the params), and the trainer adds the warm start's SFT
+step (`warm_start`: its activations, gradients and optimizer state); it counts the largest
+of these passes, which never overlap. `jaxagent.train.compiled` compiles each of them at a
+run's shapes for comparison (`tests/test_train_compiled.py`: every shipped config within
+1.5x).
 """
 from __future__ import annotations
 
@@ -207,7 +212,9 @@ def _activation_bytes(cfg, step_config, sizes, rules, B, T, dtype, critic) -> in
     trunk = b * T * (L * saved + per_tok) if not remat else int(b * T * (L * saved + 1.5 * per_tok))
     head = 2 * b * T * D * (a + f) + 3 * b * min(T, step_config.seq_chunk) * min(V, step_config.vocab_chunk) * f
     policy = trunk + head
-    return int(max(policy, trunk + b * T * D * (a + f)) if critic else policy)
+    # the critic's forward and backward are in the same compiled step as the policy's, and
+    # XLA keeps both sets of saved activations live (compiled: 2.0x the policy's alone)
+    return int(policy + trunk + b * T * D * (a + f) if critic else policy)
 
 
 def _forward_layer(model_config, mesh, rules: Rules, *, rows: int, attended: int, a: int) -> tuple[int, int, int]:
@@ -265,6 +272,28 @@ def prefill_bytes(model_config, mesh=None, *, rows: int, max_len: int, chunk: in
     a = int(np.dtype(compute_dtype or param_dtype).itemsize)
     b, per_tok, V = _forward_layer(model_config, mesh, rules, rows=rows, attended=max_len, a=a)
     return int(b * min(chunk, max_len) * per_tok + b * V * 4)
+
+
+def decode_bytes(model_config, mesh=None, *, rows: int, max_len: int, unroll_layers: bool, param_bytes: int = 0,
+                 param_dtype: str = "float32", compute_dtype: str | None = None, kv_dtype: str | None = None,
+                 rules: Rules = LOGICAL_AXIS_RULES) -> int:
+    """Per-device bytes live while the sampler decodes a turn for `rows` cached rows of
+    `max_len` slots: one token's layer activations, with attention scores over the whole
+    cache, and a few rows of logits (sampling: the logits, their processed copy, softmax
+    and log-softmax); with the layers unrolled (`jaxagent.rollout.sampler.decode_kernel`,
+    the CPU default) also each layer's window copied out of the cache, up to one more
+    KV cache, and each layer's weights sliced out of the stacked ones, one more copy of
+    the sampler's params (`param_bytes`, per device)::
+
+        b per_token_layer(T -> S) + 4 b V 4 (+ kv_cache + param_bytes when unrolled)
+    """
+    a = int(np.dtype(compute_dtype or param_dtype).itemsize)
+    b, per_tok, V = _forward_layer(model_config, mesh, rules, rows=rows, attended=max_len, a=a)
+    copies = 0
+    if unroll_layers:
+        copies = _kv_bytes(model_config, axis_sizes(mesh if mesh is not None else MeshConfig()), rules, rows,
+                           max_len, kv_dtype or compute_dtype or param_dtype) + int(param_bytes)
+    return int(copies + b * per_tok + 4 * b * V * 4)
 
 
 def host_memory_bytes() -> int | None:

@@ -116,11 +116,20 @@ def trimmed_logprobs(params, config, tokens_BxT, attention_mask_BxT, lengths, *,
     return tuple(full) if with_entropy else full[0]
 
 
-def _cast_critic_values(critic_params, critic_config, batch, *, compute_dtype=None):
-    return critic_values(for_compute(critic_params, compute_dtype), critic_config, batch)
+def _cast_critic_values(critic_params, critic_config, batch, *, compute_dtype=None, row_chunks: int = 1):
+    """`critic_values` in `compute_dtype`, over `row_chunks` chunks of rows in turn (as
+    `_policy_logprobs` cuts them: `logprob_rows` bounds this pass's memory too)."""
+    params = for_compute(critic_params, compute_dtype)
+    if row_chunks == 1:
+        return critic_values(params, critic_config, batch)
+    B, T = batch.tokens.shape
+    n = row_chunks
+    chunks = jax.tree.map(lambda x: x.reshape(B // n, n, *x.shape[1:]).swapaxes(0, 1), batch)
+    out = jax.lax.map(lambda b: critic_values(params, critic_config, b), chunks)
+    return out.swapaxes(0, 1).reshape(B, T)
 
 
-_critic_values = jax.jit(_cast_critic_values, static_argnames=("critic_config", "compute_dtype"))
+_critic_values = jax.jit(_cast_critic_values, static_argnames=("critic_config", "compute_dtype", "row_chunks"))
 
 
 #: the sampler's params in the compute dtype (jitted: a sharded state stays sharded)
@@ -181,7 +190,8 @@ class Placement:
 
             def values(critic_params, batch):
                 with decoder.activation_constraint(layout):
-                    return _cast_critic_values(critic_params, model_config, batch, compute_dtype=sc.compute_dtype)
+                    return _cast_critic_values(critic_params, model_config, batch, compute_dtype=sc.compute_dtype,
+                                               row_chunks=self.logprob_chunks)
 
             self._logprobs = {
                 flag: jax.jit(functools.partial(logprobs, with_entropy=flag, row_chunks=self.logprob_chunks),
@@ -335,7 +345,7 @@ class Placement:
                             old_logp=placed.loss_mask, attention_mask=placed.attention_mask)
         if self.mesh is None:
             return _critic_values(state.critic_params, state.critic_config, probe,
-                                  compute_dtype=self.config.step_config.compute_dtype)
+                                  compute_dtype=self.config.step_config.compute_dtype, row_chunks=self.logprob_chunks)
         return jnp.asarray(par.to_host(self._values(state.critic_params, probe)))
 
     # ------------------------------------------------------------------ memory
@@ -372,14 +382,29 @@ class Placement:
         rows = (len(self.rows) if self.multi_process else cfg.env.batch_size) // self.logprob_chunks
         est["logprob_pass"] = memory.forward_activation_bytes(
             model_config, cfg.step_config, self.mesh, rows=rows, seq_len=cfg.rollout.max_context, **common)
-        # the sampler's appends run during the rollout, in pieces of APPEND_CHUNK tokens
-        from jaxagent.rollout.sampler import APPEND_CHUNK
+        # the sampler's appends (in pieces of APPEND_CHUNK tokens) and decodes run during the
+        # rollout, on one pipeline group's rows (or the continuous scheduler's slots) at a time
+        from jaxagent.rollout.sampler import APPEND_CHUNK, unroll_layers_default
 
-        est["prefill"] = memory.prefill_bytes(model_config, self.mesh if self.sampler_on_mesh else None,
-                                              rows=len(self.rows), max_len=cfg.rollout.max_context,
-                                              chunk=APPEND_CHUNK, param_dtype=cfg.model.dtype,
-                                              compute_dtype=cfg.model.compute_dtype)
-        passes = ("activations", "logprob_pass", "prefill")   # one at a time
+        sampler_mesh, sampled = self.mesh if self.sampler_on_mesh else None, cfg.rollout.sampler_rows(len(self.rows))
+        est["prefill"] = memory.prefill_bytes(model_config, sampler_mesh, rows=sampled,
+                                              max_len=cfg.rollout.max_context, chunk=APPEND_CHUNK,
+                                              param_dtype=cfg.model.dtype, compute_dtype=cfg.model.compute_dtype)
+        sampler_params = sampler["params"] if compute is None or compute == cfg.model.dtype else \
+            int(sampler["params"] * np.dtype(compute).itemsize / np.dtype(cfg.model.dtype).itemsize)
+        est["decode"] = memory.decode_bytes(model_config, sampler_mesh, rows=sampled, max_len=cfg.rollout.max_context,
+                                            unroll_layers=unroll_layers_default(), param_bytes=sampler_params,
+                                            param_dtype=cfg.model.dtype, compute_dtype=cfg.model.compute_dtype)
+        passes = ["activations", "logprob_pass", "prefill", "decode"]   # one at a time
+        ws = cfg.warm_start
+        if ws.enabled:   # the warm start's SFT steps, before RL, beside a second optimizer state
+            from jaxagent.train.warmstart import sft_step_config
+
+            sft_rows = min(ws.batch_size, ws.episodes + ws.conclusions)
+            sft = memory.estimate_memory(model_config, sft_step_config(cfg), self.mesh, batch_size=sft_rows,
+                                         seq_len=cfg.rollout.max_context, **common)
+            est["warm_start"] = sft["activations"] + sft["grads"] + sft["opt_state"]
+            passes.append("warm_start")
         est["total"] = sum(v for k, v in est.items() if k not in ("total", *passes)) \
             + max(est[k] for k in passes)
         where = "device"

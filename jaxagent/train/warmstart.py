@@ -339,6 +339,15 @@ def padded_length(longest: int, cap: int) -> int:
     return min(cap, -(-longest // BUCKET_MULTIPLE) * BUCKET_MULTIPLE)
 
 
+def sft_step_config(config):
+    """The warm start's `StepConfig`: the run's, with its own optimizer (`warm_start.optim`),
+    no micro-batches and the loss at temperature 1."""
+    from jaxagent.train.step import LossConfig
+
+    return dataclasses.replace(config.step_config, loss=LossConfig(temperature=1.0), optim=config.warm_start.optim,
+                               num_micro_batches=1)
+
+
 def sft_warm_start(config, params, model_config, tokenizer, demonstrations: Sequence[Demonstration], placement,
                    log=print):
     """Supervised fine-tuning of `params` on `demonstrations` (the `warm_start` section of
@@ -351,7 +360,7 @@ def sft_warm_start(config, params, model_config, tokenizer, demonstrations: Sequ
     import jax
 
     from jaxagent.rollout.chat import ChatFormat
-    from jaxagent.train.step import LossConfig, SFTBatch, init_train_state
+    from jaxagent.train.step import SFTBatch, init_train_state
 
     ws = config.warm_start
     t_start = time.perf_counter()
@@ -377,8 +386,7 @@ def sft_warm_start(config, params, model_config, tokenizer, demonstrations: Sequ
     bs = min(ws.batch_size, n)
     per_epoch = n // bs
     total = per_epoch * ws.epochs
-    sc = dataclasses.replace(config.step_config, loss=LossConfig(temperature=1.0), optim=ws.optim,
-                             num_micro_batches=1)
+    sc = sft_step_config(config)
     k_sft, k_shuffle = jax.random.split(jax.random.fold_in(jax.random.key(config.seed), 1))
     placement.check_batch_rows(bs, "warm_start.batch_size")
     state = placement.place_state(init_train_state(k_sft, params, model_config, sc))

@@ -28,8 +28,11 @@ heads, kv heads, MLP width and vocabulary divided by `tensor` where it divides):
                     = D a                                    remat=True / "full" (layer input)
                     = (H + 2K) hd a + 2 D a + 2 F a          remat="dots" (matmul outputs)
     trunk           = b T (L saved_layer + per_token_layer)        remat=False
-                    = b T (L saved_layer + 1.5 per_token_layer)    remat (a layer recomputed;
-                                                                   compiled peaks: 0.8-1.8x)
+                    = b T (L saved_layer + 1.5 per_token_layer'    remat (a layer recomputed
+                          + H T (3 4 + a))                         and differentiated: its
+                                                                   scores, softmax and their
+                                                                   gradients live at once)
+    (per_token_layer' is per_token_layer without the attention term)
     head            = b T D (a + 4) * 2 + 3 b min(T, seq_chunk) min(V, vocab_chunk) 4
     activations     = trunk + head                    (critic: plus its own trunk and value
                                                        head; XLA keeps both live in the step)
@@ -200,7 +203,8 @@ def _activation_bytes(cfg, step_config, sizes, rules, B, T, dtype, critic) -> in
     K = _split(cfg.num_kv_heads, table["heads"], sizes)
     F = _split(cfg.intermediate_size, table["mlp"], sizes)
     V = _split(cfg.vocab_size, table["vocab"], sizes)
-    per_tok = 4 * D * a + 2 * D * f + 2 * (H + 2 * K) * hd * a + H * T * (f + a) + H * hd * a + 4 * F * a
+    base = 4 * D * a + 2 * D * f + 2 * (H + 2 * K) * hd * a + H * hd * a + 4 * F * a
+    per_tok = base + H * T * (f + a)
     remat = step_config.remat
     if not remat:
         saved = per_tok
@@ -209,7 +213,9 @@ def _activation_bytes(cfg, step_config, sizes, rules, B, T, dtype, critic) -> in
     else:  # "dots"
         saved = (H + 2 * K) * hd * a + 2 * D * a + 2 * F * a
     # the layer being differentiated is live whole; recomputed (remat), also its recomputation
-    trunk = b * T * (L * saved + per_tok) if not remat else int(b * T * (L * saved + 1.5 * per_tok))
+    # remat: the recomputed layer's scores, softmax, their gradients and the cast are live
+    # at once while it is differentiated (compiled: 15-17 bytes a score from 1,024 tokens on)
+    trunk = b * T * (L * saved + per_tok) if not remat else int(b * T * (L * saved + 1.5 * base + H * T * (3 * f + a)))
     head = 2 * b * T * D * (a + f) + 3 * b * min(T, step_config.seq_chunk) * min(V, step_config.vocab_chunk) * f
     policy = trunk + head
     # the critic's forward and backward are in the same compiled step as the policy's, and

@@ -137,8 +137,19 @@ class EpisodeStore:
         self.dir = Path(run_dir) / "episodes"
         self.per_iteration = per_iteration
         self.max_bytes = int(max_mb * 2 ** 20)
-        #: only iterations that are multiples of `stride` are kept (it doubles when full)
-        self.stride = self._saved_stride()
+        self._stride = 1
+
+    @property
+    def stride(self) -> int:
+        """Only iterations that are multiples of it are kept (it doubles when the store is
+        full). Read from `episodes/stride` each time: a resumed run goes on with it, and a
+        fresh start, which removes the store of a run killed before its first checkpoint,
+        starts over at 1 (a file that cannot be read now: the last stride known)."""
+        try:
+            self._stride = self._saved_stride()
+        except OSError:
+            pass
+        return self._stride
 
     def path(self, iteration: int) -> Path:
         return self.dir / f"iter_{int(iteration):06d}.jsonl"
@@ -160,20 +171,27 @@ class EpisodeStore:
     def _thin(self) -> None:
         """Doubles the stride and deletes the stored iterations it no longer keeps (the
         stride is written first, so a crash in between leaves extra files, not a stale
-        stride)."""
-        self.stride *= 2
+        stride; `drop_after` deletes them on a resume)."""
+        stride = self.stride * 2
         tmp = self.dir / "stride.tmp"
-        tmp.write_text(f"{self.stride}\n")
+        tmp.write_text(f"{stride}\n")
         tmp.replace(self.dir / "stride")
+        self._stride = stride
         for i, p in self._stored().items():
-            if i % self.stride:
+            if i % stride:
                 p.unlink(missing_ok=True)
 
     def drop_after(self, iteration: int) -> None:
         """Deletes the stored iterations after `iteration` (a resume from that checkpoint
-        plays them again)."""
+        plays them again), and what a run killed in a write left: the iterations a
+        thinning cut off after its new stride no longer keeps (else they would count
+        against the bound, and thin the store again) and half-written temporary files."""
+        stride = self.stride
         for i, p in self._stored().items():
-            if i > iteration:
+            if i > iteration or i % stride:
+                p.unlink(missing_ok=True)
+        if self.dir.is_dir():
+            for p in self.dir.glob("*.tmp"):
                 p.unlink(missing_ok=True)
 
     def write(self, iteration: int, episodes: Sequence, tokenizer, signals: dict | None = None,

@@ -234,7 +234,9 @@ class RunDir:
         """A fresh run: `FileExistsError` when the directory holds checkpoints; an empty
         metrics file, the trained tokenizer (when given). What an abandoned earlier start
         left (one killed before its first checkpoint) does not carry over: its episode
-        store is removed, and so are its trackers' run ids (new tracker runs start)."""
+        store is removed, and so are its trackers' run ids (new tracker runs start), its
+        summary.json (its evaluation before RL) and its config history (config.0.yaml is
+        this start's)."""
         if ckpt.latest_step() is not None:
             raise FileExistsError(f"{ckpt.directory} already holds checkpoints (latest "
                                   f"{ckpt.latest_step()}); resume, or choose another run_dir")
@@ -244,6 +246,8 @@ class RunDir:
 
         for name in ID_FILES:
             (self.path / name).unlink(missing_ok=True)
+        for path in (self.summary_path, self.path / "config.yaml", *self.path.glob("config.[0-9]*.yaml")):
+            path.unlink(missing_ok=True)
         if (self.path / "episodes").is_dir():
             shutil.rmtree(self.path / "episodes")
         self.metrics_path.write_text("")

@@ -34,18 +34,22 @@ def _total_gb() -> float:
 TOTAL_GB = _total_gb()
 
 
-#: compiled in a slow test of their own: SmolLM2-135M's 30 layers take half a minute to
-#: build and compile, and `smollm2_frozenlake` (the same model) holds every program kind
-#: these have, in the default suite
-SLOW = {"smollm2_countdown_grpo"}
+#: compiled in a slow test of their own: SmolLM2-135M's 30 layers take 30-40 s each to
+#: build and compile; the kinds of program only they have in the shipped configs (LoRA
+#: with a warm start) are in the default suite on the tiny model (`LORA`)
+SLOW = {"smollm2_countdown_grpo", "smollm2_frozenlake"}
+#: a LoRA run with a warm start (what `smollm2_frozenlake` is), on the tiny Countdown config
+LORA = ["model.lora={rank: 4, alpha: 8, targets: [q_proj, v_proj, down_proj]}", "warm_start.episodes=8",
+        "warm_start.batch_size=4"]
 
 
-def _problems(path, tmp_path) -> list[str]:
+def _problems(path, tmp_path, overrides=()) -> list[str]:
     """What is wrong with config `path`'s compiled programs against its estimate (empty:
     nothing; skipped when its model file is not installed)."""
     # the machine's whole RAM as the device (what is available at the moment depends on
     # the tests running beside this one)
-    shipped = load_config(TrainerConfig, path, [f"run_dir={tmp_path / path.stem}", f"device_memory_gb={TOTAL_GB:.2f}"])
+    shipped = load_config(TrainerConfig, path, [f"run_dir={tmp_path / path.stem}", f"device_memory_gb={TOTAL_GB:.2f}",
+                                                *overrides])
     if shipped.model.path is not None:
         from jaxagent.models.hf import resolve_model_path
 
@@ -85,10 +89,10 @@ def test_every_shipped_config_compiles_within_its_estimate(tmp_path):
     """Every config but `SLOW`, in one process: programs two configs share (the same model
     and shapes under another estimator) compile once."""
     problems, skipped = [], []
-    for path in CONFIGS:
-        if path.stem not in SLOW:
-            got = _problems(path, tmp_path)
-            (skipped if got and got[0].startswith("skip") else problems).extend(got)
+    cases = [(path, ()) for path in CONFIGS if path.stem not in SLOW]
+    for path, overrides in cases + [(ROOT / "configs" / "tiny_countdown_grpo.yaml", LORA)]:
+        got = _problems(path, tmp_path / str(len(problems) + len(skipped)), overrides)
+        (skipped if got and got[0].startswith("skip") else problems).extend(got)
     assert not problems, "\n".join(problems)
     assert len(skipped) < len(CONFIGS) - len(SLOW)
 
@@ -100,3 +104,21 @@ def test_slow_config_compiles_within_its_estimate(path, tmp_path):
     if got and got[0].startswith("skip"):
         pytest.skip(got[0])
     assert not got, "\n".join(got)
+
+
+def test_on_a_mesh_the_programs_are_the_sharded_ones_and_within_the_estimate(tmp_path):
+    """On a 2 x 2 x 2 mesh of the virtual devices the programs compiled are the run's
+    sharded ones (per-device memory), and each is within the same limits of the
+    per-device estimate."""
+    cfg = load_config(TrainerConfig, ROOT / "configs" / "tiny_countdown_ppo.yaml",
+                      [f"run_dir={tmp_path / 'run'}", "mesh={data: 2, fsdp: 2, tensor: 2}", "device_memory_gb=8",
+                       "rollout.max_context=256"])
+    lines = []
+    trainer = Trainer(cfg, log=lines.append)
+    assert trainer.mesh is not None and trainer.placement.sampler_on_mesh
+    passes = {p.name: p for p in compiled_passes(trainer, log=lines.append)}
+    assert {"rollout_append", "rollout_decode", "logprob_pass", "value_pass", "update"} <= set(passes), passes
+    for p in passes.values():
+        assert p.ratio < HIGH, "\n".join(lines)
+        if p.name not in BOUNDED:
+            assert p.ratio > LOW, "\n".join(lines)

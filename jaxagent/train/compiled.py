@@ -102,10 +102,6 @@ class _Compiler:
         return p
 
 
-def _zeros(shape, dtype):
-    return np.zeros(shape, dtype)
-
-
 def compiled_passes(trainer, config=None, *, log=lambda *_: None) -> list[CompiledPass]:
     """The memory of every program `trainer`'s run compiles (module docstring), each
     compiled at the run's shapes and none run. `trainer` is a built `Trainer` (its memory
@@ -132,7 +128,7 @@ def compiled_passes(trainer, config=None, *, log=lambda *_: None) -> list[Compil
     B = len(place.rows)
     rows = cfg.rollout.sampler_rows(B)
     state = jax.eval_shape(lambda: sampler.init_state(rows))
-    tokens = sampler._put_rows(_zeros((rows, bucket(T, lc.min_bucket)), np.int32))
+    tokens = sampler._put_rows(np.zeros((rows, bucket(T, lc.min_bucket)), np.int32))
     out.append(compile_("rollout_append", "prefill", est["prefill"],
                         sampler._append.lower(sampler.params, state, tokens, tokens)))
     stop_tokens = list(loop.chat.stop_token_ids)
@@ -152,8 +148,8 @@ def compiled_passes(trainer, config=None, *, log=lambda *_: None) -> list[Compil
                             sampler._decode.lower(sampler.params, state, *args, sampling, lc.max_tokens_per_turn)))
     if lc.slots and rows > 1:   # the continuous scheduler's calls of fewer rows than its slots
         R = 1 << ((rows - 1).bit_length() - 1)   # the largest gather below every slot (`decode_rows`)
-        idx = _zeros((R,), np.int32)
-        cut = _zeros((R, bucket(T, lc.min_bucket)), np.int32)
+        idx = np.zeros((R,), np.int32)
+        cut = np.zeros((R, bucket(T, lc.min_bucket)), np.int32)
         args = [sampler._put_rows(x) for x in (cut, cut, np.ones((R,), bool),
                                                np.full((R,), lc.max_tokens_per_turn, np.int32),
                                                _stop_token_array(stop_tokens, R),
@@ -164,7 +160,7 @@ def compiled_passes(trainer, config=None, *, log=lambda *_: None) -> list[Compil
 
     # ---- the passes before the update
     Bg = cfg.env.batch_size
-    ids = _zeros((Bg, T), np.int32)
+    ids = np.zeros((Bg, T), np.int32)
     kw = dict(temperature=sc.loss.temperature, seq_chunk=sc.seq_chunk, vocab_chunk=sc.vocab_chunk,
               compute_dtype=sc.compute_dtype)
     params = trainer.state.params
@@ -188,7 +184,7 @@ def compiled_passes(trainer, config=None, *, log=lambda *_: None) -> list[Compil
     if cfg.logging.episodes_per_iteration:
         if place.mesh is None:
             passes, chunk = store_entropy_passes(cfg)
-            sel = _zeros((passes * chunk, T), np.int32)
+            sel = np.zeros((passes * chunk, T), np.int32)
             lowered = policy_logprobs.lower(params, trainer.model_config, tokens_BxT=sel, attention_mask_BxT=sel,
                                             row_chunks=passes, with_entropy=True, **kw)
         else:
@@ -217,8 +213,8 @@ def compiled_passes(trainer, config=None, *, log=lambda *_: None) -> list[Compil
         wsc = sft_step_config(cfg)
         sft_state = jax.eval_shape(lambda: init_train_state(jax.random.key(0), params, trainer.model_config, wsc))
         rows_ws = min(ws.batch_size, ws.episodes + ws.conclusions)
-        b = SFTBatch(tokens=_zeros((rows_ws, T), np.int32), loss_mask=_zeros((rows_ws, T), np.float32),
-                     attention_mask=_zeros((rows_ws, T), np.int32))
+        b = SFTBatch(tokens=np.zeros((rows_ws, T), np.int32), loss_mask=np.zeros((rows_ws, T), np.float32),
+                     attention_mask=np.zeros((rows_ws, T), np.int32))
         if place.mesh is None:
             lowered = sft_step.lower(sft_state, b, config=wsc)
         else:
@@ -227,7 +223,6 @@ def compiled_passes(trainer, config=None, *, log=lambda *_: None) -> list[Compil
         opt = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(sft_state.opt_state))
         out.append(compile_("warm_start", "warm_start-opt_state", est["warm_start"] - opt, lowered))
     return out
-
 
 
 def _check_same_run(built, config) -> None:

@@ -126,3 +126,34 @@ def test_a_cpu_only_kernel_does_not_export_for_gpu():
     x = sds((4, 16), jnp.float32)
     with pytest.raises(ValueError, match="custom call"):
         export.export(jax.jit(lambda r, v, m: _gae_native(r, v, m, 0.99, 0.95, True)), platforms=("cuda",))(x, x, x)
+
+
+# ------------------------------------------------------------------ the accelerator paths on the CPU
+def test_the_code_paths_override_takes_the_accelerator_branches_on_the_cpu(monkeypatch):
+    """`JAXAGENT_CODE_PATHS=gpu`: the sampler decodes on the layer scan and GAE skips the
+    CPU's native kernel, here on the CPU (with the same results: GAE's scan method)."""
+    import numpy as np
+
+    from jaxagent import CODE_PATHS_ENV, code_platform
+    from jaxagent.algos import advantages
+    from jaxagent.rollout.sampler import unroll_layers_default
+
+    assert code_platform() == "cpu" and unroll_layers_default()
+    rng = np.random.default_rng(0)
+    r, v = rng.normal(size=(3, 12)).astype(np.float32), rng.normal(size=(3, 12)).astype(np.float32)
+    m = (rng.random((3, 12)) < 0.8).astype(np.float32)
+    if advantages._native.available():   # on the CPU's paths "auto" takes the native kernel
+        calls, native = [], advantages._gae_native
+        monkeypatch.setattr(advantages, "_gae_native", lambda *a, **k: calls.append(1) or native(*a, **k))
+        advantages.gae(r, v, m, gamma=0.99, lam=0.95)
+        assert calls
+    monkeypatch.setenv(CODE_PATHS_ENV, "gpu")
+    assert code_platform() == "gpu" and not unroll_layers_default()
+    monkeypatch.setattr(advantages, "_gae_native", lambda *a, **k: pytest.fail("the native kernel ran"))
+    got = advantages.gae(r, v, m, gamma=0.99, lam=0.95)
+    want = advantages.gae(r, v, m, gamma=0.99, lam=0.95, method="scan")
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    monkeypatch.setenv(CODE_PATHS_ENV, "cuda")
+    with pytest.raises(ValueError, match=f"{CODE_PATHS_ENV}='cuda': expected one of cpu, gpu, tpu"):
+        code_platform()

@@ -130,3 +130,22 @@ def test_unsharded_sampler_is_untouched():
     assert s.mesh is None
     st = s.init_state(2)
     assert not isinstance(st.cache.k.sharding, jax.sharding.NamedSharding) or st.cache.k.sharding.spec == P()
+
+
+# fsdp=8 is slow (its own compilations, ~8 s): 2x2x2 already splits every axis
+@pytest.mark.parametrize("shape", [(2, 2, 2), pytest.param((1, 8, 1), marks=pytest.mark.slow)], ids=["2x2x2", "fsdp8"])
+def test_the_layer_scan_decode_on_a_mesh_matches_the_unsharded_sampler(shape):
+    """The decode path accelerators take (`unroll_layers=False`, the layer scan) on a
+    mesh, against the unsharded sampler's CPU path (unrolled): the same tokens and
+    log-probs, greedy and sampled."""
+    cfg = tiny_config(vocab_size=97, num_kv_heads=2)
+    params = M.init_params(jax.random.key(0), cfg, std=0.3)
+    ref = Sampler(params, cfg, max_len=40, window_segments=2)
+    scan = Sampler(params, cfg, max_len=40, window_segments=2, mesh=mesh_of(*shape), unroll_layers=False)
+    assert ref.unroll_layers and not scan.unroll_layers
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11], [12, 13, 14], [5], [6, 7], [8, 8, 8, 8]]
+    for sampling in (SamplingConfig(0.0), SamplingConfig(0.9, top_k=20)):
+        (t0, l0, r0), (t1, l1, r1) = (Sampler.to_lists(s.generate(prompts, max_new_tokens=6, sampling=sampling,
+                                                                  seed=3)[1]) for s in (ref, scan))
+        assert t0 == t1 and r0 == r1
+        lists_close(l0, l1)

@@ -24,6 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxagent import code_platform
+
 from . import _checks, _native
 from ._groups import GroupStats, segment_ids
 from ._scan import METHODS, discounted_returns, gae_raw
@@ -79,7 +81,8 @@ def gae(rewards, values, mask, gamma, lam, *, whiten: bool = True, method: str =
     same linear recurrences with ``lax.associative_scan`` in O(log T) depth;
     ``"native"`` is a C++ kernel called through XLA's FFI (CPU only, ``gamma`` and
     ``lam`` must be Python numbers; see ``_native.py``); ``"auto"`` (default) takes
-    the native kernel where it applies and the scan elsewhere. All agree to float32
+    the native kernel where it applies (the CPU's code paths: ``jaxagent.code_platform()``)
+    and the scan elsewhere. All agree to float32
     rounding and all are differentiable (the native kernel's gradient is the
     scan's).
 
@@ -88,7 +91,7 @@ def gae(rewards, values, mask, gamma, lam, *, whiten: bool = True, method: str =
     _checks.choice("method", method, GAE_METHODS)
     if method in ("auto", "native"):
         g, lm = _python_float(gamma), _python_float(lam)
-        usable = g is not None and lm is not None and jax.default_backend() == "cpu"
+        usable = g is not None and lm is not None and code_platform() == "cpu"
         if usable and _native.available():
             return _gae_native(rewards, values, mask, g, lm, whiten)
         if method == "native":

@@ -381,8 +381,11 @@ def attention_windows(max_len: int, segments: int) -> tuple[int, ...]:
 
 def unroll_layers_default() -> bool:
     """Whether `decode_kernel` unrolls the layers by default: on the CPU backend, where it
-    saves the per-step copies (`decode_step_layers`)."""
-    return jax.default_backend() == "cpu"
+    saves the per-step copies (`decode_step_layers`); `jaxagent.code_platform()`, so
+    `JAXAGENT_CODE_PATHS=gpu` takes the accelerators' layer scan on a CPU."""
+    from jaxagent import code_platform
+
+    return code_platform() == "cpu"
 
 
 def decode_kernel(params, config: DecoderConfig, state: SamplerState, active_B, max_new_B, stop_tokens_BxS,

@@ -227,6 +227,32 @@ class Run:
     sandbox_isolation: str | None = None   # the env's code sandbox ("bwrap", ...; None: it runs no code)
 
 
+def compilation_cache(config: TrainerConfig) -> str | None:
+    """Turns on JAX's persistent compilation cache in `config.jit_cache_dir` (created if
+    missing) and returns its directory; None when the key is null. One already chosen
+    (`$JAX_COMPILATION_CACHE_DIR`, or `jax_compilation_cache_dir` set by this process)
+    is kept and returned."""
+    import os
+
+    if config.jit_cache_dir is None:
+        return None
+    chosen = os.environ.get("JAX_COMPILATION_CACHE_DIR") or jax.config.jax_compilation_cache_dir
+    if chosen:
+        return chosen
+    if config.jit_cache_dir == "auto":
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        path = Path(base) / "jaxagent" / "jit"
+    else:
+        path = Path(config.jit_cache_dir).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"jit_cache_dir: cannot create {path} ({err.strerror}); choose another "
+                          "directory or set jit_cache_dir: null") from None
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    return str(path)
+
+
 def build_run(config: TrainerConfig, *, resume: bool = False, log=print) -> Run:
     """Connects the processes (`config.distributed`), plays the warm start's expert
     demonstrations (fresh runs), builds the tokenizer, checks the memory estimate before
@@ -237,6 +263,7 @@ def build_run(config: TrainerConfig, *, resume: bool = False, log=print) -> Run:
 
         require_checkpoints(config.run_dir)
     isolation = check_env(config)
+    compilation_cache(config)   # before anything is compiled
     dist = config.distributed
     par.initialize(dist.coordinator_address, dist.num_processes, dist.process_id,
                    auto=True if dist.auto else None)

@@ -736,6 +736,11 @@ class TrainerConfig:
       the device does not report it; None = on CPU devices the host's available RAM
       shared by the local devices, elsewhere no check.
     overlap: one-step off-policy rollout/update overlap (`OverlapSection`; off by default).
+    jit_cache_dir: JAX's persistent compilation cache, so that a resumed run or the next
+      run of the same shapes skips XLA's compilation: "auto" (the default) =
+      `$XDG_CACHE_HOME/jaxagent/jit` (else `~/.cache/jaxagent/jit`), a path, or null = off.
+      Left alone when `$JAX_COMPILATION_CACHE_DIR` is set or the process already set
+      `jax_compilation_cache_dir`.
     """
 
     model: ModelSection = ModelSection()
@@ -763,11 +768,14 @@ class TrainerConfig:
     device_memory_gb: float | None = None
     overlap: OverlapSection = OverlapSection()
     logging: LoggingSection = LoggingSection()
+    jit_cache_dir: str | None = "auto"
 
     def __post_init__(self):
         for name in ("epochs", "mini_batches", "micro_batches", "iterations", "checkpoint_every",
                      "keep_checkpoints"):
             _check_int(name, getattr(self, name), 1)
+        if self.jit_cache_dir is not None and (not isinstance(self.jit_cache_dir, str) or not self.jit_cache_dir):
+            raise ValueError(f"jit_cache_dir must be \"auto\", a directory or null (off), got {self.jit_cache_dir!r}")
         _check_int("seed", self.seed, 0)
         B = self.env.batch_size
         if B % self.mini_batches:

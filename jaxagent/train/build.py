@@ -253,6 +253,17 @@ def compilation_cache(config: TrainerConfig) -> str | None:
     return str(path)
 
 
+def matmul_precision(config: TrainerConfig) -> str | None:
+    """Sets JAX's default matmul precision for the run (`model.matmul_precision`, resolved
+    for `jaxagent.code_platform()`) and returns it; None: JAX's default is left alone."""
+    from jaxagent import code_platform
+
+    precision = config.model.resolved_matmul_precision(code_platform())
+    if precision is not None:
+        jax.config.update("jax_default_matmul_precision", precision)
+    return precision
+
+
 def build_run(config: TrainerConfig, *, resume: bool = False, log=print) -> Run:
     """Connects the processes (`config.distributed`), plays the warm start's expert
     demonstrations (fresh runs), builds the tokenizer, checks the memory estimate before
@@ -264,6 +275,7 @@ def build_run(config: TrainerConfig, *, resume: bool = False, log=print) -> Run:
         require_checkpoints(config.run_dir)
     isolation = check_env(config)
     compilation_cache(config)   # before anything is compiled
+    precision = matmul_precision(config)
     dist = config.distributed
     par.initialize(dist.coordinator_address, dist.num_processes, dist.process_id,
                    auto=True if dist.auto else None)
@@ -272,6 +284,9 @@ def build_run(config: TrainerConfig, *, resume: bool = False, log=print) -> Run:
     notice = sandbox_notice(isolation)
     if notice:
         log(notice)
+    if precision is not None:
+        log(f"float32 matmuls at precision {precision!r} (model.matmul_precision: "
+            f"{config.model.matmul_precision})")
     demos = None
     if config.warm_start.enabled and not resume:
         from jaxagent.train.warmstart import collect_demonstrations

@@ -79,6 +79,11 @@ class ModelSection:
       policy; only they are trained (optimizer state for the adapters only), and the KL
       reference shares the frozen base weights with the policy (a copy of the adapters
       alone). None = train every weight.
+    matmul_precision: the precision of float32 matmuls (`jax_default_matmul_precision`):
+      "auto" = "highest" where the run computes in float32 on a GPU or TPU (whose default
+      passes run float32 matmuls in TF32 or bfloat16, so results would drift from the
+      CPU's without a word) and JAX's default elsewhere; "default", "high" or "highest"
+      choose it. bfloat16 compute (`compute_dtype`) is unaffected.
     """
 
     path: str | None = None
@@ -99,8 +104,12 @@ class ModelSection:
     compute_dtype: str | None = None
     remat: bool | str = False
     lora: LoraConfig | None = None
+    matmul_precision: str = "auto"
 
     def __post_init__(self):
+        if self.matmul_precision not in MATMUL_PRECISIONS:
+            raise ValueError(f"matmul_precision must be one of {', '.join(MATMUL_PRECISIONS)}, "
+                             f"got {self.matmul_precision!r}")
         if self.remat not in (False, True, "full", "dots"):
             raise ValueError(f"remat must be false, true, 'full' or 'dots', got {self.remat!r}")
         for name in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
@@ -119,6 +128,19 @@ class ModelSection:
             raise ValueError(f"compute_dtype must be null, 'float32' or 'bfloat16', got {self.compute_dtype!r}")
         if not (isinstance(self.init_std, (int, float)) and self.init_std > 0):
             raise ValueError(f"init_std must be a float > 0, got {self.init_std!r}")
+
+
+    def resolved_matmul_precision(self, platform: str) -> str | None:
+        """The matmul precision a run sets on `platform` ("cpu", "gpu", "tpu"; None: JAX's
+        default, left as it is): `matmul_precision` resolved (its docstring)."""
+        if self.matmul_precision != "auto":
+            return self.matmul_precision
+        float32 = (self.compute_dtype or self.dtype) == "float32"
+        return "highest" if float32 and platform != "cpu" else None
+
+
+#: `ModelSection.matmul_precision`'s values
+MATMUL_PRECISIONS = ("auto", "default", "high", "highest")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -305,3 +305,41 @@ def test_invalid_and_noop_actions_are_counted_per_episode_and_in_evaluation():
     assert summary["noop_action_frac"] == totals["noop"] / totals["turns"]
     # the per-episode details carry each episode's actions as played
     assert [(e["seed"], e["actions"]) for e in summary["per_episode"]] == [(ep.seed, list(ep.actions)) for ep in eps]
+
+
+def _record_prefills(sampler) -> list[int]:
+    """The rows of each append to an empty state (a prefill) `sampler` makes from now on."""
+    rows, append = [], sampler.append
+
+    def recorded(state, tokens):
+        if not np.any(np.asarray(state.cache.lengths)):
+            rows.append(len(tokens))
+        return append(state, tokens)
+
+    sampler.append = recorded
+    return rows
+
+
+@pytest.mark.parametrize("pipeline_groups", [1, 2])
+def test_a_groups_shared_prompt_is_prefilled_once_with_the_same_episodes(pipeline_groups):
+    """Groups of 4 episodes of one task each (equal first prompts): the loop prefills each
+    distinct prompt once (`share_prompts`, the default) and plays, sampled, the tokens
+    and log-probs of the loop that prefills every row."""
+    params = random_params()
+    cfg = AgentLoopConfig(max_turns=3, max_tokens_per_turn=8, max_context=CTX, pipeline_groups=pipeline_groups,
+                          sampling=SamplingConfig(temperature=1.0), seed=3)
+    seeds = [5] * 4 + [9] * 4
+    runs, rows_prefilled = {}, {}
+    for share in (True, False):
+        loop = AgentLoop(params, CFG, TOK, dataclasses.replace(cfg, share_prompts=share))
+        rows_prefilled[share] = _record_prefills(loop.sampler)
+        with envs.EnvPool(["frozenlake"] * 8, num_workers=0) as pool:
+            runs[share] = loop.run(pool, seeds, group_ids=[0] * 4 + [1] * 4)[0]
+    shared, alone = runs[True], runs[False]
+    assert np.asarray(alone.loss_mask).sum() > 0
+    np.testing.assert_array_equal(np.asarray(shared.tokens), np.asarray(alone.tokens))
+    np.testing.assert_allclose(np.asarray(shared.rollout_logp), np.asarray(alone.rollout_logp), atol=1e-5)
+    # the prefills: each sub-batch's distinct prompts (one a group) against all of its rows
+    per_group = 8 // pipeline_groups
+    assert rows_prefilled[False] == [per_group] * pipeline_groups
+    assert rows_prefilled[True] == [max(1, 2 // pipeline_groups)] * pipeline_groups, rows_prefilled

@@ -1,4 +1,4 @@
-"""End-to-end smoke runs of the W1 and W3 benchmarks, as a user calls them (slow)."""
+"""End-to-end smoke runs of the W1, W3 and W12 benchmarks, as a user calls them (slow)."""
 import importlib.util
 import json
 import math
@@ -64,3 +64,14 @@ def test_w3_multiturn_quick(tmp_path):
     # each rate is the episodes' policy tokens over the median rollout
     assert all(rate_of(r["tokens_per_s"], r["episodes"] * r["turns"] * r["tokens_per_turn"], r["rollout_s"])
                for r in rows), rows
+
+
+@pytest.mark.slow
+def test_w12_shared_prompt_quick(tmp_path):
+    rows = run("w12_shared_prompt", tmp_path)
+    assert {(r["variant"], r["mode"]) for r in rows} == {(v, m) for v in ("per_row", "shared")
+                                                         for m in ("greedy", "temperature_1.0")}
+    # sharing the prompt does not change what is decoded
+    assert all(r["greedy_tokens_agree"] for r in rows if r["mode"] == "greedy")
+    assert all(rate_of(r["tokens_per_s"], r["groups"] * r["group_size"] * r["turns"] * r["tokens_per_turn"],
+                       r["rollout_s"]) for r in rows), rows

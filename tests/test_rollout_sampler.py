@@ -274,3 +274,36 @@ def test_an_append_in_pieces_equals_one_pass_and_a_full_forward():
         if p:
             np.testing.assert_allclose(np.asarray(pieces.next_logits_BxV[r], np.float64), full_logits(p),
                                        rtol=1e-4, atol=1e-4)
+
+
+def test_prefill_shares_equal_prompts_and_gives_appends_state():
+    """`Sampler.prefill`: equal prompts are prefilled once (2 distinct prompts of 6 rows:
+    a prefill of 2 rows) and copied; the state is `append(init_state(...))`'s (lengths
+    and keys exactly, logits to float32 rounding) and decodes the same tokens."""
+    cfg = M.tiny_config(vocab_size=97)
+    s = Sampler(M.init_params(jax.random.key(0), cfg, std=0.3), cfg, max_len=64)
+    a, b = [5, 6, 7, 8, 9, 10, 11], [20, 21, 22]
+    prompts = [a, a, b, a, b, b]
+    ids = [7, 8, 9, 10, 11, 12]
+    seen = []
+    append = s.append
+    s.append = lambda state, tokens: seen.append(len(tokens)) or append(state, tokens)
+    shared = s.prefill(prompts, seed=4, row_ids=ids)
+    assert seen == [2]
+    s.append = append
+    plain = s.append(s.init_state(6, 4, row_ids=ids), prompts)
+    np.testing.assert_array_equal(np.asarray(shared.cache.lengths), [7, 7, 3, 7, 3, 3])
+    np.testing.assert_array_equal(np.asarray(shared.cache.lengths), np.asarray(plain.cache.lengths))
+    np.testing.assert_array_equal(np.asarray(jax.random.key_data(shared.keys_B)),
+                                  np.asarray(jax.random.key_data(plain.keys_B)))
+    np.testing.assert_allclose(np.asarray(shared.next_logits_BxV), np.asarray(plain.next_logits_BxV), atol=1e-5)
+    for sampling in (SamplingConfig(0.0), SamplingConfig(1.0)):
+        g1 = s.decode(s.prefill(prompts, seed=4, row_ids=ids), max_new_tokens=8, sampling=sampling)[1]
+        g2 = s.decode(s.append(s.init_state(6, 4, row_ids=ids), prompts), max_new_tokens=8, sampling=sampling)[1]
+        np.testing.assert_array_equal(np.asarray(g1.tokens_BxN), np.asarray(g2.tokens_BxN))
+        np.testing.assert_allclose(np.asarray(g1.logprobs_BxN), np.asarray(g2.logprobs_BxN), atol=1e-5)
+    # all distinct: a plain append of every row
+    seen.clear()
+    s.append = lambda state, tokens: seen.append(len(tokens)) or append(state, tokens)
+    s.prefill([[1], [2], [3]], seed=0)
+    assert seen == [3]

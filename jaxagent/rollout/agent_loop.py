@@ -116,6 +116,9 @@ class AgentLoopConfig:
       slots: 0 = turn-synchronous (or `pipeline_groups`). S > 0 = continuous
         scheduling with S sampler rows (at most the batch): each episode moves on as
         soon as its own env step is back (see the module docstring). Same trajectories.
+      share_prompts: equal first prompts (a group's episodes of one task) are prefilled
+        once and their cache rows copied (`Sampler.prefill`), turn-synchronous and
+        pipelined; the same tokens. False = every row prefills its own.
     """
 
     max_turns: int = 8
@@ -129,6 +132,7 @@ class AgentLoopConfig:
     pad_id: int = 0
     pipeline_groups: int = 1
     slots: int = 0
+    share_prompts: bool = True
 
     def __post_init__(self):
         for name in ("max_turns", "max_tokens_per_turn", "max_context", "min_bucket", "pipeline_groups"):
@@ -324,8 +328,11 @@ class AgentLoop:
         for part in np.array_split(np.arange(B), min(cfg.pipeline_groups, B)):
             rows = part.tolist()
             with clock.phase("append_s"):
-                state = self.sampler.init_state(len(rows), seed, row_ids=part + int(row_offset))
-                state = self.sampler.append(state, [prompts[i] for i in rows])
+                if cfg.share_prompts:
+                    state = self.sampler.prefill([prompts[i] for i in rows], seed, row_ids=part + int(row_offset))
+                else:
+                    state = self.sampler.init_state(len(rows), seed, row_ids=part + int(row_offset))
+                    state = self.sampler.append(state, [prompts[i] for i in rows])
                 clock.dispatched()
             groups.append(_Group(rows=rows, state=state))
 

@@ -668,10 +668,7 @@ class Sampler:
         """An empty state for `batch` rows; row `b`'s key is `fold_in(key(seed), row_ids[b])`.
 
         With a mesh the state is created sharded (`state_shardings`)."""
-        row_ids = np.arange(batch) if row_ids is None else np.asarray(row_ids)
-        if row_ids.shape != (batch,):
-            raise ValueError(f"init_state: row_ids must have length {batch}, got shape {row_ids.shape}")
-        keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(seed), jnp.asarray(row_ids, jnp.uint32))
+        keys = self.row_keys(batch, seed, row_ids, "init_state")
         if self.mesh is None:
             cache = decoder.init_cache(self.config, batch, self.max_len, self.cache_dtype)
             logits = jnp.zeros((batch, self.config.vocab_size), jnp.float32)
@@ -687,6 +684,40 @@ class Sampler:
             lengths=jnp.zeros((batch,), jnp.int32, device=shard.cache.lengths))
         logits = jnp.zeros((batch, self.config.vocab_size), jnp.float32, device=shard.next_logits_BxV)
         return SamplerState(cache=cache, next_logits_BxV=logits, keys_B=jax.device_put(keys, shard.keys_B))
+
+    @staticmethod
+    def row_keys(batch: int, seed: int, row_ids: Sequence[int] | None = None, what: str = "row_keys") -> jax.Array:
+        """Row `b`'s sampling key, `fold_in(key(seed), row_ids[b])` (`row_ids` default:
+        `0 .. batch - 1`): what it samples depends on its id, not on the row it is in."""
+        row_ids = np.arange(batch) if row_ids is None else np.asarray(row_ids)
+        if row_ids.shape != (batch,):
+            raise ValueError(f"{what}: row_ids must have length {batch}, got shape {row_ids.shape}")
+        return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(seed), jnp.asarray(row_ids, jnp.uint32))
+
+    def prefill(self, prompts: Sequence[Sequence[int]], seed: int = 0,
+                row_ids: Sequence[int] | None = None) -> SamplerState:
+        """A new state holding `prompts`, row `b`'s key from `row_ids[b]` (`init_state`):
+        `append(init_state(len(prompts), seed, row_ids), prompts)`, except that equal
+        prompts (a group's episodes of one task) are prefilled once and their cache rows
+        copied, so the prefill's work is that of the distinct prompts. The distinct
+        prompts are padded to a power of two rows (with repeats), so the prefill compiles
+        for few shapes. The rows are `append`'s up to float32 rounding (fewer rows in the
+        prefill's matmuls); the tokens sampled from them are the same
+        (`tests/test_rollout_sampler.py`)."""
+        B = len(prompts)
+        keys = self.row_keys(B, seed, row_ids, "prefill")
+        distinct: dict[tuple, int] = {}
+        source = [distinct.setdefault(tuple(int(t) for t in (p if p is not None else ())), len(distinct))
+                  for p in prompts]
+        U = min(bucket(len(distinct), 1), B)
+        if U >= B:   # nothing to share
+            return self.append(self.init_state(B, seed, row_ids), prompts)
+        unique = [list(p) for p in distinct]
+        unique += [unique[0]] * (U - len(unique))
+        state = self.select_rows(self.append(self.init_state(U, seed), unique), source)
+        if self.mesh is not None:
+            keys = jax.device_put(keys, self.state_shardings(state).keys_B)
+        return state.replace(keys_B=keys)
 
     def free_slots(self, state: SamplerState) -> np.ndarray:
         """Free cache slots per row (host copy; waits for the state)."""

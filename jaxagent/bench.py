@@ -14,6 +14,7 @@ JSON lines go to stdout (and, with --out, are appended to that file):
     rollout     W9  episodes of uneven latency: continuous vs turn-synchronous   w9_uneven.py
     lora        W10 a LoRA update of SmolLM2-135M vs PyTorch + peft              w10_lora_update.py
     ragged      W11 an update on episodes of uneven length: trimmed micro-batches  w11_ragged_update.py
+    prompt      W12 a group's shared prompt prefilled once vs once per row       w12_shared_prompt.py
 
 --systems is for the workloads that compare systems (generate, update, multiturn,
 iteration, lora). The benchmarks live in the repository, not in the installed package:
@@ -30,7 +31,7 @@ from pathlib import Path
 WORKLOADS = {"generate": "w1_generate.py", "update": "w2_model_step.py", "multiturn": "w3_multiturn.py",
              "advantages": "w4_advantages.py", "envpool": "w5_envpool.py", "overlap": "w7_overlap.py",
              "iteration": "w8_iteration.py", "rollout": "w9_uneven.py",
-             "lora": "w10_lora_update.py", "ragged": "w11_ragged_update.py"}
+             "lora": "w10_lora_update.py", "ragged": "w11_ragged_update.py", "prompt": "w12_shared_prompt.py"}
 #: the workloads that take --systems, and its default for each
 SYSTEMS = {"generate": "jaxagent,tunix,hf", "update": "jax,torch,tunix", "multiturn": None,
            "iteration": "jaxagent,tunix", "lora": "jax,peft"}

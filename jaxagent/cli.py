@@ -314,7 +314,7 @@ jaxagent view runs/first --out view-site       # open view-site/index.html""")
     where.add_argument("--port", type=int, default=8765, help="serve on http://127.0.0.1:PORT/ (default 8765)")
     where.add_argument("--out", metavar="DIR", default=None,
                        help="write the page and its data to DIR (open DIR/index.html; no server needed)")
-    bench = _command(sub, "bench", "run one of the repository's benchmarks (W1-W11)",
+    bench = _command(sub, "bench", "run one of the repository's benchmarks (W1-W12)",
                      bench_mod.__doc__.strip(),
                      """
 jaxagent bench advantages --quick

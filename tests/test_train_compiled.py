@@ -106,6 +106,7 @@ def test_slow_config_compiles_within_its_estimate(path, tmp_path):
     assert not got, "\n".join(got)
 
 
+@pytest.mark.slow   # ~14 s of compiling the sharded programs; the suite's time is near its limit
 def test_on_a_mesh_the_programs_are_the_sharded_ones_and_within_the_estimate(tmp_path):
     """On a 2 x 2 x 2 mesh of the virtual devices the programs compiled are the run's
     sharded ones (per-device memory), and each is within the same limits of the

@@ -186,3 +186,34 @@ def test_the_value_pass_runs_in_the_log_prob_pass_rows():
     peak = {n: _critic_values.lower(state.critic_params, state.critic_config, batch, row_chunks=n).compile()
             .memory_analysis().temp_size_in_bytes for n in (1, 4)}
     assert peak[4] < peak[1] / 3, peak
+
+
+class _ReportingDevice:
+    """A device as a GPU or TPU backend presents it: `memory_stats()["bytes_limit"]`."""
+    platform, id = "gpu", 0
+
+    def __init__(self, limit):
+        self.limit = limit
+
+    def memory_stats(self):
+        return {"bytes_limit": self.limit, "bytes_in_use": 0}
+
+
+@pytest.mark.parametrize("gib, fits", [(16, True), (0.05, False)])
+def test_the_check_reads_an_accelerators_memory_and_refuses_what_does_not_fit(tmp_path, monkeypatch, gib, fits):
+    """The GPU and TPU branch: the device's own `bytes_limit` is the limit (not the host's
+    RAM, not `device_memory_gb`), and a run over 90% of it stops before compiling."""
+    real = memory.device_memory_bytes
+    assert real(_ReportingDevice(123 * 2**20)) == 123 * 2**20
+    with pytest.raises(ValueError, match="does not report its memory"):
+        real(type("Cpu", (), {"platform": "cpu", "id": 0, "memory_stats": lambda self: None})())
+    monkeypatch.setattr(memory, "device_memory_bytes", lambda *a, **k: real(_ReportingDevice(int(gib * 2**30))))
+    cfg = load_config(TrainerConfig, None, [f"run_dir={tmp_path / 'run'}", "env.name=countdown", "device_memory_gb=1000"])
+    lines = []
+    if fits:
+        Trainer(cfg, log=lines.append)
+        line = next(x for x in lines if x.startswith("memory per device"))
+        assert line.endswith("of 16.00 GiB"), line   # the device's figure, nothing about the host
+    else:
+        with pytest.raises(memory.DoesNotFitError, match=r"this config does not fit \(one device\).*90% of 51\.2 MiB"):
+            Trainer(cfg, log=lines.append)

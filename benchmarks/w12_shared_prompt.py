@@ -34,7 +34,8 @@ import numpy as np  # noqa: E402
 from jaxagent import models as M  # noqa: E402
 from jaxagent.rollout import Sampler  # noqa: E402
 
-from w1_generate import MODES, W1, emit  # noqa: E402
+from w1_generate import W1, emit  # noqa: E402
+from w3_multiturn import live_turns  # noqa: E402
 
 
 def workload(groups, size, P, O, turns):
@@ -54,13 +55,8 @@ def rollout(sampler: Sampler, prompts, obs, G, turns, mode, seed, shared: bool):
         state = sampler.append(sampler.init_state(len(prompts), seed), prompts.tolist())
     jax.block_until_ready(state)
     prefill = time.perf_counter() - t0
-    out = []
-    for k in range(turns):
-        state, gen = sampler.decode(state, max_new_tokens=G, sampling=MODES[mode])
-        out.append(np.asarray(gen.tokens_BxN))
-        if k + 1 < turns:
-            state = sampler.append(state, obs[k].tolist())
-    return prefill, time.perf_counter() - t0, np.concatenate(out, axis=1)
+    tokens = live_turns(sampler, state, obs, G, turns, mode)
+    return prefill, time.perf_counter() - t0, tokens
 
 
 def main():

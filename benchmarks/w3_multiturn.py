@@ -51,7 +51,13 @@ def workload(B, P, G, O, turns):
 
 def live_rollout(sampler: Sampler, prompts, obs, G, turns, mode, seed):
     """Prefill once; per turn decode G tokens, then append the observation to the live cache."""
-    state = sampler.append(sampler.init_state(len(prompts), seed), prompts.tolist())
+    return live_turns(sampler, sampler.append(sampler.init_state(len(prompts), seed), prompts.tolist()), obs, G,
+                      turns, mode)
+
+
+def live_turns(sampler: Sampler, state, obs, G, turns, mode):
+    """From a prefilled `state`: per turn decode G tokens, then append the observation
+    `obs[k]` to the live cache; the decoded tokens `[B, turns * G]`."""
     out = []
     for k in range(turns):
         state, gen = sampler.decode(state, max_new_tokens=G, sampling=MODES[mode])

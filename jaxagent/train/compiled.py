@@ -206,13 +206,12 @@ def compiled_passes(trainer, config=None, *, log=lambda *_: None) -> list[Compil
     out.append(compile_("update", "activations+grads", est["activations"] + est["grads"], lowered))
 
     # ---- the warm start's SFT step
-    ws = cfg.warm_start
-    if ws.enabled and "warm_start" in est:
-        from jaxagent.train.warmstart import sft_step_config
+    if cfg.warm_start.enabled:   # the estimate has "warm_start" exactly then
+        from jaxagent.train.warmstart import sft_rows_at_most, sft_step_config
 
         wsc = sft_step_config(cfg)
         sft_state = jax.eval_shape(lambda: init_train_state(jax.random.key(0), params, trainer.model_config, wsc))
-        rows_ws = min(ws.batch_size, ws.episodes + ws.conclusions)
+        rows_ws = sft_rows_at_most(cfg)
         b = SFTBatch(tokens=np.zeros((rows_ws, T), np.int32), loss_mask=np.zeros((rows_ws, T), np.float32),
                      attention_mask=np.zeros((rows_ws, T), np.int32))
         if place.mesh is None:

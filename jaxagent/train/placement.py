@@ -62,18 +62,20 @@ def _policy_logprobs(params, config, tokens_BxT, attention_mask_BxT, *, temperat
                                    temperature=temperature, seq_chunk=seq_chunk, vocab_chunk=vocab_chunk)
         return (logp, ent) if with_entropy else logp
 
+    return _in_row_chunks(lambda xs: one(*xs), (tokens_BxT, attention_mask_BxT), row_chunks)
+
+
+def _in_row_chunks(fn, rows, row_chunks: int):
+    """`fn(rows)` for a pytree `rows` of `[B, ...]` arrays whose outputs are `[B, ...]`, in
+    `row_chunks` passes one after another (`lax.map`), so that only one chunk's
+    activations are live; chunk k holds rows k, k + n, k + 2n, ... (each spans every row
+    shard of a mesh)."""
     if row_chunks == 1:
-        return one(tokens_BxT, attention_mask_BxT)
-    # `row_chunks` passes one after another (`lax.map`), so that only one chunk's activations
-    # are live; chunk k holds rows k, k + n, k + 2n, ... (each spans every row shard of a mesh)
-    B, T = tokens_BxT.shape
+        return fn(rows)
     n = row_chunks
-
-    def split(x):
-        return x.reshape(B // n, n, T).swapaxes(0, 1)
-
-    out = jax.lax.map(lambda xs: one(*xs), (split(tokens_BxT), split(attention_mask_BxT)))
-    return jax.tree.map(lambda x: x.swapaxes(0, 1).reshape(B, T), out)
+    B = jax.tree.leaves(rows)[0].shape[0]
+    split = jax.tree.map(lambda x: x.reshape(B // n, n, *x.shape[1:]).swapaxes(0, 1), rows)
+    return jax.tree.map(lambda x: x.swapaxes(0, 1).reshape(B, *x.shape[2:]), jax.lax.map(fn, split))
 
 
 #: `log pi(tokens[t] | tokens[:t])` `[B, T]` as `train_step` computes it (same kernel);
@@ -120,13 +122,7 @@ def _cast_critic_values(critic_params, critic_config, batch, *, compute_dtype=No
     """`critic_values` in `compute_dtype`, over `row_chunks` chunks of rows in turn (as
     `_policy_logprobs` cuts them: `logprob_rows` bounds this pass's memory too)."""
     params = for_compute(critic_params, compute_dtype)
-    if row_chunks == 1:
-        return critic_values(params, critic_config, batch)
-    B, T = batch.tokens.shape
-    n = row_chunks
-    chunks = jax.tree.map(lambda x: x.reshape(B // n, n, *x.shape[1:]).swapaxes(0, 1), batch)
-    out = jax.lax.map(lambda b: critic_values(params, critic_config, b), chunks)
-    return out.swapaxes(0, 1).reshape(B, T)
+    return _in_row_chunks(lambda b: critic_values(params, critic_config, b), batch, row_chunks)
 
 
 _critic_values = jax.jit(_cast_critic_values, static_argnames=("critic_config", "compute_dtype", "row_chunks"))
@@ -396,12 +392,10 @@ class Placement:
                                             unroll_layers=unroll_layers_default(), param_bytes=sampler_params,
                                             param_dtype=cfg.model.dtype, compute_dtype=cfg.model.compute_dtype)
         passes = ["activations", "logprob_pass", "prefill", "decode"]   # one at a time
-        ws = cfg.warm_start
-        if ws.enabled:   # the warm start's SFT steps, before RL, beside a second optimizer state
-            from jaxagent.train.warmstart import sft_step_config
+        if cfg.warm_start.enabled:   # the warm start's SFT steps, before RL, beside a second optimizer state
+            from jaxagent.train.warmstart import sft_rows_at_most, sft_step_config
 
-            sft_rows = min(ws.batch_size, ws.episodes + ws.conclusions)
-            sft = memory.estimate_memory(model_config, sft_step_config(cfg), self.mesh, batch_size=sft_rows,
+            sft = memory.estimate_memory(model_config, sft_step_config(cfg), self.mesh, batch_size=sft_rows_at_most(cfg),
                                          seq_len=cfg.rollout.max_context, **common)
             est["warm_start"] = sft["activations"] + sft["grads"] + sft["opt_state"]
             passes.append("warm_start")

@@ -339,6 +339,13 @@ def padded_length(longest: int, cap: int) -> int:
     return min(cap, -(-longest // BUCKET_MULTIPLE) * BUCKET_MULTIPLE)
 
 
+def sft_rows_at_most(config) -> int:
+    """The most rows an SFT step of the warm start takes: `warm_start.batch_size`, or all
+    of its demonstrations when there are fewer (the memory check's and its compile's)."""
+    ws = config.warm_start
+    return min(ws.batch_size, ws.episodes + ws.conclusions)
+
+
 def sft_step_config(config):
     """The warm start's `StepConfig`: the run's, with its own optimizer (`warm_start.optim`),
     no micro-batches and the loss at temperature 1."""

@@ -2,11 +2,11 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-# DEVICE=cuda adds the CUDA 12 build of the pinned jax (the `cuda` extra), DEVICE=tpu
-# the TPU runtime, libtpu (the `tpu` extra)
+# DEVICE=cuda adds the CUDA 12 build of the pinned jax (the `cuda` extra), DEVICE=cuda13
+# the CUDA 13 build (`cuda13`), DEVICE=tpu the TPU runtime, libtpu (the `tpu` extra)
 DEVICE ?= cpu
 comma  := ,
-EXTRAS := test,envs-all$(if $(filter cuda tpu,$(DEVICE)),$(comma)$(DEVICE),)
+EXTRAS := test,envs-all$(if $(filter cuda cuda13 tpu,$(DEVICE)),$(comma)$(DEVICE),)
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)-$(DEVICE)
 
 .PHONY: install install-check lint test test-slow train bench docs docs-serve clean
@@ -24,7 +24,7 @@ install: $(STAMP)
 
 # Whether `make install DEVICE=$(DEVICE)` resolves on a plain machine that reaches only
 # PyPI: a dry run that ignores this machine's pip settings and wheel folders (nothing is
-# installed; CI checks DEVICE=cuda and DEVICE=tpu)
+# installed; CI checks DEVICE=cuda, DEVICE=cuda13 and DEVICE=tpu)
 install-check:
 	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) -m pip install --isolated --dry-run --ignore-installed -q --index-url https://pypi.org/simple \
 		-c constraints.txt ".[$(EXTRAS)]"

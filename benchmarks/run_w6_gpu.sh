@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# W6 (GPU): the one command to run on the device machine (one NVIDIA H200), from the repo root:
+# W6 (GPU): the one command to run on a machine with one NVIDIA GPU, from the repo root:
 #
 #     bash benchmarks/run_w6_gpu.sh [extra benchmarks/w6_gpu.py flags]
 #
@@ -11,16 +11,21 @@
 # so the whole command ends inside ~590 s (the device tool's limit is 600 s).
 #
 # Assumes:
-#   * a Python with a CUDA-enabled JAX already installed: $W6_PYTHON, else `python3` (on the
-#     device image that is /opt/torch/.venv/bin/python3 with jax + jax-cuda13-plugin). The
-#     machine has no internet, so nothing is installed here: if JAX has no GPU backend the
-#     script stops with a clear message (exit 2) instead of trying `pip install jax[cuda12]`.
+#   * a Python with a CUDA-enabled JAX already installed: $W6_PYTHON; else the active virtual
+#     environment's ($VIRTUAL_ENV/bin/python); else the repository's .venv/bin/python where
+#     it exists (`make install DEVICE=cuda`); else `python3` from PATH (on the device image,
+#     where .venv does not travel, that is the image's Python with jax +
+#     jax-cuda13-plugin). The interpreter chosen is printed first. Nothing is installed
+#     here: if JAX has no GPU backend the script stops with a clear message (exit 2)
+#     instead of trying `pip install jax[cuda12]`.
 #   * that Python also has jaxagent's runtime deps (numpy, flax, optax, orbax-checkpoint,
 #     pyyaml); the repo itself is put on PYTHONPATH (no `pip install -e .`). Checked first.
 #   * W6_ALLOW_CPU=1 lets the probe pass on a CPU-only JAX: to try this script anywhere
 #     (with --small), never for figures.
-#   * the JAX there may be newer than the venv's pin (jax>=0.10,<0.11): the env record says
-#     which version ran.
+#   * the JAX there may be newer than the venv's pin: the env record says which version ran.
+#   * MFU and the decode's bandwidth are against the matmul and copy peaks measured in the
+#     same process (the calib part); datasheet figures appear only for a known device kind
+#     (H100, H200), in fields named nominal_*.
 # Environment set: XLA_PYTHON_CLIENT_MEM_FRACTION=0.92 (JAX's default pool is 75 % of HBM;
 # the update's memory settings are checked against this limit), and
 # XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true only if a probe shows this XLA
@@ -28,7 +33,16 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
-PY=${W6_PYTHON:-python3}
+if [ -n "${W6_PYTHON:-}" ]; then
+  PY=$W6_PYTHON
+elif [ -n "${VIRTUAL_ENV:-}" ] && [ -x "$VIRTUAL_ENV/bin/python" ]; then
+  PY=$VIRTUAL_ENV/bin/python
+elif [ -x .venv/bin/python ]; then
+  PY=$PWD/.venv/bin/python
+else
+  PY=python3
+fi
+echo "w6: using $PY ($("$PY" -c 'import sys; print(sys.version.split()[0])' 2>&1))" >&2
 if [ -n "${W6_OUT:-}" ]; then
   OUTFILE=$W6_OUT
 elif [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then

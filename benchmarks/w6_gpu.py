@@ -4,19 +4,27 @@ Workload (benchmarks/README.md, W6): Qwen2-0.5B shapes with random weights in
 bfloat16: vocab 151936, hidden 896, 24 layers, 14 heads / 2 KV heads (head dim 64),
 intermediate 4864, q/k/v biases, tied embeddings, rope theta 1e6 (weights N(0, 0.02),
 norm scales 1, drawn with the 'unsafe_rbg' PRNG: quick to compile). One prepared run,
-meant for one NVIDIA H200 in under 10 minutes (`benchmarks/run_w6_gpu.sh` is the
-command line); `--small` runs the same code paths on a tiny model on CPU (< 60 s).
+meant for one NVIDIA GPU in under 10 minutes (`benchmarks/run_w6_gpu.sh` is the
+command line; sized on an H200's 141 GB); `--small` runs the same code paths on a tiny
+model on CPU (< 60 s). `benchmarks/device_check.py` (`jaxagent bench device`) runs it as
+one part of the accelerator check, inside that check's time budget.
 
 Parts, in this order (`--parts`), each in its own try/except and each skipped (with a
 `skipped` record) once the time budget (`--budget-s`, default 540) would be exceeded:
 
 calib   The chip's measured peaks, in the same process:
-        * bf16 matmul: `a @ b` for n x n x n bf16 (n in `--matmul-sizes`, default 8192 and
-          16384), `--calib-reps` timings of `--calib-inner` back-to-back calls;
-          TFLOP/s = 2 n^3 / seconds per call. The measured peak = the best timing of any
-          size (the largest rate the chip showed on a plain dense matmul).
+        * matmul: `a @ b` for n x n x n in the update's `--dtype` (bf16 by default; for
+          float32, at JAX's default matmul precision, which is what the update runs at),
+          n in `--matmul-sizes` (default 8192 and 16384), `--calib-reps` timings of
+          `--calib-inner` back-to-back calls; TFLOP/s = 2 n^3 / seconds per call. The
+          measured peak = the best timing of any size (the largest rate the chip showed
+          on a plain dense matmul).
         * memory bandwidth on a 2^30-element float32 array (4 GiB): "copy" `x + 1`
           (bytes = read + write = 8 n) and "read" `sum(x)` (bytes = 4 n); best timing.
+        MFU and the decode's bandwidth are reported against these measured peaks of the
+        same process. A datasheet figure is added only where the device kind is one of
+        `NOMINAL_PEAKS` (H100, H200) and the dtype bf16, in fields named `nominal_*` /
+        `*_vs_nominal` with `nominal_source`; on any other device they are null.
 update  Policy update on 64 x 2048 tokens (`--batch`, `--seq`; loss on the tokens after
         `--prompt-len` 512) with `jaxagent.train.train_step` (`init_train_state`, an
         `UpdateBatch`; PPO clip 0.2, k3 KL to a reference, beta 0.04, AdamW lr 1e-5,
@@ -36,8 +44,9 @@ update  Policy update on 64 x 2048 tokens (`--batch`, `--seq`; loss on the token
             A = 12 L H d_h B T (T + 1) / 2    attention, causal, forward + backward:
                 QK^T and PV are 2 d_h FLOPs each per (query, allowed key) pair and head,
                 T (T + 1) / 2 such pairs per row and layer, backward = 2 x forward.
-          MFU = model FLOPs / (step seconds x measured bf16 matmul peak); also reported
-                against the nominal H200 dense bf16 peak, 989 TFLOP/s.
+          MFU = model FLOPs / (step seconds x measured matmul peak of the same run, in
+                the update's dtype); `mfu_vs_nominal` against the datasheet's dense bf16
+                peak only where the device is known (else null).
         Not counted (so MFU, not hardware utilisation): recomputation under remat, the
         masked upper triangle the implementation also computes (`attention_flops_executed`
         = 12 L H d_h B T^2), the softmax / norm / optimizer elementwise work.
@@ -54,7 +63,8 @@ decode  Batch 256, 512-token random prompts, 512 new tokens (no early stop), gre
                  keys and values (bf16) of every layer, at the average attended length:
                  step i (0-based) attends over S0 + i + 1 slots, S0 = prompt length
           achieved HBM bandwidth = bytes per step / step seconds, against the measured
-          "read" and "copy" bandwidths and the nominal 4.8 TB/s.
+          "read" and "copy" bandwidths of the same run (`fraction_of_measured_copy`,
+          `fraction_of_measured_read`); `fraction_of_nominal_hbm` only on a known device.
         Also recorded, not in the formula: the KV bytes the windowed loop actually reads
         (`kv_bytes_per_step_windowed`: each step reads its whole window) and the float32
         logits written per step (B V x 4 bytes; sampling reads them again).
@@ -111,9 +121,27 @@ from jaxagent import train as T  # noqa: E402
 from jaxagent.rollout import GREEDY, Sampler, SamplingConfig  # noqa: E402
 from jaxagent.rollout.sampler import attention_windows  # noqa: E402
 
-NOMINAL_BF16_TFLOPS = 989.0  # H200 SXM dense bf16 (no sparsity)
-NOMINAL_HBM_TBPS = 4.8  # H200 HBM3e
+#: datasheet figures (dense bf16 TFLOP/s without sparsity, HBM GB/s) by a substring of
+#: `device_kind`, most specific first: labelled `nominal_*` in the records, never used for MFU
+NOMINAL_PEAKS = (("H200 NVL", 835.0, 4800.0), ("H200", 989.0, 4800.0), ("H100 NVL", 835.0, 3900.0),
+                 ("H100 PCIe", 756.0, 2000.0), ("H100", 989.0, 3350.0))
+
+
+def nominal_peaks(device_kind: str, dtype: str = "bfloat16") -> dict:
+    """The datasheet peaks of `device_kind` (`nominal_bf16_tflops`, `nominal_hbm_gbps`,
+    `nominal_source`), all None for a device not in `NOMINAL_PEAKS`; the matmul figure
+    also None unless `dtype` is bfloat16 (the datasheet's figure is bf16's)."""
+    for key, tflops, gbps in NOMINAL_PEAKS:
+        if key.lower() in (device_kind or "").lower():
+            return {"nominal_bf16_tflops": tflops if dtype == "bfloat16" else None, "nominal_hbm_gbps": gbps,
+                    "nominal_source": f"NVIDIA datasheet for {key} (not measured)"}
+    return {"nominal_bf16_tflops": None, "nominal_hbm_gbps": None, "nominal_source": None}
+
+
+def _ratio(x, peak):
+    return x / peak if peak else None
 PARTS = ("calib", "update", "decode", "recipe")
+DEFAULT_BUDGET_S = 540.0
 
 QWEN2_0_5B = M.DecoderConfig(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=24,
                              num_heads=14, num_kv_heads=2, head_dim=64, rope_theta=1000000.0, rms_norm_eps=1e-6,
@@ -277,19 +305,22 @@ def _best_time(fn, args, reps: int, inner: int) -> tuple[float, float]:
 # ============================================================================ parts
 def part_calib(args, sizes: Sizes, rec: Recorder, state: dict):
     best = 0.0
+    nominal = nominal_peaks(jax.devices()[0].device_kind, args.dtype)
     mm = jax.jit(lambda a, b: a @ b)
+    dtype = jnp.dtype(args.dtype)
     for n in sizes.matmul_sizes:
         ka, kb = jax.random.split(jax.random.key(n))
-        a = jax.random.normal(ka, (n, n), jnp.bfloat16)
-        b = jax.random.normal(kb, (n, n), jnp.bfloat16)
+        a = jax.random.normal(ka, (n, n), dtype)
+        b = jax.random.normal(kb, (n, n), dtype)
         t_best, t_med = _best_time(mm, (a, b), args.calib_reps, args.calib_inner)
         del a, b
         flop = 2.0 * n ** 3
         best = max(best, flop / t_best / 1e12)
-        rec.emit("matmul_peak", n=n, dtype="bfloat16", best_s=t_best, median_s=t_med,
+        rec.emit("matmul_peak", n=n, dtype=args.dtype, best_s=t_best, median_s=t_med,
                  best_tflops=flop / t_best / 1e12, median_tflops=flop / t_med / 1e12,
-                 fraction_of_nominal_989=flop / t_best / 1e12 / NOMINAL_BF16_TFLOPS)
-        rec.log(f"matmul {n}^3 bf16: best {flop / t_best / 1e12:.1f} TFLOP/s, median {flop / t_med / 1e12:.1f}")
+                 fraction_of_nominal=_ratio(flop / t_best / 1e12, nominal["nominal_bf16_tflops"]), **nominal)
+        rec.log(f"matmul {n}^3 {args.dtype}: best {flop / t_best / 1e12:.1f} TFLOP/s, "
+                f"median {flop / t_med / 1e12:.1f}")
     state["peak_tflops"] = best
 
     n = sizes.bw_elems
@@ -303,11 +334,11 @@ def part_calib(args, sizes: Sizes, rec: Recorder, state: dict):
     rec.emit("hbm_bandwidth", elements=n, dtype="float32", copy_bytes=8 * n, read_bytes=4 * n,
              copy_best_s=copy_best, copy_median_s=copy_med, read_best_s=read_best, read_median_s=read_med,
              copy_gbps=copy_gbps, read_gbps=read_gbps,
-             copy_fraction_of_nominal_4800=copy_gbps / (NOMINAL_HBM_TBPS * 1e3),
-             read_fraction_of_nominal_4800=read_gbps / (NOMINAL_HBM_TBPS * 1e3))
+             copy_fraction_of_nominal=_ratio(copy_gbps, nominal["nominal_hbm_gbps"]),
+             read_fraction_of_nominal=_ratio(read_gbps, nominal["nominal_hbm_gbps"]), **nominal)
     rec.log(f"bandwidth: copy {copy_gbps:.0f} GB/s (read+write), read {read_gbps:.0f} GB/s")
-    rec.emit("calib", measured_peak_tflops=best, copy_gbps=copy_gbps, read_gbps=read_gbps,
-             nominal_bf16_tflops=NOMINAL_BF16_TFLOPS, nominal_hbm_tbps=NOMINAL_HBM_TBPS)
+    rec.emit("calib", measured_peak_tflops=best, matmul_dtype=args.dtype, copy_gbps=copy_gbps, read_gbps=read_gbps,
+             **nominal)
 
 
 def _parse_update_configs(spec: str) -> list[tuple[bool | str, int]]:
@@ -361,6 +392,7 @@ def part_update(args, cfg, sizes: Sizes, rec: Recorder, budget: Budget, state: d
     flops = update_flops(cfg, B, Tn)
     batch = _update_batch(cfg, B, Tn, args.prompt_len)
     limit = _device_memory_limit()
+    nominal = nominal_peaks(jax.devices()[0].device_kind, args.dtype)
     loss = T.LossConfig(policy_loss="ppo", clip_low=0.2, clip_high=0.2, kl_coef=0.04, kl_kind="k3")
     optim = T.OptimizerConfig(lr=1e-5, max_grad_norm=1.0)
     for remat, micro in _parse_update_configs(args.update_configs):
@@ -418,14 +450,13 @@ def part_update(args, cfg, sizes: Sizes, rec: Recorder, budget: Budget, state: d
             r = dict(**setting, batch=B, seq=Tn, tokens=B * Tn, prompt_len=args.prompt_len, dtype=args.dtype,
                      params_in_state=n_state, init_s=init_s, compile_s=compile_s, first_step_s=first_step_s, steps=len(times), step_s=times,
                      median_step_s=med, tokens_per_s=B * Tn / med, **flops, model_tflop=flops["model_flops"] / 1e12,
-                     achieved_tflops=achieved, mfu_vs_nominal_989=achieved / NOMINAL_BF16_TFLOPS,
-                     measured_peak_tflops=peak, mfu=(achieved / peak if peak else None),
+                     achieved_tflops=achieved, measured_peak_tflops=peak, mfu=_ratio(achieved, peak),
+                     mfu_vs_nominal=_ratio(achieved, nominal["nominal_bf16_tflops"]), **nominal,
                      peak_bytes_in_use=_peak_bytes(), device_memory_limit=limit,
                      loss=float(m["loss"]), grad_norm=float(m["grad_norm"]), skipped_updates=float(m["skipped"]))
             rec.emit("policy_update", **r)
             rec.log(f"update: {B * Tn / med:.0f} tokens/s, step {med:.3f}s, {achieved:.1f} TFLOP/s, "
-                    f"MFU {r['mfu'] if r['mfu'] is None else round(r['mfu'], 4)} (measured peak), "
-                    f"{r['mfu_vs_nominal_989']:.4f} (nominal)")
+                    f"MFU {r['mfu'] if r['mfu'] is None else round(r['mfu'], 4)} (of the measured peak)")
             return "ok"
         except Exception as e:  # noqa: BLE001  (an OOM here must not lose the other parts)
             info = _err(e)
@@ -440,7 +471,9 @@ def part_update(args, cfg, sizes: Sizes, rec: Recorder, budget: Budget, state: d
 def part_decode(args, cfg, rec: Recorder, budget: Budget, state: dict) -> str:
     B, P, N = args.decode_batch, args.decode_prompt, args.decode_new
     sampling = GREEDY if args.sampling == "greedy" else SamplingConfig(temperature=1.0)
-    est = decode_bytes(cfg, B, P, N, window_segments=args.window_segments)
+    itemsize = jnp.dtype(args.dtype).itemsize  # the weights and the KV cache are in --dtype
+    est = decode_bytes(cfg, B, P, N, param_bytes=itemsize, kv_bytes=itemsize, window_segments=args.window_segments)
+    nominal = nominal_peaks(jax.devices()[0].device_kind, args.dtype)
     params = jax.jit(lambda k: M.init_params(k, cfg, dtype=args.dtype))(_weights_key(1))
     sampler = Sampler(params, cfg, max_len=P + N, min_bucket=P, window_segments=args.window_segments)
     prompts = np.random.RandomState(1).randint(0, cfg.vocab_size, (B, P)).tolist()
@@ -479,14 +512,15 @@ def part_decode(args, cfg, rec: Recorder, budget: Budget, state: dict) -> str:
              prefill_tokens_per_s=B * P / pre, end_to_end_tokens_per_s=B * N / (pre + dec), **est,
              logits_bytes_per_step=B * cfg.vocab_size * 4, achieved_hbm_gbps=gbps,
              achieved_hbm_gbps_windowed=(est["weight_bytes"] + est["kv_bytes_per_step_windowed"]) / step / 1e9,
-             fraction_of_nominal_4800=gbps / (NOMINAL_HBM_TBPS * 1e3),
              measured_read_gbps=state.get("read_gbps"), measured_copy_gbps=state.get("copy_gbps"),
-             fraction_of_measured_read=gbps / state["read_gbps"] if state.get("read_gbps") else None,
-             fraction_of_measured_copy=gbps / state["copy_gbps"] if state.get("copy_gbps") else None,
+             fraction_of_measured_read=_ratio(gbps, state.get("read_gbps")),
+             fraction_of_measured_copy=_ratio(gbps, state.get("copy_gbps")),
+             fraction_of_nominal_hbm=_ratio(gbps, nominal["nominal_hbm_gbps"]), **nominal,
              peak_bytes_in_use=_peak_bytes(), trace_counts=dict(sampler.trace_counts))
     rec.emit("decode", **r)
+    frac = r["fraction_of_measured_copy"]
     rec.log(f"decode: {B * N / dec:.0f} tokens/s, step {step * 1e3:.3f} ms, {gbps:.0f} GB/s "
-            f"({r['fraction_of_nominal_4800']:.3f} of nominal)")
+            f"({'?' if frac is None else f'{frac:.3f}'} of the measured copy bandwidth)")
     return "ok"
 
 
@@ -554,7 +588,9 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--small", action="store_true", help="tiny model and sizes, same code paths (CPU test, < 60 s)")
     ap.add_argument("--out", default="benchmarks/results/w6_gpu.jsonl", help="append JSON lines here ('' = none)")
-    ap.add_argument("--budget-s", type=float, default=540.0, help="skip the parts that would exceed this")
+    ap.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
+                    help="skip the parts that would exceed this (a shorter budget scales the parts' minimum "
+                         "times down with it)")
     ap.add_argument("--grace-s", type=float, default=30.0,
                     help="the watchdog ends the process this long after the budget (negative = no watchdog)")
     ap.add_argument("--parts", default=",".join(PARTS), help="comma list of calib,update,decode")
@@ -592,6 +628,13 @@ def parse_args(argv=None):
     args.matmul_sizes = (tuple(int(s) for s in args.matmul_sizes.split(",")) if args.matmul_sizes
                          else sizes.matmul_sizes)
     sizes = dataclasses.replace(sizes, matmul_sizes=args.matmul_sizes, bw_elems=args.bw_elems)
+    if not args.small and args.budget_s < DEFAULT_BUDGET_S:
+        # a shorter budget (the device check gives W6 a share of its 8 minutes): the parts'
+        # minimum times and the update's reserve for the decode shrink with it, so each
+        # part is still tried rather than skipped outright
+        f = max(args.budget_s, 0.0) / DEFAULT_BUDGET_S
+        sizes = dataclasses.replace(sizes, min_update_s=sizes.min_update_s * f, min_decode_s=sizes.min_decode_s * f,
+                                    decode_reserve_s=sizes.decode_reserve_s * f, min_recipe_s=sizes.min_recipe_s * f)
     args.parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     bad = [p for p in args.parts if p not in PARTS]
     if bad:

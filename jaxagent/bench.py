@@ -15,10 +15,17 @@ JSON lines go to stdout (and, with --out, are appended to that file):
     lora        W10 a LoRA update of SmolLM2-135M vs PyTorch + peft              w10_lora_update.py
     ragged      W11 an update on episodes of uneven length: trimmed micro-batches  w11_ragged_update.py
     prompt      W12 a group's shared prompt prefilled once vs once per row       w12_shared_prompt.py
+    device      --  the accelerator check, 8 minutes on one GPU: the device, the    device_check.py
+                    accelerator tests, W6 against measured peaks, a recipe's iterations
 
 --systems is for the workloads that compare systems (generate, update, multiturn,
-iteration, lora). The benchmarks live in the repository, not in the installed package:
-this works from a checkout (an editable install) and says so otherwise.
+iteration, lora); --small and --budget for the device check (--small, like --quick, is its
+CPU smoke run), whose day-of-a-device command is
+
+    jaxagent bench device --out benchmarks/results/device_check.jsonl
+
+The benchmarks live in the repository, not in the installed package: this works from a
+checkout (an editable install) and says so otherwise.
 """
 from __future__ import annotations
 
@@ -31,7 +38,8 @@ from pathlib import Path
 WORKLOADS = {"generate": "w1_generate.py", "update": "w2_model_step.py", "multiturn": "w3_multiturn.py",
              "advantages": "w4_advantages.py", "envpool": "w5_envpool.py", "overlap": "w7_overlap.py",
              "iteration": "w8_iteration.py", "rollout": "w9_uneven.py",
-             "lora": "w10_lora_update.py", "ragged": "w11_ragged_update.py", "prompt": "w12_shared_prompt.py"}
+             "lora": "w10_lora_update.py", "ragged": "w11_ragged_update.py", "prompt": "w12_shared_prompt.py",
+             "device": "device_check.py"}
 #: the workloads that take --systems, and its default for each
 SYSTEMS = {"generate": "jaxagent,tunix,hf", "update": "jax,torch,tunix", "multiturn": None,
            "iteration": "jaxagent,tunix", "lora": "jax,peft"}
@@ -46,7 +54,8 @@ def benchmarks_dir() -> Path:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("workload", choices=sorted(WORKLOADS),
                         help="generate (W1), update (W2), multiturn (W3), advantages (W4), envpool (W5), "
-                             "overlap (W7), iteration (W8), rollout (W9), lora (W10), ragged (W11); see docs/results/benchmarks.md")
+                             "overlap (W7), iteration (W8), rollout (W9), lora (W10), ragged (W11), prompt (W12), "
+                             "device (the accelerator check); see docs/results/benchmarks.md")
     parser.add_argument("--repeats", type=int, default=None, metavar="N",
                         help="timed steps per system, interleaved (default 5; 3 with --quick)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: batch 2, few repeats")
@@ -56,6 +65,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: the "
                              f"script's; update: {DEFAULT_SYSTEMS}); a peer that is not installed is reported "
                              "as skipped")
+    parser.add_argument("--small", action="store_true",
+                        help="device: the check's CPU smoke run (tiny shapes, a handful of tests; as --quick)")
+    parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                        help="device: the whole check's time budget (default 480; 300 with --small); each part "
+                             "gets a share and is stopped when it overruns")
 
 
 def command(args: argparse.Namespace) -> list[str]:
@@ -68,6 +82,10 @@ def command(args: argparse.Namespace) -> list[str]:
         cmd += ["--repeats", str(args.repeats)]
     if args.quick:
         cmd.append("--quick")
+    if getattr(args, "small", False):
+        cmd.append("--small")
+    if getattr(args, "budget", None) is not None:
+        cmd += ["--budget", str(args.budget)]
     if args.out:
         cmd += ["--out", str(Path(args.out).resolve())]
     return cmd
@@ -86,6 +104,19 @@ def run(args: argparse.Namespace) -> int:
     if args.systems is not None and args.workload not in SYSTEMS:
         print(f"jaxagent bench: error: the {args.workload} workload compares no systems: drop --systems "
               f"(it is for {', '.join(sorted(SYSTEMS))})", file=sys.stderr)
+        return 2
+    device_only = [flag for flag, given in (("--small", getattr(args, "small", False)),
+                                            ("--budget", getattr(args, "budget", None) is not None)) if given]
+    if device_only and args.workload != "device":
+        print(f"jaxagent bench: error: {' and '.join(device_only)} are for the device check "
+              f"(jaxagent bench device), not {args.workload}", file=sys.stderr)
+        return 2
+    if args.workload == "device" and args.repeats is not None:
+        print("jaxagent bench: error: the device check takes no --repeats (its parts are sized to its --budget)",
+              file=sys.stderr)
+        return 2
+    if args.workload == "device" and args.budget is not None and not args.budget > 0:
+        print("jaxagent bench: error: --budget must be positive", file=sys.stderr)
         return 2
     return subprocess.run(command(args), cwd=script.parents[1]).returncode
 

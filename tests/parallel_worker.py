@@ -11,6 +11,13 @@ reference on the same mesh shape.
 
 MODE "smoke" (fast, no model): the global batch and one jitted cross-process reduction
 over it; process 0 writes `result.npz` with the row sums and the total.
+
+MODE "sampler": the rollout sampler of a multi-process run (`Placement.sampler_params`
+on the tiny config's data=2 x fsdp=2 x tensor=2 mesh): each process checks that its
+sampler spans all its own devices, holds the state's values, and samples what an
+unsharded sampler on one device samples; also `to_local` on a mesh whose tensor axis
+spans the processes (the weights then whole on every device). Each process writes
+`sampler_<id>.json` with what it found.
 """
 import os
 import sys
@@ -36,6 +43,8 @@ def main(out_dir: str, num_processes: int, process_id: int, port: int, devices: 
     assert par.is_primary() == (process_id == 0)
     if mode == "smoke":
         smoke(out_dir, process_id)
+    elif mode == "sampler":
+        sampler(out_dir, process_id)
     else:
         train(out_dir, num_processes, process_id)
     par.shutdown()
@@ -63,6 +72,62 @@ def smoke(out_dir: str, process_id: int) -> None:
     row_sums, total = jax.jit(lambda x: (jnp.sum(x, axis=1), jnp.sum(x)))(x)
     _write(out_dir, {"row_sums": par.to_host(row_sums), "total": par.to_host(total),
                      "x": par.to_host(x)})
+
+
+def sampler(out_dir: str, process_id: int) -> None:
+    import json
+    from pathlib import Path
+
+    from jaxagent import models as M
+    from jaxagent import parallel as par
+    from jaxagent.config import load_config
+    from jaxagent.rollout import Sampler, SamplingConfig
+    from jaxagent.train import init_train_state
+    from jaxagent.train.placement import Placement
+    from jaxagent.train.trainer import TrainerConfig
+
+    config = Path(__file__).resolve().parents[1] / "configs" / "tiny_countdown_grpo.yaml"
+    cfg = load_config(TrainerConfig, config, [f"run_dir={out_dir}/run", "mesh={data: 2, fsdp: 2, tensor: 2}"])
+    model_cfg = M.tiny_config(vocab_size=96)
+    host = M.init_params(jax.random.key(0), model_cfg, std=0.3)
+    place = Placement(cfg, model_cfg)
+    state = place.place_state(init_train_state(jax.random.key(0), host, model_cfg, cfg.step_config))
+    params = place.sampler_params(state)
+    again = place.sampler_params(state, copy=True)   # the overlap thread's copy: fresh buffers
+    local = set(jax.local_devices())
+    q = params["layers"]["q_proj"]["kernel"]
+    sampler = Sampler(params, model_cfg, max_len=40, window_segments=2)   # takes the params' mesh
+    reference = Sampler(jax.device_put(host, jax.local_devices()[0]), model_cfg, max_len=40, window_segments=2)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11], [12, 13, 14], [5], [6, 7], [8, 8, 8, 8]]
+    same = []
+    for sampling in (SamplingConfig(0.0), SamplingConfig(0.9, top_k=20)):
+        (t0, l0, r0), (t1, l1, r1) = (Sampler.to_lists(s.generate(prompts, max_new_tokens=6, sampling=sampling,
+                                                                  seed=3)[1]) for s in (reference, sampler))
+        same.append(t0 == t1 and r0 == r1 and all(np.allclose(a, b, atol=1e-5) for a, b in zip(l0, l1)))
+    # a mesh whose tensor axis spans the processes: every local device, the weights whole
+    wide = par.make_mesh(par.MeshConfig(tensor=8))
+    wide_local = par.local_mesh(wide)
+    on_wide = jax.tree.map(lambda x, sh: jax.make_array_from_callback(x.shape, sh, lambda i, x=x: np.asarray(x)[i]),
+                           host, par.param_shardings(host, wide))
+    wide_params = par.to_local(on_wide, wide, wide_local)
+    out = {
+        "sampler_devices": sorted(d.id for d in sampler.mesh.devices.flat),
+        "local_devices": sorted(d.id for d in local),
+        "sampler_mesh": dict(sampler.mesh.shape), "sampler_is_placement_mesh": sampler.mesh is place.sampler_mesh,
+        "q_spec": str(q.sharding.spec), "fully_addressable": all(x.is_fully_addressable for x in jax.tree.leaves(params)),
+        "values_equal": all(np.array_equal(np.asarray(a), np.asarray(b))
+                            for a, b in zip(jax.tree.leaves(host), jax.tree.leaves(params))),
+        "copy_is_fresh": again["layers"]["q_proj"]["kernel"].addressable_shards[0].data.unsafe_buffer_pointer()
+        != q.addressable_shards[0].data.unsafe_buffer_pointer(),
+        "same_samples": same,
+        "cache_spec": str(sampler.init_state(8).cache.k.sharding.spec),
+        "wide_mesh": dict(wide_local.shape), "wide_q_spec": str(wide_params["layers"]["q_proj"]["kernel"].sharding.spec),
+        "wide_values_equal": all(np.array_equal(np.asarray(a), np.asarray(b))
+                                 for a, b in zip(jax.tree.leaves(host), jax.tree.leaves(wide_params))),
+    }
+    with open(os.path.join(out_dir, f"sampler_{process_id}.json"), "w") as f:
+        json.dump(out, f)
+    par.barrier("sampled")
 
 
 def train(out_dir: str, num_processes: int, process_id: int) -> None:

@@ -92,6 +92,27 @@ def test_decode_bytes_w6_magnitude():
     assert d["kv_bytes_per_step"] == pytest.approx(2 * 24 * 256 * 2 * 64 * 2 * 768.5, rel=1e-12)  # ~2.4 GB
 
 
+def test_nominal_peaks_only_for_known_devices_and_labelled():
+    h200 = W6.nominal_peaks("NVIDIA H200")
+    assert h200["nominal_bf16_tflops"] == 989.0 and h200["nominal_hbm_gbps"] == 4800.0
+    assert "H200" in h200["nominal_source"] and "not measured" in h200["nominal_source"]
+    assert W6.nominal_peaks("NVIDIA H100 80GB HBM3")["nominal_hbm_gbps"] == 3350.0
+    assert W6.nominal_peaks("NVIDIA H100 PCIe")["nominal_bf16_tflops"] == 756.0
+    assert W6.nominal_peaks("NVIDIA H200", "float32")["nominal_bf16_tflops"] is None   # bf16's figure only
+    for kind in ("cpu", "NVIDIA A100-SXM4-80GB", "TPU v5 lite", ""):
+        assert set(W6.nominal_peaks(kind).values()) == {None}
+
+
+def test_a_shorter_budget_scales_the_parts_minimum_times():
+    _, full = W6.parse_args([])
+    assert (full.min_update_s, full.min_decode_s, full.decode_reserve_s) == (90.0, 60.0, 120.0)
+    _, third = W6.parse_args(["--budget-s", "180"])
+    assert third.min_update_s == pytest.approx(30.0) and third.decode_reserve_s == pytest.approx(40.0)
+    assert third.min_decode_s == pytest.approx(20.0) and third.min_recipe_s == pytest.approx(50.0)
+    _, small = W6.parse_args(["--small", "--budget-s", "10"])
+    assert small.min_update_s == W6.SMALL_SIZES.min_update_s
+
+
 def test_parse_update_configs():
     assert W6._parse_update_configs("dots:4, full:8,none:2") == [("dots", 4), ("full", 8), (False, 2)]
     with pytest.raises(SystemExit):
@@ -184,21 +205,28 @@ def test_small_run_writes_complete_jsonl(tmp_path):
     assert up["remat"] == "dots" and up["num_micro_batches"] == 2 and up["steps"] == 3
     assert up["params"] == up["params_in_state"]
     _positive_finite(up, ["tokens_per_s", "median_step_s", "compile_s", "first_step_s", "model_flops",
-                          "attention_flops", "achieved_tflops", "mfu", "mfu_vs_nominal_989",
-                          "measured_peak_tflops", "temp_bytes"])
+                          "attention_flops", "achieved_tflops", "mfu", "measured_peak_tflops", "temp_bytes"])
     assert up["tokens_per_s"] == pytest.approx(4 * 128 / up["median_step_s"])
     assert len(up["step_s"]) == 3 and up["median_step_s"] == pytest.approx(float(np.median(up["step_s"])))
     assert up["achieved_tflops"] == pytest.approx(up["model_flops"] / up["median_step_s"] / 1e12)
     assert up["measured_peak_tflops"] == pytest.approx(max(mm["best_tflops"] for mm in by["matmul_peak"]))
     assert up["mfu"] == pytest.approx(up["model_flops"] / up["median_step_s"] / 1e12 / up["measured_peak_tflops"])
+    # a CPU has no datasheet figure: the nominal fields are there, and null
+    for r in (up, by["matmul_peak"][0], by["hbm_bandwidth"][0]):
+        assert r["nominal_bf16_tflops"] is None and r["nominal_hbm_gbps"] is None and r["nominal_source"] is None
+    assert up["mfu_vs_nominal"] is None
     assert math.isfinite(up["loss"]) and up["skipped_updates"] == 0
 
     dec = by["decode"][0]
     assert dec["rounds"] == 2 and dec["trace_counts"] == {"append": 1, "decode": 1}  # no recompilation
     _positive_finite(dec, ["decode_tokens_per_s", "decode_step_s", "prefill_tokens_per_s", "achieved_hbm_gbps",
-                           "bytes_per_step", "weight_bytes", "kv_bytes_per_step", "fraction_of_nominal_4800",
-                           "fraction_of_measured_read", "fraction_of_measured_copy", "first_decode_s"])
+                           "bytes_per_step", "weight_bytes", "kv_bytes_per_step", "fraction_of_measured_read", "fraction_of_measured_copy", "first_decode_s"])
     assert dec["decode_tokens_per_s"] == pytest.approx(4 * 32 / dec["median_decode_s"])
+    # the decode's bandwidth is a fraction of the copy and read peaks measured in this run
+    bw = by["hbm_bandwidth"][0]
+    assert dec["measured_copy_gbps"] == bw["copy_gbps"] and dec["measured_read_gbps"] == bw["read_gbps"]
+    assert dec["fraction_of_measured_copy"] == pytest.approx(dec["achieved_hbm_gbps"] / bw["copy_gbps"])
+    assert dec["fraction_of_nominal_hbm"] is None
 
     # one recipe run through the trainer: 2 iterations of 2 maps x 4 episodes, the tiny model
     rc = by["recipe_iteration"][0]

@@ -6,6 +6,7 @@ atol 1e-6; the cross-process all-reduce sums in its own order).
 
 Also the single-process behaviour of `jaxagent.parallel.distributed` (no subprocess).
 """
+import json
 from pathlib import Path
 
 import jax
@@ -55,6 +56,26 @@ def test_two_processes_equal_one_process(tmp_path):
         if k.startswith(("param/", "mu/", "metric/")):
             np.testing.assert_allclose(multi[k], single[k], rtol=1e-5, atol=1e-6, err_msg=k)
     assert float(single["metric/2/step"]) == 3.0 and float(single["metric/0/skipped"]) == 0.0
+
+
+@pytest.mark.slow   # two processes each compile a sampler on 4 devices and one on 1 (~25 s on 2 idle cores)
+def test_each_process_samples_on_all_its_own_devices(tmp_path):
+    """2 processes x 4 devices on a 2 x 2 x 2 mesh: `Placement.sampler_params` gives each
+    process the params on a mesh of its 4 devices (weights split over tensor as in
+    training, whole over fsdp), not on its first device, without a trip through the host;
+    the sampler takes that mesh and samples what an unsharded sampler samples. On a mesh
+    whose tensor axis spans the processes each gets the weights whole on its 4 devices."""
+    run_process_group(WORKER, 2, lambda pid, port: (tmp_path, 2, pid, port, 4, "sampler"), tmp_path, TIMEOUT_S)
+    found = [json.loads((tmp_path / f"sampler_{pid}.json").read_text()) for pid in range(2)]
+    assert found[0]["local_devices"] != found[1]["local_devices"]
+    for r in found:
+        assert r["sampler_devices"] == r["local_devices"] and len(r["local_devices"]) == 4, r
+        assert r["sampler_mesh"] == {"data": 1, "fsdp": 2, "tensor": 2} and r["sampler_is_placement_mesh"], r
+        assert r["q_spec"] == "P(None, None, 'tensor')" and r["fully_addressable"], r
+        assert r["values_equal"] and r["copy_is_fresh"] and r["same_samples"] == [True, True], r
+        assert r["cache_spec"] == "P(None, 'fsdp', 'tensor', None, None)", r   # rows over its fsdp devices
+        assert r["wide_mesh"] == {"data": 4, "fsdp": 1, "tensor": 1} and r["wide_values_equal"], r
+        assert r["wide_q_spec"] == "P(None, None, None)", r
 
 
 # ----------------------------------------------------------------------------- one process

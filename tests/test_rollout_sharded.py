@@ -38,8 +38,8 @@ def test_sampler_sharded_matches_unsharded():
     mesh = mesh_of(2, 1, 4)
     ref = Sampler(params, cfg, max_len=48, window_segments=1)
     shd = Sampler(params, cfg, max_len=48, window_segments=1, mesh=mesh)
-    # params are placed by the rules (q_proj: heads over tensor)
-    want = parallel.param_shardings(shd.params, mesh)
+    # params are placed by the sampler's rules (q_proj: heads over tensor)
+    want = parallel.param_shardings(shd.params, mesh, parallel.ROLLOUT_AXIS_RULES)
     for x, s in zip(jax.tree.leaves(shd.params), jax.tree.leaves(want)):
         assert x.sharding.spec == s.spec
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11], [12, 13, 14], [5], [6, 7], [8, 8, 8, 8]]
@@ -118,10 +118,13 @@ def test_agent_loop_sharded_matches_unsharded(sampling, env_fns, ctx):
     assert all(spec == want[b] for b, spec in specs)
     batches = [b for b, _ in specs]
     assert batches == ([4, 4, 4] if env_fns is not FAULTY else [4, 4, 2])
-    # new params are placed on the mesh like the first ones
+    # new params are placed on the mesh like the first ones, by the sampler's rules: whole
+    # over data and fsdp (q_proj: P(None, None, "tensor")), not the update's fsdp split
     shd.set_params(jax.tree.map(lambda x: x + 0, params))
-    for x, s in zip(jax.tree.leaves(shd.params), jax.tree.leaves(parallel.param_shardings(params, mesh))):
+    rollout = parallel.param_shardings(params, mesh, parallel.ROLLOUT_AXIS_RULES)
+    for x, s in zip(jax.tree.leaves(shd.params), jax.tree.leaves(rollout)):
         assert x.sharding == s
+    assert shd.params["layers"]["q_proj"]["kernel"].sharding.spec == P(None, None, "tensor")
 
 
 def test_unsharded_sampler_is_untouched():

@@ -8,6 +8,7 @@ compiled, so a config said to fit does not run out in a pass the estimate missed
 import dataclasses
 from pathlib import Path
 
+import jax
 import pytest
 
 from jaxagent.config import load_config
@@ -35,17 +36,19 @@ TOTAL_GB = _total_gb()
 
 
 #: compiled in a slow test of their own: SmolLM2-135M's 30 layers take 30-40 s each to
-#: build and compile; the kinds of program only they have in the shipped configs (LoRA
-#: with a warm start) are in the default suite on the tiny model (`LORA`)
-SLOW = {"smollm2_countdown_grpo", "smollm2_frozenlake"}
+#: build and compile (the GPU recipe is SmolLM2 too); the kinds of program only they have
+#: in the shipped configs (LoRA with a warm start) are in the default suite on the tiny
+#: model (`LORA`)
+SLOW = {"smollm2_countdown_grpo", "smollm2_frozenlake", "gpu_countdown_grpo"}
 #: a LoRA run with a warm start (what `smollm2_frozenlake` is), on the tiny Countdown config
 LORA = ["model.lora={rank: 4, alpha: 8, targets: [q_proj, v_proj, down_proj]}", "warm_start.episodes=8",
         "warm_start.batch_size=4"]
 
 
-def _problems(path, tmp_path, overrides=()) -> list[str]:
+def _problems(path, tmp_path, overrides=(), *, ratios: bool = True) -> list[str]:
     """What is wrong with config `path`'s compiled programs against its estimate (empty:
-    nothing; skipped when its model file is not installed)."""
+    nothing; skipped when its model file is not installed). `ratios=False`: only that
+    the run's programs compile."""
     # the machine's whole RAM as the device (what is available at the moment depends on
     # the tests running beside this one)
     shipped = load_config(TrainerConfig, path, [f"run_dir={tmp_path / path.stem}", f"device_memory_gb={TOTAL_GB:.2f}",
@@ -70,7 +73,7 @@ def _problems(path, tmp_path, overrides=()) -> list[str]:
                 "logprob_pass": shipped.old_logprobs != "sampler" or trainer.ref_params is not None}
     out = [f"{path.stem}: {name} {'missing' if want else 'compiled but the run has none'}"
            for name, want in expected.items() if (name in names) != want]
-    for p in passes:
+    for p in passes if ratios else ():
         if p.ratio >= HIGH:
             out.append(f"{path.stem}: {p.name} compiles to {p.ratio:.2f}x its estimate")
         if p.name not in BOUNDED and p.ratio <= LOW:
@@ -80,7 +83,7 @@ def _problems(path, tmp_path, overrides=()) -> list[str]:
             out.append(f"{path.stem}: {p.name} needs {p.peak_bytes / 2**30:.1f} GiB of {TOTAL_GB:.1f}")
     est = Placement(shipped, trainer.model_config).check_memory(lambda *_: None)   # with the warm start
     peak = max(passes, key=lambda p: p.peak_bytes)
-    if peak.peak_bytes >= HIGH * est["total"]:
+    if ratios and peak.peak_bytes >= HIGH * est["total"]:
         out.append(f"{path.stem}: {peak.name} needs {peak.peak_bytes / est['total']:.2f}x the estimated total")
     return out + (["\n".join(lines)] if out else [])
 
@@ -100,7 +103,12 @@ def test_every_shipped_config_compiles_within_its_estimate(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("path", [p for p in CONFIGS if p.stem in SLOW], ids=lambda p: p.stem)
 def test_slow_config_compiles_within_its_estimate(path, tmp_path):
-    got = _problems(path, tmp_path)
+    # XLA:CPU computes bfloat16 dots in float32 (converts around float32 dots: a bfloat16
+    # matmul chain's temporaries are 4x the float32 one's), so on a CPU the GPU recipe's
+    # bfloat16 programs are larger than on the GPU it is sized for (1.6-1.95x the estimate
+    # here): on a CPU it is checked to build and compile; its ratios need the GPU
+    ratios = not (path.stem.startswith("gpu_") and jax.default_backend() == "cpu")
+    got = _problems(path, tmp_path, ratios=ratios)
     if got and got[0].startswith("skip"):
         pytest.skip(got[0])
     assert not got, "\n".join(got)

@@ -55,6 +55,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+from jaxagent import parallel as jax_parallel  # noqa: E402
 from jaxagent.train import memory as train_memory  # noqa: E402
 from jaxagent.config import ConfigError, load_config  # noqa: E402
 from jaxagent.train.trainer import Trainer, TrainerConfig  # noqa: E402
@@ -200,9 +201,14 @@ def test_a_config_that_cannot_fit_fails_before_compiling(tmp_path):
     lines = []
     trainer = Trainer(config(tmp_path / "run", "device_memory_gb=16", "mesh={fsdp: 2, tensor: 2}"),
                       log=lines.append)
-    # in one process the sampler runs on the mesh with the state's own params: no copy
-    assert lines[0].startswith("memory per device:") and "sampler_params" not in lines[0]
-    assert trainer.memory_estimate["total"] < 16 * 2**30
+    # in one process the sampler runs on the mesh with a copy of its own, laid out by its
+    # rules: whole over fsdp (more per device than the update's shard), counted
+    est = trainer.memory_estimate
+    assert lines[0].startswith("memory per device:") and "sampler_params" in lines[0]
+    rollout = train_memory.estimate_memory(trainer.model_config, mesh=trainer.mesh, batch_size=1, seq_len=1,
+                                           rules=jax_parallel.ROLLOUT_AXIS_RULES)
+    assert est["sampler_params"] == rollout["params"] > est["params"]
+    assert est["total"] < 16 * 2**30
 
 
 # ----------------------------------------------------------------------------- processes

@@ -97,8 +97,16 @@ class DecoderConfig:
     eos_token_id: int | tuple[int, ...] | None = None
     pad_token_id: int | None = None
     lora: LoraConfig | None = None
+    #: the attention implementation (`jaxagent.models.attention`): "auto", "dense",
+    #: "blocked" or "cudnn"; not part of the checkpoint
+    attention: str = "auto"
 
     def __post_init__(self):
+        from jaxagent.models.attention import IMPLEMENTATIONS
+
+        if self.attention not in IMPLEMENTATIONS:
+            raise ValueError(f"DecoderConfig.attention must be one of {list(IMPLEMENTATIONS)}, "
+                             f"got {self.attention!r}")
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
                      "num_heads", "num_kv_heads", "head_dim"):
             v = getattr(self, name)

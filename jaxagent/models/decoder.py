@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import math
 from typing import Any
 
 import flax.struct
@@ -50,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxagent.models.config import DecoderConfig
+from jaxagent.models.attention import AttentionMask, attend
 
 Params = dict[str, Any]
 
@@ -60,6 +60,10 @@ ACTIVATION_AXES = {
     "logits": ("batch", "seq", "vocab"),
     "cache_kv": (None, "batch", "heads", "seq", None),
     "cache_lengths": ("batch",),
+    # the embedding table where tokens are looked up: rows (the vocabulary) over "tensor",
+    # the model dimension whole, so the gather's result has the residual stream's layout
+    # (an "embed" split would make XLA rematerialize the whole lookup on a mesh)
+    "embed_table": ("vocab", None),
 }
 
 # An optional layout hook for activations: `constrain(x, logical_axes) -> x`, set while a
@@ -71,7 +75,9 @@ _CONSTRAIN: contextvars.ContextVar = contextvars.ContextVar("jaxagent_activation
 @contextlib.contextmanager
 def activation_constraint(fn):
     """While tracing inside this context, the residual stream is passed through
-    `fn(x, ACTIVATION_AXES["hidden"])` after the embedding, each layer and the final norm."""
+    `fn(x, ACTIVATION_AXES["hidden"])` after the embedding, each layer and the final norm
+    (and `forward_hidden`'s embedding table through `fn(table, ACTIVATION_AXES["embed_table"])`
+    before the lookup)."""
     token = _CONSTRAIN.set(fn)
     try:
         yield
@@ -251,34 +257,19 @@ def _proj(p: dict, x: jax.Array, config: DecoderConfig) -> jax.Array:
     return y.reshape(*lead, y.shape[-1])
 
 
-_NEG = float(np.finfo(np.float32).min)
+def attention(q_BxTxHxd, k_BxSxKxd, v_BxSxKxd, mask: AttentionMask, impl: str = "auto") -> jax.Array:
+    """Grouped-query attention `softmax(q k^T / sqrt(hd) + mask) v` -> `[B, T, H, hd]`
+    (`jaxagent.models.attention.attend`; `impl` as `DecoderConfig.attention`).
 
-
-def attention(q_BxTxHxd, k_BxSxKxd, v_BxSxKxd, allowed_BxTxS) -> jax.Array:
-    """Grouped-query attention `softmax(q k^T / sqrt(hd) + mask) v` -> `[B, T, H, hd]`.
-
-    Scores and softmax in float32. A query with no allowed key gets a uniform
-    average (finite, never NaN); such rows are padding and are masked downstream.
+    Scores and softmax in float32. A query with no allowed key gets a finite output
+    (never NaN); such rows are padding and are masked downstream.
     """
-    return _gqa(q_BxTxHxd, k_BxSxKxd, v_BxSxKxd, allowed_BxTxS, kv_layout="bskd")
+    return attend(q_BxTxHxd, k_BxSxKxd, v_BxSxKxd, mask, kv_layout="bskd", impl=impl)
 
 
-def cached_attention(q_BxTxHxd, k_BxKxSxd, v_BxKxSxd, allowed_BxTxS) -> jax.Array:
+def cached_attention(q_BxTxHxd, k_BxKxSxd, v_BxKxSxd, mask: AttentionMask, impl: str = "auto") -> jax.Array:
     """`attention` with keys/values in the cache layout `[B, K, S, hd]`."""
-    return _gqa(q_BxTxHxd, k_BxKxSxd, v_BxKxSxd, allowed_BxTxS, kv_layout="bksd")
-
-
-def _gqa(q_BxTxHxd, k, v, allowed_BxTxS, kv_layout: str) -> jax.Array:
-    """Grouped-query attention; ``kv_layout`` names the key/value axes ("bskd" or "bksd")."""
-    B, T, H, hd = q_BxTxHxd.shape
-    K = k.shape[kv_layout.index("k")]
-    q = q_BxTxHxd.reshape(B, T, K, H // K, hd)
-    s = jnp.einsum(f"btkgd,{kv_layout}->bkgts", q, k, preferred_element_type=jnp.float32)
-    s = s * (1.0 / math.sqrt(hd))
-    s = jnp.where(allowed_BxTxS[:, None, None, :, :], s, _NEG)
-    p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
-    o = jnp.einsum(f"bkgts,{kv_layout}->btkgd", p, v)
-    return o.reshape(B, T, H, hd)
+    return attend(q_BxTxHxd, k_BxKxSxd, v_BxKxSxd, mask, kv_layout="bksd", impl=impl)
 
 
 def layer_qkv(lp: dict, x: jax.Array, cos, sin, config: DecoderConfig):
@@ -369,14 +360,15 @@ def forward_hidden(
         attention_mask_BxT = jnp.ones((B, T), jnp.int32)
     if positions_BxT is None:
         positions_BxT = default_positions(attention_mask_BxT, segment_ids_BxT)
-    allowed = make_attention_mask(attention_mask_BxT, segment_ids_BxT)
+    mask = AttentionMask.causal(attention_mask_BxT, segment_ids_BxT)
     cos, sin = rope_cos_sin(positions_BxT, config)
     hidden_axes = ACTIVATION_AXES["hidden"]
-    x = constrain_activation(params["embed"]["embedding"][tokens_BxT], hidden_axes)
+    table = constrain_activation(params["embed"]["embedding"], ACTIVATION_AXES["embed_table"])
+    x = constrain_activation(table[tokens_BxT], hidden_axes)
 
     def layer(x, lp):
         q, k, v = layer_qkv(lp, x, cos, sin, config)
-        return constrain_activation(layer_finish(lp, x, attention(q, k, v, allowed), config), hidden_axes), None
+        return constrain_activation(layer_finish(lp, x, attention(q, k, v, mask, config.attention), config), hidden_axes), None
 
     x, _ = jax.lax.scan(_maybe_remat(layer, remat), x, params["layers"])
     return constrain_activation(rms_norm(x, params["final_norm"]["scale"], config.rms_norm_eps), hidden_axes)
@@ -416,6 +408,18 @@ class KVCache:
         return self.k.shape[3]
 
 
+def scatter_set(buffer: jax.Array, index, values: jax.Array) -> jax.Array:
+    """`buffer.at[index].set(values cast to buffer's dtype, mode="drop")`, for a 16-bit
+    float buffer (a bfloat16 KV cache) as the same bits in uint16: the same result, but
+    XLA:CPU would otherwise scatter into a float32 copy of the whole buffer."""
+    values = values.astype(buffer.dtype)
+    if buffer.dtype.itemsize != 2 or not jnp.issubdtype(buffer.dtype, jnp.floating):
+        return buffer.at[index].set(values, mode="drop")
+    bits = jax.lax.bitcast_convert_type(buffer, jnp.uint16).at[index].set(
+        jax.lax.bitcast_convert_type(values, jnp.uint16), mode="drop")
+    return jax.lax.bitcast_convert_type(bits, buffer.dtype)
+
+
 def init_cache(config: DecoderConfig, batch: int, max_len: int, dtype="float32") -> KVCache:
     """An empty cache of `max_len` slots per row."""
     shape = (config.num_layers, batch, config.num_kv_heads, max_len, config.head_dim)
@@ -450,7 +454,7 @@ def forward_cached(
     S = cache.max_len
     slot_BxT = cache.lengths[:, None] + jnp.cumsum(m, axis=1) - 1
     write_BxT = jnp.where(m > 0, slot_BxT, S)  # out of range -> dropped by the scatter
-    allowed = jnp.arange(S)[None, None, :] <= slot_BxT[:, :, None]  # [B, T, S]
+    mask = AttentionMask(limit=slot_BxT.astype(jnp.int32))   # slot s <= the query's own slot
     cos, sin = rope_cos_sin(jnp.maximum(slot_BxT, 0), c)
     rows_BxT = jnp.broadcast_to(jnp.arange(B)[:, None], (B, T))
     hidden_axes = ACTIVATION_AXES["hidden"]
@@ -464,9 +468,9 @@ def forward_cached(
         layer_BxT = jnp.full((B, T), i, jnp.int32)
         # k[b, t] -> k_cache[i, b, :, write[b, t]]: advanced indices (layer, row, slot) with
         # the head slice in between put the update's dims as [B, T, K, hd].
-        k_cache = k_cache.at[layer_BxT, rows_BxT, :, write_BxT].set(k.astype(k_cache.dtype), mode="drop")
-        v_cache = v_cache.at[layer_BxT, rows_BxT, :, write_BxT].set(v.astype(v_cache.dtype), mode="drop")
-        o = cached_attention(q, k_cache[i].astype(q.dtype), v_cache[i].astype(q.dtype), allowed)
+        k_cache = scatter_set(k_cache, (layer_BxT, rows_BxT, slice(None), write_BxT), k)
+        v_cache = scatter_set(v_cache, (layer_BxT, rows_BxT, slice(None), write_BxT), v)
+        o = cached_attention(q, k_cache[i].astype(q.dtype), v_cache[i].astype(q.dtype), mask, c.attention)
         return (constrain_activation(layer_finish(lp, x, o, c), hidden_axes), k_cache, v_cache), None
 
     (x, k_new, v_new), _ = jax.lax.scan(

@@ -8,7 +8,7 @@ A mesh has three axes::
             all-gathers a weight where it is used and reduce-scatters its gradient)
     tensor  tensor (model) parallelism: heads, MLP hidden units and the vocabulary split
 
-Parameters carry logical axis names (`jaxagent.models.param_axes`); ONE table,
+Parameters carry logical axis names (`jaxagent.models.param_axes`); one table for training,
 `LOGICAL_AXIS_RULES`, maps each logical name to mesh axes::
 
     batch    -> ("data", "fsdp")     rows of a batch
@@ -25,6 +25,17 @@ array already uses, cut to the longest prefix whose size product divides the
 dimension. A dimension that no mesh axis divides is **replicated** (not an error): a
 tiny model, an odd vocabulary or 2 kv heads on `tensor=4` still run, only less split.
 
+The sampler has rules of its own, `ROLLOUT_AXIS_RULES`: the same table with "embed"
+whole. Decoding reads every weight once per token for a few rows, so an FSDP split of
+the weights would all-gather each weight matrix inside the decode loop, per token
+(measured on 8 CPU devices, fsdp=8: 14 weight-sized all-gathers a token); rollout weights
+are instead replicated over data and fsdp (split over tensor as in training) and laid
+out once per update, when the sampler gets new params (`Sampler.params`,
+`jaxagent.train.placement.Placement.sampler_params`: one device-side reshard). Its rows
+(batch, KV cache) are split over ("data", "fsdp") as a training batch's. See
+`jaxagent.parallel.rollout` for the sampler of a multi-process run (a mesh of each
+process's own devices).
+
 Optimizer state (AdamW `mu`, `nu`) is sharded like its parameters (matched by the
 parameter path at the end of each optimizer-state leaf's path, and its shape);
 scalars (counts, `step`, `skipped`, the PRNG key) are replicated.
@@ -37,7 +48,13 @@ propagation tends to split activations along "embed" like the weights (all-to-al
 activations not split by rows): correct, but measured on 8 CPU devices (D=256, L=4,
 B=32, T=128) 6x the temporary memory and 5x the step time of the same step with the
 residual stream pinned to rows over ("data", "fsdp"). So `make_sharded_train_step`
-traces the step inside the decoder's layout hook with `activation_constraint`.
+traces the step inside the decoder's layout hook with `activation_constraint`. The hook
+also pins the embedding table of the token lookup to ("vocab", None): split over "fsdp"
+while the looked-up rows are over ("data", "fsdp"), the lookup made XLA replicate it
+whole ("involuntary full rematerialization") on a mesh with both axes. Under fsdp each
+weight's gradient leaves XLA's partitioner as an all-reduce and a slice of the device's
+shard, which XLA's GPU and TPU pipelines fuse into one reduce-scatter; XLA:CPU keeps the
+all-reduce (`tests/test_parallel_collectives.py` checks the partitioned program).
 """
 from __future__ import annotations
 
@@ -63,6 +80,18 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("seq", None),
     ("vocab", "tensor"),
     ("embed", "fsdp"),
+    ("heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("mlp", "tensor"),
+)
+
+#: the sampler's rules: weights replicated over data and fsdp ("embed" never split),
+#: heads / kv heads / MLP / vocabulary over tensor as in training, rows over the batch axes
+ROLLOUT_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
+    ("batch", BATCH_AXES),
+    ("seq", None),
+    ("vocab", "tensor"),
+    ("embed", None),
     ("heads", "tensor"),
     ("kv_heads", "tensor"),
     ("mlp", "tensor"),

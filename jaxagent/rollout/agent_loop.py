@@ -250,8 +250,9 @@ class AgentLoop:
       tokenizer: a transformers tokenizer with a chat template.
       config: an `AgentLoopConfig`.
       observation_role: chat role of text observations.
-      mesh, rules: sample sharded on this device mesh (one process; `Sampler`'s `mesh` and
-        `rules`, rules None = `jaxagent.parallel.LOGICAL_AXIS_RULES`); None = unsharded.
+      mesh, rules: sample sharded on this device mesh (of this process's devices; `Sampler`'s
+        `mesh` and `rules`, rules None = `jaxagent.parallel.ROLLOUT_AXIS_RULES`); None = the
+        mesh the params are laid out on, if any (`Sampler`), else unsharded.
     """
 
     def __init__(self, params, model_config: DecoderConfig, tokenizer, config: AgentLoopConfig,

@@ -43,14 +43,19 @@ Finish reasons (`FINISH_REASONS[finish_reason]`): `none` (row not decoded),
 `stop_token`, `stop_sequence`, `max_new_tokens`, `cache_full` (the row's cache has
 no free slot for another token: the episode cannot go on).
 
-Sharded sampling (`Sampler(..., mesh=mesh)`, one process): "batch over data, heads
-over tensor". Params are placed by `jaxagent.parallel.param_shardings`; the KV cache
-by `decoder.ACTIVATION_AXES["cache_kv"]` (rows over ("data", "fsdp"), kv heads over
-"tensor"); every other per-row array (logits, keys, lengths, host inputs, outputs)
-has its rows over the batch axes. Each layout goes through `logical_to_spec`, so a
-row count (e.g. a shrunk bucket) or a kv-head count the mesh axes do not divide is
-split over the longest dividing prefix of the axes, or replicated: it still runs,
-only less split. The kernels are traced under the decoder's `activation_constraint`
+Sharded sampling (`Sampler(..., mesh=mesh)`, one process): "rows over data and fsdp,
+heads over tensor", by the sampler's own rules (`jaxagent.parallel.ROLLOUT_AXIS_RULES`).
+Params are placed by them: whole over data and fsdp (decode reads every weight each
+token, so an fsdp split would all-gather the weights inside the decode loop, per token),
+split over tensor as in training; they are laid out once when set (`Sampler.params`), not
+per token. The KV cache by `decoder.ACTIVATION_AXES["cache_kv"]` (rows over ("data",
+"fsdp"), kv heads over "tensor"); every other per-row array (logits, keys, lengths, host
+inputs, outputs) has its rows over the batch axes. Params already laid out on a mesh of
+several devices of this process (`jaxagent.parallel.to_local`: the sampler of one
+process of a multi-process run) make the sampler sample on that mesh without `mesh=`.
+Each layout goes through `logical_to_spec`, so a row count (e.g. a shrunk bucket) or a
+kv-head count the mesh axes do not divide is split over the longest dividing prefix of
+the axes, or replicated: it still runs, only less split. The kernels are traced under the decoder's `activation_constraint`
 hook, which pins the residual stream and the cache to those layouts. Without a mesh
 nothing changes (the hook is unset, so the compiled code is the unsharded one).
 """
@@ -72,6 +77,7 @@ from jax.sharding import PartitionSpec as P
 from jaxagent.models import decoder
 from jaxagent.models.config import DecoderConfig
 from jaxagent.parallel import mesh as pmesh
+from jaxagent.parallel.rollout import params_mesh
 
 FINISH_NONE, FINISH_STOP_TOKEN, FINISH_STOP_SEQUENCE, FINISH_LENGTH, FINISH_CACHE_FULL = range(5)
 FINISH_REASONS = ("none", "stop_token", "stop_sequence", "max_new_tokens", "cache_full")
@@ -202,19 +208,37 @@ def sample_tokens(logits_BxV: jax.Array, keys_B: jax.Array, positions_B: jax.Arr
 
 
 # ---------------------------------------------------------------- kernels
-def _one_query_attention(q_BxHxd, k_BxKxSxd, v_BxKxSxd, allowed_BxS) -> jax.Array:
-    """Attention of one query per row over the cache, `[B, H, hd]`.
+def _one_query_attention(q_BxHxd, k_BxKxSxd, v_BxKxSxd, allowed_BxS, *, form: str | None = None) -> jax.Array:
+    """Attention of one query per row over the cache, `[B, H, hd]`, in float32.
 
-    Written as broadcast-multiply-reduce rather than a batched dot: with one query
-    per row the dot is a matrix-vector product, which XLA:CPU runs faster fused.
+    form: "matmul" = the `G = H / K` query heads of a kv group as the rows of one matmul
+      against their keys and values, so each K/V slot is read once per group (the form
+      for GPUs and TPUs: the cache read is what bounds decode); "fused" = broadcast,
+      multiply and reduce, which XLA:CPU fuses into one loop (faster there for one query
+      per row). None = "fused" when `jaxagent.code_platform()` is "cpu", else "matmul".
+      Both form each score and output as the same float32 sums.
     """
+    if form is None:
+        from jaxagent import code_platform
+
+        form = "fused" if code_platform() == "cpu" else "matmul"
     B, H, hd = q_BxHxd.shape
     K = k_BxKxSxd.shape[1]
-    q = q_BxHxd.reshape(B, K, H // K, 1, hd).astype(jnp.float32)
-    s = jnp.sum(q * k_BxKxSxd[:, :, None, :, :].astype(jnp.float32), axis=-1) * (1.0 / math.sqrt(hd))
+    k, v = k_BxKxSxd.astype(jnp.float32), v_BxKxSxd.astype(jnp.float32)
+    if form == "matmul":
+        q = q_BxHxd.reshape(B, K, H // K, hd).astype(jnp.float32)
+        s = jnp.einsum("bkgd,bksd->bkgs", q, k) * (1.0 / math.sqrt(hd))
+    elif form == "fused":
+        q = q_BxHxd.reshape(B, K, H // K, 1, hd).astype(jnp.float32)
+        s = jnp.sum(q * k[:, :, None, :, :], axis=-1) * (1.0 / math.sqrt(hd))
+    else:
+        raise ValueError(f"form must be 'matmul', 'fused' or None, got {form!r}")
     s = jnp.where(allowed_BxS[:, None, None, :], s, -jnp.inf)
     p = jax.nn.softmax(s, axis=-1)  # the row's own slot is always allowed: never all -inf
-    o = jnp.sum(p[:, :, :, :, None] * v_BxKxSxd[:, :, None, :, :].astype(jnp.float32), axis=3)
+    if form == "matmul":
+        o = jnp.einsum("bkgs,bksd->bkgd", p, v)
+    else:
+        o = jnp.sum(p[:, :, :, :, None] * v[:, :, None, :, :], axis=3)
     return o.reshape(B, H, hd).astype(q_BxHxd.dtype)
 
 
@@ -262,8 +286,8 @@ def decode_step(params, config: DecoderConfig, tok_B: jax.Array, write_B: jax.Ar
         lp, i = inp
         q, k, v = decoder.layer_qkv(lp, x, cos, sin, c)
         layer_B = jnp.full((B,), i, jnp.int32)
-        k_all = k_all.at[layer_B, rows_B, :, write_slot_B].set(k[:, 0].astype(k_all.dtype), mode="drop")
-        v_all = v_all.at[layer_B, rows_B, :, write_slot_B].set(v[:, 0].astype(v_all.dtype), mode="drop")
+        k_all = decoder.scatter_set(k_all, (layer_B, rows_B, slice(None), write_slot_B), k[:, 0])
+        v_all = decoder.scatter_set(v_all, (layer_B, rows_B, slice(None), write_slot_B), v[:, 0])
         k_all, v_all = decoder.constrain_activation(k_all, cache_axes), decoder.constrain_activation(v_all, cache_axes)
         k_i, v_i = k_all[i], v_all[i]
         if W < S:
@@ -311,9 +335,9 @@ def decode_step_layers(params, layers: Sequence, config: DecoderConfig, tok_B: j
         q, k, v = decoder.layer_qkv(lp, x, cos, sin, c)
         # k[b] -> ks[i][b, :, write[b]] (dropped when write[b] >= W)
         ks[i] = decoder.constrain_activation(
-            ks[i].at[rows_B, :, write_slot_B].set(k[:, 0].astype(ks[i].dtype), mode="drop"), cache_axes)
+            decoder.scatter_set(ks[i], (rows_B, slice(None), write_slot_B), k[:, 0]), cache_axes)
         vs[i] = decoder.constrain_activation(
-            vs[i].at[rows_B, :, write_slot_B].set(v[:, 0].astype(vs[i].dtype), mode="drop"), cache_axes)
+            decoder.scatter_set(vs[i], (rows_B, slice(None), write_slot_B), v[:, 0]), cache_axes)
         o = _one_query_attention(q[:, 0], ks[i], vs[i], allowed_BxW)
         x = decoder.constrain_activation(decoder.layer_finish(lp, x, o[:, None], c), hidden_axes)
     logits, lengths = _step_logits(params, c, x, write_B, lengths_B, max_len)
@@ -537,13 +561,16 @@ class Sampler:
         (`decode_kernel`; the same results bit for bit, faster on a CPU, slower to compile).
         None = on for the CPU backend (`unroll_layers_default`).
       mesh: a ("data", "fsdp", "tensor") `jax.sharding.Mesh` (`jaxagent.parallel.make_mesh`)
-        to sample sharded on (one process); None = unsharded, exactly as without it.
+        to sample sharded on, of this process's devices. None = the mesh `params` are
+        laid out on when that is a `NamedSharding` over several devices of this process
+        (`jaxagent.parallel.to_local`'s output), else unsharded, exactly as without it.
         Params are placed with `param_shardings(params, mesh, rules)` (here and by the
         `params` setter); states, inputs and outputs have their rows over the batch
         axes and the cache's kv heads over "tensor" (see the module docstring). A row
         count the batch axes do not divide (a small `select_rows` bucket) falls back to
         the longest dividing prefix of the batch axes, or to replicated rows.
-      rules: the logical-axis rules (`jaxagent.parallel.LOGICAL_AXIS_RULES`).
+      rules: the logical-axis rules (default `jaxagent.parallel.ROLLOUT_AXIS_RULES`: weights
+        whole over data and fsdp; the training rules would all-gather them every token).
 
     `trace_counts` counts traces of each kernel (`append`, `decode`, `select`); each
     trace is one XLA compilation.
@@ -551,12 +578,21 @@ class Sampler:
 
     def __init__(self, params, config: DecoderConfig, *, max_len: int, cache_dtype=None,
                  min_bucket: int = 16, pad_id: int = 0, window_segments: int = 3,
-                 mesh: jax.sharding.Mesh | None = None, rules: pmesh.Rules = pmesh.LOGICAL_AXIS_RULES,
+                 mesh: jax.sharding.Mesh | None = None, rules: pmesh.Rules = pmesh.ROLLOUT_AXIS_RULES,
                  unroll_layers: bool | None = None):
         if not isinstance(max_len, int) or max_len < 1:
             raise ValueError(f"Sampler: max_len must be a positive int, got {max_len!r}")
         if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
             raise TypeError(f"Sampler: mesh must be a jax.sharding.Mesh or None, got {type(mesh).__name__}")
+        if mesh is None:   # params laid out on a mesh of this process's devices: sample there
+            try:
+                mesh = params_mesh(params)
+            except ValueError as e:
+                raise ValueError(f"Sampler: {e}") from None
+        if mesh is not None and any(d.process_index != jax.process_index() for d in mesh.devices.flat):
+            raise ValueError(f"Sampler: the mesh spans {len({d.process_index for d in mesh.devices.flat})} "
+                             "processes; a sampler runs on devices of its own process "
+                             "(jaxagent.parallel.local_mesh)")
         self.mesh, self.rules = mesh, tuple(rules)
         self.config, self.max_len = config, max_len
         self.params = params
@@ -618,7 +654,8 @@ class Sampler:
 
     @params.setter
     def params(self, params) -> None:
-        """New params (with a mesh: placed by `param_shardings`; a no-op if already so)."""
+        """New params (with a mesh: placed by `param_shardings` under the sampler's rules,
+        one reshard per call; a no-op if already so)."""
         if self.mesh is not None:
             params = jax.device_put(params, pmesh.param_shardings(params, self.mesh, self.rules))
         self._params = params

@@ -71,7 +71,7 @@ def scratch_config(section: ModelSection, tokenizer):
         vocab_size=len(tokenizer), hidden_size=section.hidden_size, intermediate_size=section.intermediate_size,
         num_layers=section.num_layers, num_heads=section.num_heads, num_kv_heads=section.num_kv_heads,
         head_dim=section.head_dim, qkv_bias=section.qkv_bias, tie_word_embeddings=section.tie_word_embeddings,
-        model_type=section.model_type, lora=section.lora)
+        model_type=section.model_type, lora=section.lora, attention=section.attention)
 
 
 def build_policy(section: ModelSection, tokenizer, key: jax.Array):
@@ -91,7 +91,7 @@ def build_policy(section: ModelSection, tokenizer, key: jax.Array):
                                     std=section.init_std)
     if section.lora is not None:   # float32 adapters on any base dtype: the trained weights stay exact
         params, config = models.add_lora(k_lora, params, config, section.lora, adapter_dtype="float32")
-    return params, config
+    return params, config.replace(attention=section.attention)
 
 
 def needs_reference(config: TrainerConfig) -> bool:
@@ -264,6 +264,28 @@ def matmul_precision(config: TrainerConfig) -> str | None:
     return precision
 
 
+def precision_warning(config: TrainerConfig) -> str | None:
+    """The warning a run on a GPU or TPU (`jaxagent.code_platform()`) logs at start when it
+    computes in float32 without the config saying so: `model.dtype` float32 with
+    `model.compute_dtype` unset and `model.matmul_precision` left on "auto". None on the
+    CPU, and where the config chose (bfloat16 weights, a compute dtype, a precision)."""
+    from jaxagent import code_platform
+
+    m = config.model
+    platform = code_platform()
+    if platform == "cpu" or m.dtype != "float32" or m.compute_dtype is not None or m.matmul_precision != "auto":
+        return None
+    return (f"warning: this {platform} run computes in float32 because the config leaves it so (model.dtype "
+            "float32, model.compute_dtype unset, model.matmul_precision auto): its matmuls run at 'highest' "
+            "precision to match the CPU's results (true float32 on a GPU, several bfloat16 passes on a TPU, "
+            "not the tensor cores' bfloat16 rate), and its activations and the sampler's KV cache take twice "
+            "the memory and bandwidth of bfloat16. For the accelerator defaults set model.compute_dtype: "
+            "bfloat16 (float32 master weights and optimizer state; the passes and the KV cache in bfloat16; "
+            "configs/gpu_countdown_grpo.yaml); to keep float32, say so with model.matmul_precision: highest "
+            "(the CPU's results) or default (the accelerator's faster float32 matmuls), or model.compute_dtype: "
+            "float32")
+
+
 def build_run(config: TrainerConfig, *, resume: bool = False, log=print) -> Run:
     """Connects the processes (`config.distributed`), plays the warm start's expert
     demonstrations (fresh runs), builds the tokenizer, checks the memory estimate before
@@ -275,10 +297,12 @@ def build_run(config: TrainerConfig, *, resume: bool = False, log=print) -> Run:
         require_checkpoints(config.run_dir)
     isolation = check_env(config)
     compilation_cache(config)   # before anything is compiled
-    precision = matmul_precision(config)
     dist = config.distributed
     par.initialize(dist.coordinator_address, dist.num_processes, dist.process_id,
                    auto=True if dist.auto else None)
+    # after initialize: reading the backend (code_platform) starts it, which
+    # jax.distributed.initialize refuses to follow
+    precision = matmul_precision(config)
     if not par.is_primary():
         log = _silent
     notice = sandbox_notice(isolation)
@@ -287,6 +311,9 @@ def build_run(config: TrainerConfig, *, resume: bool = False, log=print) -> Run:
     if precision is not None:
         log(f"float32 matmuls at precision {precision!r} (model.matmul_precision: "
             f"{config.model.matmul_precision})")
+    implicit_float32 = precision_warning(config)
+    if implicit_float32:
+        log(implicit_float32)
     demos = None
     if config.warm_start.enabled and not resume:
         from jaxagent.train.warmstart import collect_demonstrations

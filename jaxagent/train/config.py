@@ -84,6 +84,10 @@ class ModelSection:
       passes run float32 matmuls in TF32 or bfloat16, so results would drift from the
       CPU's without a word) and JAX's default elsewhere; "default", "high" or "highest"
       choose it. bfloat16 compute (`compute_dtype`) is unaffected.
+    attention: the attention implementation of training, the log-prob passes and the
+      sampler's prefill (`jaxagent.models.attention`): "auto" (cuDNN's fused attention on
+      a GPU in bfloat16, else the dense scores while one layer's take at most 256 MiB and
+      the blocked, flash-style version beyond), "dense", "blocked" or "cudnn".
     """
 
     path: str | None = None
@@ -105,8 +109,13 @@ class ModelSection:
     remat: bool | str = False
     lora: LoraConfig | None = None
     matmul_precision: str = "auto"
+    attention: str = "auto"
 
     def __post_init__(self):
+        from jaxagent.models.attention import IMPLEMENTATIONS
+
+        if self.attention not in IMPLEMENTATIONS:
+            raise ValueError(f"attention must be one of {', '.join(IMPLEMENTATIONS)}, got {self.attention!r}")
         if self.matmul_precision not in MATMUL_PRECISIONS:
             raise ValueError(f"matmul_precision must be one of {', '.join(MATMUL_PRECISIONS)}, "
                              f"got {self.matmul_precision!r}")

@@ -15,7 +15,12 @@ when dimensions divide)::
 
 With `StepConfig.compute_dtype` (mixed precision) the activations and the KV cache are
 in the compute dtype; the trainer adds `compute_params`, two copies of the policy cast to
-it (the sampler's, and the update's inside its step).
+it (the update's inside its step, and the sampler's). The sampler's params are laid out
+by its own rules (`jaxagent.parallel.ROLLOUT_AXIS_RULES`: whole over data and fsdp, split
+over tensor), so the trainer sizes them with `estimate_memory(..., rules=ROLLOUT_AXIS_RULES)`
+on the sampler's mesh: under fsdp they cost `fsdp` times the update's shard, counted as
+`sampler_params` (or inside `compute_params` when cast) whenever the sampler cannot use
+the state's own buffers.
 
 Activation formula (bytes; `a` = the compute dtype's size, 4 for float32 parts;
 heads, kv heads, MLP width and vocabulary divided by `tensor` where it divides)::
@@ -41,7 +46,9 @@ XLA's fusion and scheduling change the real peak by tens of percent either way; 
 estimate is for telling "fits easily" from "cannot fit", not for packing to the byte.
 `check_fits` keeps a margin (`usable_fraction`, default 0.9) for XLA's own buffers.
 `forward_activation_bytes` is the forward-only log-prob pass (one layer live at a time,
-its attention scores counted three times); it runs before the update, so a run needs the
+its MLP as `2 F a`, nothing kept for a backward pass; the attention's scores as
+`jaxagent.models.attention.live_bytes` counts them: three times over the whole sequence
+when dense, one block when blocked); it runs before the update, so a run needs the
 larger of the two activation figures. The episode store's entropy pass runs in passes of
 the log-prob pass's rows, so this figure bounds it too. `prefill_bytes` is the sampler's
 append of a prompt or an observation (in `APPEND_CHUNK`-token pieces, attending to the whole
@@ -59,6 +66,8 @@ from typing import Any
 
 import jax
 import numpy as np
+
+from jaxagent.models.attention import live_bytes
 
 from jaxagent.parallel.mesh import (
     LOGICAL_AXIS_RULES,
@@ -204,7 +213,12 @@ def _activation_bytes(cfg, step_config, sizes, rules, B, T, dtype, critic) -> in
     F = _split(cfg.intermediate_size, table["mlp"], sizes)
     V = _split(cfg.vocab_size, table["vocab"], sizes)
     base = 4 * D * a + 2 * D * f + 2 * (H + 2 * K) * hd * a + H * hd * a + 4 * F * a
-    per_tok = base + H * T * (f + a)
+
+    def scores(what):   # one layer's attention bytes over the micro-batch's b rows
+        return live_bytes(cfg.attention, rows=b, heads=H, kv_heads=K, head_dim=hd, q_len=T, k_len=T,
+                          itemsize=a, what=what)
+
+    per_tok = base + scores("saved") / (b * T)
     remat = step_config.remat
     if not remat:
         saved = per_tok
@@ -215,7 +229,7 @@ def _activation_bytes(cfg, step_config, sizes, rules, B, T, dtype, critic) -> in
     # the layer being differentiated is live whole; recomputed (remat), also its recomputation
     # remat: the recomputed layer's scores, softmax, their gradients and the cast are live
     # at once while it is differentiated (compiled: 15-17 bytes a score from 1,024 tokens on)
-    trunk = b * T * (L * saved + per_tok) if not remat else int(b * T * (L * saved + 1.5 * base + H * T * (3 * f + a)))
+    trunk = b * T * (L * saved + per_tok) if not remat else int(b * T * (L * saved + 1.5 * base) + scores("backward"))
     head = 2 * b * T * D * (a + f) + 3 * b * min(T, step_config.seq_chunk) * min(V, step_config.vocab_chunk) * f
     policy = trunk + head
     # the critic's forward and backward are in the same compiled step as the policy's, and
@@ -223,11 +237,13 @@ def _activation_bytes(cfg, step_config, sizes, rules, B, T, dtype, critic) -> in
     return int(policy + trunk + b * T * D * (a + f) if critic else policy)
 
 
-def _forward_layer(model_config, mesh, rules: Rules, *, rows: int, attended: int, a: int) -> tuple[int, int, int]:
+def _forward_layer(model_config, mesh, rules: Rules, *, rows: int, attended: int, a: int,
+                   queries: int = 1) -> tuple[int, int, int]:
     """`(b, per_token, V)` of a forward-only pass on this device: its rows, one layer's
-    bytes a token whose attention spans `attended` slots (the scores counted three times,
-    `H attended (2 4 + a)`: the float32 scores, their float32 softmax and the cast
-    probabilities are live at once), and its share of the vocabulary."""
+    bytes a token whose attention spans `attended` slots (dense: the scores counted three
+    times, `H attended (2 4 + a)`: the float32 scores, their float32 softmax and the cast
+    probabilities are live at once; `attention.live_bytes(what="forward")` for `queries`
+    tokens a row, spread over them), and its share of the vocabulary."""
     sizes = axis_sizes(mesh if mesh is not None else MeshConfig())
     table = rules_dict(rules)
     cfg, f = model_config, 4
@@ -237,8 +253,12 @@ def _forward_layer(model_config, mesh, rules: Rules, *, rows: int, attended: int
     K = _split(cfg.num_kv_heads, table["heads"], sizes)
     F = _split(cfg.intermediate_size, table["mlp"], sizes)
     V = _split(cfg.vocab_size, table["vocab"], sizes)
-    per_tok = 4 * D * a + 2 * D * f + 2 * (H + 2 * K) * hd * a + H * attended * (2 * f + a) + H * hd * a + 4 * F * a
-    return b, per_tok, V
+    attn = live_bytes(cfg.attention, rows=b, heads=H, kv_heads=K, head_dim=hd, q_len=queries, k_len=attended,
+                      itemsize=a, what="forward") / (b * queries)
+    # the MLP's gate and up projections (their product replaces one of them): nothing is
+    # kept for a backward pass, so XLA frees them as it goes
+    per_tok = 4 * D * a + 2 * D * f + 2 * (H + 2 * K) * hd * a + attn + H * hd * a + 2 * F * a
+    return b, int(per_tok), V
 
 
 def forward_activation_bytes(model_config, step_config=None, mesh=None, *, rows: int, seq_len: int,
@@ -259,7 +279,7 @@ def forward_activation_bytes(model_config, step_config=None, mesh=None, *, rows:
     step_config = step_config if step_config is not None else StepConfig()
     T = seq_len
     a = int(np.dtype(step_config.compute_dtype or param_dtype).itemsize)
-    b, per_tok, V = _forward_layer(model_config, mesh, rules, rows=rows, attended=T, a=a)
+    b, per_tok, V = _forward_layer(model_config, mesh, rules, rows=rows, attended=T, a=a, queries=T)
     head = b * min(T, step_config.seq_chunk) * min(V, step_config.vocab_chunk) * 4
     return int(b * T * per_tok + head)
 
@@ -276,8 +296,25 @@ def prefill_bytes(model_config, mesh=None, *, rows: int, max_len: int, chunk: in
         b c per_token_layer(T -> S) + b V 4
     """
     a = int(np.dtype(compute_dtype or param_dtype).itemsize)
-    b, per_tok, V = _forward_layer(model_config, mesh, rules, rows=rows, attended=max_len, a=a)
-    return int(b * min(chunk, max_len) * per_tok + b * V * 4)
+    c = min(chunk, max_len)
+    b, per_tok, V = _forward_layer(model_config, mesh, rules, rows=rows, attended=max_len, a=a, queries=c)
+    return int(b * c * per_tok + b * V * 4 + _cpu_upcasts(model_config, mesh, rules, rows=rows, max_len=max_len, a=a))
+
+
+def _cpu_upcasts(cfg, mesh, rules: Rules, *, rows: int, max_len: int, a: int) -> int:
+    """XLA:CPU runs 16-bit matmuls on float32 copies of their operands: the sampler's
+    passes then hold a float32 copy of the output projection (`D V 4`) and of one layer's
+    keys and values (`2 b K S hd 4`). Zero in float32 and on accelerators."""
+    from jaxagent import code_platform
+
+    if a == 4 or code_platform() != "cpu":
+        return 0
+    sizes = axis_sizes(mesh if mesh is not None else MeshConfig())
+    table = rules_dict(rules)
+    b = -(-rows // math.prod(sizes[x] for x in table["batch"] if x in sizes))
+    K = _split(cfg.num_kv_heads, table["heads"], sizes)
+    V = _split(cfg.vocab_size, table["vocab"], sizes)
+    return int(cfg.hidden_size * V * 4 + 2 * b * K * max_len * cfg.head_dim * 4)
 
 
 def decode_bytes(model_config, mesh=None, *, rows: int, max_len: int, unroll_layers: bool, param_bytes: int = 0,
@@ -299,7 +336,8 @@ def decode_bytes(model_config, mesh=None, *, rows: int, max_len: int, unroll_lay
     if unroll_layers:
         copies = _kv_bytes(model_config, axis_sizes(mesh if mesh is not None else MeshConfig()), rules, rows,
                            max_len, kv_dtype or compute_dtype or param_dtype) + int(param_bytes)
-    return int(copies + b * per_tok + 4 * b * V * 4)
+    return int(copies + b * per_tok + 4 * b * V * 4
+               + _cpu_upcasts(model_config, mesh, rules, rows=rows, max_len=max_len, a=a))
 
 
 def host_memory_bytes() -> int | None:

@@ -12,16 +12,20 @@ branching on the mode itself, to:
   process also keeps a host copy of all rows for shaping, advantages and metrics);
 - run the log-prob and value passes on the placed params (`logprobs`, `values`);
 - bring replicated results to the host (`fetch`);
-- give the sampler its params (`sampler_params`: the state's own on one device or on a
-  mesh in one process; with several processes a whole copy on this process's first
-  device, gathered after every update);
+- give the sampler its params (`sampler_params`: the state's own on one device; on a
+  mesh laid out by the sampler's own rules, `ROLLOUT_AXIS_RULES`: weights whole over
+  data and fsdp, split over tensor, in one device-side reshard per update; with several
+  processes on `sampler_mesh`, a mesh of this process's own devices, with no trip
+  through the host: `jaxagent.parallel.rollout.to_local`);
 - check the run's per-device memory before anything is compiled (`check_memory`).
 
 Modes: no mesh (an all-1 `mesh` section in one process) is exactly the single-device
 loop. A mesh in one process samples on the mesh too (`Sampler(mesh=...)`). With several
 processes each process plays its own whole groups of the rollout batch (`rows`;
 `row_offset` is the global index of its first row, so its sampling keys are those one
-process playing the whole batch would draw).
+process playing the whole batch would draw) on every one of its devices
+(`sampler_mesh`: its rows split over them, the weights split over "tensor" where the
+process holds the whole tensor axis, else whole); a process with one device samples on it.
 """
 from __future__ import annotations
 
@@ -132,6 +136,13 @@ _critic_values = jax.jit(_cast_critic_values, static_argnames=("critic_config", 
 _cast_for_sampler = jax.jit(for_compute, static_argnames=("compute_dtype",))
 
 
+@functools.lru_cache(maxsize=None)
+def _compute_cast(compute_dtype: str | None):
+    """`params -> params` in `compute_dtype` (None: no cast), one object per dtype (the
+    relayout's compilation cache is keyed by it)."""
+    return None if compute_dtype is None else functools.partial(for_compute, compute_dtype=compute_dtype)
+
+
 class Placement:
     """Device placement of one run (see the module docstring).
 
@@ -155,6 +166,10 @@ class Placement:
             _check_whole_groups(config, self.rows)
         #: the sampler runs on the mesh (a mesh in one process)
         self.sampler_on_mesh = self.mesh is not None and not self.multi_process
+        #: the mesh the sampler runs on: the run's mesh in one process; with several, a mesh
+        #: of this process's devices (`par.local_mesh`; None when it has one); None on one device
+        self.sampler_mesh = self.mesh if self.sampler_on_mesh else \
+            par.local_mesh(self.mesh) if self.multi_process else None
         self._logprobs = self._values = None
         #: `rollout.trim_chunks`: the update's micro-batches and the log-prob pass's row
         #: chunks cut to their own rows' length (every process cuts the same chunks from
@@ -244,19 +259,39 @@ class Placement:
                               f"{self.row_shards}")
 
     def sampler_params(self, state, *, copy: bool = False):
-        """The params the sampler runs with (module docstring). `copy`: never the state's
-        own buffers (a rollout that runs while the update donates them)."""
+        """The params the sampler runs with (module docstring), on `sampler_mesh` by the
+        sampler's rules (`ROLLOUT_AXIS_RULES`), in the compute dtype. `copy`: never the
+        state's own buffers (a rollout that runs while the update donates them).
+
+        One device-side program per call: the cast and the reshard from the update's
+        layout (weights split over fsdp) to the sampler's (whole over data and fsdp), so
+        the decode loop never gathers a weight. With several processes that program runs
+        on the run's mesh (every process calls this at the same point of the loop) and each
+        process keeps its own devices' shards as arrays of `sampler_mesh`
+        (`par.to_local`): nothing is gathered to the host."""
         params = state.params
         compute = self.config.model.compute_dtype
-        if compute is not None and compute != self.config.model.dtype:   # a cast copy: never the state's buffers
-            params = _cast_for_sampler(params, compute)
-        elif self.mesh is None or self.sampler_on_mesh:
+        cast = compute if compute is not None and compute != self.config.model.dtype else None
+        if self.mesh is None:
+            if cast is not None:   # a cast copy: never the state's buffers
+                return _cast_for_sampler(params, cast)
             return jax.tree.map(jnp.copy, params) if copy else params
-        if self.mesh is None or self.sampler_on_mesh:
-            return params
         if self.multi_process:
-            params = par.to_host(params)
-        return jax.device_put(params, jax.local_devices()[0])
+            return par.to_local(params, self.mesh, self.sampler_mesh, prepare=_compute_cast(cast))
+        target = par.rollout_shardings(params, self.mesh)
+        if cast is None and not copy and all(
+                x.sharding == t for x, t in zip(jax.tree.leaves(params), jax.tree.leaves(target))):
+            return params   # the update's layout is the sampler's (no fsdp split): the state's own
+        return par.relayout(params, target, _compute_cast(cast))
+
+    @property
+    def sampler_params_shared(self) -> bool:
+        """Whether `sampler_params` (without a cast or `copy`) is the state's own buffers:
+        on one device, or on a mesh whose fsdp axis is 1 (the sampler's layout is the
+        update's), in one process. Otherwise the sampler holds a copy of its own."""
+        if self.mesh is None:
+            return True
+        return not self.multi_process and self.mesh.shape["fsdp"] == 1
 
     # ------------------------------------------------------------------ batches
     def to_device(self, batch):
@@ -354,19 +389,23 @@ class Placement:
         est = memory.estimate_memory(model_config, cfg.step_config, self.mesh,
                                      batch_size=cfg.env.batch_size // cfg.mini_batches,
                                      seq_len=cfg.rollout.max_context, critic=cfg.algo.uses_critic, **common)
-        # on the mesh in one process; else on one device per process with its rows and a param copy
-        sampler = memory.estimate_memory(model_config, cfg.step_config, self.mesh if self.sampler_on_mesh else None,
+        # the sampler on its own mesh (the run's in one process, this process's devices with
+        # several), its params laid out by its own rules: whole over data and fsdp, so more
+        # per device than the update's under fsdp; its rows and KV cache over the row axes
+        sampler = memory.estimate_memory(model_config, cfg.step_config, self.sampler_mesh,
                                          batch_size=1, seq_len=1, sample_batch=len(self.rows),
-                                         sample_len=cfg.rollout.max_context, **common)
+                                         sample_len=cfg.rollout.max_context, rules=par.ROLLOUT_AXIS_RULES, **common)
         est["kv_cache"] = sampler["kv_cache"]
         compute = cfg.model.compute_dtype
-        if compute is not None and compute != cfg.model.dtype:   # the sampler's cast copy and the update's
-            ratio = np.dtype(compute).itemsize / np.dtype(cfg.model.dtype).itemsize
+        cast = compute is not None and compute != cfg.model.dtype
+        ratio = np.dtype(compute).itemsize / np.dtype(cfg.model.dtype).itemsize if cast else 1.0
+        sampler_params = int(ratio * sampler["params"])   # the sampler's copy, in the compute dtype
+        if cast:   # the update's cast copy (in the update's layout) and the sampler's (in its own)
             policy_params = est["params"] if not cfg.algo.uses_critic else memory.estimate_memory(
                 model_config, cfg.step_config, self.mesh, batch_size=1, seq_len=1, **common)["params"]
-            est["compute_params"] = int(2 * ratio * policy_params)
-        if self.mesh is not None and not self.sampler_on_mesh:
-            est["sampler_params"] = sampler["params"]
+            est["compute_params"] = int(ratio * policy_params) + sampler_params
+        elif not self.sampler_params_shared:   # a copy of its own (fsdp > 1, or several processes)
+            est["sampler_params"] = sampler_params
         if cfg.loss.kl_coef > 0 or cfg.algo.kl_reward_coef > 0:
             if model_config.lora is not None:   # a copy of the adapters: the float32 trainable leaves
                 est["reference"] = est["grads"] // (2 if cfg.micro_batches > 1 else 1)
@@ -382,15 +421,15 @@ class Placement:
         # rollout, on one pipeline group's rows (or the continuous scheduler's slots) at a time
         from jaxagent.rollout.sampler import APPEND_CHUNK, unroll_layers_default
 
-        sampler_mesh, sampled = self.mesh if self.sampler_on_mesh else None, cfg.rollout.sampler_rows(len(self.rows))
+        sampler_mesh, sampled = self.sampler_mesh, cfg.rollout.sampler_rows(len(self.rows))
         est["prefill"] = memory.prefill_bytes(model_config, sampler_mesh, rows=sampled,
                                               max_len=cfg.rollout.max_context, chunk=APPEND_CHUNK,
-                                              param_dtype=cfg.model.dtype, compute_dtype=cfg.model.compute_dtype)
-        sampler_params = sampler["params"] if compute is None or compute == cfg.model.dtype else \
-            int(sampler["params"] * np.dtype(compute).itemsize / np.dtype(cfg.model.dtype).itemsize)
+                                              param_dtype=cfg.model.dtype, compute_dtype=cfg.model.compute_dtype,
+                                              rules=par.ROLLOUT_AXIS_RULES)
         est["decode"] = memory.decode_bytes(model_config, sampler_mesh, rows=sampled, max_len=cfg.rollout.max_context,
                                             unroll_layers=unroll_layers_default(), param_bytes=sampler_params,
-                                            param_dtype=cfg.model.dtype, compute_dtype=cfg.model.compute_dtype)
+                                            param_dtype=cfg.model.dtype, compute_dtype=cfg.model.compute_dtype,
+                                            rules=par.ROLLOUT_AXIS_RULES)
         passes = ["activations", "logprob_pass", "prefill", "decode"]   # one at a time
         if cfg.warm_start.enabled:   # the warm start's SFT steps, before RL, beside a second optimizer state
             from jaxagent.train.warmstart import sft_rows_at_most, sft_step_config

@@ -81,6 +81,7 @@ def test_the_command_writes_one_line_per_model(exported, tmp_path, capsys):
         probe.main([path, "--clinician", "[1]"])
 
 
+@pytest.mark.slow   # 35-54 s; the default suite is at its 15-minute limit (the probe's reading is covered by the other tests here)
 def test_notes_put_the_checklist_in_the_probed_interviews(exported, tmp_path, monkeypatch):
     import jaxagent.train.warmstart as ws
     path, *_ = exported

@@ -127,6 +127,7 @@ def without_explained_variance(*histories):
     return [[{k: v for k, v in m.items() if k != "explained_variance"} for m in h] for h in histories]
 
 
+@pytest.mark.slow   # 55-85 s; the default suite is at its 15-minute limit (trimming: test_train_options.py on one device; a mesh: test_mesh_2x2x2_learns_what_one_device_learns)
 def test_trim_chunks_on_a_mesh_learns_what_one_device_learns(tmp_path):
     """`rollout.trim_chunks` on a 2x2x2 mesh: each micro-batch cut to its rows' length and
     its rows split over data * fsdp, the state kept in its layout; the same learning

@@ -45,7 +45,7 @@ freed and left unused for a few seconds goes back to the host, and touching it a
 costs host-side faults (the cause we found for what follows): interleaved with a peft call (several seconds), every jax step
 pays them (measured: 2-6 s more process time a step), while back-to-back calls reuse
 the memory before it is reported. `--order blocked` shows the difference in one run.
-  jax       the trainer's own update: `jaxagent.train.step.train_step` (jitted, state
+  jax       the trainer's own update: `jaxagent.train.update.train_step` (jitted, state
             donated) on `init_train_state(params with adapters)`, `StepConfig(loss=
             LossConfig(policy_loss="ppo", clip_c=None), optim=OptimizerConfig(lr=1e-5,
             max_grad_norm=1.0))`: gradients w.r.t. the adapters only (`split_lora`),
@@ -136,7 +136,8 @@ import numpy as np  # noqa: E402
 
 from jaxagent import models as M  # noqa: E402
 from jaxagent.models.hf import hf_tensors_from_params  # noqa: E402
-from jaxagent.train import step as S  # noqa: E402
+from jaxagent import train as S  # noqa: E402
+from jaxagent.train.state import split_trainable  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"
 RANK, ALPHA = 8, 16.0
@@ -278,7 +279,7 @@ def jax_system(params, cfg: M.DecoderConfig, batch: S.UpdateBatch, config: S.Ste
 
     st = box["state"]
     info = {"opt_state_bytes": tree_bytes(st.opt_state),
-            "trainable_params": int(sum(x.size for x in jax.tree.leaves(S._trainable(st.params)[0]) if x is not None))}
+            "trainable_params": int(sum(x.size for x in jax.tree.leaves(split_trainable(st.params)[0]) if x is not None))}
     return {"run": run, "adapters": lambda: adapters_of(box["state"].params),
             "temp_bytes": lambda: step_temp_bytes(box["state"], batch, config),
             "matmul": lambda: matmul_peak_gflops(repeats=5), "info": info}

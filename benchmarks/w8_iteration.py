@@ -187,7 +187,7 @@ def jaxagent_system(model_dir: Path, prompts: np.ndarray, group: int, new_tokens
     returns `(seconds, metrics)`."""
     from jaxagent.rollout import SamplingConfig
     from jaxagent.train.config import AlgoSection, EnvSection, LoggingSection, ModelSection, RolloutSection, TrainerConfig
-    from jaxagent.train.step import LossConfig, OptimizerConfig
+    from jaxagent.train.step_config import LossConfig, OptimizerConfig
     from jaxagent.train.trainer import Trainer
 
     n_prompts, P = prompts.shape

@@ -1,9 +1,12 @@
 """Training: the jitted update, checkpoints, and the loop over small libraries.
 
-- `step`: `TrainState`, `UpdateBatch` / `SFTBatch`, configs (`OptimizerConfig`,
-  `LossConfig`, `StepConfig`), `train_step` / `sft_step` (jitted once, state donated),
-  `make_train_step` / `make_sharded_train_step` (explicit in/out shardings), the pure
-  pieces they are made of; `TrimmedTrainStep` (each micro-batch cut to its rows' length).
+- The update, one job per module: `step_config` (`OptimizerConfig`, `LossConfig`,
+  `StepConfig`), `batch` (`UpdateBatch` / `SFTBatch`, `Denominators`), `state`
+  (`TrainState`, `Grads`, the optimizer, `init_train_state`), `losses` (the policy,
+  value and SFT loss-and-grads), `update` (`train_step` / `sft_step`, jitted once, state
+  donated; `make_train_step` / `make_sharded_train_step`, explicit in/out shardings;
+  the accumulation and apply they are made of), `trimmed` (`TrimmedTrainStep`: each
+  micro-batch cut to its rows' length). `step` re-exports them for older imports.
 - `checkpoint`: `CheckpointManager` (async, keep-N, atomic, exact restore,
   incompatibility check) and `export_policy` (Hugging Face dir).
 - `config`: `TrainerConfig` and its sections (typed, for `jaxagent.config.load_config`).
@@ -20,32 +23,29 @@ from jaxagent.train.checkpoint import (
     IncompatibleCheckpointError,
     export_policy,
 )
-from jaxagent.train.step import (
-    SCHEDULES,
+from jaxagent.train.batch import (
     Denominators,
-    Grads,
-    LossConfig,
-    OptimizerConfig,
     SFTBatch,
-    StepConfig,
-    TrainState,
-    TrimmedTrainStep,
     UpdateBatch,
-    accumulated_grads,
     batch_denominators,
-    critic_values,
-    init_train_state,
     last_turn_mask,
+)
+from jaxagent.train.losses import critic_values, policy_loss_and_grads, sft_loss_and_grads
+from jaxagent.train.state import (
+    Grads,
+    TrainState,
+    init_train_state,
     learning_rate_schedule,
-    length_groups,
     make_optimizer,
+    state_shardings,
+)
+from jaxagent.train.step_config import SCHEDULES, LossConfig, OptimizerConfig, StepConfig
+from jaxagent.train.trimmed import TrimmedTrainStep, length_groups, row_lengths
+from jaxagent.train.update import (
+    accumulated_grads,
     make_sharded_train_step,
     make_train_step,
-    policy_loss_and_grads,
-    row_lengths,
-    sft_loss_and_grads,
     sft_step,
-    state_shardings,
     train_step,
 )
 from jaxagent.train.config import TrainerConfig

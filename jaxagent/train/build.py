@@ -20,7 +20,7 @@ from jaxagent import parallel as par
 from jaxagent.config import ConfigError
 from jaxagent.train.config import ModelSection, TrainerConfig
 from jaxagent.train.placement import Placement
-from jaxagent.train.step import TrainState, init_train_state
+from jaxagent.train.state import TrainState, init_train_state
 
 
 def build_tokenizer(section: ModelSection):

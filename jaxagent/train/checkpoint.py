@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from jaxagent.models import Model, save_pretrained
-from jaxagent.train.step import TrainState
+from jaxagent.train.state import TrainState
 
 FORMAT_VERSION = 1
 _MAX_LISTED = 12

@@ -111,7 +111,9 @@ def compiled_passes(trainer, config=None, *, log=lambda *_: None) -> list[Compil
     then `config`'s, from `Placement.check_memory`)."""
     from jaxagent.rollout.sampler import _stop_seq_array, _stop_token_array, bucket
     from jaxagent.train.placement import _critic_values, policy_logprobs
-    from jaxagent.train.step import SFTBatch, UpdateBatch, init_train_state, sft_step, train_step
+    from jaxagent.train.batch import SFTBatch, UpdateBatch
+    from jaxagent.train.state import init_train_state
+    from jaxagent.train.update import sft_step, train_step
     from jaxagent.train.trainer import store_entropy_passes
 
     place, est, cfg = trainer.placement, trainer.memory_estimate, trainer.config

@@ -3,7 +3,7 @@
 Load with `jaxagent.config.load_config(TrainerConfig, path, overrides)`; every key is
 listed by `jaxagent config` (the keys, their defaults and these docstrings). Sections
 that configure a component embed that component's own config where there is one
-(`loss`, `optim`: `jaxagent.train.step`; `mesh`: `jaxagent.parallel.MeshConfig`) and
+(`loss`, `optim`: `jaxagent.train.step_config`; `mesh`: `jaxagent.parallel.MeshConfig`) and
 build it where the trainer's keys are fewer (`RolloutSection.loop_config()` is the
 `jaxagent.rollout.AgentLoopConfig`).
 """
@@ -18,7 +18,7 @@ from typing import Any
 from jaxagent import algos
 from jaxagent.models import LoraConfig
 from jaxagent.parallel import MeshConfig
-from jaxagent.train.step import LossConfig, OptimizerConfig, StepConfig
+from jaxagent.train.step_config import LossConfig, OptimizerConfig, StepConfig
 
 #: the estimator inputs (`jaxagent.algos.ESTIMATOR_INPUTS`) the trainer provides: "values"
 #: and "turn_values" (the critic's value at each token / at each turn's first policy
@@ -234,7 +234,7 @@ class RolloutSection:
       With several processes the batches are cut to the longest episode of all of them.
     trim_chunks: with `trim_padding` N > 0, also cut each micro-batch of the update and
       each row chunk of the log-prob pass to its own longest episode (rounded up to a
-      multiple of N), the rows grouped by length (`jaxagent.train.step.TrimmedTrainStep`):
+      multiple of N), the rows grouped by length (`jaxagent.train.trimmed.TrimmedTrainStep`):
       the same losses (the denominators are the mini-batch's), without the padding of
       rows shorter than the batch's longest. Worth it when episode lengths vary; each
       distinct chunk length compiles once. The log-prob pass runs in chunks of

@@ -61,7 +61,7 @@ from jaxagent.train.metrics import (collapse_warning, eval_line, hacking_warning
                                     template_collapse_warning)
 from jaxagent.train.overlap import OffPolicyRollouts
 from jaxagent.train.rundir import DiskFullError, Progress, RunDir, disk_full
-from jaxagent.train.step import UpdateBatch, last_turn_mask
+from jaxagent.train.batch import UpdateBatch, last_turn_mask
 from jaxagent.train.stop import Interrupted, StopRequests
 from jaxagent.train.warmstart import sft_warm_start
 

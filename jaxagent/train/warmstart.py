@@ -349,7 +349,7 @@ def sft_rows_at_most(config) -> int:
 def sft_step_config(config):
     """The warm start's `StepConfig`: the run's, with its own optimizer (`warm_start.optim`),
     no micro-batches and the loss at temperature 1."""
-    from jaxagent.train.step import LossConfig
+    from jaxagent.train.step_config import LossConfig
 
     return dataclasses.replace(config.step_config, loss=LossConfig(temperature=1.0), optim=config.warm_start.optim,
                                num_micro_batches=1)
@@ -367,7 +367,8 @@ def sft_warm_start(config, params, model_config, tokenizer, demonstrations: Sequ
     import jax
 
     from jaxagent.rollout.chat import ChatFormat
-    from jaxagent.train.step import SFTBatch, init_train_state
+    from jaxagent.train.batch import SFTBatch
+    from jaxagent.train.state import init_train_state
 
     ws = config.warm_start
     t_start = time.perf_counter()

@@ -2,7 +2,6 @@
 arguments, its part runner (a failing part and an overrunning one are recorded and the
 check goes on), the pytest report parsing, the recipe's overrides, and a `--small` run
 end to end on CPU, as a user calls it."""
-import importlib.util
 import json
 import math
 import os
@@ -12,20 +11,13 @@ import time
 from pathlib import Path
 
 import pytest
+from bench_testlib import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "device_check.py"
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("device_check_under_test", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
-
-
-DC = _load()
+DC = load_benchmark("device_check.py", "device_check_under_test")
 COMMON = {"check": str, "kind": str, "status": str, "wall_s": float, "timeout_s": float, "small": bool,
           "date_utc": str}
 

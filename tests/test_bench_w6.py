@@ -1,5 +1,4 @@
 """W6 (GPU) benchmark script: its FLOP / byte formulas, its budget skip, and a `--small` CPU run."""
-import importlib.util
 import json
 import math
 import os
@@ -9,20 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from bench_testlib import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "w6_gpu.py"
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("w6_gpu_under_test", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
-
-
-W6 = _load()
+W6 = load_benchmark("w6_gpu.py", "w6_gpu_under_test")
 
 
 def _tiny():
@@ -258,7 +250,7 @@ def test_recipe_overrides_load_as_the_recipe_config(tmp_path):
     cfg = load_config(TrainerConfig, W6.RECIPE_CONFIG, packaged)
     assert cfg.model.path == "SmolLM2-135M-Instruct" and cfg.model.lora.rank == 8
     assert cfg.warm_start.episodes == 0 and cfg.iterations == 2 and cfg.eval.episodes == 0  # no warm start
-    assert cfg.env.tasks_per_iteration * cfg.env.group_size == 256 and cfg.micro_batches == 16
+    assert cfg.env.tasks_per_iteration * cfg.env.group_size == 256 and cfg.update.micro_batches == 16
     assert cfg.model.compute_dtype == "bfloat16"
     random_w, kind = W6.recipe_overrides(args, str(tmp_path / "r"), packaged=False)
     cfg = load_config(TrainerConfig, W6.RECIPE_CONFIG, random_w)

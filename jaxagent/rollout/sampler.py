@@ -22,25 +22,11 @@ counts how often each kernel was traced (= compiled).
 The kernels are in `jaxagent.rollout.kernels`, the sampling configs and the draw in
 `jaxagent.rollout.sampling`; this module is the host side (`Sampler`).
 
-Sampling (`SamplingConfig`), applied in the Hugging Face order::
-
-    z = logits / temperature
-    top-k:  keep z_i >= (k-th largest z)                          (ties kept)
-    top-p:  sort p = softmax(z) descending; keep the smallest prefix whose mass
-            reaches top_p (token i kept iff the mass strictly before it < top_p)
-    min-p:  keep p_i >= min_p * max_j p_j
-    token ~ softmax(z restricted to the kept set)
-
-`temperature == 0` is greedy (argmax of the raw logits). The returned log-prob of a
-sampled token is its log-probability under the distribution it was drawn from (the
-truncated, renormalised, temperature-scaled one). Greedy decoding draws from a point
-mass, whose log-prob (0) says nothing, so for greedy the raw model log-prob
-`log_softmax(logits)[token]` is returned instead.
-
-Drawing is by inverse CDF (one uniform per row and step). Randomness: row `b`'s
-token at cache position `p` uses `fold_in(key_b, p)`, so a
-row's samples depend only on its own key and history, never on which other rows share
-the batch or on how the batch was re-bucketed.
+Sampling (`SamplingConfig`: temperature, top-k, top-p, min-p, in the Hugging Face order;
+greedy at temperature 0) and the log-prob a sampled token is given are described in
+`jaxagent.rollout.sampling`. Randomness: row `b`'s token at cache position `p` uses
+`fold_in(key_b, p)`, so a row's samples depend only on its own key and history, never on
+which other rows share the batch or on how the batch was re-bucketed.
 
 Finish reasons (`FINISH_REASONS[finish_reason]`): `none` (row not decoded),
 `stop_token`, `stop_sequence`, `max_new_tokens`, `cache_full` (the row's cache has

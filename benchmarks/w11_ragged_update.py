@@ -18,11 +18,11 @@ with the long-interview RL command of the README):
   log-probs the old-policy pass over an iteration's 64 episodes (these 32 twice over),
             in one pass and in chunks of 8 rows.
 Systems, each the same update (their first calls' parameters are checked to agree):
-  padded          `train_step` on the batch at the full context (`rollout.trim_padding=0`)
+  padded          `train_step` on the batch at the full context (`update.trim_padding=0`)
   trimmed-batch   `train_step` on the batch cut to its longest episode rounded up to 64
-                  (`rollout.trim_padding=64`)
+                  (`update.trim_padding=64`)
   trimmed-chunks  `TrimmedTrainStep`: rows grouped by length, each micro-batch cut to its
-                  own longest row rounded up to 64 (`rollout.trim_chunks=true`)
+                  own longest row rounded up to 64 (`update.trim_chunks=true`)
 Timed interleaved (A B C A B C ...), medians of `--repeats` after two warm-up calls each
 (the first compiles: `first_call_s`). Figure: seconds per update and the ratio to
 trimmed-batch (what the recipe ran before); the same for the log-prob pass.
@@ -57,7 +57,8 @@ from jaxagent.train import (  # noqa: E402
     length_groups,
     train_step,
 )
-from jaxagent.train.placement import policy_logprobs, trimmed_logprobs  # noqa: E402
+from jaxagent.train.placement import policy_logprobs  # noqa: E402
+from jaxagent.train.trimmed import trimmed_logprobs  # noqa: E402
 
 MULTIPLE = 64
 

@@ -533,7 +533,7 @@ def recipe_overrides(args, run_dir: str, packaged: bool) -> tuple[list[str], str
     """The overrides of the recipe part and what weights it runs (`packaged`, `random`, `tiny`)."""
     out = [f"run_dir={run_dir}", "warm_start=null", f"iterations={args.recipe_iterations}", "eval.episodes=0",
            "eval.every=0", f"env.tasks_per_iteration={args.recipe_tasks}",
-           f"micro_batches={args.recipe_micro_batches}", f"checkpoint_every={args.recipe_iterations + 1}",
+           f"update.micro_batches={args.recipe_micro_batches}", f"checkpoint_every={args.recipe_iterations + 1}",
            "logging.tensorboard=false"]
     if args.dtype == "bfloat16":
         out.append("model.compute_dtype=bfloat16")
@@ -571,7 +571,7 @@ def part_recipe(args, rec: Recorder, state: dict) -> str:
     episodes = config.env.tasks_per_iteration * config.env.group_size
     last = history[-1]
     r = dict(config=str(RECIPE_CONFIG.relative_to(RECIPE_CONFIG.parents[1])), overrides=overrides, weights=weights,
-             episodes_per_iteration=episodes, micro_batches=config.micro_batches,
+             episodes_per_iteration=episodes, micro_batches=config.update.micro_batches,
              compute_dtype=config.model.compute_dtype, build_s=build_s, iterations=its,
              last_iteration_s=last.get("time_iteration_s"),
              last_episodes_per_s=episodes / last["time_iteration_s"] if last.get("time_iteration_s") else None,

@@ -17,7 +17,7 @@ The defaults make a batch's env step take about as long as its decode.
 Modes, timed interleaved (1 2 1 2 ...) after one warm-up round (compilations):
   pipeline_groups=1   decode all live rows, step them all, append, repeat
   pipeline_groups=N   N sub-batches pipelined: the envs step one while the device decodes
-                      the next (see jaxagent/rollout/agent_loop.py)
+                      the next (see jaxagent/rollout/pipelined_loop.py)
 
 Figures, medians over ``--repeats``: rollout seconds; the host's time per phase
 (``decode_wait_s``: blocked on a decode; ``env_wait_s``: blocked on the pool; ``append_s``;
@@ -51,7 +51,7 @@ from envs.testing import BusyEnv  # noqa: E402
 from jaxagent import models as M  # noqa: E402
 from jaxagent.rollout import AgentLoop, AgentLoopConfig, SamplingConfig  # noqa: E402
 from jaxagent.models import tiny_config  # noqa: E402
-from jaxagent.rollout.byte_tokenizer import byte_chat_tokenizer  # noqa: E402
+from jaxagent.models.byte_tokenizer import byte_chat_tokenizer  # noqa: E402
 
 from _jsonl import emit  # noqa: E402
 

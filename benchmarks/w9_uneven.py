@@ -57,7 +57,7 @@ def word_tokenizer(vocab_size: int):
     `w0`, `w1`, ... and the three ChatML specials (the last three ids)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    from jaxagent.rollout.byte_tokenizer import chatml_tokenizer
+    from jaxagent.models.byte_tokenizer import chatml_tokenizer
 
     words = list(ROLE_WORDS) + [f"w{i}" for i in range(vocab_size - len(ROLE_WORDS) - SPECIALS)]
     tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="w0"))

@@ -21,6 +21,14 @@ Beyond Gymnasium, each env gives:
   step-level group estimators (GiGPO) group turns by.
 - ``expert_action()``: the action an expert policy takes now (when ``has_expert``), for
   warm-start demonstrations and tests.
+- ``cut_outcome(info)`` (optional): what the episode scores if the rollout cuts it off
+  now (its context or turn limit), as ``(reward, final_info)``; None (the default) when
+  a cut episode just ends truncated. :class:`TextEnv` puts it in the info of the reset
+  and of every step the episode goes on after, as ``info["if_cut"] = {"reward": r,
+  "info": {...}}`` (:data:`CUT_KEY`); the agent loop adds that reward to the last turn
+  and records that info when it cuts the episode, so that filling the context is no
+  way around the env's own truncation score. Envs run in worker processes: the loop
+  sees only the info, so an env that is not a :class:`TextEnv` writes the key itself.
 
 A malformed action never raises: it is parsed leniently where its meaning is
 unambiguous, and otherwise answered with an observation that says what was wrong,
@@ -38,6 +46,9 @@ from typing import Any, Callable, Hashable
 
 Observation = Any  # str | list[dict[str, str]]
 StepResult = tuple[Observation, float, bool, bool, dict]
+
+#: The info key that carries an env's :meth:`Env.cut_outcome` to the agent loop.
+CUT_KEY = "if_cut"
 
 
 class InvalidAction(Exception):
@@ -107,6 +118,14 @@ class Env(abc.ABC):
         """The expert's action text in the current state."""
         raise NotImplementedError(f"{type(self).__name__} has no expert policy")
 
+    def cut_outcome(self, info: dict) -> tuple[float, dict] | None:
+        """Optional: what the current episode scores if the rollout cuts it off now (its
+        context or turn limit), given this step's (or the reset's) ``info``:
+        ``(reward, final_info)``, the reward added to the last step's and the episode's
+        final info. None (the default): a cut episode just ends truncated. See the
+        module docstring for how it reaches the agent loop."""
+        return None
+
     def close(self) -> None:
         """Release resources (subprocesses, files). Idempotent."""
 
@@ -154,7 +173,7 @@ class TextEnv(Env):
         self._steps = 0
         self._done = False
         obs, info = self._reset(seed)
-        info = dict(info)
+        info = self._with_cut_outcome(dict(info))
         info.setdefault("seed", seed)
         return obs, info
 
@@ -175,8 +194,18 @@ class TextEnv(Env):
             obs = _join(obs, f"The step limit ({self.max_steps}) is reached; the episode ends.")
         self._done = terminated or truncated
         info = dict(info)
+        if not self._done:
+            info = self._with_cut_outcome(info)
         info["step"] = self._steps
         return obs, float(reward), bool(terminated), bool(truncated), info
+
+    def _with_cut_outcome(self, info: dict) -> dict:
+        """``info`` with :data:`CUT_KEY` when :meth:`cut_outcome` gives one."""
+        cut = self.cut_outcome(info)
+        if cut is None:
+            return info
+        reward, final = cut
+        return {**info, CUT_KEY: {"reward": reward, "info": final}}
 
     def _invalid(self, message: str):
         obs = f"Invalid action: {message}. {self.action_format}"

@@ -47,10 +47,11 @@ def _train_config(args):
             raise ConfigError(f"--resume {run_dir} and the override run_dir={given[-1]} name different runs")
         overrides.append(f"run_dir={run_dir}")
     path = args.config
+    saved = False   # the run's own config.yaml: keys that moved since it was written are read at their new place
     if path is None and resume:
         target = run_dir if run_dir is not None else Path(load_config(TrainerConfig, DEFAULT_CONFIG, overrides).run_dir)
         if (target / "config.yaml").is_file():
-            path = target / "config.yaml"
+            path, saved = target / "config.yaml", True
         elif run_dir is not None:
             raise FileNotFoundError(f"--resume: {run_dir} is not a training run directory "
                                     f"({run_dir / 'config.yaml'} is missing)")
@@ -59,7 +60,7 @@ def _train_config(args):
             raise FileNotFoundError(f"the embedded default config {DEFAULT_CONFIG} is missing (it ships with "
                                     "the repository checkout); pass --config PATH")
         path = DEFAULT_CONFIG
-    return load_config(TrainerConfig, path, overrides), resume
+    return load_config(TrainerConfig, path, overrides, saved=saved), resume
 
 
 def _train(args) -> int:
@@ -141,7 +142,7 @@ def _eval(args) -> int:
 def _export(args) -> int:
     from jaxagent.config import ConfigError
     from jaxagent.train.checkpoint import IncompatibleCheckpointError
-    from jaxagent.train.evaluate import export_run
+    from jaxagent.train.runtools import export_run
     from jaxagent.train.rundir import DamagedCheckpointError
 
     try:

@@ -6,6 +6,8 @@ applies command-line overrides such as ``algo.clip_high=0.28`` or
 
 - an unknown key is an error that names its full dotted path, lists the valid keys
   of that section and suggests the closest one;
+- a key that moved to another section (listed in the dataclass's ``MOVED_KEYS``
+  class variable: old key -> new dotted key) is an error that names the new key;
 - a value of the wrong type is an error that names the key, the expected type and
   the value given (``int`` is accepted where ``float`` is expected, nothing else is
   converted silently);
@@ -84,15 +86,41 @@ def safe_load(text: str):
     return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
 
 
-def load_config(cls, path: str | Path | None = None, overrides: Iterable[str] = ()):
-    """Build ``cls`` from the YAML file at ``path`` (optional) and ``key=value`` overrides."""
+def load_config(cls, path: str | Path | None = None, overrides: Iterable[str] = (), *,
+                saved: bool = False):
+    """Build ``cls`` from the YAML file at ``path`` (optional) and ``key=value`` overrides.
+
+    saved: the file is one a run wrote (its ``config.yaml``): keys that have moved since
+      (``MOVED_KEYS``) are read at their new place, so an older run directory still
+      resumes, evaluates and plots; in a config a person writes they are refused.
+    """
     data: dict = {}
     if path is not None:
         data = read_yaml(path)
+        if saved:
+            _relocate_moved(cls, data, data)
     for item in overrides:
         key, value = _split_override(item)
         _set_dotted(cls, data, key, value)
     return from_dict(cls, data)
+
+
+def _relocate_moved(cls, data: dict, root: dict) -> None:
+    """Moves each key of `data` that `cls.MOVED_KEYS` lists to its new dotted place in
+    `root` (a value already there wins), then does the same in the nested sections."""
+    for old, new in getattr(cls, "MOVED_KEYS", {}).items():
+        if old in data:
+            value = data.pop(old)
+            *parents, last = new.split(".")
+            node = root
+            for name in parents:
+                node = node.setdefault(name, {})
+            node.setdefault(last, value)
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        sub, kind = data.get(f.name), hints.get(f.name)
+        if isinstance(sub, dict) and isinstance(kind, type) and dataclasses.is_dataclass(kind):
+            _relocate_moved(kind, sub, root)
 
 
 def read_yaml(path: str | Path) -> dict:
@@ -129,7 +157,7 @@ def from_dict(cls, data: Any, path: str = ""):
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = [k for k in data if k not in fields]
     if unknown:
-        raise ConfigError(_unknown_key_message(path, unknown[0], fields))
+        raise ConfigError(_unknown_key_message(path, unknown[0], fields, cls))
     kwargs = {}
     for name, field in fields.items():
         key = f"{path}.{name}" if path else name
@@ -345,7 +373,7 @@ def _field_type(cls, parts: list[str], full_key: str):
         if dataclasses.is_dataclass(tp):
             fields = {f.name: f for f in dataclasses.fields(tp) if f.init}
             if part not in fields:
-                raise ConfigError(_unknown_key_message(section, part, fields))
+                raise ConfigError(_unknown_key_message(section, part, fields, tp))
             tp = typing.get_type_hints(tp)[part]
         elif typing.get_origin(tp) is dict or tp is Any:
             tp = typing.get_args(tp)[1] if typing.get_args(tp) else Any
@@ -406,8 +434,14 @@ def _set_dotted(cls, data: dict, key: str, text: str) -> None:
     node[parts[-1]] = value
 
 
-def _unknown_key_message(section: str, key: str, fields: dict) -> str:
+def _unknown_key_message(section: str, key: str, fields: dict, cls=None) -> str:
+    """The error for `key`, not a field of the section `section` (the dataclass `cls`): a
+    key the section lists in its `MOVED_KEYS` (old key -> new dotted key) names where it
+    went; any other lists the section's keys and suggests the closest."""
     full = f"{section}.{key}" if section else key
+    moved = getattr(cls, "MOVED_KEYS", {}).get(key)
+    if moved is not None:
+        return f"config key {full} moved to {moved}: set {moved} instead of {full}"
     known = sorted(fields)
     close = difflib.get_close_matches(key, known, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""

@@ -59,7 +59,7 @@ def test_export_writes_a_directory_transformers_loads_with_the_same_policy(tmp_p
     import transformers
 
     from jaxagent.models import Model
-    from jaxagent.train.evaluate import restore_run, run_config
+    from jaxagent.train.runtools import restore_run, run_config
 
     run = tmp_path / "run"
     cfg = load_config(TrainerConfig, ROOT / "configs" / "default.yaml",
@@ -84,7 +84,7 @@ def test_export_writes_a_directory_transformers_loads_with_the_same_policy(tmp_p
     gen = transformers.GenerationConfig.from_pretrained(str(out))
     assert end in (gen.eos_token_id if isinstance(gen.eos_token_id, list) else [gen.eos_token_id])
     # a second export into the same directory is refused unless overwrite=True (--overwrite)
-    from jaxagent.train.evaluate import export_run
+    from jaxagent.train.runtools import export_run
 
     with pytest.raises(FileExistsError, match="exists and is not empty"):
         export_run(run, out, log=lambda *_: None)
@@ -98,7 +98,7 @@ def test_eval_on_other_env_settings_and_the_warm_started_step(tmp_path):
     run = tmp_path / "run"
     cfg = load_config(TrainerConfig, ROOT / "configs" / "tiny_countdown_grpo.yaml", [
         f"run_dir={run}", "env.name=intake", "env.kwargs={max_turns: 2}", "iterations=2", "checkpoint_every=1",
-        "keep_checkpoints=1", "env.group_size=2", "env.tasks_per_iteration=1", "mini_batches=1",
+        "keep_checkpoints=1", "env.group_size=2", "env.tasks_per_iteration=1", "update.mini_batches=1",
         "rollout.max_turns=2", "rollout.max_tokens_per_turn=8", "rollout.max_context=2048", "env.num_workers=0",
         "warm_start.episodes=2", "warm_start.batch_size=2"])
     Trainer(cfg, log=lambda *_: None).run()

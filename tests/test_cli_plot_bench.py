@@ -248,7 +248,7 @@ def test_seeds_are_one_recipe_whatever_defaults_their_configs_spell_out(tmp_path
     write_seed_run(a, 0, 1e-3, [0.1, 0.2, 0.3], {2: (0.3, 0.2)}, before_after)
     write_seed_run(b, 1, 1e-3, [0.3, 0.4, 0.5], {1: (0.9, 0.9)}, {**before_after, "success_after_rl": 0.7})
     cfg = yaml.safe_load((b / "config.yaml").read_text())
-    cfg["rollout"] = {"trim_chunks": False, "trim_padding": 0}        # the defaults, spelled out
+    cfg["update"] = {"trim_chunks": False, "trim_padding": 0}         # the defaults, spelled out
     cfg["optim"]["warmup_steps"] = 0.0                                # an int default written as a float
     (b / "config.yaml").write_text(yaml.safe_dump(cfg))
     xs, mean, lo, hi = _mean_band([read_run(a).held_out["sampled"], read_run(b).held_out["sampled"]])
@@ -257,11 +257,11 @@ def test_seeds_are_one_recipe_whatever_defaults_their_configs_spell_out(tmp_path
     out = tmp_path / "cmp.png"
     assert main(["plot", str(a), str(b), "--out", str(out)]) == 0
     assert Image.open(out).info["Description"] == "recipes: grpo (2 seeds)"
-    cfg["rollout"]["trim_padding"] = 64                               # not a default: another recipe
+    cfg["update"]["trim_padding"] = 64                                # not a default: another recipe
     (b / "config.yaml").write_text(yaml.safe_dump(cfg))
     assert main(["plot", str(a), str(b), "--out", str(out)]) == 0
-    assert Image.open(out).info["Description"] == ("recipes: rollout.trim_padding=0 (1 seed); "
-                                                   "rollout.trim_padding=64 (1 seed)")
+    assert Image.open(out).info["Description"] == ("recipes: update.trim_padding=0 (1 seed); "
+                                                   "update.trim_padding=64 (1 seed)")
 
 
 def test_a_torn_last_line_is_left_out(tmp_path):

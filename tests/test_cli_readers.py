@@ -33,7 +33,7 @@ def run(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("readers") / "run"
     cfg = load_config(TrainerConfig, ROOT / "configs" / "tiny_countdown_grpo.yaml", [
         f"run_dir={run_dir}", "iterations=1", "eval.episodes=0", "model.tokenizer=bpe",
-        "model.tokenizer_vocab_size=300", "env.num_workers=0", "mini_batches=1",
+        "model.tokenizer_vocab_size=300", "env.num_workers=0", "update.mini_batches=1",
         "logging.episodes_per_iteration=2", "logging.progress=false", "logging.tensorboard=false",
         "logging.transcripts_every=0"])
     Trainer(cfg, log=lambda *_: None).run()
@@ -192,7 +192,7 @@ def test_the_intact_run_reads_back(run, tmp_path):
     edited by hand, is not taken for a truncated one."""
     from jaxagent.train import plot
     from jaxagent.train.episodes import read_store
-    from jaxagent.train.evaluate import run_config
+    from jaxagent.train.runtools import run_config
     from jaxagent.train.rundir import check_tokenizer_files
 
     assert run_config(run).model.tokenizer == "bpe"

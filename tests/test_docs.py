@@ -121,7 +121,7 @@ def test_the_built_site_in_headless_chromium():
             assert any(section in t for t in nav) or section in body, f"no {section} in the site's navigation"
         driver.get((site / "reference" / "config" / "index.html").as_uri())
         cells = [c.text for c in driver.find_elements(By.CSS_SELECTOR, "td code")]
-        assert "rollout.trim_chunks" in cells and "algo.gamma" in cells
+        assert "update.trim_chunks" in cells and "algo.gamma" in cells
         assert driver.find_element(By.TAG_NAME, "h1").text.startswith("Configuration")
     finally:
         driver.quit()

@@ -386,7 +386,7 @@ def _interview_potential(case, disclosures, weights):
 def test_turn_rewards_pay_the_interview_when_earned_and_sum_to_the_rubric(cases, seed, style):
     weights = {"history": 0.35, "differential": 0.2, "triage": 0.25, "management": 0.1, "communication": 0.1}
     plain = envs.make("intake", cases=cases, rubric={"weights": weights}, max_turns=6 if style == "truncated" else 20)
-    dense = envs.make("intake", cases=cases, rubric={"weights": weights}, turn_rewards=True,
+    dense = envs.make("intake", cases=cases, rubric={"weights": weights}, shaping={"turn_rewards": True},
                       max_turns=6 if style == "truncated" else 20)
     plain.reset(seed)
     dense.reset(seed)
@@ -427,15 +427,19 @@ def test_turn_rewards_pay_the_interview_when_earned_and_sum_to_the_rubric(cases,
         assert trunc and any(r < 0 for r in rewards[2:-1])   # a repeated question costs
     else:
         assert max(rewards[:-1]) > 0                           # an eliciting question earns
-    with pytest.raises(ValueError, match="turn_rewards"):
-        envs.make("intake", turn_rewards="yes")
+    with pytest.raises(ValueError, match="shaping.turn_rewards"):
+        envs.make("intake", shaping={"turn_rewards": "yes"})
+    with pytest.raises(TypeError, match="it is shaping.turn_rewards now"):   # the switch's old place
+        envs.make("intake", turn_rewards=True)
+    with pytest.raises(ValueError, match=r"unknown keys \['risk_bonuss'\]"):
+        envs.make("intake", shaping={"risk_bonuss": 0.1})
 
 
-def _reset_pair(cases, seed, turn_rewards, **incentive):
+def _reset_pair(cases, seed, turn_rewards, notes=False, **incentive):
     """Two intake envs reset on the same case: one plain, one with `incentive` (e.g.
-    risk_bonus=0.07), to step side by side."""
-    plain = envs.make("intake", cases=cases, turn_rewards=turn_rewards)
-    other = envs.make("intake", cases=cases, turn_rewards=turn_rewards, **incentive)
+    risk_bonus=0.07: a shaping key) or the notes, to step side by side."""
+    plain = envs.make("intake", cases=cases, shaping={"turn_rewards": turn_rewards})
+    other = envs.make("intake", cases=cases, shaping={"turn_rewards": turn_rewards, **incentive}, notes=notes)
     plain.reset(seed)
     other.reset(seed)
     return plain, other
@@ -483,8 +487,8 @@ def test_risk_bonus_pays_each_required_risk_domain_once_outside_the_rubric(cases
     assert info["risk_bonus"] == pytest.approx(expected_total, abs=1e-12) and "risk_bonus" not in info_plain
     assert r - r_plain == 0.0     # the assessment pays no bonus
     for bad in (-0.1, float("nan"), True, "0.1"):
-        with pytest.raises(ValueError, match="risk_bonus"):
-            envs.make("intake", risk_bonus=bad)
+        with pytest.raises(ValueError, match="shaping.risk_bonus"):
+            envs.make("intake", shaping={"risk_bonus": bad})
 
 
 @pytest.mark.parametrize("cases, seed, turn_rewards", [("standard", 3, True), ("adversarial", 1, False)])
@@ -518,8 +522,8 @@ def test_repeat_cost_charges_each_repeated_question_outside_the_rubric(cases, se
     assert info["repeat_cost"] == pytest.approx(repeats * cost, abs=1e-12) and "repeat_cost" not in info_plain
     assert r == r_plain          # the assessment is not charged
     for bad in (-0.1, float("inf"), False, "0.1"):
-        with pytest.raises(ValueError, match="repeat_cost"):
-            envs.make("intake", repeat_cost=bad)
+        with pytest.raises(ValueError, match="shaping.repeat_cost"):
+            envs.make("intake", shaping={"repeat_cost": bad})
 
 
 # The checklist's order and labels, and each follow-up's prerequisite, written out here
@@ -878,7 +882,7 @@ def test_the_simulators_api_key_never_lands_in_a_config_a_message_or_a_run_dir(s
     run = tmp_path / "run"
     cfg = load_config(TrainerConfig, root / "configs" / "tiny_countdown_grpo.yaml", [
         f"run_dir={run}", "env.name=intake", "iterations=1", "env.group_size=2", "env.tasks_per_iteration=1",
-        "mini_batches=1", "rollout.max_turns=1", "rollout.max_tokens_per_turn=8", "rollout.max_context=2048",
+        "update.mini_batches=1", "rollout.max_turns=1", "rollout.max_tokens_per_turn=8", "rollout.max_context=2048",
         "env.num_workers=1",
         f"env.kwargs={{max_turns: 2, simulator: {{type: openai, base_url: '{stub_server}', model: stub-model, "
         "api_key_env: JAXAGENT_TEST_SIM_KEY}}"])
@@ -915,7 +919,7 @@ def test_reading_bonus_pays_the_triage_of_what_was_elicited_outside_the_rubric(c
             got = {}
             for level in TRIAGE_LEVELS:
                 _, rew_p, term_p, _, info_p = _play_then_assess(envs.make("intake", cases=cases), seed, interview, level)
-                _, rew, term, _, info = _play_then_assess(envs.make("intake", cases=cases, reading_bonus=r), seed,
+                _, rew, term, _, info = _play_then_assess(envs.make("intake", cases=cases, shaping={"reading_bonus": r}), seed,
                                                           interview, level)
                 assert term and term_p
                 assert info["rubric"] == info_p["rubric"] and info["heldout_rubric"] == info_p["heldout_rubric"]
@@ -938,8 +942,8 @@ def test_reading_bonus_pays_the_triage_of_what_was_elicited_outside_the_rubric(c
                 partial_lower += TRIAGE_LEVELS.index(paid[0]) < TRIAGE_LEVELS.index(info["triage_reference"])
     assert full_agree >= 3 and partial_lower >= 3   # both branches were exercised
     for bad in (-0.1, float("inf"), False, "0.1"):
-        with pytest.raises(ValueError, match="reading_bonus"):
-            envs.make("intake", reading_bonus=bad)
+        with pytest.raises(ValueError, match="shaping.reading_bonus"):
+            envs.make("intake", shaping={"reading_bonus": bad})
 
 
 @pytest.mark.parametrize("cases", ["standard", "adversarial"])

@@ -221,7 +221,7 @@ def test_a_weaker_sandbox_accepted_is_logged_summarised_and_shown(tmp_path):
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "jaxagent", "train", "--config", str(ROOT / "configs" / "tiny_countdown_grpo.yaml"),
            "env.name=pycode", "env.kwargs={isolation: none, max_turns: 2}", "rollout.max_context=1024",
-           "env.tasks_per_iteration=1", "env.group_size=2", "mini_batches=1", "iterations=1", f"run_dir={run_dir}"]
+           "env.tasks_per_iteration=1", "env.group_size=2", "update.mini_batches=1", "iterations=1", f"run_dir={run_dir}"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "code sandbox: isolation 'none' accepted by env.kwargs.isolation" in out.stdout

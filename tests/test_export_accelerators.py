@@ -16,8 +16,11 @@ from jax import export
 from jaxagent import models as M
 from jaxagent.rollout.sampler import SamplerState, SamplingConfig, append_kernel, decode_kernel
 from jaxagent.train.placement import _policy_logprobs
-from jaxagent.train.step import (StepConfig, UpdateBatch, _micro_add, _trimmed_finish, _trimmed_prepare,
-                                 init_train_state, train_step)
+from jaxagent.train.batch import UpdateBatch
+from jaxagent.train.state import init_train_state
+from jaxagent.train.step_config import StepConfig
+from jaxagent.train.trimmed import _micro_add, _trimmed_finish, _trimmed_prepare
+from jaxagent.train.update import train_step
 
 PLATFORMS = ("cuda", "tpu")
 #: Qwen2.5-0.5B's layer shapes (24 layers, GQA 14 / 2 heads, a 151,936-token vocabulary)

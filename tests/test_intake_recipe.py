@@ -12,6 +12,7 @@ from envs.intake.env import IntakeEnv
 from envs.intake.rubric import RubricConfig, score
 from envs.intake.policies import QUESTIONS, RISK_ORDER, WeakClinician, make_policy
 from jaxagent.config import load_config
+from jaxagent.models.tokenizer_training import frequent_lines, train_bpe_tokenizer
 from jaxagent.train import warmstart
 from jaxagent.train.trainer import Trainer, TrainerConfig
 
@@ -187,8 +188,8 @@ def test_warm_start_expert_options_reach_the_env_and_bad_ones_are_named():
 def test_line_and_phrase_pieces_make_a_repeated_sentence_one_token_and_round_trip():
     sentence = "Have you had any thoughts of hurting or killing someone else?"
     texts = [sentence, "Patient: \"No, never.\"", "Triage: routine\nManagement:"] * 50 + ["odd words here"]
-    lines = warmstart.train_bpe_tokenizer(texts, 600, pieces="lines")
-    words = warmstart.train_bpe_tokenizer(texts, 600, pieces="words")
+    lines = train_bpe_tokenizer(texts, 600, pieces="lines")
+    words = train_bpe_tokenizer(texts, 600, pieces="words")
     assert len(lines.encode(sentence, add_special_tokens=False)) == 1
     assert len(words.encode(sentence, add_special_tokens=False)) == len(sentence.split())
     # a line break is never inside a token
@@ -198,16 +199,16 @@ def test_line_and_phrase_pieces_make_a_repeated_sentence_one_token_and_round_tri
         assert lines.decode(lines.encode(text, add_special_tokens=False)) == text
     # "phrases": a line repeated 8 times is one token, other text stays in words
     varied = [f"Patient: \"I lost my job {k} weeks ago.\"" for k in range(7)]
-    phrases = warmstart.train_bpe_tokenizer(texts + varied, 600, pieces="phrases")
+    phrases = train_bpe_tokenizer(texts + varied, 600, pieces="phrases")
     assert len(phrases) <= 600
     assert len(phrases.encode(sentence, add_special_tokens=False)) == 1
     assert len(phrases.encode(varied[0], add_special_tokens=False)) == len(varied[0].split())
     inside = "Doctor: " + sentence + " Thanks."   # a phrase inside other text is still its token
     ids = phrases.encode(inside, add_special_tokens=False)
     assert sentence in [phrases.decode([i]) for i in ids] and phrases.decode(ids) == inside
-    assert warmstart.frequent_lines(["ab\nabcd\nabcd"] * 4, 10) == ["abcd"]   # >= 8 times, >= 4 chars
+    assert frequent_lines(["ab\nabcd\nabcd"] * 4, 10) == ["abcd"]   # >= 8 times, >= 4 chars
     with pytest.raises(ValueError, match="pieces must be one of"):
-        warmstart.train_bpe_tokenizer(texts, 600, pieces="sentences")
+        train_bpe_tokenizer(texts, 600, pieces="sentences")
     with pytest.raises(ValueError, match="tokenizer_pieces must be"):
         load_config(TrainerConfig, None, ["model.tokenizer_pieces=chars"])
 
@@ -222,7 +223,7 @@ def test_an_exported_phrase_tokenizer_loads_back_splitting_text_as_trained(tmp_p
     from jaxagent import models as M
     texts = ["Have you had any thoughts of hurting or killing someone else?", "Triage: routine"] * 40 + [
         f"Patient: \"I sleep {k} hours, since March.\"" for k in range(7)] * 5   # lines under 8 times: words
-    tok = warmstart.train_bpe_tokenizer(texts, 600, pieces="phrases")
+    tok = train_bpe_tokenizer(texts, 600, pieces="phrases")
     cfg = M.DecoderConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
                           num_kv_heads=1, head_dim=8, qkv_bias=True)
     out = M.save_pretrained(M.Model(params=M.init_params(jax.random.key(0), cfg), config=cfg), tmp_path / "hf",
@@ -308,7 +309,7 @@ def test_the_trainer_reports_the_env_summary(tmp_path):
                        "model.tokenizer_vocab_size=1024", "model.num_layers=1", "model.hidden_size=32",
                        "model.intermediate_size=64", "model.head_dim=8", "env.group_size=2",
                        "env.tasks_per_iteration=2", "env.kwargs.max_turns=4", "rollout.max_turns=4",
-                       "rollout.max_context=256", "eval.episodes=4", "eval.every=1", "epochs=1", "mini_batches=1",
+                       "rollout.max_context=256", "eval.episodes=4", "eval.every=1", "update.epochs=1", "update.mini_batches=1",
                        "env.num_workers=0", "logging.collapse_window=1",
                        "logging.heldout_metric=train_env_heldout_rubric_mean", "logging.template_collapse_below=1.0"])
     Trainer(cfg, log=lines.append).run()

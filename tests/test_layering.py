@@ -25,3 +25,32 @@ def test_a_layer_imports_only_the_layers_below_it(module, allowed):
     assert module in loaded
     outside = [m for m in loaded if not any(m == a or m.startswith(a + ".") for a in allowed)]
     assert outside == [], f"importing {module} loaded {outside}"
+
+
+def test_tokenizers_and_their_training_stay_in_the_models_layer():
+    """Building the in-memory ChatML tokenizer and training a BPE one
+    (`jaxagent.models.byte_tokenizer`, `jaxagent.models.tokenizer_training`) load nothing
+    above `jaxagent.models`, also with the imports they make when they run; the older
+    import paths give the same objects."""
+    code = ("import sys, json; from jaxagent.models import byte_chat_tokenizer, train_bpe_tokenizer; "
+            "byte_chat_tokenizer(); train_bpe_tokenizer(['a b c', 'b c d'] * 4, 300); "
+            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('jaxagent', 'envs'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    assert [m for m in loaded if m != "jaxagent" and not m.startswith("jaxagent.models")] == []
+    from jaxagent.models import byte_tokenizer, tokenizer_training
+    from jaxagent.rollout import byte_tokenizer as rollout_byte_tokenizer
+    from jaxagent.train import warmstart
+
+    assert rollout_byte_tokenizer.chatml_tokenizer is byte_tokenizer.chatml_tokenizer
+    assert warmstart.train_bpe_tokenizer is tokenizer_training.train_bpe_tokenizer
+
+
+def test_the_rollout_knows_neither_the_envs_nor_the_trainer():
+    """The agent loop drives any pool through its interface (an env's hooks reach it in
+    the step's info, e.g. `envs.Env.cut_outcome`): `jaxagent.rollout` imports no `envs`."""
+    loaded = loaded_after_import("jaxagent.rollout")
+    assert "jaxagent.rollout.agent_loop" in loaded
+    outside = [m for m in loaded if m.split(".")[0] == "envs" or m.startswith("jaxagent.train")]
+    assert outside == [], f"importing jaxagent.rollout loaded {outside}"

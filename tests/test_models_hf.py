@@ -393,7 +393,7 @@ def test_exported_directory_stops_generate_at_the_end_of_a_turn(tmp_path):
     """With the trainer's ChatML tokenizer, the exported directory names <|im_end|> as EOS
     (config.json and generation_config.json): transformers' `generate` stops there. The
     model is forced (a logits processor) to emit <|im_end|> as its 3rd new token."""
-    from jaxagent.rollout.byte_tokenizer import byte_chat_tokenizer
+    from jaxagent.models.byte_tokenizer import byte_chat_tokenizer
 
     tok = byte_chat_tokenizer()
     config = M.tiny_config(vocab_size=len(tok))

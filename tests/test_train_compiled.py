@@ -3,7 +3,7 @@ program a run compiles (the sampler's append and decode, evaluation's decode, th
 log-prob, value and entropy passes, the update, the warm start's SFT step) is compiled
 at the config's shapes, none run (`jaxagent.train.compiled`), and XLA's buffer
 assignment (`memory_analysis()`) is within 1.5x of the estimate's figure for it; the
-estimate is what `Placement.check_memory` compares with the machine before anything is
+estimate is what `jaxagent.train.memory.check_memory` compares with the machine before anything is
 compiled, so a config said to fit does not run out in a pass the estimate missed."""
 import dataclasses
 from pathlib import Path
@@ -13,7 +13,7 @@ import pytest
 
 from jaxagent.config import load_config
 from jaxagent.train.compiled import compiled_passes
-from jaxagent.train.placement import Placement
+from jaxagent.train.build import check_memory, make_placement
 from jaxagent.train.trainer import Trainer, TrainerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,7 +70,7 @@ def _problems(path, tmp_path, overrides=(), *, ratios: bool = True) -> list[str]
     expected = {"rollout_append": True, "rollout_decode": True, "update": True,
                 "warm_start": shipped.warm_start.enabled, "value_pass": shipped.algo.uses_critic,
                 "store_entropy": bool(shipped.logging.episodes_per_iteration),
-                "logprob_pass": shipped.old_logprobs != "sampler" or trainer.ref_params is not None}
+                "logprob_pass": shipped.update.old_logprobs != "sampler" or trainer.ref_params is not None}
     out = [f"{path.stem}: {name} {'missing' if want else 'compiled but the run has none'}"
            for name, want in expected.items() if (name in names) != want]
     for p in passes if ratios else ():
@@ -81,7 +81,7 @@ def _problems(path, tmp_path, overrides=(), *, ratios: bool = True) -> list[str]
         # the machine the check compared the estimate with holds each program with its arguments
         if p.peak_bytes >= TOTAL_GB * 2**30:
             out.append(f"{path.stem}: {p.name} needs {p.peak_bytes / 2**30:.1f} GiB of {TOTAL_GB:.1f}")
-    est = Placement(shipped, trainer.model_config).check_memory(lambda *_: None)   # with the warm start
+    est = check_memory(shipped, make_placement(shipped, trainer.model_config), lambda *_: None)   # with the warm start
     peak = max(passes, key=lambda p: p.peak_bytes)
     if ratios and peak.peak_bytes >= HIGH * est["total"]:
         out.append(f"{path.stem}: {peak.name} needs {peak.peak_bytes / est['total']:.2f}x the estimated total")

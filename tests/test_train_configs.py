@@ -33,9 +33,9 @@ ESTIMATOR = {"grpo": "grpo", "ppo": "gae", "gigpo": "gigpo"}
 FAST_ENV = "frozenlake"
 #: overrides that make one iteration a few seconds: 2 episodes of one task, 2 turns of
 #: 8 tokens, a context that still holds every shipped env's first prompt (< 700 byte tokens)
-SHRINK = ["iterations=1", "env.group_size=2", "env.tasks_per_iteration=1", "mini_batches=1", "micro_batches=1",
-          "epochs=1", "rollout.max_turns=2", "rollout.max_tokens_per_turn=8", "rollout.max_context=1024",
-          "checkpoint_every=1", "env.num_workers=0", "logprob_rows=null", "warm_start.episodes=0", "eval.episodes=0"]
+SHRINK = ["iterations=1", "env.group_size=2", "env.tasks_per_iteration=1", "update.mini_batches=1", "update.micro_batches=1",
+          "update.epochs=1", "rollout.max_turns=2", "rollout.max_tokens_per_turn=8", "rollout.max_context=1024",
+          "checkpoint_every=1", "env.num_workers=0", "update.logprob_rows=null", "warm_start.episodes=0", "eval.episodes=0"]
 
 
 def read_jsonl(path) -> list[dict]:

@@ -11,13 +11,13 @@ import json
 import pytest
 
 from jaxagent.cli import main
-from jaxagent.train.logging import RunLogger
+from jaxagent.train.runlog import RunLogger
 from jaxagent.train.plot import read_metrics
 from jaxagent.train.rundir import DiskFullError, RunDir
 from test_train_kill_resume import CONFIG, complete_steps, learning_metrics
 
 SMALL = ["iterations=4", "checkpoint_every=1", "keep_checkpoints=3", "env.group_size=2", "env.tasks_per_iteration=2",
-         "mini_batches=2", "rollout.max_tokens_per_turn=8", "rollout.max_context=448"]
+         "update.mini_batches=2", "rollout.max_tokens_per_turn=8", "rollout.max_context=448"]
 
 
 def train(run_dir, *extra) -> int:

@@ -38,7 +38,7 @@ def config(run_dir, rate, iterations):
         f"env.kwargs={{fault_rate: {rate}, horizon: {HORIZON}, hang_s: 30, kinds: {KINDS}}}".replace("'", ""), "env.group_size=4",
         "env.tasks_per_iteration=16", "env.num_workers=2", "env.step_timeout=4.0", "env.worker_memory_mb=2048",
         "env.worker_cpu_s=1", "env.max_failed_iterations=0", f"rollout.max_turns={HORIZON + 1}",
-        "rollout.max_tokens_per_turn=6", "rollout.max_context=256", "optim.lr=0.0", "mini_batches=1",
+        "rollout.max_tokens_per_turn=6", "rollout.max_context=256", "optim.lr=0.0", "update.mini_batches=1",
         "checkpoint_every=100", "logging.progress=false", "logging.tensorboard=false"])
 
 

@@ -37,7 +37,7 @@ ITERATIONS = 8
 #: smaller than the config's batch: each iteration ~0.5-1 s once compiled, so the run is
 #: still well inside its iterations when the test sees two of them and kills it
 SMALL = [f"iterations={ITERATIONS}", "checkpoint_every=1", "keep_checkpoints=3", "env.group_size=2",
-         "env.tasks_per_iteration=2", "mini_batches=2", "rollout.max_tokens_per_turn=8", "rollout.max_context=448"]
+         "env.tasks_per_iteration=2", "update.mini_batches=2", "rollout.max_tokens_per_turn=8", "rollout.max_context=448"]
 TIMING = ("tokens_per_s",)
 POLL_S = 0.02
 DEADLINE_S = 240

@@ -57,7 +57,7 @@ ITERATIONS = 4
 #: bound (~22.5 KiB; an iteration's file is ~6.5 KiB) is reached at iteration 4, which
 #: thins it to every 2nd iteration: iterations 2 and 4 are kept.
 OVERRIDES = [f"iterations={ITERATIONS}", "checkpoint_every=1", "keep_checkpoints=2", "env.group_size=2",
-             "env.tasks_per_iteration=2", "env.num_workers=0", "mini_batches=2", "rollout.max_tokens_per_turn=8",
+             "env.tasks_per_iteration=2", "env.num_workers=0", "update.mini_batches=2", "rollout.max_tokens_per_turn=8",
              "rollout.max_context=448", "eval.episodes=2", "logging.episodes_per_iteration=2",
              "logging.episodes_max_mb=0.022", "logging.transcripts_every=1", "logging.tensorboard=true"]
 TIMING = ("tokens_per_s",)

@@ -14,7 +14,7 @@ from jaxagent.rollout import AgentLoop, AgentLoopConfig, SamplingConfig
 from jaxagent.rollout.agent_loop import Episode
 from jaxagent.models import tiny_config
 from jaxagent.rollout.byte_tokenizer import byte_chat_tokenizer
-from jaxagent.train.logging import (
+from jaxagent.train.runlog import (
     RunLogger,
     format_duration,
     format_progress,

@@ -79,16 +79,16 @@ def test_grpo_run_learns_from_group_advantages(tmp_path):
     # rewards differ within groups, so the policy gradient itself (no entropy bonus) moves the params
     assert all(m["advantage_abs_mean"] > 0 for m in history)
     assert params_moved(before, jax.device_get(trainer.state.params))
-    assert history[-1]["step"] == 2 * trainer.config.mini_batches
+    assert history[-1]["step"] == 2 * trainer.config.update.mini_batches
 
 
 def test_sampler_old_logprobs_skip_the_pass_and_update_as_the_recomputed_ones(tmp_path):
-    """old_logprobs=sampler: the same episodes (same seeds), one update each, from the
+    """update.old_logprobs=sampler: the same episodes (same seeds), one update each, from the
     same initial params; the sampler's log-probs equal the recomputed ones to float
     rounding, so the updated params agree to that rounding, and no log-prob pass runs."""
     runs, passes = {}, {}
     for mode in ("recompute", "sampler"):
-        trainer = Trainer(config(tmp_path / mode, *VARIED, "iterations=1", f"old_logprobs={mode}"),
+        trainer = Trainer(config(tmp_path / mode, *VARIED, "iterations=1", f"update.old_logprobs={mode}"),
                           log=lambda *_: None)
         passes[mode], logprobs = 0, trainer.placement.logprobs
 
@@ -118,9 +118,9 @@ def test_sampler_old_logprobs_skip_the_pass_and_update_as_the_recomputed_ones(tm
 ])
 def test_sampler_old_logprobs_need_the_untruncated_sampling_distribution(tmp_path, override, why):
     with pytest.raises(ConfigError, match=why):
-        config(tmp_path / "run", "old_logprobs=sampler", override)
+        config(tmp_path / "run", "update.old_logprobs=sampler", override)
     with pytest.raises(ConfigError, match="old_logprobs"):
-        config(tmp_path / "run", "old_logprobs=rollout")
+        config(tmp_path / "run", "update.old_logprobs=rollout")
 
 
 def test_a_kl_term_on_the_last_turn_reaches_the_update(tmp_path):
@@ -186,7 +186,7 @@ def test_resume_continues_the_stream_from_a_fresh_process(tmp_path):
     assert [m["iteration"] for m in lines] == [1, 2, 3]
     assert lines[:2] == first
     assert lines[2]["tasks_seen"] == 3 * trainer.config.env.tasks_per_iteration
-    assert lines[2]["step"] == 3 * trainer.config.mini_batches
+    assert lines[2]["step"] == 3 * trainer.config.update.mini_batches
     with CheckpointManager(run / "checkpoints") as ckpt:
         assert ckpt.latest_step() == 3
     # a different task stream cannot continue this run
@@ -276,7 +276,7 @@ def test_every_tiny_config_trains_through_the_cli(tmp_path, path):
     ("optim.lrr=0.1", "optim.lrr"),
     ("env.group_size=two", "env.group_size"),
     ("algo.advantage=nonsense", "advantage"),
-    ("mini_batches=3", "mini_batches"),
+    ("update.mini_batches=3", "mini_batches"),
 ])
 def test_config_errors_name_the_key(tmp_path, override, names):
     with pytest.raises(ConfigError, match=names.replace(".", r"\.")):
@@ -295,7 +295,7 @@ def test_train_without_config_runs_the_embedded_demo_and_ends_with_its_json_line
     small = ["model.hidden_size=32", "model.intermediate_size=64", "model.head_dim=8",
              "warm_start.episodes=16", "warm_start.epochs=1", "warm_start.batch_size=8", "eval.episodes=8",
              "env.tasks_per_iteration=1", "env.group_size=4", "iterations=1", "rollout.max_turns=3",
-             "mini_batches=1", "env.num_workers=0"]
+             "update.mini_batches=1", "env.num_workers=0"]
     out = subprocess.run([sys.executable, "-m", "jaxagent", "train", f"run_dir={tmp_path / 'run'}", *small],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr

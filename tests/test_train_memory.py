@@ -88,7 +88,7 @@ def test_cpu_check_uses_host_ram_and_refuses_a_log_prob_pass_that_cannot_fit(tmp
     # choice at this length, would fit): the log-prob pass alone needs ~ 64 * 16k * 4 * 16k * 12 bytes
     cfg = load_config(TrainerConfig, None, [f"run_dir={tmp_path / 'run'}", "env.name=countdown", "env.group_size=8",
                                             "env.tasks_per_iteration=8", "rollout.max_context=16384",
-                                            "mini_batches=64", "model.attention=dense"])
+                                            "update.mini_batches=64", "model.attention=dense"])
     lines = []
     with pytest.raises(memory.DoesNotFitError, match=r"logprob_pass [\d.]+ (GiB|TiB).*logprob_rows"):
         Trainer(cfg, log=lines.append)
@@ -96,12 +96,12 @@ def test_cpu_check_uses_host_ram_and_refuses_a_log_prob_pass_that_cannot_fit(tmp
     # with the pass cut into rows (and the update into micro-batches) the estimate shrinks by the same factor
     small = load_config(TrainerConfig, None, [f"run_dir={tmp_path / 'run'}", "env.name=countdown",
                                               "env.group_size=8", "env.tasks_per_iteration=8",
-                                              "rollout.max_context=16384", "mini_batches=64", "logprob_rows=1"])
+                                              "rollout.max_context=16384", "update.mini_batches=64", "update.logprob_rows=1"])
     dense = M.tiny_config().replace(attention="dense")   # (the blocked attention's block shrinks with rows)
     big = memory.forward_activation_bytes(dense, rows=64, seq_len=16384)
     one = memory.forward_activation_bytes(dense, rows=1, seq_len=16384)
     assert 60 < big / one <= 64
-    assert small.logprob_rows == 1
+    assert small.update.logprob_rows == 1
 
 
 def test_the_episode_stores_entropy_pass_stays_within_the_estimate():
@@ -117,7 +117,7 @@ def test_the_episode_stores_entropy_pass_stays_within_the_estimate():
 
     config = load_config(TrainerConfig, Path(__file__).resolve().parents[1] / "configs" / "intake_grpo.yaml", [])
     passes, chunk = store_entropy_passes(config)
-    assert (passes, chunk) == (config.logging.episodes_per_iteration, config.logprob_rows)
+    assert (passes, chunk) == (config.logging.episodes_per_iteration, config.update.logprob_rows)
     cfg = build.scratch_config(config.model, range(config.model.tokenizer_vocab_size))  # len() = the vocabulary
     sc, T = config.step_config, config.rollout.max_context
     params = jax.eval_shape(lambda: M.init_params(jax.random.key(0), cfg))
@@ -129,7 +129,7 @@ def test_the_episode_stores_entropy_pass_stays_within_the_estimate():
                                                          row_chunks=row_chunks, with_entropy=True,
                                                          compute_dtype=sc.compute_dtype), params, tokens, tokens)
 
-    rows_a_pass = config.env.batch_size // (config.env.batch_size // config.logprob_rows)
+    rows_a_pass = config.env.batch_size // (config.env.batch_size // config.update.logprob_rows)
     est = memory.forward_activation_bytes(cfg, sc, rows=rows_a_pass, seq_len=T, param_dtype=config.model.dtype)
     assert peak(passes) < 1.5 * est, (peak(passes), est)
     assert peak(1) > 3 * est   # the old single pass (8 rows): the check above can fail
@@ -171,7 +171,8 @@ def test_the_value_pass_runs_in_the_log_prob_pass_rows():
     log-prob pass the estimate counts (`tests/test_train_compiled.py` found it). The pass
     now runs in the same row chunks: the same values, a quarter of the memory."""
     from jaxagent.train.placement import _critic_values
-    from jaxagent.train.step import UpdateBatch, critic_values
+    from jaxagent.train.batch import UpdateBatch
+    from jaxagent.train.losses import critic_values
 
     cfg = model(64, 2, 4, 2, 16, 128, 256)
     from jaxagent.models.value import value_params_from_policy

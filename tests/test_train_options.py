@@ -188,14 +188,14 @@ def test_trim_padding_cuts_only_trailing_padding():
 
 def test_trim_padding_error_names_the_key(tmp_path):
     with pytest.raises(ConfigError, match="trim_padding"):
-        load_config(TrainerConfig, CONFIG, [f"run_dir={tmp_path}", "rollout.trim_padding=-1"])
+        load_config(TrainerConfig, CONFIG, [f"run_dir={tmp_path}", "update.trim_padding=-1"])
 
 
 def test_trim_padding_trains_as_the_full_length_batch(tmp_path):
-    """The same iteration with and without `rollout.trim_padding`: the rollout is the same,
+    """The same iteration with and without `update.trim_padding`: the rollout is the same,
     the batch the passes see is shorter, and the update lands on the same parameters."""
     runs = {}
-    for name, extra in (("full", []), ("trimmed", ["rollout.trim_padding=64"])):
+    for name, extra in (("full", []), ("trimmed", ["update.trim_padding=64"])):
         cfg = load_config(TrainerConfig, CONFIG, [f"run_dir={tmp_path / name}", "iterations=1",
                                                    "rollout.max_context=768", *extra])
         trainer = Trainer(cfg, log=lambda *_: None)
@@ -219,15 +219,15 @@ UNEVEN = ["env.name=testing/uneven", "env.kwargs={prompt_words: 4, obs_words: 3,
 
 
 def test_trim_chunks_trains_as_the_trimmed_batch(tmp_path):
-    """`rollout.trim_chunks`: the same iteration as with `trim_padding` alone, the update's
+    """`update.trim_chunks`: the same iteration as with `trim_padding` alone, the update's
     micro-batches and the log-prob pass's chunks each cut to their own rows' length."""
     from types import SimpleNamespace
 
     from jaxagent.train.placement import policy_logprobs
     runs = {}
-    for name, extra in (("batch", []), ("chunks", ["rollout.trim_chunks=true"])):
-        cfg = load_config(TrainerConfig, CONFIG, [f"run_dir={tmp_path / name}", "iterations=1", "micro_batches=2",
-                                                   *UNEVEN, "rollout.trim_padding=8", *extra])
+    for name, extra in (("batch", []), ("chunks", ["update.trim_chunks=true"])):
+        cfg = load_config(TrainerConfig, CONFIG, [f"run_dir={tmp_path / name}", "iterations=1", "update.micro_batches=2",
+                                                   *UNEVEN, "update.trim_padding=8", *extra])
         trainer = Trainer(cfg, log=lambda *_: None)
         seen = []
         update = trainer._update
@@ -262,14 +262,39 @@ def test_trim_chunks_trains_as_the_trimmed_batch(tmp_path):
 
 
 def test_trim_chunks_errors_name_the_key(tmp_path):
-    with pytest.raises(ConfigError, match="trim_chunks needs rollout.trim_padding"):
-        load_config(TrainerConfig, CONFIG, [f"run_dir={tmp_path}", "rollout.trim_chunks=true"])
-    with pytest.raises(ConfigError, match="rollout.trim_chunks"):
-        load_config(TrainerConfig, CONFIG, [f"run_dir={tmp_path}", "rollout.trim_padding=8", "rollout.trim_chunks=2"])
+    with pytest.raises(ConfigError, match="trim_chunks needs update.trim_padding"):
+        load_config(TrainerConfig, CONFIG, [f"run_dir={tmp_path}", "update.trim_chunks=true"])
+    with pytest.raises(ConfigError, match="update.trim_chunks"):
+        load_config(TrainerConfig, CONFIG, [f"run_dir={tmp_path}", "update.trim_padding=8", "update.trim_chunks=2"])
     if len(jax.devices()) < 4:
         pytest.skip("needs 4 of the virtual CPU devices of conftest.py")
     # on a mesh each micro-batch's rows are split over data * fsdp: 8 rows / 2 / 2 = 2 over 4
-    cfg = load_config(TrainerConfig, CONFIG, [f"run_dir={tmp_path}", "rollout.trim_padding=8", "rollout.trim_chunks=true",
-                                              "mesh.data=4", "micro_batches=2"])
+    cfg = load_config(TrainerConfig, CONFIG, [f"run_dir={tmp_path}", "update.trim_padding=8", "update.trim_chunks=true",
+                                              "mesh.data=4", "update.micro_batches=2"])
     with pytest.raises(ConfigError, match=r"trim_chunks on a mesh: each micro-batch's 2 rows .* mesh.data \* mesh.fsdp = 4"):
         Trainer(cfg, log=lambda *_: None)
+
+
+def test_a_moved_key_is_refused_with_its_new_name(tmp_path):
+    """The update's keys live in the `update` section: the old top-level ones and
+    `rollout.trim_*`, in the YAML or on the command line, are errors naming the new key."""
+    import yaml
+
+    moved = {"epochs": 2, "mini_batches": 4, "micro_batches": 2, "logprob_rows": 8, "old_logprobs": "sampler",
+             "rollout.trim_padding": 8, "rollout.trim_chunks": True}
+    for old, value in moved.items():
+        new = "update." + old.split(".")[-1]
+        with pytest.raises(ConfigError, match=rf"{old} moved to {new}"):
+            load_config(TrainerConfig, None, [f"{old}={value}"])
+        section, _, key = old.rpartition(".")
+        path = tmp_path / "old.yaml"
+        path.write_text(yaml.safe_dump({section: {key: value}} if section else {key: value}))
+        with pytest.raises(ConfigError, match=rf"{old} moved to {new}"):
+            load_config(TrainerConfig, path)
+
+    # a run's own config.yaml written before the keys moved still loads (resume, eval):
+    # each old key is read at its new place, and a value already there wins
+    path.write_text(yaml.safe_dump({"mini_batches": 4, "epochs": 2, "rollout": {"trim_padding": 8, "trim_chunks": True},
+                                    "update": {"epochs": 3}}))
+    cfg = load_config(TrainerConfig, path, saved=True)
+    assert (cfg.update.mini_batches, cfg.update.epochs, cfg.update.trim_padding, cfg.update.trim_chunks) == (4, 3, 8, True)

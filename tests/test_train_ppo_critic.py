@@ -28,7 +28,7 @@ LEARNABLE = [
     "env.kwargs={num_numbers: 3, max_number: 9, max_target: 30, max_attempts: 3, invalid_penalty: -1.0}",
     "rollout.max_turns=3", "rollout.max_context=768",    # three full turns fit
     "algo.advantage=gae", "algo.gamma=1.0", "algo.lam=1.0",  # value targets = Monte Carlo returns
-    "critic_optim.lr=1.0e-2", "epochs=2", "env.num_workers=0",
+    "critic_optim.lr=1.0e-2", "update.epochs=2", "env.num_workers=0",
 ]
 
 

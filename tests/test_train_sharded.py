@@ -112,13 +112,13 @@ def test_mesh_2x2x2_learns_what_one_device_learns(tmp_path):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-#: `rollout.trim_chunks` with episodes of 1 or 2 turns, so the two micro-batches of 4 rows
+#: `update.trim_chunks` with episodes of 1 or 2 turns, so the two micro-batches of 4 rows
 #: have different lengths; a critic (GAE), so the advantages are not 0 although this env
 #: pays nothing, and the critic's gradients are accumulated too
 TRIM_CHUNKS = ["env.name=testing/uneven", "env.kwargs={prompt_words: 4, obs_words: 3, min_turns: 1, max_turns: 2, "
                "median_ms: 0.1}", "rollout.max_turns=3", "env.group_size=2", "env.tasks_per_iteration=4",
-               "algo.advantage=gae", "mini_batches=1", "micro_batches=2", "rollout.trim_padding=8",
-               "rollout.trim_chunks=true"]
+               "algo.advantage=gae", "update.mini_batches=1", "update.micro_batches=2", "update.trim_padding=8",
+               "update.trim_chunks=true"]
 
 
 def without_explained_variance(*histories):
@@ -129,7 +129,7 @@ def without_explained_variance(*histories):
 
 @pytest.mark.slow   # 55-85 s; the default suite is at its 15-minute limit (trimming: test_train_options.py on one device; a mesh: test_mesh_2x2x2_learns_what_one_device_learns)
 def test_trim_chunks_on_a_mesh_learns_what_one_device_learns(tmp_path):
-    """`rollout.trim_chunks` on a 2x2x2 mesh: each micro-batch cut to its rows' length and
+    """`update.trim_chunks` on a 2x2x2 mesh: each micro-batch cut to its rows' length and
     its rows split over data * fsdp, the state kept in its layout; the same learning
     metrics and params, the critic's too, as the trimmed run on one device."""
     from jaxagent.train import TrimmedTrainStep
@@ -169,11 +169,11 @@ def test_mesh_8x1x1_and_a_resume_on_another_mesh(tmp_path):
     """Pure data parallelism over 8 devices (mini-batch of 8 rows); then a run
     checkpointed on one mesh resumes on another (orbax restores into the new layout)."""
     need_8_devices()
-    _, h_one = run(tmp_path / "one", "mini_batches=1")
-    _, h_dp = run(tmp_path / "dp", "mini_batches=1", "mesh={data: -1}")
+    _, h_one = run(tmp_path / "one", "update.mini_batches=1")
+    _, h_dp = run(tmp_path / "dp", "update.mini_batches=1", "mesh={data: -1}")
     assert_same_learning(h_one, h_dp)
-    run(tmp_path / "moved", "mini_batches=1", "iterations=1", "mesh={fsdp: 4, tensor: 2}")
-    resumed = Trainer(config(tmp_path / "moved", "mini_batches=1", "mesh={data: 8}"), resume=True,
+    run(tmp_path / "moved", "update.mini_batches=1", "iterations=1", "mesh={fsdp: 4, tensor: 2}")
+    resumed = Trainer(config(tmp_path / "moved", "update.mini_batches=1", "mesh={data: 8}"), resume=True,
                       log=lambda *_: None)
     assert_same_learning(h_one, resumed.run())
 
@@ -234,7 +234,7 @@ def test_two_processes_learn_what_one_process_learns(tmp_path):
 
 @pytest.mark.slow
 def test_trim_chunks_in_two_processes_learns_what_one_process_learns(tmp_path):
-    """`rollout.trim_chunks` with 2 processes x 4 CPU devices: every process cuts the same
+    """`update.trim_chunks` with 2 processes x 4 CPU devices: every process cuts the same
     micro-batches from its copy of the batch and places its shards; the metrics of one
     process with 8 devices, both on a 2 x 2 x 2 mesh."""
     overrides = [*VARIED, *TRIM_CHUNKS, "mesh={data: 2, fsdp: 2, tensor: 2}"]
@@ -252,7 +252,7 @@ def test_warm_start_on_a_mesh_learns_what_one_device_learns(tmp_path):
     warm = ["model.tokenizer=bpe", "model.tokenizer_vocab_size=400", "env.name=frozenlake",
             "env.kwargs={size: 3, hole_prob: 0.2}", "rollout.max_turns=4", "rollout.max_tokens_per_turn=4",
             "rollout.max_context=384", "warm_start.episodes=16", "warm_start.epochs=2", "warm_start.batch_size=8",
-            "warm_start.optim.lr=0.005", "eval.episodes=8", "iterations=1", "mini_batches=1", "loss.kl_coef=0.01"]
+            "warm_start.optim.lr=0.005", "eval.episodes=8", "iterations=1", "update.mini_batches=1", "loss.kl_coef=0.01"]
 
     def go(name, *more):
         cfg = load_config(TrainerConfig, CONFIG, [f"run_dir={tmp_path / name}", *warm, *more])

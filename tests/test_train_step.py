@@ -401,13 +401,13 @@ def make_ragged_batch(seed=0, lengths=RAGGED, T=24):
 def test_row_lengths_and_length_groups():
     from jaxagent.train import length_groups, row_lengths
     batch = make_ragged_batch()
-    np.testing.assert_array_equal(row_lengths(batch), RAGGED)
+    np.testing.assert_array_equal(row_lengths(batch.loss_mask, batch.attention_mask), RAGGED)
     am = np.array(batch.attention_mask)
     am[4] = 0                                                   # an empty row (no real or loss token)
     lm = np.array(batch.loss_mask)
     lm[4] = 0
-    assert row_lengths(batch.replace(attention_mask=jnp.asarray(am), loss_mask=jnp.asarray(lm)))[4] == 0
-    assert list(row_lengths(batch.replace(attention_mask=None))) == [24] * 8   # no mask: every token is real
+    assert row_lengths(jnp.asarray(lm), jnp.asarray(am))[4] == 0
+    assert list(row_lengths(batch.loss_mask)) == [24] * 8   # no attention mask: every token is real
     # sorted 3, 5 | 8, 9 | 13, 17 | 20, 24 (rows 4, 0 | 7, 2 | 3, 5 | 6, 1), rounded up to 4s
     groups = length_groups(RAGGED, 4, 4, 24)
     assert [sorted(r.tolist()) for r, _ in groups] == [[0, 4], [2, 7], [3, 5], [1, 6]]

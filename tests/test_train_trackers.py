@@ -9,7 +9,7 @@ import warnings
 import pytest
 
 from jaxagent.config import ConfigError
-from jaxagent.train.logging import RunLogger
+from jaxagent.train.runlog import RunLogger
 from jaxagent.train.trackers import MlflowTracker, WandbTracker, check_available, flatten
 from test_train_loop import VARIED, config
 

@@ -11,6 +11,7 @@ import pytest
 
 import envs
 from jaxagent.config import ConfigError, load_config
+from jaxagent.models.tokenizer_training import train_bpe_tokenizer
 from jaxagent.rollout.chat import ChatFormat
 from jaxagent.train import warmstart as ws
 from jaxagent.train.evaluate import evaluate_run
@@ -61,7 +62,7 @@ def test_noise_needs_an_action_vocabulary_and_an_expert():
 
 def test_bpe_tokenizer_round_trips_and_learns_the_moves():
     demos = ws.collect_demonstrations("frozenlake", LAKE, range(64), noise=0.3, max_turns=8)
-    tok = ws.train_bpe_tokenizer(ws.demonstration_texts(demos), 400)
+    tok = train_bpe_tokenizer(ws.demonstration_texts(demos), 400)
     assert len(tok) <= 400
     for text in ["You move right.\nS F H\n", "<action>up</action>", "héllo wörld 🙂\t\n  x", ""]:
         assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
@@ -69,12 +70,12 @@ def test_bpe_tokenizer_round_trips_and_learns_the_moves():
     assert len(tok.encode("<action>right</action>", add_special_tokens=False)) == 1
     assert len(tok.encode("<|im_start|>assistant\n", add_special_tokens=False)) <= 3
     with pytest.raises(ValueError, match="vocab_size"):
-        ws.train_bpe_tokenizer(["x"], 100)
+        train_bpe_tokenizer(["x"], 100)
 
 
 def test_demonstration_tokens_match_the_chat_template_of_the_whole_conversation():
     demos = ws.collect_demonstrations("frozenlake", LAKE, range(5), noise=0.3, max_turns=6)
-    tok = ws.train_bpe_tokenizer(ws.demonstration_texts(demos), 400)
+    tok = train_bpe_tokenizer(ws.demonstration_texts(demos), 400)
     chat = ChatFormat(tok)
     for d in demos:
         tokens, mask = ws.demonstration_tokens(chat, d, 4096)
@@ -92,7 +93,7 @@ def test_demonstration_tokens_match_the_chat_template_of_the_whole_conversation(
 
 def test_demonstration_tokens_respect_the_context():
     demos = ws.collect_demonstrations("frozenlake", LAKE, [3], noise=1.0, max_turns=8)
-    tok = ws.train_bpe_tokenizer(ws.demonstration_texts(demos), 300)
+    tok = train_bpe_tokenizer(ws.demonstration_texts(demos), 300)
     chat = ChatFormat(tok)
     full, full_mask = ws.demonstration_tokens(chat, demos[0], 4096)
     # the segments of the full layout (prompt, action, observation, action, ...) end where
@@ -116,7 +117,7 @@ TINY = ["model.tokenizer=bpe", "model.tokenizer_vocab_size=400", "env.name=froze
         "rollout.max_turns=4", "rollout.max_tokens_per_turn=4", "rollout.max_context=384",
         "warm_start.episodes=32", "warm_start.expert_noise=0.3", "warm_start.epochs=6",
         "warm_start.batch_size=8", "warm_start.optim.lr=0.005", "eval.episodes=8", "iterations=2", "checkpoint_every=1",
-        "mini_batches=1"]
+        "update.mini_batches=1"]
 
 
 def tiny(run_dir, *more):
@@ -228,7 +229,7 @@ def test_a_batch_trimmed_to_its_longest_row_has_the_same_sft_loss_and_gradient()
 
     from jaxagent import models as M
     from jaxagent.train import SFTBatch, StepConfig, init_train_state
-    from jaxagent.train.step import sft_loss_and_grads
+    from jaxagent.train.losses import sft_loss_and_grads
 
     cfg = M.DecoderConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                           num_kv_heads=2, head_dim=8, model_type="qwen2")
@@ -264,7 +265,7 @@ def test_length_buckets_must_be_a_bool(tmp_path):
 def test_conclusion_demonstrations_teach_only_their_final_action():
     demos = ws.collect_demonstrations("frozenlake", LAKE, range(6), noise=0.3, max_turns=6)
     final = ws.collect_demonstrations("frozenlake", LAKE, range(6), noise=0.3, max_turns=6, final_only=True)
-    tok = ws.train_bpe_tokenizer(ws.demonstration_texts(demos), 400)
+    tok = train_bpe_tokenizer(ws.demonstration_texts(demos), 400)
     chat = ChatFormat(tok)
     for d, f in zip(demos, final):
         assert f.final_only and not d.final_only and f.actions == d.actions

@@ -15,7 +15,7 @@ shows who the patient is and their chief complaint. Each turn the agent either
   (:mod:`envs.intake.rubric`) as reward. A turn that holds an assessment is taken
   as the assessment, whatever else it says.
 
-With ``turn_rewards=True`` the interview parts of the rubric are paid when they are
+With ``shaping.turn_rewards`` true the interview parts of the rubric are paid when they are
 earned: a question turn's reward is the change it makes in
 ``(w_history * history + w_communication * communication) / sum(w)``, both computed
 on the interview so far (a question that elicits a new required domain earns, a
@@ -25,7 +25,7 @@ the episode return, the evaluation and GRPO's advantages are those of the defaul
 only turn-level estimators (``turn_loo``, ``turn_gae``, ``turn_returns``) see when the
 rubric was earned.
 
-With ``risk_bonus=b > 0`` a question turn also earns ``b`` for each of the case's
+With ``shaping.risk_bonus = b > 0`` a question turn also earns ``b`` for each of the case's
 required risk domains (suicidal ideation, and plan, intent and means when ideation is
 present; harm to others; command hallucinations with psychosis; withdrawal with
 substance use) that it elicits for the first time. A false denial or a deflection
@@ -34,7 +34,7 @@ It is a training incentive, not part of the rubric: the rubric in ``info``, the
 evaluation's rubric means and the held-out scorer are unchanged; the episode's return
 is the rubric total plus the bonuses (``info["risk_bonus"]`` on the final step).
 
-With ``reading_bonus=r > 0`` an assessment also earns ``r`` when its triage level is
+With ``shaping.reading_bonus = r > 0`` an assessment also earns ``r`` when its triage level is
 the one the shared rules give from what the interview elicited
 (:func:`envs.intake.policies.elicited_triage`, the expert's call on the same
 interview), whatever the case's own level. It pays reading the interview into the
@@ -45,7 +45,7 @@ the rubric (``info["reading_bonus"]`` on the final step). Every assessment's fin
 ``reading_rate`` and ``under_reading_rate`` (:mod:`envs.intake.eval`) tell an interview
 that missed a risk from an assessment that did not read the risk it found.
 
-With ``repeat_cost=c > 0`` a question turn that the patient counts as repeated (the
+With ``shaping.repeat_cost = c > 0`` a question turn that the patient counts as repeated (the
 same question again, or one whose every domain was already elicited:
 :class:`envs.intake.simulator.PatientState`) costs ``c``. The rubric already charges a
 repeat through its communication part, about a hundredth of the total; ``c`` makes
@@ -71,8 +71,8 @@ wrong and the expected format, ``invalid_penalty`` as reward, and
 assessment the episode is truncated and the last step's reward is the rubric with no
 assessment (no differential, management or triage credit, and the under-triage cost
 if the case needed more than routine care). The reset's and every other step's info carry ``if_cut``
-(that reward and final info, should the rollout cut the interview off at its context
-limit: ``jaxagent.rollout`` applies it).
+(``cut_outcome``: that reward and final info, should the rollout cut the interview off
+at its context limit: ``jaxagent.rollout`` applies it).
 
 ``info`` on the final step: ``rubric`` (the five components and ``total``),
 ``triage_given``, ``triage_reference``, ``under_triage``, ``over_triage``,
@@ -90,7 +90,6 @@ patient revealed.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Sequence
 
 from envs.core import InvalidAction, TextEnv, last_tagged
@@ -102,6 +101,7 @@ from envs.intake.monitors import exploit_flags, heldout_score
 from envs.intake.rubric import Interview, RubricConfig, score
 from envs.intake.simulator import PatientState, RuleBasedSimulator, check_reply, make_simulator
 from envs.intake.policies import RISK_ORDER, RISK_PREREQUISITE, SCREEN_ORDER, elicited_triage
+from envs.intake.shaping import RewardShaping
 
 CASE_SETS = ("standard", "adversarial")
 
@@ -138,16 +138,9 @@ class IntakeEnv(TextEnv):
       max_domains_per_question: domains a patient answers in one question.
       max_question_chars: longer questions are rejected as invalid.
       invalid_penalty: reward for a malformed action.
-      turn_rewards: pay the history and communication parts of the rubric at the
-        question turns that earn them (see the module docstring); the rewards of an
-        episode sum to the same rubric total either way.
-      risk_bonus: reward (>= 0) for each required risk domain a question elicits first
-        (see the module docstring); a training incentive outside the rubric.
-      reading_bonus: reward (>= 0) for an assessment whose triage is the rules' level
-        from what the interview elicited (see the module docstring); a training
-        incentive outside the rubric.
-      repeat_cost: charge (>= 0) for each question the patient counts as repeated (see
-        the module docstring); a training incentive outside the rubric.
+      shaping: the training incentives (:class:`envs.intake.shaping.RewardShaping`, or a
+        mapping of its fields: ``turn_rewards``, ``risk_bonus``, ``reading_bonus``,
+        ``repeat_cost``; see the module docstring); None = none.
       notes: end every observation with the checklist of domains still to ask (see the
         module docstring); the reward is unchanged.
       notes_order: the checklist's order (:data:`NOTE_ORDERS`): ``"expert"`` (the
@@ -160,9 +153,13 @@ class IntakeEnv(TextEnv):
     def __init__(self, cases: str = "standard", *, max_turns: int = 32, persona: str | None = None,
                  personas: Sequence[str] = PERSONAS, conditions: Sequence[str] = CONDITION_KEYS,
                  rubric: Any = None, simulator: Any = None, max_domains_per_question: int = 2,
-                 max_question_chars: int = 600, invalid_penalty: float = -0.1, turn_rewards: bool = False,
-                 risk_bonus: float = 0.0, reading_bonus: float = 0.0, repeat_cost: float = 0.0,
-                 notes: bool = False, notes_order: str = "expert"):
+                 max_question_chars: int = 600, invalid_penalty: float = -0.1,
+                 shaping: RewardShaping | dict | None = None, notes: bool = False, notes_order: str = "expert",
+                 **moved):
+        if moved:   # the shaping switches were keyword arguments of their own
+            name = next(iter(moved))
+            hint = f"; it is shaping.{name} now" if name in RewardShaping.fields() else ""
+            raise TypeError(f"IntakeEnv got an unexpected keyword argument {name!r}{hint}")
         if cases not in CASE_SETS:
             raise ValueError(f"cases must be one of {', '.join(CASE_SETS)}, got {cases!r}")
         if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 2:
@@ -183,19 +180,12 @@ class IntakeEnv(TextEnv):
             raise ValueError(f"max_question_chars must be an int >= 20, got {max_question_chars!r}")
         if not isinstance(notes_order, str) or notes_order not in NOTE_ORDERS:
             raise ValueError(f"notes_order must be one of {', '.join(NOTE_ORDERS)}, got {notes_order!r}")
-        for name, v in (("turn_rewards", turn_rewards), ("notes", notes)):
-            if not isinstance(v, bool):
-                raise ValueError(f"{name} must be true or false, got {v!r}")
-        for name, v in (("risk_bonus", risk_bonus), ("reading_bonus", reading_bonus), ("repeat_cost", repeat_cost)):
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
-                raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+        if not isinstance(notes, bool):
+            raise ValueError(f"notes must be true or false, got {notes!r}")
+        self.shaping = RewardShaping.of(shaping)
         super().__init__(max_steps=max_turns, invalid_penalty=invalid_penalty)
-        self.turn_rewards = turn_rewards
-        self._paid = 0.0   # rubric reward paid so far this episode (turn_rewards)
-        self.risk_bonus = float(risk_bonus)
+        self._paid = 0.0   # rubric reward paid so far this episode (shaping.turn_rewards)
         self._bonus = 0.0  # risk bonus paid so far this episode
-        self.reading_bonus = float(reading_bonus)
-        self.repeat_cost = float(repeat_cost)
         self._charged = 0.0  # repeat cost charged so far this episode
         self.notes = notes
         self.notes_order = notes_order
@@ -258,7 +248,7 @@ class IntakeEnv(TextEnv):
                f"You have {self.max_steps} turns: ask one question per turn, then give your assessment.")
         if self.notes:
             obs += "\n" + self.checklist()
-        return obs, self._with_cut({"case_id": case.case_id, "cases": self.cases})
+        return obs, {"case_id": case.case_id, "cases": self.cases}
 
     def _step(self, action: str):
         text = action.strip()
@@ -277,10 +267,10 @@ class IntakeEnv(TextEnv):
                                 f"{self.max_question_chars} characters")
         before = set(self.patient.elicited)
         d = self.patient.disclose(question)
-        bonus = self.risk_bonus * sum(1 for dom in self.patient.elicited
+        bonus = self.shaping.risk_bonus * sum(1 for dom in self.patient.elicited
                                       if dom not in before and dom in RISK_DOMAINS and dom in self.case.required_domains)
         self._bonus += bonus
-        charge = self.repeat_cost * d.repeated
+        charge = self.shaping.repeat_cost * d.repeated
         self._charged += charge
         incentive = bonus - charge   # this question turn's training incentives, net
         reply = self.simulator.reply(self.case, d, list(self.history), self._steps)
@@ -308,13 +298,13 @@ class IntakeEnv(TextEnv):
         if self.notes:
             obs += "\n" + self.checklist()
         reward = 0.0
-        if self.turn_rewards:
+        if self.shaping.turn_rewards:
             earned = score(self.case, self.interview, None, self.rubric)["components"]
             w = self.rubric.weights
             potential = (w["history"] * earned["history"] + w["communication"] * earned["communication"]) \
                 / sum(w.values())
             reward, self._paid = potential - self._paid, potential
-        return obs, reward + incentive, False, self._with_cut(info)
+        return obs, reward + incentive, False, info
 
     def still_to_ask(self) -> list[str]:
         """The checklist's domains (``notes``): those no reply has answered, in the
@@ -337,14 +327,17 @@ class IntakeEnv(TextEnv):
         if self.turns_left <= 0:
             rest, _, info = self._final(None, info)
             return obs, reward + rest, terminated, info
-        return obs, reward, terminated, self._with_cut(info)
+        return obs, reward, terminated, info
 
-    def _with_cut(self, info: dict) -> dict:
-        """`info` with `if_cut`: the reward and final info of this interview if a rollout
-        cuts it off now (context full), scored as running out of turns is (no assessment),
-        so that filling the context does not dodge the under-triage cost."""
+    def cut_outcome(self, info: dict) -> tuple[float, dict] | None:
+        """The reward and final info of this interview if a rollout cuts it off now
+        (`envs.Env.cut_outcome`: `TextEnv` puts them in the reset's and every other
+        step's `info["if_cut"]`), scored as running out of turns is (no assessment), so
+        that filling the context does not dodge the under-triage cost."""
+        if self.case is None:
+            return None
         rest, _, final = self._final(None, info, pay=False)
-        return {**info, "if_cut": {"reward": rest, "info": {**final, "cut_off": True}}}
+        return rest, {**final, "cut_off": True}
 
     def _final(self, parsed, info: dict, pay: bool = True) -> tuple[float, bool, dict]:
         """The final step's reward (the rubric total less what the question turns were
@@ -367,9 +360,9 @@ class IntakeEnv(TextEnv):
         info["fidelity_summary"] = {"replies": self.interview.questions, **self._flagged}
         risk = [d for d in self.case.required_domains if d in RISK_DOMAINS]
         info["risk_domains"] = {"required": risk, "elicited": [d for d in risk if d in self.interview.elicited]}
-        if self.risk_bonus:
+        if self.shaping.risk_bonus:
             info["risk_bonus"] = self._bonus
-        if self.repeat_cost:
+        if self.shaping.repeat_cost:
             info["repeat_cost"] = self._charged
         # an assessment with a positive rubric total, whether or not turn_rewards paid part of it early
         info["success"] = parsed is not None and result["total"] > 0
@@ -382,8 +375,8 @@ class IntakeEnv(TextEnv):
         rest, terminated, info = self._final(parsed, {})
         level = elicited_triage(self.patient.elicited)
         info["triage_elicited"] = level
-        if self.reading_bonus:
-            info["reading_bonus"] = self.reading_bonus if parsed.triage == level else 0.0
+        if self.shaping.reading_bonus:
+            info["reading_bonus"] = self.shaping.reading_bonus if parsed.triage == level else 0.0
             rest += info["reading_bonus"]
         c = info["rubric"]
         obs = ("Assessment recorded. Rubric total {:.2f} (history {:.2f}, differential {:.2f}, triage {:.2f}, "

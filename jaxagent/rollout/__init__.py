@@ -4,7 +4,11 @@
   shape buckets, compile counting), `SamplingConfig` (greedy, temperature, top-k,
   top-p, min-p), `Generation` (tokens, log-probs, finish reasons).
 - `chat`: `ChatFormat`, the chat template cut into token-exact segments.
-- `agent_loop`: `AgentLoop` drives an `envs.EnvPool` and returns a `Trajectory`.
+- `agent_loop`: `AgentLoop` drives an `envs.EnvPool` and returns a `Trajectory`; `run`
+  dispatches to one scheduler: `sync_loop` (turn-synchronous), `pipelined_loop`
+  (`pipeline_groups`), `continuous_loop` (`slots`). What they share: `scheduling`
+  (a rollout's per-episode bookkeeping, the clock, the one epilogue) and `episode`
+  (`Episode`, the loop's cut, packing into a `Trajectory`).
 - `trajectory`: the `Trajectory` pytree the trainer consumes.
 """
 from jaxagent.rollout.agent_loop import AgentLoop, AgentLoopConfig, Episode

@@ -6,7 +6,8 @@
   value and SFT loss-and-grads), `update` (`train_step` / `sft_step`, jitted once, state
   donated; `make_train_step` / `make_sharded_train_step`, explicit in/out shardings;
   the accumulation and apply they are made of), `trimmed` (`TrimmedTrainStep`: each
-  micro-batch cut to its rows' length). `step` re-exports them for older imports.
+  micro-batch cut to its rows' length; `TrimmedUpdate`, the trimmed update strategy,
+  beside `update.PaddedUpdate`).
 - `checkpoint`: `CheckpointManager` (async, keep-N, atomic, exact restore,
   incompatibility check) and `export_policy` (Hugging Face dir).
 - `config`: `TrainerConfig` and its sections (typed, for `jaxagent.config.load_config`).
@@ -14,7 +15,8 @@
 - `placement`: `Placement`, one device / a mesh / several processes.
 - `collect`: the task stream, the rollout, dynamic sampling.
 - `advantages`: reward shaping and estimator dispatch by declared inputs.
-- `metrics`, `rundir`, `warmstart`, `evaluate`, `overlap`, `memory`, `logging`, `plot`.
+- `metrics`, `rundir`, `warmstart`, `evaluate`, `runtools` (read back, restore and export a
+  run), `overlap`, `memory`, `runlog` (`RunLogger`), `plot`.
 - `trainer`: `Trainer`, the loop (rollout -> advantages -> updates -> metrics ->
   checkpoint, exact resume).
 """

@@ -1,6 +1,7 @@
 """What an update eats: the batch pytrees (`UpdateBatch` for RL, `SFTBatch` for
-demonstrations), their trace-time checks, and the global mini-batch denominators
-(`Denominators`) that make micro-batch losses add up (`jaxagent.train.losses`).
+demonstrations, `ModelInputs` for a forward pass alone), their trace-time checks, and
+the global mini-batch denominators (`Denominators`) that make micro-batch losses add up
+(`jaxagent.train.losses`).
 """
 from __future__ import annotations
 
@@ -53,6 +54,18 @@ class SFTBatch:
 
     tokens: jax.Array
     loss_mask: jax.Array
+    attention_mask: jax.Array | None = None
+    positions: jax.Array | None = None
+    segment_ids: jax.Array | None = None
+
+
+@flax.struct.dataclass
+class ModelInputs:
+    """What a forward pass reads of a batch's rows (e.g. the critic's value pass,
+    `jaxagent.train.losses.critic_values`): the tokens and their attention fields, as
+    `UpdateBatch` and `SFTBatch` name them."""
+
+    tokens: jax.Array
     attention_mask: jax.Array | None = None
     positions: jax.Array | None = None
     segment_ids: jax.Array | None = None

@@ -1,6 +1,8 @@
 """Builders of a run's parts from its `TrainerConfig`: tokenizer, policy, critic, KL
-reference, the RL state, the env factory, the agent loop, and `build_run`, which does
-all of it in the order a run needs (before anything is compiled, the memory check).
+reference, the placement and its update strategy (`make_placement`: the update step and
+the log-prob pass, padded or trimmed, chosen once), the RL state, the env factory, the
+agent loop, and `build_run`, which does all of it in the order a run needs (before
+anything is compiled, the memory check).
 
 Keys: `jax.random.key(config.seed)` splits into (model, critic, rng): the from-scratch
 policy's initialisation, the critic's fresh value head and `TrainState.rng`; the warm
@@ -30,7 +32,7 @@ def build_tokenizer(section: ModelSection):
     if name is None:
         name = "byte" if section.path is None else section.path
     if name == "byte":
-        from jaxagent.rollout.byte_tokenizer import byte_chat_tokenizer
+        from jaxagent.models.byte_tokenizer import byte_chat_tokenizer
 
         return byte_chat_tokenizer()
     from jaxagent.models import load_tokenizer
@@ -44,6 +46,7 @@ def run_tokenizer(config: TrainerConfig, run_dir: Path, *, resume: bool, demonst
     saved in `<run_dir>/tokenizer` (resume)."""
     if config.model.tokenizer != "bpe":
         return build_tokenizer(config.model)
+    from jaxagent.models.tokenizer_training import train_bpe_tokenizer
     from jaxagent.train import warmstart
 
     saved = Path(run_dir) / "tokenizer"
@@ -59,8 +62,8 @@ def run_tokenizer(config: TrainerConfig, run_dir: Path, *, resume: bool, demonst
         demos = warmstart.collect_demonstrations(config.env.name, config.env.kwargs, range(ws.seed, ws.seed + 256),
                                                  max_turns=config.rollout.max_turns, expert=ws.expert)
     across = config.model.tokenizer_pieces != "words"   # the prompt as often as the policy reads it
-    return warmstart.train_bpe_tokenizer(warmstart.demonstration_texts(demos, prompt_per_episode=across),
-                                         config.model.tokenizer_vocab_size, pieces=config.model.tokenizer_pieces)
+    return train_bpe_tokenizer(warmstart.demonstration_texts(demos, prompt_per_episode=across),
+                               config.model.tokenizer_vocab_size, pieces=config.model.tokenizer_pieces)
 
 
 def scratch_config(section: ModelSection, tokenizer):
@@ -114,6 +117,37 @@ def full_reference(ref, state_params):
     from jaxagent.models import combine_lora, has_lora, split_lora
 
     return combine_lora(ref, split_lora(state_params)[1]) if has_lora(state_params) else ref
+
+
+def make_placement(config: TrainerConfig, model_config) -> Placement:
+    """The run's `Placement`, given the update strategy chosen here, once: whole padded
+    mini-batches and log-prob passes (`PaddedUpdate`), or with `update.trim_chunks`
+    micro-batches and log-prob chunks cut to their rows' length (`TrimmedUpdate`; on a
+    mesh a micro-batch's rows must split over data * fsdp)."""
+    from jaxagent.train.trimmed import TrimmedUpdate
+    from jaxagent.train.update import PaddedUpdate
+
+    up = config.update
+    if not up.trim_chunks:
+        return Placement(config, model_config, update=PaddedUpdate())
+    placement = Placement(config, model_config, update=TrimmedUpdate(
+        up.trim_padding, logprob_rows=up.logprob_rows, micro_batches=up.mini_batches * up.micro_batches))
+    micro = up.micro_batch_rows(config.env.batch_size)
+    if placement.mesh is not None and micro % placement.row_shards:
+        raise ConfigError(f"update.trim_chunks on a mesh: each micro-batch's {micro} rows (env.group_size * "
+                          f"env.tasks_per_iteration / update.mini_batches / update.micro_batches) are split over "
+                          f"mesh.data * mesh.fsdp = {placement.row_shards} and must be divisible by it")
+    return placement
+
+
+def check_memory(config: TrainerConfig, placement: Placement, log) -> dict:
+    """`jaxagent.train.memory.check_memory` for the run `placement` places (its meshes,
+    this process's rows, whether the sampler shares the state's params)."""
+    from jaxagent.train import memory
+
+    return memory.check_memory(config, placement.model_config, placement.mesh, placement.sampler_mesh,
+                               rows=len(placement.rows), sampler_shares_params=placement.sampler_params_shared,
+                               log=log)
 
 
 def reference_params(config: TrainerConfig, params, placement: Placement):
@@ -339,13 +373,13 @@ def build_run(config: TrainerConfig, *, resume: bool = False, log=print) -> Run:
     tokenizer = run_tokenizer(config, Path(config.run_dir), resume=resume, demonstrations=demos)
     k_model, k_critic, k_rng = jax.random.split(jax.random.key(config.seed), 3)
     if config.model.path is None:  # the architecture is known: check before building anything
-        placement = Placement(config, scratch_config(config.model, tokenizer))
-        estimate = placement.check_memory(log)
+        placement = make_placement(config, scratch_config(config.model, tokenizer))
+        estimate = check_memory(config, placement, log)
         params, model_config = build_policy(config.model, tokenizer, k_model)
     else:
         params, model_config = build_policy(config.model, tokenizer, k_model)
-        placement = Placement(config, model_config)
-        estimate = placement.check_memory(log)
+        placement = make_placement(config, model_config)
+        estimate = check_memory(config, placement, log)
     ref = reference_params(config, params, placement)
     state = rl_state(config, params, model_config, placement, critic_key=k_critic, rng_key=k_rng)
     return Run(tokenizer=tokenizer, model_config=model_config, placement=placement, state=state, ref_params=ref,

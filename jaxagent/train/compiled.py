@@ -1,6 +1,6 @@
 """Every program a run compiles, compiled at the run's shapes without running it, and
 its memory as XLA assigns it (`Compiled.memory_analysis()`) beside the memory check's
-estimate of it (`Placement.check_memory`).
+estimate of it (`jaxagent.train.memory.check_memory`).
 
     passes = compiled_passes(trainer)      # a built `Trainer`: nothing is run or trained
     for p in passes:
@@ -26,7 +26,7 @@ The programs, each at the largest shape a run gives it:
                         `warm_start`
 
 `temp_bytes` is the program's scratch memory; its arguments (params, optimizer state,
-KV cache) are the estimate's resident components. `rollout.trim_chunks` runs the update
+KV cache) are the estimate's resident components. `update.trim_chunks` runs the update
 and the log-prob pass on micro-batches cut shorter than `max_context`: the programs here
 are the uncut ones, the largest the run can compile. Identical programs (the same
 lowered text) compile once. `tests/test_train_compiled.py` holds every shipped config's
@@ -108,18 +108,19 @@ def compiled_passes(trainer, config=None, *, log=lambda *_: None) -> list[Compil
     check done: `trainer.memory_estimate`). `config`: the run config whose programs to
     compile, if not the trainer's: the same config but for the warm start, so that the
     trainer is built without playing the warm start's demonstrations (its estimate is
-    then `config`'s, from `Placement.check_memory`)."""
+    then `config`'s, from `jaxagent.train.memory.check_memory`)."""
     from jaxagent.rollout.sampler import _stop_seq_array, _stop_token_array, bucket
     from jaxagent.train.placement import _critic_values, policy_logprobs
-    from jaxagent.train.batch import SFTBatch, UpdateBatch
+    from jaxagent.train.batch import ModelInputs, SFTBatch, UpdateBatch
+    from jaxagent.train.build import check_memory
     from jaxagent.train.state import init_train_state
-    from jaxagent.train.update import sft_step, train_step
+    from jaxagent.train.update import make_update_step, sft_step, train_step
     from jaxagent.train.trainer import store_entropy_passes
 
     place, est, cfg = trainer.placement, trainer.memory_estimate, trainer.config
     if config is not None:
         _check_same_run(cfg, config)
-        cfg, est = config, type(place)(config, trainer.model_config).check_memory(log)
+        cfg, est = config, check_memory(config, place, log)
     sc, T = cfg.step_config, cfg.rollout.max_context
     compile_ = _Compiler(log)
     out: list[CompiledPass] = []
@@ -170,13 +171,13 @@ def compiled_passes(trainer, config=None, *, log=lambda *_: None) -> list[Compil
         lowered = policy_logprobs.lower(params, trainer.model_config, tokens_BxT=ids, attention_mask_BxT=ids,
                                         row_chunks=place.logprob_chunks, **kw)
     else:
-        placed = place.to_device(UpdateBatch(tokens=ids, loss_mask=ids, advantages=ids, old_logp=ids,
-                                             attention_mask=ids))
-        lowered = place._logprobs[False].lower(params, placed.tokens, placed.attention_mask)
-    if cfg.old_logprobs != "sampler" or trainer.ref_params is not None:
+        placed = place.to_device(ModelInputs(tokens=ids, attention_mask=ids))
+        lowered = place._logprobs[False].lower(params, placed.tokens, placed.attention_mask,
+                                               row_chunks=place.logprob_chunks)
+    if cfg.update.old_logprobs != "sampler" or trainer.ref_params is not None:
         out.append(compile_("logprob_pass", "logprob_pass", est["logprob_pass"], lowered))
     if cfg.algo.uses_critic:
-        probe = UpdateBatch(tokens=ids, loss_mask=ids, advantages=ids, old_logp=ids, attention_mask=ids)
+        probe = ModelInputs(tokens=ids, attention_mask=ids)
         if place.mesh is None:
             lowered = _critic_values.lower(trainer.state.critic_params, trainer.state.critic_config, probe,
                                            compute_dtype=sc.compute_dtype, row_chunks=place.logprob_chunks)
@@ -190,11 +191,12 @@ def compiled_passes(trainer, config=None, *, log=lambda *_: None) -> list[Compil
             lowered = policy_logprobs.lower(params, trainer.model_config, tokens_BxT=sel, attention_mask_BxT=sel,
                                             row_chunks=passes, with_entropy=True, **kw)
         else:
-            lowered = place._logprobs[True].lower(params, placed.tokens, placed.attention_mask)
+            lowered = place._logprobs[True].lower(params, placed.tokens, placed.attention_mask,
+                                                  row_chunks=place.logprob_chunks)
         out.append(compile_("store_entropy", "logprob_pass", est["logprob_pass"], lowered))
 
     # ---- the update
-    mb = Bg // cfg.mini_batches
+    mb = Bg // cfg.update.mini_batches
     f = np.zeros((mb, T), np.float32)
     i = np.zeros((mb, T), np.int32)
     batch = UpdateBatch(tokens=i, loss_mask=f, advantages=f, old_logp=f, attention_mask=i,
@@ -204,7 +206,7 @@ def compiled_passes(trainer, config=None, *, log=lambda *_: None) -> list[Compil
     if place.mesh is None:
         lowered = train_step.lower(trainer.state, batch, config=sc)
     else:
-        lowered = place.update_step(sc, trainer.state).lower(trainer.state, place.to_device(batch))
+        lowered = make_update_step(sc, trainer.state, place.mesh).lower(trainer.state, place.to_device(batch))
     out.append(compile_("update", "activations+grads", est["activations"] + est["grads"], lowered))
 
     # ---- the warm start's SFT step
@@ -219,7 +221,8 @@ def compiled_passes(trainer, config=None, *, log=lambda *_: None) -> list[Compil
         if place.mesh is None:
             lowered = sft_step.lower(sft_state, b, config=wsc)
         else:
-            lowered = place.update_step(wsc, trainer.state, kind="sft").lower(sft_state, place.to_device(b))
+            lowered = make_update_step(wsc, trainer.state, place.mesh, kind="sft").lower(
+                sft_state, place.to_device(b))
         # its estimate also holds the SFT optimizer state (an argument here, not scratch)
         opt = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(sft_state.opt_state))
         out.append(compile_("warm_start", "warm_start-opt_state", est["warm_start"] - opt, lowered))

@@ -57,7 +57,8 @@ more copy of the KV cache and of the params), and the trainer adds the warm star
 step (`warm_start`: its activations, gradients and optimizer state); it counts the largest
 of these passes, which never overlap. `jaxagent.train.compiled` compiles each of them at a
 run's shapes for comparison (`tests/test_train_compiled.py`: every shipped config within
-1.5x).
+1.5x). `check_memory` makes this estimate for a run's config and placement, logs it and
+compares it with the device's memory before anything is compiled.
 """
 from __future__ import annotations
 
@@ -71,6 +72,7 @@ from jaxagent.models.attention import live_bytes
 
 from jaxagent.parallel.mesh import (
     LOGICAL_AXIS_RULES,
+    ROLLOUT_AXIS_RULES,
     MeshConfig,
     Rules,
     axis_sizes,
@@ -148,7 +150,8 @@ def estimate_memory(model_config, step_config=None, mesh=None, *, batch_size: in
     critic: a PPO critic with the policy's architecture (trunk + value head, full params).
     sample_batch, sample_len: rows and context of the sampler's KV cache (0 when None).
     The formulas are in the module docstring."""
-    from jaxagent.train.step import StepConfig, make_optimizer
+    from jaxagent.train.state import make_optimizer
+    from jaxagent.train.step_config import StepConfig
 
     cfg = model_config
     step_config = step_config if step_config is not None else StepConfig()
@@ -274,7 +277,7 @@ def forward_activation_bytes(model_config, step_config=None, mesh=None, *, rows:
     which dominates long sequences (compiled peaks 0.57-1.0x of this from 256 to 8,192
     tokens; with `H T (4 + a)`, as the update's saved layer counts them, 1.5x at 8,192).
     """
-    from jaxagent.train.step import StepConfig
+    from jaxagent.train.step_config import StepConfig
 
     step_config = step_config if step_config is not None else StepConfig()
     T = seq_len
@@ -412,6 +415,96 @@ def check_fits(estimate: dict[str, int], device_memory_bytes: int, *, usable_fra
     raise DoesNotFitError(
         f"the run needs about {_gib(total)} per device but {_gib(usable)} is usable "
         f"({usable_fraction:.0%} of {_gib(device_memory_bytes)}): {parts}. To fit: more "
-        "mesh.fsdp / mesh.tensor shards, model.remat or more micro_batches (activations), logprob_rows (the "
-        "log-prob pass), a smaller batch (env.tasks_per_iteration, env.group_size: also the prefill) or context "
+        "mesh.fsdp / mesh.tensor shards, model.remat or more update.micro_batches (activations), "
+        "update.logprob_rows (the log-prob pass), a smaller batch (env.tasks_per_iteration, env.group_size: also the prefill) or context "
         "(rollout.max_context: every pass and the kv_cache)")
+
+
+def check_memory(config, model_config, mesh, sampler_mesh, *, rows: int, sampler_shares_params: bool, log) -> dict:
+    """A run's per-device memory estimate, logged and returned; raises `DoesNotFitError`
+    (naming every component) when it exceeds the device's memory (`memory_stats`, else
+    `config.device_memory_gb`, else, on CPU devices, the host's available RAM shared by
+    the local devices; else no check). Call before anything is compiled.
+
+    config, model_config: the `TrainerConfig` and the policy's `DecoderConfig`.
+    mesh: the update's mesh (None: one device); sampler_mesh: the sampler's (the run's
+      mesh in one process, this process's devices with several; None: one device).
+    rows: the rollout rows this process plays (`Placement.rows`).
+    sampler_shares_params: the sampler runs on the state's own buffers
+      (`Placement.sampler_params_shared`), so it costs no copy of the params.
+    log: receives the estimate's line."""
+    cfg, up = config, config.update
+    B = cfg.env.batch_size
+    common = dict(param_dtype=cfg.model.dtype)
+    est = estimate_memory(model_config, cfg.step_config, mesh, batch_size=B // up.mini_batches,
+                          seq_len=cfg.rollout.max_context, critic=cfg.algo.uses_critic, **common)
+    # the sampler on its own mesh (the run's in one process, this process's devices with
+    # several), its params laid out by its own rules: whole over data and fsdp, so more
+    # per device than the update's under fsdp; its rows and KV cache over the row axes
+    sampler = estimate_memory(model_config, cfg.step_config, sampler_mesh, batch_size=1, seq_len=1,
+                              sample_batch=rows, sample_len=cfg.rollout.max_context, rules=ROLLOUT_AXIS_RULES,
+                              **common)
+    est["kv_cache"] = sampler["kv_cache"]
+    compute = cfg.model.compute_dtype
+    cast = compute is not None and compute != cfg.model.dtype
+    ratio = np.dtype(compute).itemsize / np.dtype(cfg.model.dtype).itemsize if cast else 1.0
+    sampler_params = int(ratio * sampler["params"])   # the sampler's copy, in the compute dtype
+    if cast:   # the update's cast copy (in the update's layout) and the sampler's (in its own)
+        policy_params = est["params"] if not cfg.algo.uses_critic else estimate_memory(
+            model_config, cfg.step_config, mesh, batch_size=1, seq_len=1, **common)["params"]
+        est["compute_params"] = int(ratio * policy_params) + sampler_params
+    elif not sampler_shares_params:   # a copy of its own (fsdp > 1, or several processes)
+        est["sampler_params"] = sampler_params
+    if cfg.loss.kl_coef > 0 or cfg.algo.kl_reward_coef > 0:
+        if model_config.lora is not None:   # a copy of the adapters: the float32 trainable leaves
+            est["reference"] = est["grads"] // (2 if up.micro_batches > 1 else 1)
+        else:
+            est["reference"] = est["params"] if not cfg.algo.uses_critic else estimate_memory(
+                model_config, cfg.step_config, mesh, batch_size=1, seq_len=1, **common)["params"]
+    # the log-prob passes (old policy, reference) run before the update, over the batch's
+    # rows `logprob_rows` at a time: the run needs the larger of the two activation figures
+    logprob_chunks = 1 if up.logprob_rows is None else B // up.logprob_rows
+    pass_rows = (rows if jax.process_count() > 1 else B) // logprob_chunks
+    est["logprob_pass"] = forward_activation_bytes(model_config, cfg.step_config, mesh, rows=pass_rows,
+                                                   seq_len=cfg.rollout.max_context, **common)
+    # the sampler's appends (in pieces of APPEND_CHUNK tokens) and decodes run during the
+    # rollout, on one pipeline group's rows (or the continuous scheduler's slots) at a time
+    from jaxagent.rollout.sampler import APPEND_CHUNK, unroll_layers_default
+
+    sampled = cfg.rollout.sampler_rows(rows)
+    est["prefill"] = prefill_bytes(model_config, sampler_mesh, rows=sampled, max_len=cfg.rollout.max_context,
+                                   chunk=APPEND_CHUNK, param_dtype=cfg.model.dtype,
+                                   compute_dtype=cfg.model.compute_dtype, rules=ROLLOUT_AXIS_RULES)
+    est["decode"] = decode_bytes(model_config, sampler_mesh, rows=sampled, max_len=cfg.rollout.max_context,
+                                 unroll_layers=unroll_layers_default(), param_bytes=sampler_params,
+                                 param_dtype=cfg.model.dtype, compute_dtype=cfg.model.compute_dtype,
+                                 rules=ROLLOUT_AXIS_RULES)
+    passes = ["activations", "logprob_pass", "prefill", "decode"]   # one at a time
+    if cfg.warm_start.enabled:   # the warm start's SFT steps, before RL, beside a second optimizer state
+        from jaxagent.train.warmstart import sft_rows_at_most, sft_step_config
+
+        sft = estimate_memory(model_config, sft_step_config(cfg), mesh, batch_size=sft_rows_at_most(cfg),
+                              seq_len=cfg.rollout.max_context, **common)
+        est["warm_start"] = sft["activations"] + sft["grads"] + sft["opt_state"]
+        passes.append("warm_start")
+    est["total"] = sum(v for k, v in est.items() if k not in ("total", *passes)) + max(est[k] for k in passes)
+    where = "device"
+    try:
+        device_bytes = device_memory_bytes()
+    except ValueError:
+        device_bytes = None if cfg.device_memory_gb is None else int(cfg.device_memory_gb * 2**30)
+        if device_bytes is None and jax.local_devices()[0].platform == "cpu":
+            host = host_memory_bytes()   # CPU devices share the host's RAM
+            if host is not None:
+                device_bytes, where = host // jax.local_device_count(), "host RAM available"
+    log(format_memory(est, device_bytes) + ("" if where == "device" or device_bytes is None else
+                                            f" ({where} / {jax.local_device_count()} devices)"))
+    if device_bytes is None:
+        log("memory check skipped: the device does not report its memory (set device_memory_gb)")
+        return est
+    try:
+        check_fits(est, device_bytes)
+    except DoesNotFitError as e:
+        layout = "one device" if mesh is None else " x ".join(f"{k}={v}" for k, v in mesh.shape.items())
+        raise DoesNotFitError(f"this config does not fit ({layout}): {e}") from None
+    return est

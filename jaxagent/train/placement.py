@@ -5,19 +5,26 @@ branching on the mode itself, to:
 
 - place the `TrainState` and the KL reference (`place_state`, `place_params`: by the
   logical-axis rules on a mesh, as they are on one device);
-- build the update (`update_step(step_config, state, kind)`: `train_step` / `sft_step`
-  on one device, `make_sharded_train_step` on a mesh) and place its mini-batches
-  (`to_device`: rows split over ("data", "fsdp"));
+- build the update (`update_step(step_config, state, kind)`) and run the log-prob pass
+  (`logprobs`) of the update strategy it is given (`update`, chosen once by the run's
+  builder, `jaxagent.train.build.make_placement`: `jaxagent.train.update.PaddedUpdate`, whole
+  padded mini-batches, `train_step` / `sft_step` on one device and
+  `make_sharded_train_step` on a mesh; or `jaxagent.train.trimmed.TrimmedUpdate`, chunks
+  cut to their rows' length), and place mini-batches (`to_device`: rows split over
+  ("data", "fsdp"));
 - turn this process's rollout rows into the global batch (`global_batch`: every
   process also keeps a host copy of all rows for shaping, advantages and metrics);
-- run the log-prob and value passes on the placed params (`logprobs`, `values`);
+- run the log-prob kernel and the value pass on the placed params (`row_logprobs`,
+  `values`);
 - bring replicated results to the host (`fetch`);
 - give the sampler its params (`sampler_params`: the state's own on one device; on a
   mesh laid out by the sampler's own rules, `ROLLOUT_AXIS_RULES`: weights whole over
   data and fsdp, split over tensor, in one device-side reshard per update; with several
   processes on `sampler_mesh`, a mesh of this process's own devices, with no trip
-  through the host: `jaxagent.parallel.rollout.to_local`);
-- check the run's per-device memory before anything is compiled (`check_memory`).
+  through the host: `jaxagent.parallel.rollout.to_local`).
+
+The run's per-device memory is checked before anything is compiled by
+`jaxagent.train.memory.check_memory`, from this placement's meshes and rows.
 
 Modes: no mesh (an all-1 `mesh` section in one process) is exactly the single-device
 loop. A mesh in one process samples on the mesh too (`Sampler(mesh=...)`). With several
@@ -39,19 +46,10 @@ from jaxagent import parallel as par
 from jaxagent.config import ConfigError
 from jaxagent.models import decoder
 from jaxagent.parallel import MeshConfig
-from jaxagent.train import memory
-from jaxagent.train.step import (
-    TrimmedTrainStep,
-    UpdateBatch,
-    _length_runs,
-    critic_values,
-    for_compute,
-    length_groups,
-    make_sharded_train_step,
-    row_lengths,
-    sft_step,
-    train_step,
-)
+from jaxagent.train.batch import ModelInputs
+from jaxagent.train.config import check_mesh_rows
+from jaxagent.train.losses import critic_values, for_compute
+from jaxagent.train.update import PaddedUpdate
 
 
 def _policy_logprobs(params, config, tokens_BxT, attention_mask_BxT, *, temperature: float,
@@ -90,38 +88,6 @@ policy_logprobs = jax.jit(_policy_logprobs, static_argnames=("config", "temperat
                                                              "row_chunks", "with_entropy", "compute_dtype"))
 
 
-def trimmed_logprobs(params, config, tokens_BxT, attention_mask_BxT, lengths, *, chunk_rows: int, multiple: int,
-                     with_entropy: bool = False, logprobs=None, place=None, fetch=np.asarray, **kw):
-    """`policy_logprobs` in chunks of `chunk_rows` rows grouped by length (`length_groups`:
-    rows sorted by `lengths`), each chunk cut to its longest row rounded up to `multiple`;
-    consecutive chunks of one length go in one call. The same values as one pass at every
-    position of a row up to its length, 0 after its chunk's length (padding). A host-side
-    `[B, T]` array (`(logp, entropy)` with `with_entropy`). `kw`: `policy_logprobs`'s
-    `temperature`, `seq_chunk`, `vocab_chunk`, `compute_dtype`. `logprobs`: the pass to
-    call as `logprobs(params, tokens, mask, row_chunks=, with_entropy=)` (default
-    `policy_logprobs` with `config` and `kw`); `place`: applied to each cut `(tokens,
-    mask)` before the call (e.g. rows split over a mesh); `fetch`: brings a call's output
-    to the host (`jaxagent.parallel.to_host` for arrays that span processes)."""
-    if logprobs is None:
-        def logprobs(params, tokens, mask, **more):
-            return policy_logprobs(params, config, tokens_BxT=tokens, attention_mask_BxT=mask, **kw, **more)
-    tokens_BxT, attention_mask_BxT = np.asarray(tokens_BxT), np.asarray(attention_mask_BxT)
-    B, T = tokens_BxT.shape
-    parts = []
-    for run, L in _length_runs(length_groups(lengths, B // chunk_rows, multiple, T)):
-        # rows interleaved so that `row_chunks`'s chunk j (rows j, j + n, ...) is the run's group j
-        idx = np.stack(run, axis=1).reshape(-1)
-        cut = (tokens_BxT[idx, :L], attention_mask_BxT[idx, :L])
-        out = logprobs(params, *(cut if place is None else place(cut)), row_chunks=len(run), with_entropy=with_entropy)
-        parts.append((idx, L, out))
-    full = [np.zeros((B, T), np.float32) for _ in range(2 if with_entropy else 1)]
-    for idx, L, out in parts:
-        for f, x in zip(full, out if with_entropy else (out,)):
-            f[idx, :L] = fetch(x)
-    full = [jnp.asarray(f) for f in full]
-    return tuple(full) if with_entropy else full[0]
-
-
 def _cast_critic_values(critic_params, critic_config, batch, *, compute_dtype=None, row_chunks: int = 1):
     """`critic_values` in `compute_dtype`, over `row_chunks` chunks of rows in turn (as
     `_policy_logprobs` cuts them: `logprob_rows` bounds this pass's memory too)."""
@@ -149,12 +115,16 @@ class Placement:
     Args:
       config: the `TrainerConfig` (its `mesh`, batch sizes and step config).
       model_config: the policy's `DecoderConfig` (for the log-prob pass).
+      update: the update strategy (the update step, its input, the log-prob pass) the
+        run's builder chose (`jaxagent.train.build.make_placement`); None = `PaddedUpdate()`.
     JAX's multi-process runtime must already be initialised (`parallel.initialize`).
     """
 
-    def __init__(self, config, model_config):
+    def __init__(self, config, model_config, *, update=None):
         self.config = config
         self.model_config = model_config
+        #: the update strategy this placement runs (`update_step`, `update_input`, `logprobs`)
+        self.update = PaddedUpdate() if update is None else update
         self.mesh = _make_mesh(config)   # None = one device
         #: the global rows of each rollout batch this process plays (all of them alone)
         B = config.env.batch_size
@@ -171,21 +141,11 @@ class Placement:
         self.sampler_mesh = self.mesh if self.sampler_on_mesh else \
             par.local_mesh(self.mesh) if self.multi_process else None
         self._logprobs = self._values = None
-        #: `rollout.trim_chunks`: the update's micro-batches and the log-prob pass's row
-        #: chunks cut to their own rows' length (every process cuts the same chunks from
-        #: its host copy of the batch)
-        self.trim_chunks = config.rollout.trim_chunks
-        if self.trim_chunks and self.mesh is not None:
-            micro = config.env.batch_size // (config.mini_batches * config.micro_batches)
-            if micro % self.row_shards:
-                raise ConfigError(f"rollout.trim_chunks on a mesh: each micro-batch's {micro} rows (env.group_size * "
-                                  f"env.tasks_per_iteration / mini_batches / micro_batches) are split over "
-                                  f"mesh.data * mesh.fsdp = {self.row_shards} and must be divisible by it")
-        #: passes of the log-prob pass over a batch's rows (`logprob_rows`)
-        B = config.env.batch_size
-        self.logprob_chunks = 1 if config.logprob_rows is None else B // config.logprob_rows
-        if self.mesh is not None and config.logprob_rows is not None and config.logprob_rows % self.row_shards:
-            raise ValueError(f"logprob_rows ({config.logprob_rows}) must be divisible by mesh.data * mesh.fsdp "
+        #: passes of the log-prob pass over a batch's rows (`update.logprob_rows`)
+        B, logprob_rows = config.env.batch_size, config.update.logprob_rows
+        self.logprob_chunks = 1 if logprob_rows is None else B // logprob_rows
+        if self.mesh is not None and logprob_rows is not None and logprob_rows % self.row_shards:
+            raise ValueError(f"update.logprob_rows ({logprob_rows}) must be divisible by mesh.data * mesh.fsdp "
                              f"= {self.row_shards}")
         if self.mesh is not None:
             layout = par.activation_constraint(self.mesh)
@@ -204,12 +164,11 @@ class Placement:
                     return _cast_critic_values(critic_params, model_config, batch, compute_dtype=sc.compute_dtype,
                                                row_chunks=self.logprob_chunks)
 
+            #: the log-prob kernel on the mesh, by `with_entropy` (`row_chunks` static)
             self._logprobs = {
-                flag: jax.jit(functools.partial(logprobs, with_entropy=flag, row_chunks=self.logprob_chunks),
+                flag: jax.jit(functools.partial(logprobs, with_entropy=flag), static_argnames=("row_chunks",),
                               out_shardings=(rows, rows) if flag else rows)
                 for flag in (False, True)}
-            #: the cut chunks' pass (`rollout.trim_chunks`): rows split over the mesh
-            self._trimmed_logprobs_fn = jax.jit(logprobs, static_argnames=("row_chunks", "with_entropy"))
             self._values = jax.jit(values, out_shardings=rows)
 
     # ------------------------------------------------------------------ description
@@ -238,15 +197,10 @@ class Placement:
         return _place(params, par.param_shardings(params, self.mesh))
 
     def update_step(self, step_config, state, kind: str = "rl"):
-        """`step(state, batch) -> (state, metrics)` for a state placed by `place_state`,
-        taking batches placed by `to_device`; jitted once, state donated."""
-        if self.mesh is None:
-            if self.trim_chunks and kind == "rl":
-                return TrimmedTrainStep(step_config, self.config.rollout.trim_padding)
-            return functools.partial(train_step if kind == "rl" else sft_step, config=step_config)
-        if self.trim_chunks and kind == "rl":
-            return TrimmedTrainStep(step_config, self.config.rollout.trim_padding, mesh=self.mesh)
-        return make_sharded_train_step(step_config, state, self.mesh, kind=kind)
+        """`step(state, batch) -> (state, metrics)` of the update strategy (`update.step`)
+        on this placement's mesh, for a state placed by `place_state`, taking mini-batches
+        from `update_input`; state donated."""
+        return self.update.step(step_config, state, self.mesh, kind)
 
     def replicated(self, x):
         """`x` (a small array: the PRNG key) replicated over the mesh."""
@@ -301,10 +255,24 @@ class Placement:
         return par.place_batch(batch, self.mesh)
 
     def update_input(self, batch):
-        """What the update step takes for a host mini-batch holding every row: the batch
-        placed (`to_device`), or with `rollout.trim_chunks` the batch itself, since
-        `TrimmedTrainStep` places each micro-batch it cuts from it."""
-        return batch if self.trim_chunks else self.to_device(batch)
+        """What the update step takes for a host mini-batch holding every row (the update
+        strategy's `input`: the batch placed by `to_device`, or the batch itself for a
+        step that places each micro-batch it cuts)."""
+        return self.update.input(self, batch)
+
+    def host_rows(self, tree):
+        """Every row of `tree` (arrays from `global_batch` or a pass's output) as host
+        NumPy arrays on every process (all-gathered on a mesh)."""
+        if self.mesh is None:
+            return jax.tree.map(np.asarray, tree)
+        return par.to_host(tree)
+
+    def gathered(self, tree):
+        """A pass's output (rows split over the mesh) as one-device arrays of every row;
+        on one device as it is."""
+        if self.mesh is None:
+            return tree
+        return jax.tree.map(lambda x: jnp.asarray(par.to_host(x)), tree)
 
     def global_batch(self, traj, per_row):
         """`(traj, per_row, placed)`: this process's rollout rows become the global batch
@@ -335,130 +303,31 @@ class Placement:
     # ------------------------------------------------------------------ passes
     def logprobs(self, params, placed, *, with_entropy: bool = False):
         """`log pi(tokens)` `[B, T]` of a batch from `global_batch`, with `params` placed
-        like the state's; a host-side (one-device) array of every row. `with_entropy`:
-        `(logp, entropy)`."""
-        if self.trim_chunks:
-            return self._trimmed_logprobs(params, placed, with_entropy)
+        like the state's, by the update strategy's log-prob pass (`update.logprobs`); a
+        host-side (one-device) array of every row. `with_entropy`: `(logp, entropy)`."""
+        return self.update.logprobs(self, params, placed, with_entropy=with_entropy)
+
+    def row_logprobs(self, params, tokens_BxT, attention_mask_BxT, *, row_chunks: int = 1,
+                     with_entropy: bool = False):
+        """The log-prob kernel (`policy_logprobs` at the step config's temperature, chunks
+        and compute dtype) on rows placed by `to_device` (split over the mesh, the
+        activations laid out by its rules), in `row_chunks` chunks of rows in turn; its
+        output's rows split like its input's (`gathered`, `host_rows` bring them back)."""
         if self.mesh is None:
             sc = self.config.step_config
-            return policy_logprobs(params, self.model_config, tokens_BxT=placed.tokens,
-                                   attention_mask_BxT=placed.attention_mask, temperature=sc.loss.temperature,
-                                   seq_chunk=sc.seq_chunk, vocab_chunk=sc.vocab_chunk,
-                                   row_chunks=self.logprob_chunks, with_entropy=with_entropy,
-                                   compute_dtype=sc.compute_dtype)
-        out = self._logprobs[with_entropy](params, placed.tokens, placed.attention_mask)
-        return jax.tree.map(lambda x: jnp.asarray(par.to_host(x)), out)
-
-    def _trimmed_logprobs(self, params, placed, with_entropy: bool):
-        """`trimmed_logprobs` over a batch from `global_batch` (`rollout.trim_chunks`), in
-        chunks of `logprob_rows` rows or else of the update's micro-batch rows."""
-        cfg, sc = self.config, self.config.step_config
-        B = placed.tokens.shape[0]
-        rows = cfg.logprob_rows or max(1, B // (cfg.mini_batches * cfg.micro_batches))
-        if self.mesh is not None:   # rows split over the mesh, activations laid out by its rules
-            tokens, mask, loss = par.to_host((placed.tokens, placed.attention_mask, placed.loss_mask))
-            probe = UpdateBatch(tokens=tokens, loss_mask=loss, advantages=loss, old_logp=loss, attention_mask=mask)
-            return trimmed_logprobs(params, self.model_config, probe.tokens, probe.attention_mask, row_lengths(probe),
-                                    chunk_rows=rows, multiple=cfg.rollout.trim_padding, with_entropy=with_entropy,
-                                    logprobs=self._trimmed_logprobs_fn, place=lambda cut: par.place_batch(cut, self.mesh),
-                                    fetch=par.to_host)
-        probe = UpdateBatch(tokens=placed.tokens, loss_mask=placed.loss_mask, advantages=placed.loss_mask,
-                            old_logp=placed.loss_mask, attention_mask=placed.attention_mask)
-        return trimmed_logprobs(params, self.model_config, placed.tokens, placed.attention_mask, row_lengths(probe),
-                                chunk_rows=rows, multiple=cfg.rollout.trim_padding, with_entropy=with_entropy,
-                                temperature=sc.loss.temperature, seq_chunk=sc.seq_chunk,
-                                vocab_chunk=sc.vocab_chunk, compute_dtype=sc.compute_dtype)
+            return policy_logprobs(params, self.model_config, tokens_BxT=tokens_BxT,
+                                   attention_mask_BxT=attention_mask_BxT, temperature=sc.loss.temperature,
+                                   seq_chunk=sc.seq_chunk, vocab_chunk=sc.vocab_chunk, row_chunks=row_chunks,
+                                   with_entropy=with_entropy, compute_dtype=sc.compute_dtype)
+        return self._logprobs[with_entropy](params, tokens_BxT, attention_mask_BxT, row_chunks=row_chunks)
 
     def values(self, state, placed):
         """The critic's values `[B, T]` of a batch from `global_batch` (host-side)."""
-        # critic_values reads the tokens and the attention fields of a batch only
-        probe = UpdateBatch(tokens=placed.tokens, loss_mask=placed.loss_mask, advantages=placed.loss_mask,
-                            old_logp=placed.loss_mask, attention_mask=placed.attention_mask)
+        rows = ModelInputs(tokens=placed.tokens, attention_mask=placed.attention_mask)
         if self.mesh is None:
-            return _critic_values(state.critic_params, state.critic_config, probe,
+            return _critic_values(state.critic_params, state.critic_config, rows,
                                   compute_dtype=self.config.step_config.compute_dtype, row_chunks=self.logprob_chunks)
-        return jnp.asarray(par.to_host(self._values(state.critic_params, probe)))
-
-    # ------------------------------------------------------------------ memory
-    def check_memory(self, log) -> dict:
-        """Logs the per-device memory estimate and returns it; raises `DoesNotFitError`
-        (naming every component) when it exceeds the device's memory (`memory_stats`,
-        else `device_memory_gb`, else no check). Call before anything is compiled."""
-        cfg, model_config = self.config, self.model_config
-        common = dict(param_dtype=cfg.model.dtype)
-        est = memory.estimate_memory(model_config, cfg.step_config, self.mesh,
-                                     batch_size=cfg.env.batch_size // cfg.mini_batches,
-                                     seq_len=cfg.rollout.max_context, critic=cfg.algo.uses_critic, **common)
-        # the sampler on its own mesh (the run's in one process, this process's devices with
-        # several), its params laid out by its own rules: whole over data and fsdp, so more
-        # per device than the update's under fsdp; its rows and KV cache over the row axes
-        sampler = memory.estimate_memory(model_config, cfg.step_config, self.sampler_mesh,
-                                         batch_size=1, seq_len=1, sample_batch=len(self.rows),
-                                         sample_len=cfg.rollout.max_context, rules=par.ROLLOUT_AXIS_RULES, **common)
-        est["kv_cache"] = sampler["kv_cache"]
-        compute = cfg.model.compute_dtype
-        cast = compute is not None and compute != cfg.model.dtype
-        ratio = np.dtype(compute).itemsize / np.dtype(cfg.model.dtype).itemsize if cast else 1.0
-        sampler_params = int(ratio * sampler["params"])   # the sampler's copy, in the compute dtype
-        if cast:   # the update's cast copy (in the update's layout) and the sampler's (in its own)
-            policy_params = est["params"] if not cfg.algo.uses_critic else memory.estimate_memory(
-                model_config, cfg.step_config, self.mesh, batch_size=1, seq_len=1, **common)["params"]
-            est["compute_params"] = int(ratio * policy_params) + sampler_params
-        elif not self.sampler_params_shared:   # a copy of its own (fsdp > 1, or several processes)
-            est["sampler_params"] = sampler_params
-        if cfg.loss.kl_coef > 0 or cfg.algo.kl_reward_coef > 0:
-            if model_config.lora is not None:   # a copy of the adapters: the float32 trainable leaves
-                est["reference"] = est["grads"] // (2 if cfg.micro_batches > 1 else 1)
-            else:
-                est["reference"] = est["params"] if not cfg.algo.uses_critic else memory.estimate_memory(
-                    model_config, cfg.step_config, self.mesh, batch_size=1, seq_len=1, **common)["params"]
-        # the log-prob passes (old policy, reference) run before the update, over the batch's
-        # rows `logprob_rows` at a time: the run needs the larger of the two activation figures
-        rows = (len(self.rows) if self.multi_process else cfg.env.batch_size) // self.logprob_chunks
-        est["logprob_pass"] = memory.forward_activation_bytes(
-            model_config, cfg.step_config, self.mesh, rows=rows, seq_len=cfg.rollout.max_context, **common)
-        # the sampler's appends (in pieces of APPEND_CHUNK tokens) and decodes run during the
-        # rollout, on one pipeline group's rows (or the continuous scheduler's slots) at a time
-        from jaxagent.rollout.sampler import APPEND_CHUNK, unroll_layers_default
-
-        sampler_mesh, sampled = self.sampler_mesh, cfg.rollout.sampler_rows(len(self.rows))
-        est["prefill"] = memory.prefill_bytes(model_config, sampler_mesh, rows=sampled,
-                                              max_len=cfg.rollout.max_context, chunk=APPEND_CHUNK,
-                                              param_dtype=cfg.model.dtype, compute_dtype=cfg.model.compute_dtype,
-                                              rules=par.ROLLOUT_AXIS_RULES)
-        est["decode"] = memory.decode_bytes(model_config, sampler_mesh, rows=sampled, max_len=cfg.rollout.max_context,
-                                            unroll_layers=unroll_layers_default(), param_bytes=sampler_params,
-                                            param_dtype=cfg.model.dtype, compute_dtype=cfg.model.compute_dtype,
-                                            rules=par.ROLLOUT_AXIS_RULES)
-        passes = ["activations", "logprob_pass", "prefill", "decode"]   # one at a time
-        if cfg.warm_start.enabled:   # the warm start's SFT steps, before RL, beside a second optimizer state
-            from jaxagent.train.warmstart import sft_rows_at_most, sft_step_config
-
-            sft = memory.estimate_memory(model_config, sft_step_config(cfg), self.mesh, batch_size=sft_rows_at_most(cfg),
-                                         seq_len=cfg.rollout.max_context, **common)
-            est["warm_start"] = sft["activations"] + sft["grads"] + sft["opt_state"]
-            passes.append("warm_start")
-        est["total"] = sum(v for k, v in est.items() if k not in ("total", *passes)) \
-            + max(est[k] for k in passes)
-        where = "device"
-        try:
-            device_bytes = memory.device_memory_bytes()
-        except ValueError:
-            device_bytes = None if cfg.device_memory_gb is None else int(cfg.device_memory_gb * 2**30)
-            if device_bytes is None and jax.local_devices()[0].platform == "cpu":
-                host = memory.host_memory_bytes()   # CPU devices share the host's RAM
-                if host is not None:
-                    device_bytes, where = host // jax.local_device_count(), "host RAM available"
-        log(memory.format_memory(est, device_bytes) + ("" if where == "device" or device_bytes is None else
-                                                         f" ({where} / {jax.local_device_count()} devices)"))
-        if device_bytes is None:
-            log("memory check skipped: the device does not report its memory (set device_memory_gb)")
-            return est
-        try:
-            memory.check_fits(est, device_bytes)
-        except memory.DoesNotFitError as e:
-            raise memory.DoesNotFitError(f"this config does not fit ({self.describe()}): {e}") from None
-        return est
+        return jnp.asarray(par.to_host(self._values(state.critic_params, rows)))
 
 
 def _make_mesh(cfg):
@@ -477,11 +346,10 @@ def _make_mesh(cfg):
         raise ConfigError(f"mesh: {e}") from None
     if mesh.devices.size == 1:
         return None
-    shards = mesh.shape["data"] * mesh.shape["fsdp"]
-    mb = cfg.env.batch_size // cfg.mini_batches
-    if mb % shards:
-        raise ConfigError(f"mesh: the mini-batch size {mb} (env.group_size * env.tasks_per_iteration / "
-                          f"mini_batches) must be divisible by mesh.data * mesh.fsdp = {shards}")
+    try:
+        check_mesh_rows(cfg.env.batch_size, cfg.update.mini_batches, mesh.shape["data"] * mesh.shape["fsdp"])
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     return mesh
 
 

@@ -252,7 +252,7 @@ class RunDir:
             shutil.rmtree(self.path / "episodes")
         self.metrics_path.write_text("")
         if tokenizer is not None:
-            from jaxagent.train.warmstart import save_tokenizer
+            from jaxagent.models.tokenizer_training import save_tokenizer
 
             save_tokenizer(tokenizer, self.tokenizer_dir)
 

@@ -10,7 +10,7 @@ One iteration of `Trainer.run` (CleanRL's shape: a host loop over small jitted k
               (`Placement.logprobs` / `values`)
     adv       reward shaping, then the estimator `algo.advantage`, dispatched by the
               inputs it declares (`advantages`); failed episodes are masked out
-    update    `epochs` x `mini_batches` updates (rows shuffled per epoch with a key from
+    update    `update.epochs` x `update.mini_batches` updates (rows shuffled per epoch with a key from
               `state.rng`; micro-batch accumulation inside), all dispatched before any
               metric is read
     log       one JSON line in `<run_dir>/metrics.jsonl` (`metrics.iteration_metrics`)
@@ -40,6 +40,7 @@ the overlap off (the default), resume is exact.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import sys
 import time
@@ -65,7 +66,7 @@ from jaxagent.train.batch import UpdateBatch, last_turn_mask
 from jaxagent.train.stop import Interrupted, StopRequests
 from jaxagent.train.warmstart import sft_warm_start
 
-__all__ = ["EnvFailureError", "Trainer", "TrainerConfig"]
+__all__ = ["EnvFailureError", "RunningState", "Trainer", "TrainerConfig"]
 
 
 class EnvFailureError(RuntimeError):
@@ -76,12 +77,27 @@ class EnvFailureError(RuntimeError):
 def store_entropy_passes(config) -> tuple[int, int]:
     """`(passes, rows a pass)` of the episode store's entropy pass on one device: its
     `logging.episodes_per_iteration` rows, cut into passes of at most the log-prob pass's
-    rows (`logprob_rows`, else the batch), one after another, so that it never needs more
+    rows (`update.logprob_rows`, else the batch), one after another, so that it never needs more
     memory than the log-prob pass the memory check counts."""
     n = config.logging.episodes_per_iteration
-    per_pass = config.logprob_rows if config.logprob_rows is not None else config.env.batch_size
+    logprob_rows = config.update.logprob_rows
+    per_pass = logprob_rows if logprob_rows is not None else config.env.batch_size
     chunk = max(1, min(n, per_pass))
     return -(-n // chunk), chunk
+
+
+@dataclasses.dataclass
+class RunningState:
+    """What changes while `Trainer.run` runs and is not checkpointed (the `TrainState` and
+    the `Progress` are): the `RunLogger` while RL iterations run (primary process, else
+    None), the last iteration's episodes (this process's, for transcripts and the failure
+    report) and the iterations in a row in which every episode failed (the first failure
+    of each)."""
+
+    run_log: object | None = None   # a `jaxagent.train.runlog.RunLogger`
+    last_episodes: list | None = None
+    failed_streak: list[dict] = dataclasses.field(default_factory=list)
+
 
 class Trainer:
     """Runs a `TrainerConfig` (see the module docstring).
@@ -122,14 +138,13 @@ class Trainer:
         self.progress = Progress()
         self._update = self.placement.update_step(config.step_config, self.state)
         self._overlap = OffPolicyRollouts()
-        self._last_episodes = None  # the last iteration's episodes (this process's), for transcripts
-        self._failed_streak: list[dict] = []  # iterations in a row in which every episode failed
+        #: what changes during a run and is not checkpointed (`RunningState`)
+        self.running = RunningState()
         self._stops = StopRequests(log)
         lc = config.logging
         #: the episode store (`jaxagent.train.episodes`), or None when off
         self._store = None if not lc.episodes_per_iteration else EpisodeStore(
             config.run_dir, per_iteration=lc.episodes_per_iteration, max_mb=lc.episodes_max_mb)
-        self._run_log = None   # the RunLogger while RL iterations run (primary process)
 
     @property
     def mesh(self):
@@ -143,7 +158,7 @@ class Trainer:
     @property
     def last_episodes(self) -> list | None:
         """The last iteration's episodes (this process's rows, `rollout.Episode`), or None."""
-        return self._last_episodes
+        return self.running.last_episodes
 
     @property
     def history(self) -> list[dict]:
@@ -157,14 +172,14 @@ class Trainer:
         """An `AgentLoop` for this run's policy (`build.agent_loop`)."""
         return build.agent_loop(self.config, self.tokenizer, self.model_config, self.placement, self.state)
 
-    def evaluate(self, loop, pool, **kwargs) -> dict:
+    def evaluate(self, loop, pool, *, run_log=None, **kwargs) -> dict:
         """The current policy on held-out seeds (`evaluate.evaluate`; keywords: episodes,
         first_seed, temperature, details, progress). Progress shows on a terminal: on the
-        run's progress line during RL, else as a bar of its own."""
+        progress line of `run_log` (the `RunLogger` of the RL iterations running), else as
+        a bar of its own."""
         if "progress" not in kwargs and self.primary:
             greedy = kwargs.get("temperature") == 0.0
             label = "held-out evaluation" + (", greedy" if greedy else "")
-            run_log = self._run_log
             kwargs["progress"] = (EvalProgress(label) if run_log is None
                                   else (lambda done, total: run_log.phase(f"{label} {done}/{total}")))
         return evaluate(self.config, loop, pool, self.placement.sampler_params(self.state), **kwargs)
@@ -212,14 +227,14 @@ class Trainer:
         cfg = self.config
         run_log = None
         if self.primary and self.iteration < cfg.iterations:
-            from jaxagent.train.logging import RunLogger
+            from jaxagent.train.runlog import RunLogger
 
             lc = cfg.logging
             run_log = RunLogger(self.run_dir, total_iterations=cfg.iterations, tensorboard=lc.tensorboard,
                                 progress=lc.progress, transcripts_every=lc.transcripts_every,
                                 transcripts_per_iteration=lc.transcripts_per_iteration,
                                 trackers=build.trackers(cfg, self.run_dir))
-            self._run_log = run_log
+            self.running.run_log = run_log
         graceful = not self.placement.multi_process   # several processes must stop at the same iteration
         if self.iteration < cfg.iterations:   # the first line otherwise comes only after compilation
             say = run_log.message if run_log is not None else self.log
@@ -232,12 +247,12 @@ class Trainer:
                 if cfg.eval.episodes and cfg.eval.every and self.iteration % cfg.eval.every == 0 \
                         and self.iteration < cfg.iterations:
                     self._overlap.wait()
-                    ev = self.evaluate(loop, pool)
+                    ev = self.evaluate(loop, pool, run_log=run_log)
                     metrics.update({f"eval_{k}": ev[k] for k in ("success_rate", "return_mean", "turns_mean",
                                                                  "invalid_action_frac", "noop_action_frac")})
                     metrics.update({f"eval_{k}": v for k, v in flat_env_summary(ev.get("env_summary", {})).items()})
                     if cfg.eval.greedy:
-                        evg = self.evaluate(loop, pool, temperature=0.0)
+                        evg = self.evaluate(loop, pool, run_log=run_log, temperature=0.0)
                         metrics.update({f"eval_greedy_{k}": evg[k] for k in ("success_rate", "return_mean",
                                                                              "noop_action_frac")})
                         metrics.update({f"eval_greedy_{k}": v
@@ -247,7 +262,7 @@ class Trainer:
                 self.history.append(metrics)
                 full = self._checked(self.rundir.append_metrics, metrics, path=self.metrics_path)
                 if run_log is not None:
-                    run_log.log_iteration(metrics, self._last_episodes)
+                    run_log.log_iteration(metrics, self.running.last_episodes)
                     full = full or run_log.disk_full
                 if run_log is None or not cfg.logging.progress:
                     self.log(iteration_line(metrics))
@@ -267,7 +282,7 @@ class Trainer:
             if run_log is not None:
                 error = sys.exc_info()[0]
                 run_log.close(failed=error is not None and not issubclass(error, (Interrupted, KeyboardInterrupt)))
-            self._run_log = None
+            self.running.run_log = None
 
     def _check_collapse(self, metrics: dict) -> None:
         """Prints the entropy-collapse, template-collapse and reward-hacking warnings
@@ -301,19 +316,19 @@ class Trainer:
         """Counts the iterations in a row in which every episode failed, keeping the first
         failure of this process's episodes (its kind, message and traceback)."""
         if metrics["failed_frac"] < 1.0:
-            self._failed_streak = []
+            self.running.failed_streak = []
             return
-        first = next((ep for ep in self._last_episodes or () if ep.failed), None)
-        self._failed_streak.append({} if first is None else {
+        first = next((ep for ep in self.running.last_episodes or () if ep.failed), None)
+        self.running.failed_streak.append({} if first is None else {
             "kind": first.failure_kind or "unknown", "message": first.failure, "traceback": first.failure_traceback})
 
     def _stop_on_failures(self) -> None:
         """`EnvFailureError` once every episode failed for `env.max_failed_iterations`
         iterations in a row (after the metrics and checkpoint of the last are written)."""
         limit = self.config.env.max_failed_iterations
-        if not limit or len(self._failed_streak) < limit:
+        if not limit or len(self.running.failed_streak) < limit:
             return
-        first = self._failed_streak[0]
+        first = self.running.failed_streak[0]
         what = (f"{first['kind']}: {first['message']}" if first else "(the failures are in another process's log)")
         tb = f"\n{first['traceback'].rstrip()}" if first.get("traceback") else ""
         raise EnvFailureError(f"every episode of the last {limit} iterations failed in the env "
@@ -330,11 +345,11 @@ class Trainer:
         # ---- rollout: this process's rows, then the global batch
         self._phase("rollout")
         collected, staleness = self._rollout(loop, pool, k_sample, times)
-        if cfg.rollout.trim_padding:   # the passes below then pay for the longest episode, not max_context
-            collected.traj = trim_padding(collected.traj, cfg.rollout.trim_padding,
+        if cfg.update.trim_padding:   # the passes below then pay for the longest episode, not max_context
+            collected.traj = trim_padding(collected.traj, cfg.update.trim_padding,
                                           place.longest_episode(collected.traj.lengths))
         self.progress.task_position += collected.tasks_played
-        self._last_episodes = collected.episodes
+        self.running.last_episodes = collected.episodes
         per_row = {"success": np.array([ep.success for ep in collected.episodes]), "baselines": collected.baselines,
                    "invalid_actions": np.array([ep.invalid_actions for ep in collected.episodes]),
                    "noop_actions": np.array([ep.noop_actions for ep in collected.episodes])}
@@ -345,8 +360,8 @@ class Trainer:
         self._phase("log-probs")
         t0 = time.perf_counter()
         loss_mask = traj.loss_mask * (~traj.failed)[:, None].astype(traj.loss_mask.dtype)
-        # the old policy's log-probs: recomputed, or the sampler's own (`old_logprobs`)
-        old_logp = traj.rollout_logp if cfg.old_logprobs == "sampler" else place.logprobs(self.state.params, placed)
+        # the old policy's log-probs: recomputed, or the sampler's own (`update.old_logprobs`)
+        old_logp = traj.rollout_logp if cfg.update.old_logprobs == "sampler" else place.logprobs(self.state.params, placed)
         ref_logp = None if self.ref_params is None else place.logprobs(
             build.full_reference(self.ref_params, self.state.params), placed)
         # the stored episodes' token entropies, from the params the log-probs were taken with
@@ -382,7 +397,7 @@ class Trainer:
         out = iteration_metrics(traj, per_row["success"], step_metrics, adv, old_logp, loss_mask, times, total_s,
                                 iteration=self.iteration, tasks_seen=self.progress.task_position,
                                 invalid_actions=per_row["invalid_actions"], noop_actions=per_row["noop_actions"],
-                                recomputed=cfg.old_logprobs == "recompute")
+                                recomputed=cfg.update.old_logprobs == "recompute")
         if entropy is not None and self._store is not None:
             self._store_episodes(collected.episodes, traj, adv, old_logp, entropy, loss_mask)
         if cfg.overlap.off_policy:  # the main thread (which drives the device) idled only while it waited
@@ -404,9 +419,10 @@ class Trainer:
     def _phase(self, what: str) -> None:
         """Shows what the iteration is doing on the progress line (a terminal's); the first
         iteration of a process also compiles."""
-        if self._run_log is not None:
-            first = self._run_log.iterations_logged == 0
-            self._run_log.phase(f"iteration {self.iteration + 1}: {what}" + (" (compiling)" if first else ""))
+        run_log = self.running.run_log
+        if run_log is not None:
+            first = run_log.iterations_logged == 0
+            run_log.phase(f"iteration {self.iteration + 1}: {what}" + (" (compiling)" if first else ""))
 
     def _store_entropy(self, episodes, placed):
         """`[B, T]` token entropies for the episodes the store will keep this iteration
@@ -414,7 +430,7 @@ class Trainer:
         same computation with the store on or off, so a run's numbers do not depend on it.
         On one device the pass covers only the chosen rows (`per_iteration` of them); on a
         mesh every process runs it over the whole batch, every iteration. Its passes are of
-        the log-prob pass's rows at most (`logprob_rows`, else the batch), so its memory is
+        the log-prob pass's rows at most (`update.logprob_rows`, else the batch), so its memory is
         within the run's estimate (`logprob_pass`)."""
         cfg = self.config
         if self.placement.mesh is not None:
@@ -487,14 +503,15 @@ class Trainer:
         self._overlap.start(lambda: self._collect(loop, pool, key, position), staleness=staleness)
 
     def _updates(self, batch: UpdateBatch, key) -> list[dict]:
-        """`epochs` passes of `mini_batches` updates over `batch`'s rows, shuffled per epoch."""
+        """`update.epochs` passes of `update.mini_batches` updates over `batch`'s rows, shuffled
+        per epoch."""
         cfg = self.config
         B = cfg.env.batch_size
-        mb = B // cfg.mini_batches
+        mb = B // cfg.update.mini_batches
         step_metrics = []
-        for k_epoch in jax.random.split(key, cfg.epochs):
+        for k_epoch in jax.random.split(key, cfg.update.epochs):
             perm = np.asarray(jax.random.permutation(k_epoch, B))
-            for m in range(cfg.mini_batches):
+            for m in range(cfg.update.mini_batches):
                 rows = jnp.asarray(perm[m * mb:(m + 1) * mb])
                 mini = jax.tree.map(lambda x: x[rows], batch)
                 self.state, sm = self._update(self.state, self.placement.update_input(mini))

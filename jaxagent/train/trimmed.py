@@ -2,7 +2,8 @@
 micro-batch cut to its own rows' length, from the rows' lengths (`row_lengths`), their
 grouping into equal micro-batches by length (`length_groups`) and the runs of groups of
 one length that go in one call (`length_runs`). The trimmed log-prob pass
-(`jaxagent.train.placement.trimmed_logprobs`) cuts its chunks of rows the same way.
+(`trimmed_logprobs`) cuts its chunks of rows the same way. `TrimmedUpdate` is the update
+strategy (`update.trim_chunks`) made of the two, beside `jaxagent.train.update.PaddedUpdate`.
 """
 from __future__ import annotations
 
@@ -20,18 +21,26 @@ from jaxagent.train.batch import UpdateBatch, batch_denominators, check_batch, r
 from jaxagent.train.losses import policy_loss_and_grads
 from jaxagent.train.state import Grads, TrainState, split_trainable, state_shardings
 from jaxagent.train.step_config import StepConfig
-from jaxagent.train.update import accumulate, apply_gradients, has_signal, within, zero_accumulator
+from jaxagent.train.update import (
+    accumulate,
+    apply_gradients,
+    has_signal,
+    make_update_step,
+    within,
+    zero_accumulator,
+)
 
 
-def row_lengths(batch) -> np.ndarray:
+def row_lengths(loss_mask_BxT, attention_mask_BxT=None) -> np.ndarray:
     """`[B]` int: 1 + the last position of each row that is a real token or a loss token
-    (`attention_mask` or `loss_mask` non-zero; `T` for every row without an attention
-    mask), 0 for an empty row. Under a causal model nothing after it changes the loss."""
-    loss = np.asarray(batch.loss_mask) != 0
+    (`attention_mask_BxT` or `loss_mask_BxT` non-zero; `T` for every row without an
+    attention mask), 0 for an empty row. Under a causal model nothing after it changes
+    the loss."""
+    loss = np.asarray(loss_mask_BxT) != 0
     B, T = loss.shape
-    if batch.attention_mask is None:
+    if attention_mask_BxT is None:
         return np.full(B, T, np.int64)
-    real = loss | (np.asarray(batch.attention_mask) != 0)
+    real = loss | (np.asarray(attention_mask_BxT) != 0)
     last = np.where(real.any(axis=1), T - np.argmax(real[:, ::-1], axis=1), 0)
     return last.astype(np.int64)
 
@@ -161,7 +170,7 @@ class TrimmedTrainStep:
         if self.mesh is not None:
             batch = _whole_on_host(batch)   # each micro-batch is cut on the host, then placed
         B, T = batch.tokens.shape
-        groups = length_groups(row_lengths(batch), M, self.multiple, T)
+        groups = length_groups(row_lengths(batch.loss_mask, batch.attention_mask), M, self.multiple, T)
         denominators, signal, acc = self._prepare(state, self._place(batch), rows=B // M)
         for run, L in length_runs(groups):   # micro-batches of one length: one call, a scan over them
             rows = np.concatenate(run)
@@ -174,3 +183,75 @@ class TrimmedTrainStep:
     def __call__(self, state: TrainState, batch: UpdateBatch) -> tuple[TrainState, dict]:
         acc, denominators, signal = self.accumulate(state, batch)
         return self._finish(state, acc, denominators, signal)
+
+
+# ----------------------------------------------------------------------------- the trimmed log-prob pass
+def trimmed_logprobs(params, config, tokens_BxT, attention_mask_BxT, lengths, *, chunk_rows: int, multiple: int,
+                     with_entropy: bool = False, logprobs=None, place=None, fetch=np.asarray, **kw):
+    """`policy_logprobs` in chunks of `chunk_rows` rows grouped by length (`length_groups`:
+    rows sorted by `lengths`), each chunk cut to its longest row rounded up to `multiple`;
+    consecutive chunks of one length go in one call. The same values as one pass at every
+    position of a row up to its length, 0 after its chunk's length (padding). A host-side
+    `[B, T]` array (`(logp, entropy)` with `with_entropy`). `kw`: `policy_logprobs`'s
+    `temperature`, `seq_chunk`, `vocab_chunk`, `compute_dtype`. `logprobs`: the pass to
+    call as `logprobs(params, tokens, mask, row_chunks=, with_entropy=)` (default
+    `jaxagent.train.placement.policy_logprobs` with `config` and `kw`); `place`: applied
+    to each cut `(tokens, mask)` before the call (e.g. rows split over a mesh); `fetch`:
+    brings a call's output to the host (`jaxagent.parallel.to_host` for arrays that span
+    processes)."""
+    if logprobs is None:
+        from jaxagent.train.placement import policy_logprobs
+
+        def logprobs(params, tokens, mask, **more):
+            return policy_logprobs(params, config, tokens_BxT=tokens, attention_mask_BxT=mask, **kw, **more)
+    tokens_BxT, attention_mask_BxT = np.asarray(tokens_BxT), np.asarray(attention_mask_BxT)
+    B, T = tokens_BxT.shape
+    parts = []
+    for run, L in length_runs(length_groups(lengths, B // chunk_rows, multiple, T)):
+        # rows interleaved so that `row_chunks`'s chunk j (rows j, j + n, ...) is the run's group j
+        idx = np.stack(run, axis=1).reshape(-1)
+        cut = (tokens_BxT[idx, :L], attention_mask_BxT[idx, :L])
+        out = logprobs(params, *(cut if place is None else place(cut)), row_chunks=len(run), with_entropy=with_entropy)
+        parts.append((idx, L, out))
+    full = [np.zeros((B, T), np.float32) for _ in range(2 if with_entropy else 1)]
+    for idx, L, out in parts:
+        for f, x in zip(full, out if with_entropy else (out,)):
+            f[idx, :L] = fetch(x)
+    full = [jnp.asarray(f) for f in full]
+    return tuple(full) if with_entropy else full[0]
+
+
+# ----------------------------------------------------------------------------- the trimmed strategy
+class TrimmedUpdate:
+    """The update strategy of `update.trim_chunks` (`jaxagent.train.update.PaddedUpdate`
+    lists the parts): the RL update a `TrimmedTrainStep` (each micro-batch cut to its rows'
+    length, rounded up to `multiple`), which takes the host mini-batch and places each
+    micro-batch it cuts; the SFT update the padded one; the log-prob pass `trimmed_logprobs`
+    in chunks of `logprob_rows` rows, else of the update's micro-batch rows (the batch's
+    rows / `micro_batches`, the micro-batches of all its mini-batches). On a mesh every
+    process cuts the same chunks from its host copy of the batch."""
+
+    def __init__(self, multiple: int, *, logprob_rows: int | None = None, micro_batches: int = 1):
+        if not isinstance(multiple, int) or multiple < 1:
+            raise ValueError(f"TrimmedUpdate: multiple must be an int >= 1, got {multiple!r}")
+        self.multiple, self.logprob_rows, self.micro_batches = multiple, logprob_rows, micro_batches
+
+    def step(self, config: StepConfig, state: TrainState, mesh=None, kind: str = "rl"):
+        """A `TrimmedTrainStep` (kind "rl"), else `make_update_step`."""
+        if kind != "rl":
+            return make_update_step(config, state, mesh, kind=kind)
+        return TrimmedTrainStep(config, self.multiple, mesh=mesh)
+
+    def input(self, place, batch):
+        """The host mini-batch itself: `TrimmedTrainStep` places each micro-batch it cuts."""
+        return batch
+
+    def logprobs(self, place, params, placed, *, with_entropy: bool = False):
+        """`trimmed_logprobs` of a batch from `Placement.global_batch` (all its rows on the
+        host), each cut chunk placed by `place.to_device` and run by `place.row_logprobs`."""
+        tokens, mask, loss = place.host_rows((placed.tokens, placed.attention_mask, placed.loss_mask))
+        B = tokens.shape[0]
+        rows = self.logprob_rows or max(1, B // self.micro_batches)
+        return trimmed_logprobs(params, None, tokens, mask, row_lengths(loss, mask), chunk_rows=rows,
+                                multiple=self.multiple, with_entropy=with_entropy, logprobs=place.row_logprobs,
+                                place=place.to_device, fetch=place.host_rows)

@@ -288,3 +288,44 @@ def make_sharded_train_step(config: StepConfig, state: TrainState, mesh: jax.sha
     return make_train_step(config, state, batch_sharding(mesh, rules), kind=kind,
                            trace_context=lambda: _decoder.activation_constraint(layout))
 
+
+
+# ----------------------------------------------------------------------------- the padded strategy
+def make_update_step(config: StepConfig, state: TrainState, mesh: jax.sharding.Mesh | None = None, *,
+                     kind: str = "rl"):
+    """`step(state, batch) -> (state, metrics)` on whole (padded) mini-batches: `train_step`
+    (`kind` "rl") or `sft_step` ("sft") on one device (`mesh` None); on a mesh
+    `make_sharded_train_step`, for a state placed by `shard_train_state` and batches by
+    `place_batch`. Jitted once, state donated."""
+    if mesh is None:
+        return functools.partial(train_step if kind == "rl" else sft_step, config=config)
+    return make_sharded_train_step(config, state, mesh, kind=kind)
+
+
+class PaddedUpdate:
+    """The update strategy of a run that does not cut its chunks (`update.trim_chunks`
+    off): every mini-batch whole at its padded length, and the log-prob pass over the
+    whole batch, `logprob_rows` rows a pass. An update strategy is chosen once, by the
+    run's builder (`jaxagent.train.build.make_placement`), and `Placement` runs it; it has
+    three parts (`jaxagent.train.trimmed.TrimmedUpdate` is the other one):
+
+        step(config, state, mesh, kind)   the update step `step(state, batch) -> (state, metrics)`
+        input(place, batch)               what that step takes for a host mini-batch
+        logprobs(place, params, placed, with_entropy)   the log-prob pass over a batch
+                                          from `Placement.global_batch`, host-side
+    """
+
+    def step(self, config: StepConfig, state: TrainState, mesh=None, kind: str = "rl"):
+        """`make_update_step`."""
+        return make_update_step(config, state, mesh, kind=kind)
+
+    def input(self, place, batch):
+        """The mini-batch placed for the step (`Placement.to_device`: rows split on a mesh)."""
+        return place.to_device(batch)
+
+    def logprobs(self, place, params, placed, *, with_entropy: bool = False):
+        """`log pi(tokens)` `[B, T]` of every row in one pass of `place.logprob_chunks`
+        row chunks (`Placement.row_logprobs`); `(logp, entropy)` with `with_entropy`."""
+        out = place.row_logprobs(params, placed.tokens, placed.attention_mask, row_chunks=place.logprob_chunks,
+                                 with_entropy=with_entropy)
+        return place.gathered(out)

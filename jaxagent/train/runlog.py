@@ -222,7 +222,7 @@ class RunLogger:
         #: a transcript write that found no room (`rundir.DiskFullError`): the trainer stops
         #: at the end of the iteration instead of training on without its record
         self.disk_full = None
-        self._tty = _isatty(self.stream)
+        self._tty = is_terminal(self.stream)
         self._bar = None          # the tqdm display on a terminal (made on the first draw)
         self._line = ""           # the last progress line drawn
         self._t_last = time.monotonic()
@@ -374,7 +374,8 @@ class RunLogger:
                       RuntimeWarning, stacklevel=3)
 
 
-def _isatty(stream) -> bool:
+def is_terminal(stream) -> bool:
+    """Whether `stream` is a terminal (False for a stream that cannot tell, e.g. a closed one)."""
     try:
         return bool(stream.isatty())
     except Exception:

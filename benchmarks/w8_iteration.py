@@ -120,6 +120,8 @@ class _Episode:
     failure_kind: str = ""
     invalid_actions: int = 0
     noop_actions: int = 0
+    done: bool = True
+    info: dict = dataclasses.field(default_factory=dict)
 
 
 class PromptRollout:
@@ -186,7 +188,8 @@ def jaxagent_system(model_dir: Path, prompts: np.ndarray, group: int, new_tokens
     """`(trainer, loop, iteration)`: `iteration()` runs one whole trainer iteration and
     returns `(seconds, metrics)`."""
     from jaxagent.rollout import SamplingConfig
-    from jaxagent.train.config import AlgoSection, EnvSection, LoggingSection, ModelSection, RolloutSection, TrainerConfig
+    from jaxagent.train.config import (AlgoSection, EnvSection, LoggingSection, ModelSection, RolloutSection,
+                                       TrainerConfig, UpdateSection)
     from jaxagent.train.step_config import LossConfig, OptimizerConfig
     from jaxagent.train.trainer import Trainer
 
@@ -200,7 +203,8 @@ def jaxagent_system(model_dir: Path, prompts: np.ndarray, group: int, new_tokens
         loss=LossConfig(policy_loss="ppo", clip_low=CLIP, clip_high=CLIP, clip_c=None, agg_mode="token-mean",
                         kl_coef=BETA, kl_kind="k3", temperature=1.0),
         optim=OptimizerConfig(lr=LR, max_grad_norm=MAX_GRAD_NORM, weight_decay=WEIGHT_DECAY),
-        epochs=1, mini_batches=1, micro_batches=1, iterations=1000, seed=seed, run_dir=str(run_dir),
+        update=UpdateSection(epochs=1, mini_batches=1, micro_batches=1), iterations=1000, seed=seed,
+        run_dir=str(run_dir),
         logging=LoggingSection(tensorboard=False, progress=False, transcripts_every=0, episodes_per_iteration=0,
                                collapse_entropy=0.0))
     trainer = Trainer(cfg, log=lambda *a, **k: None)

@@ -7,7 +7,9 @@ applies command-line overrides such as ``algo.clip_high=0.28`` or
 - an unknown key is an error that names its full dotted path, lists the valid keys
   of that section and suggests the closest one;
 - a key that moved to another section (listed in the dataclass's ``MOVED_KEYS``
-  class variable: old key -> new dotted key) is an error that names the new key;
+  class variable: old key -> new dotted key) is an error that names the new key, and
+  one replaced by another way of saying it (``REPLACED_KEYS``: old key -> what to set)
+  an error that says what to set;
 - a value of the wrong type is an error that names the key, the expected type and
   the value given (``int`` is accepted where ``float`` is expected, nothing else is
   converted silently);
@@ -437,11 +439,14 @@ def _set_dotted(cls, data: dict, key: str, text: str) -> None:
 def _unknown_key_message(section: str, key: str, fields: dict, cls=None) -> str:
     """The error for `key`, not a field of the section `section` (the dataclass `cls`): a
     key the section lists in its `MOVED_KEYS` (old key -> new dotted key) names where it
-    went; any other lists the section's keys and suggests the closest."""
+    went, one in its `REPLACED_KEYS` (old key -> what to set) what replaced it; any other lists the section's keys and suggests the closest."""
     full = f"{section}.{key}" if section else key
     moved = getattr(cls, "MOVED_KEYS", {}).get(key)
     if moved is not None:
         return f"config key {full} moved to {moved}: set {moved} instead of {full}"
+    replaced = getattr(cls, "REPLACED_KEYS", {}).get(key)
+    if replaced is not None:
+        return f"config key {full} was replaced: set {replaced}"
     known = sorted(fields)
     close = difflib.get_close_matches(key, known, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""

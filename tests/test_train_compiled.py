@@ -61,8 +61,7 @@ def _problems(path, tmp_path, overrides=(), *, ratios: bool = True) -> list[str]
         except FileNotFoundError as err:
             return [f"skip: {err}"]
     # built without playing the warm start's demonstrations; its SFT step is compiled all the same
-    built = dataclasses.replace(shipped, warm_start=dataclasses.replace(shipped.warm_start, episodes=0,
-                                                                       conclusions=0))
+    built = dataclasses.replace(shipped, warm_start=dataclasses.replace(shipped.warm_start, episodes=0, extra=None))
     lines = []
     trainer = Trainer(built, log=lines.append)   # the memory check passed: the config is said to fit
     passes = compiled_passes(trainer, shipped, log=lines.append)

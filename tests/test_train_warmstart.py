@@ -3,13 +3,16 @@
 The layout check compares a demonstration's tokens with an independent rendering: the
 tokenizer's own chat template applied to the whole conversation at once.
 """
+import dataclasses
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 import envs
+from envs.intake.demonstrations import BALANCE_DRAWS, Conclusions, balanced
 from jaxagent.config import ConfigError, load_config
 from jaxagent.models.tokenizer_training import train_bpe_tokenizer
 from jaxagent.rollout.chat import ChatFormat
@@ -280,12 +283,12 @@ def test_conclusion_demonstrations_teach_only_their_final_action():
         # skipping the final action's first tokens: they are not taught, its end-of-turn
         # token always is
         for skip in (1, 2, len(last) + 3):
-            s_tokens, s_mask = ws.demonstration_tokens(chat, f, 4096, skip_final=skip)
+            s_tokens, s_mask = ws.demonstration_tokens(chat, dataclasses.replace(f, skip_final=skip), 4096)
             assert s_tokens == tokens
             taught = [t for t, m in zip(s_tokens, s_mask) if m]
             assert taught == (last + [chat.stop_token_ids[0]])[min(skip, len(last)):]
         # acting demonstrations are unaffected
-        assert ws.demonstration_tokens(chat, d, 4096, skip_final=2) == (tokens, mask)
+        assert ws.demonstration_tokens(chat, dataclasses.replace(d, skip_final=2), 4096) == (tokens, mask)
         # cut before the final action: nothing is taught
         _, cut_mask = ws.demonstration_tokens(chat, f, len(tokens) - 1)
         assert sum(cut_mask) == 0
@@ -293,8 +296,7 @@ def test_conclusion_demonstrations_teach_only_their_final_action():
 
 def test_conclusion_demonstrations_join_the_warm_start(tmp_path):
     logs = []
-    trainer = Trainer(tiny(tmp_path / "run", "warm_start.conclusions=8", "warm_start.conclusions_seed=1200000"),
-                      log=logs.append)
+    trainer = Trainer(tiny(tmp_path / "run", CONCLUSIONS + "seed: 1200000}"), log=logs.append)
     acting = [d for d in trainer.demonstrations if not d.final_only]
     final = [d for d in trainer.demonstrations if d.final_only]
     assert [d.seed for d in acting] == list(range(1_000_000, 1_000_032))
@@ -310,13 +312,39 @@ def test_conclusion_demonstrations_join_the_warm_start(tmp_path):
 
 def test_conclusion_options_are_checked(tmp_path):
     with pytest.raises(ConfigError, match="overlap"):
-        tiny(tmp_path / "run", "warm_start.conclusions=8", "warm_start.conclusions_seed=1000030")
-    with pytest.raises(ConfigError, match="conclusions_expert"):
-        tiny(tmp_path / "run", "warm_start.conclusions=8", "warm_start.conclusions_expert=[1, 2]")
-    with pytest.raises(ConfigError, match="conclusions"):
-        tiny(tmp_path / "run", "warm_start.conclusions=-1")
-    with pytest.raises(ConfigError, match="conclusions_skip_tokens"):
-        tiny(tmp_path / "run", "warm_start.conclusions=8", "warm_start.conclusions_skip_tokens=-1")
+        tiny(tmp_path / "run", CONCLUSIONS + "seed: 1000030}")
+    with pytest.raises(ConfigError, match="expert must be a mapping"):
+        tiny(tmp_path / "run", CONCLUSIONS + "expert: [1, 2]}")
+    with pytest.raises(ConfigError, match="n must be an integer >= 1"):
+        tiny(tmp_path / "run", "warm_start.extra={source: envs.intake.demonstrations:Conclusions, n: -1}")
+    with pytest.raises(ConfigError, match="skip_tokens"):
+        tiny(tmp_path / "run", CONCLUSIONS + "skip_tokens: -1}")
+    # an option the source does not take, and sources that are not one
+    with pytest.raises(ConfigError, match="unexpected keyword argument 'nn'"):
+        tiny(tmp_path / "run", CONCLUSIONS + "nn: 3}")
+    with pytest.raises(ConfigError, match="cannot import 'envs.nowhere'"):
+        tiny(tmp_path / "run", "warm_start.extra={source: 'envs.nowhere:Conclusions'}")
+    with pytest.raises(ConfigError, match="has no 'Conclusion'"):
+        tiny(tmp_path / "run", "warm_start.extra={source: 'envs.intake.demonstrations:Conclusion'}")
+    with pytest.raises(ConfigError, match="has no seeds"):
+        tiny(tmp_path / "run", "warm_start.extra={source: 'collections:OrderedDict'}")
+    with pytest.raises(ConfigError, match="source: module:Class"):
+        tiny(tmp_path / "run", "warm_start.extra={n: 8}")
+    # the keys it replaced are refused, saying what to set
+    with pytest.raises(ConfigError, match=r"warm_start.conclusions was replaced: set warm_start.extra: "
+                                          r"\{source: envs.intake.demonstrations:Conclusions, n: \.\.\.\}"):
+        tiny(tmp_path / "run", "warm_start.conclusions=8")
+
+
+#: the intake recipe's conclusion demonstrations (`envs.intake.demonstrations`), 8 of them; a test closes the braces
+CONCLUSIONS = "warm_start.extra={source: envs.intake.demonstrations:Conclusions, n: 8, "
+
+
+def player(name, kwargs, max_turns):
+    """The trainer's expert player (`warmstart.expert_player`) for an env outside a run."""
+    config = SimpleNamespace(env=SimpleNamespace(name=name, kwargs=kwargs), rollout=SimpleNamespace(max_turns=max_turns),
+                             warm_start=SimpleNamespace(expert={}))
+    return ws.expert_player(config)
 
 
 WEAK_CONCLUSIONS = {"style": "weak", "questions": [5, 19], "risk_screen": 1.0, "followup": 1.0, "skip": 0.1,
@@ -333,8 +361,12 @@ def _triage_line(action: str) -> str | None:
 
 def test_balanced_conclusions_take_the_first_seeds_of_each_class():
     kw, start = {"cases": "standard", "max_turns": 20}, 1_100_000
-    got, counts = ws.balanced_conclusions("intake", kw, start, 30, r"Triage: (\w+)", max_turns=20,
-                                          expert=WEAK_CONCLUSIONS)
+    play = player("intake", kw, 20)
+    got, counts = balanced(lambda a, n: play(range(a, a + n), expert=WEAK_CONCLUSIONS, final_only=True), start, 30,
+                           r"Triage: (\w+)", BALANCE_DRAWS * 30)
+    # the source's own collection is the same one
+    source = Conclusions(n=30, seed=start, balance=r"Triage: (\w+)", expert=WEAK_CONCLUSIONS)
+    assert [d.seed for d in source.collect(play)] == [d.seed for d in got]
     # reference: every seed played plainly, classed by its triage line, the first 10 of each class kept
     plain = ws.collect_demonstrations("intake", kw, range(start, start + counts["seeds_drawn"]), max_turns=20,
                                       final_only=True, expert=WEAK_CONCLUSIONS)
@@ -356,38 +388,32 @@ def test_balanced_conclusions_take_the_first_seeds_of_each_class():
 
 
 def test_balanced_conclusions_name_a_short_class_and_a_pattern_that_never_matches():
-    kw = {"cases": "standard", "max_turns": 20}
+    play = player("intake", {"cases": "standard", "max_turns": 20}, 20)
     with pytest.raises(ValueError, match=r"class 'emergent' has \d+ of 10"):
-        ws.balanced_conclusions("intake", kw, 1_100_000, 30, r"Triage: (\w+)", max_turns=20,
-                                expert=WEAK_CONCLUSIONS, max_draws=30)
+        Conclusions(n=30, balance=r"Triage: (\w+)", expert=WEAK_CONCLUSIONS, max_draws=30).collect(play)
     with pytest.raises(ValueError, match="matches none"):
-        ws.balanced_conclusions("intake", kw, 1_100_000, 6, r"Verdict: (\w+)", max_turns=20,
-                                expert=WEAK_CONCLUSIONS)
+        Conclusions(n=6, balance=r"Verdict: (\w+)", expert=WEAK_CONCLUSIONS).collect(play)
     with pytest.raises(ValueError, match="one group"):
-        ws.balanced_conclusions("intake", kw, 1_100_000, 6, r"Triage: \w+", max_turns=20)
+        Conclusions(n=6, balance=r"Triage: \w+")
 
 
 def test_conclusion_balance_option_is_checked(tmp_path):
     with pytest.raises(ConfigError, match="not a regular expression"):
-        tiny(tmp_path / "run", "warm_start.conclusions=8", "warm_start.conclusions_balance=Triage: (\\w+")
+        tiny(tmp_path / "run", CONCLUSIONS + "balance: 'Triage: (\\w+'}")
     with pytest.raises(ConfigError, match="exactly one group"):
-        tiny(tmp_path / "run", "warm_start.conclusions=8", "warm_start.conclusions_balance=(a)(b)")
-    with pytest.raises(ConfigError, match="needs conclusions > 0"):
-        tiny(tmp_path / "run", "warm_start.conclusions_balance=(a)")
-    from jaxagent.train.config import WarmStartSection
-    with pytest.raises(ValueError, match="conclusions_balance must be"):
-        WarmStartSection(conclusions=8, conclusions_balance=3)
-    # the balanced seed range is checked against the others at its longest (16 x conclusions)
-    tiny(tmp_path / "run", "warm_start.conclusions=8", "warm_start.conclusions_seed=999900")
+        tiny(tmp_path / "run", CONCLUSIONS + "balance: '(a)(b)'}")
+    with pytest.raises(ValueError, match="balance must be"):
+        Conclusions(n=8, balance=3)
+    # the balanced seed range is checked against the others at its longest (16 x n)
+    tiny(tmp_path / "run", CONCLUSIONS + "seed: 999900}")
     with pytest.raises(ConfigError, match="overlap"):
-        tiny(tmp_path / "run", "warm_start.conclusions=8", "warm_start.conclusions_seed=999900",
-             "warm_start.conclusions_balance=(a)")
+        tiny(tmp_path / "run", CONCLUSIONS + "seed: 999900, balance: '(a)'}")
 
 
 def test_the_trainer_balances_conclusions_when_asked(tmp_path):
     logs = []
-    trainer = Trainer(tiny(tmp_path / "run", "warm_start.conclusions=8", "warm_start.conclusions_seed=1200000",
-                           "warm_start.conclusions_balance=<action>(\\w+)</action>"), log=logs.append)
+    trainer = Trainer(tiny(tmp_path / "run", CONCLUSIONS + "seed: 1200000, balance: '<action>(\\w+)</action>'}"),
+                      log=logs.append)
     final = [d for d in trainer.demonstrations if d.final_only]
     # frozenlake's final action is a move: the classes are the moves of the first 8 seeds' last actions
     plain = ws.collect_demonstrations("frozenlake", LAKE, range(1_200_000, 1_200_000 + 128), max_turns=4,

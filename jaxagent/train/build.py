@@ -255,7 +255,7 @@ class Run:
     placement: Placement
     state: TrainState
     ref_params: Any                 # None = no KL reference
-    demonstrations: list | None     # the warm start's (fresh runs with a warm start), conclusions last
+    demonstrations: list | None     # the warm start's (fresh runs with a warm start), warm_start.extra's last
     keys: dict[str, jax.Array]      # "critic", "rng": for the RL state after a warm start
     memory_estimate: dict
     sandbox_isolation: str | None = None   # the env's code sandbox ("bwrap", ...; None: it runs no code)
@@ -350,26 +350,9 @@ def build_run(config: TrainerConfig, *, resume: bool = False, log=print) -> Run:
         log(implicit_float32)
     demos = None
     if config.warm_start.enabled and not resume:
-        from jaxagent.train.warmstart import collect_demonstrations
+        from jaxagent.train.warmstart import warm_start_demonstrations
 
-        ws = config.warm_start
-        demos = collect_demonstrations(config.env.name, config.env.kwargs, range(ws.seed, ws.seed + ws.episodes),
-                                       noise=ws.expert_noise, max_turns=config.rollout.max_turns,
-                                       expert=ws.expert)
-        c_expert = ws.expert if ws.conclusions_expert is None else ws.conclusions_expert
-        if ws.conclusions and ws.conclusions_balance:
-            from jaxagent.train.warmstart import balanced_conclusions
-
-            extra, counts = balanced_conclusions(config.env.name, config.env.kwargs, ws.conclusions_seed,
-                                                 ws.conclusions, ws.conclusions_balance,
-                                                 max_turns=config.rollout.max_turns, expert=c_expert, log=log)
-            log(f"warm start: {len(extra)} conclusion demonstrations balanced over {ws.conclusions_balance!r}: "
-                + ", ".join(f"{k} {v}" for k, v in counts.items()))
-            demos += extra
-        elif ws.conclusions:
-            demos += collect_demonstrations(
-                config.env.name, config.env.kwargs, range(ws.conclusions_seed, ws.conclusions_seed + ws.conclusions),
-                max_turns=config.rollout.max_turns, final_only=True, expert=c_expert)
+        demos = warm_start_demonstrations(config, log)
     tokenizer = run_tokenizer(config, Path(config.run_dir), resume=resume, demonstrations=demos)
     k_model, k_critic, k_rng = jax.random.split(jax.random.key(config.seed), 3)
     if config.model.path is None:  # the architecture is known: check before building anything

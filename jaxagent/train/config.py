@@ -18,7 +18,7 @@ from jaxagent.train.step_config import LossConfig, OptimizerConfig, StepConfig
 
 # the sections of jaxagent.train.sections, importable from here
 from jaxagent.train.sections import (  # noqa: F401
-    PROVIDED_INPUTS, CRITIC_INPUTS, MODEL_TYPES, TRUNCATION_MODES, RESUME_FIXED, _check_int, ModelSection, MATMUL_PRECISIONS, EnvSection, import_env_modules, RolloutSection, AlgoSection, RewardSection, CONCLUSION_BALANCE_DRAWS, WarmStartSection)
+    PROVIDED_INPUTS, CRITIC_INPUTS, MODEL_TYPES, TRUNCATION_MODES, RESUME_FIXED, _check_int, ModelSection, MATMUL_PRECISIONS, EnvSection, import_env_modules, RolloutSection, AlgoSection, RewardSection, WarmStartSection, demonstration_source)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -385,10 +385,8 @@ class TrainerConfig:
             check_mesh_rows(B, self.update.mini_batches, self.mesh.data * self.mesh.fsdp)
         ranges = {"env.seed (the training task stream)": (self.env.seed, self.iterations * self.env.tasks_per_iteration),
                   "warm_start.seed (demonstrations)": (self.warm_start.seed, self.warm_start.episodes),
-                  "warm_start.conclusions_seed (conclusion demonstrations)": (
-                      self.warm_start.conclusions_seed,
-                      self.warm_start.conclusions * (CONCLUSION_BALANCE_DRAWS if self.warm_start.conclusions_balance
-                                                     else 1)),
+                  "warm_start.extra (its seeds())": (
+                      self.warm_start.source.seeds() if self.warm_start.source is not None else (0, 0)),
                   "eval.seed (held-out evaluation)": (self.eval.seed, self.eval.episodes)}
         items = [(k, a, n) for k, (a, n) in ranges.items() if n > 0]
         for i, (k1, a1, n1) in enumerate(items):

@@ -5,9 +5,9 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import math
-import re
 from typing import Any, ClassVar
 
 from jaxagent import algos
@@ -428,11 +428,6 @@ class RewardSection:
             raise ValueError(f"weight ({self.weight}) applies to mode 'add' only; 'replace' uses the score as is")
 
 
-#: With `warm_start.conclusions_balance`, the most seeds drawn, as a multiple of
-#: `warm_start.conclusions` (the seed range checked against the others is that long).
-CONCLUSION_BALANCE_DRAWS = 16
-
-
 @dataclasses.dataclass(frozen=True)
 class WarmStartSection:
     """Supervised fine-tuning on expert demonstrations before RL (`episodes: 0` = none).
@@ -455,30 +450,14 @@ class WarmStartSection:
       conclude early) each batch teaches one behaviour and SFT fits worse (docs/results/intake.md), so it
       is off by default.
     optim: the SFT optimizer (RL then starts a fresh optimizer from the SFT weights).
-    conclusions_seed, conclusions_expert: the first seed and the expert options
-      (None = `expert`) of the conclusion demonstrations below.
-    conclusions: conclusion demonstrations besides `episodes` (0 = none): one episode per
-      seed `conclusions_seed, conclusions_seed + 1, ...` played with `conclusions_expert`
-      (None = `expert`), of which SFT trains only the final action (intake: the
-      assessment). They teach how to conclude from whatever an episode elicited, on
-      episodes the policy is not taught to play: intake's recipe uses them so that a warm
-      start that interviews like the weak clinician still reads a longer interview's
-      answers (docs/results/intake.md). `only_successful` does not filter them; one whose final action
-      is past `rollout.max_context` is dropped (counted in the log and the summary).
-    conclusions_skip_tokens: the final action's first tokens that a conclusion
-      demonstration does not teach (its end-of-turn token is always taught). They are
-      where the policy decides to conclude (intake: `<assessment>` is one token), and a
-      conclusion demonstration's episode stops wherever its demonstrator chose: taught,
-      they would pull the policy toward concluding at those points (docs/results/intake.md).
-    conclusions_balance: a regular expression with one group (e.g. intake's
-      `'Triage: (\\w+)'`), or null: the conclusion demonstrations are balanced over the
-      values the group takes in their final actions. The classes are those of the first
-      `conclusions` seeds; seeds are then drawn on, in order, until every class has
-      `conclusions // classes` demonstrations (at most `CONCLUSION_BALANCE_DRAWS` x
-      `conclusions` seeds, else an error naming the short class); a final action the
-      expression does not match is left out. Where a conclusion is rarely the answer
-      (intake: 8% emergent) the warm start otherwise never learns to give it, and RL
-      cannot learn an answer the policy never samples (docs/results/intake.md).
+    extra: more demonstrations from a source the env or a recipe provides, or null:
+      `{source: "module:Class", ...options}`; the class is called with the options and
+      gives an object with `seeds()` (its first seed and how many seeds it may play,
+      checked against the run's other seed ranges), `rows` (how many demonstrations, at
+      most) and `collect(play, log)` (`play(seeds, *, expert=None, final_only=False,
+      skip_final=0)` plays this run's env with its expert; `final_only`: SFT trains on a
+      demonstration's final action alone, less its first `skip_final` tokens). The
+      intake recipe's conclusion demonstrations are one (`envs.intake.demonstrations`).
     """
 
     episodes: int = 0
@@ -490,35 +469,18 @@ class WarmStartSection:
     batch_size: int = 32
     length_buckets: bool = False
     optim: OptimizerConfig = OptimizerConfig(lr=1e-3)
-    conclusions: int = 0
-    conclusions_seed: int = 1_100_000
-    conclusions_expert: dict[str, Any] | None = None
-    conclusions_skip_tokens: int = 1
-    conclusions_balance: str | None = None
+    extra: dict[str, Any] | None = None
+
+    #: keys replaced by a demonstration source (`extra`): old key -> what to set instead
+    REPLACED_KEYS: ClassVar[dict[str, str]] = {
+        name: f"warm_start.extra: {{source: envs.intake.demonstrations:Conclusions, {new}: ...}}"
+        for name, new in (("conclusions", "n"), ("conclusions_seed", "seed"), ("conclusions_expert", "expert"),
+                          ("conclusions_skip_tokens", "skip_tokens"), ("conclusions_balance", "balance"))}
 
     def __post_init__(self):
         _check_int("episodes", self.episodes, 0)
-        if self.conclusions_balance is not None:
-            if not isinstance(self.conclusions_balance, str):
-                raise ValueError(f"conclusions_balance must be a regular expression with one group (or null), got "
-                                 f"{self.conclusions_balance!r}")
-            try:
-                groups = re.compile(self.conclusions_balance).groups
-            except re.error as e:
-                raise ValueError(f"conclusions_balance {self.conclusions_balance!r} is not a regular expression: "
-                                 f"{e}") from None
-            if groups != 1:
-                raise ValueError(f"conclusions_balance {self.conclusions_balance!r} must have exactly one group "
-                                 f"(the class), it has {groups}")
-            if not self.conclusions:
-                raise ValueError("conclusions_balance needs conclusions > 0 (it balances the conclusion "
-                                 "demonstrations)")
-        _check_int("conclusions", self.conclusions, 0)
-        _check_int("conclusions_seed", self.conclusions_seed, 0)
-        _check_int("conclusions_skip_tokens", self.conclusions_skip_tokens, 0)
-        if self.conclusions_expert is not None and not isinstance(self.conclusions_expert, dict):
-            raise ValueError(f"conclusions_expert must be a mapping of expert_action keyword arguments (or null "
-                             f"for `expert`), got {self.conclusions_expert!r}")
+        if self.extra is not None:
+            self.source   # builds it: a bad source or option fails here, naming it
         _check_int("seed", self.seed, 0)
         _check_int("epochs", self.epochs, 1)
         _check_int("batch_size", self.batch_size, 1)
@@ -531,4 +493,57 @@ class WarmStartSection:
 
     @property
     def enabled(self) -> bool:
-        return self.episodes > 0 or self.conclusions > 0
+        return self.episodes > 0 or self.extra is not None
+
+    @functools.cached_property
+    def source(self) -> Any:
+        """The object `extra` names (None without one)."""
+        return None if self.extra is None else demonstration_source(self.extra)
+
+    @property
+    def rows(self) -> int:
+        """How many demonstrations the warm start trains on, at most."""
+        return self.episodes + (self.source.rows if self.source is not None else 0)
+
+
+def demonstration_source(spec: Any) -> Any:
+    """The object a `warm_start.extra` mapping names: `spec["source"]` ("module:Class")
+    imported and called with the mapping's other keys; errors name what is wrong."""
+    import importlib
+
+    if not isinstance(spec, dict) or "source" not in spec:
+        raise ValueError(f"extra must be a mapping with a `source: module:Class` key and its options (or null), "
+                         f"got {spec!r}")
+    name, options = spec["source"], {k: v for k, v in spec.items() if k != "source"}
+    if not isinstance(name, str) or name.count(":") != 1:
+        raise ValueError(f"extra.source must be 'module:Class', got {name!r}")
+    module, attr = name.split(":")
+    try:
+        obj = importlib.import_module(module)
+    except ImportError as e:
+        raise ValueError(f"extra.source {name!r}: cannot import {module!r} ({e})") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"extra.source {name!r}: module {module!r} has no {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ValueError(f"extra.source {name!r} is not callable")
+    try:
+        source = obj(**options)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"extra ({name}): {e}") from None
+    for method in ("seeds", "collect"):
+        if not callable(getattr(source, method, None)):
+            raise ValueError(f"extra.source {name!r} gives {type(source).__name__}, which has no {method}() "
+                             "(a demonstration source has seeds(), rows and collect(play, log))")
+    rows, seeds = getattr(source, "rows", None), source.seeds()
+
+    def count(x) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+    if not count(rows):
+        raise ValueError(f"extra.source {name!r}: its rows must be an integer >= 0, got {rows!r}")
+    if not (isinstance(seeds, tuple) and len(seeds) == 2 and all(map(count, seeds))):
+        raise ValueError(f"extra.source {name!r}: its seeds() must be (first seed, how many), two integers >= 0, "
+                         f"got {seeds!r}")
+    return source

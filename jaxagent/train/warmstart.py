@@ -52,6 +52,8 @@ class Demonstration:
     noisy_actions: int
     #: a conclusion demonstration: SFT trains only on its final action (see `demonstration_tokens`)
     final_only: bool = False
+    #: a conclusion demonstration's final action: its first tokens not taught
+    skip_final: int = 0
 
     @property
     def episode_return(self) -> float:
@@ -69,10 +71,11 @@ def random_actions(env) -> tuple[str, ...]:
 
 def collect_demonstrations(name: str, kwargs: dict, seeds: Sequence[int], *, noise: float = 0.0,
                            max_turns: int, noise_seed: int = 0, expert: dict | None = None,
-                           final_only: bool = False) -> list[Demonstration]:
+                           final_only: bool = False, skip_final: int = 0) -> list[Demonstration]:
     """One (possibly noisy) expert episode per seed, played in this process; `expert`:
     keyword arguments of the env's `expert_action` (e.g. intake's `{"style": "weak"}`);
-    `final_only`: conclusion demonstrations (SFT trains on their final action only)."""
+    `final_only`: conclusion demonstrations (SFT trains on their final action only, less
+    its first `skip_final` tokens)."""
     import envs
 
     if not 0.0 <= noise <= 1.0:
@@ -88,7 +91,7 @@ def collect_demonstrations(name: str, kwargs: dict, seeds: Sequence[int], *, noi
             obs, info = env.reset(seed=int(seed))
             demo = Demonstration(seed=int(seed), system_prompt=info.get("system_prompt", env.system_prompt),
                                  observations=[obs], actions=[], rewards=[], done=False, success=False,
-                                 noisy_actions=0, final_only=bool(final_only))
+                                 noisy_actions=0, final_only=bool(final_only), skip_final=int(skip_final))
             last_info: dict = {}
             for _ in range(max_turns):
                 try:
@@ -113,75 +116,39 @@ def collect_demonstrations(name: str, kwargs: dict, seeds: Sequence[int], *, noi
     return out
 
 
-def balanced_conclusions(name: str, kwargs: dict, start: int, n: int, pattern: str, *, max_turns: int,
-                         expert: dict | None = None, max_draws: int | None = None,
-                         log=None) -> tuple[list[Demonstration], dict[str, int]]:
-    """`n` conclusion demonstrations balanced over the classes that `pattern` (a regular
-    expression with one group) finds in their final actions: `n // k` of each of the `k`
-    classes seen in seeds `start .. start + n - 1`, drawn from seeds `start, start + 1,
-    ...` in order, at most `max_draws` seeds (default `CONCLUSION_BALANCE_DRAWS * n`). A
-    final action that `pattern` does not match is left out. Returns the demonstrations
-    (in seed order) and `{class: count, "seeds_drawn": seeds}`; raises ValueError naming
-    a class still short after `max_draws` seeds."""
-    import re
-
-    from jaxagent.train.config import CONCLUSION_BALANCE_DRAWS
-
-    rx = re.compile(pattern)
-    if rx.groups != 1:
-        raise ValueError(f"conclusions_balance {pattern!r} must have exactly one group, it has {rx.groups}")
-    if n < 1:
-        raise ValueError(f"balanced conclusions: n must be >= 1, got {n}")
-    limit = CONCLUSION_BALANCE_DRAWS * n if max_draws is None else int(max_draws)
-
-    def label(d: Demonstration) -> str | None:
-        m = rx.search(d.actions[-1]) if d.actions else None
-        return None if m is None else m.group(1)
-
-    first = collect_demonstrations(name, kwargs, range(start, start + min(n, limit)), max_turns=max_turns,
-                                   final_only=True, expert=expert)
-    classes = sorted({c for c in map(label, first) if c is not None})
-    if not classes:
-        raise ValueError(f"warm_start.conclusions_balance {pattern!r} matches none of the first {len(first)} "
-                         f"conclusion demonstrations' final actions (e.g. {first[0].actions[-1]!r:.200})")
-    quota = n // len(classes)
-    if quota < 1:
-        raise ValueError(f"warm_start.conclusions ({n}) is fewer than the {len(classes)} classes that "
-                         f"conclusions_balance finds ({', '.join(classes)})")
-    kept: dict[str, list[Demonstration]] = {c: [] for c in classes}
-
-    def take(demos):
-        for d in demos:
-            c = label(d)
-            if c in kept and len(kept[c]) < quota:
-                kept[c].append(d)
-
-    take(first)
-    drawn = len(first)
-    while drawn < limit and any(len(v) < quota for v in kept.values()):
-        chunk = min(n, limit - drawn)
-        take(collect_demonstrations(name, kwargs, range(start + drawn, start + drawn + chunk), max_turns=max_turns,
-                                    final_only=True, expert=expert))
-        drawn += chunk
-        if log is not None:
-            log(f"warm start: balancing conclusions: {drawn} seeds drawn, "
-                + ", ".join(f"{c} {len(v)}/{quota}" for c, v in kept.items()))
-    short = {c: len(v) for c, v in kept.items() if len(v) < quota}
-    if short:
-        raise ValueError(f"warm_start.conclusions_balance: after {drawn} seeds from {start}, "
-                         + ", ".join(f"class {c!r} has {k} of {quota}" for c, k in short.items())
-                         + " conclusion demonstrations; lower warm_start.conclusions or change conclusions_expert")
-    out = sorted((d for v in kept.values() for d in v), key=lambda d: d.seed)
-    return out, {**{c: len(v) for c, v in kept.items()}, "seeds_drawn": drawn}
+def expert_player(config):
+    """`play(seeds, *, expert=None, final_only=False, skip_final=0)`: the demonstrations
+    of the run's env (`config.env`) played by its expert, `expert=None` meaning the warm
+    start's own options (`warm_start.expert`); what a `warm_start.extra` source collects
+    with."""
+    def play(seeds, *, expert=None, final_only=False, skip_final=0):
+        return collect_demonstrations(config.env.name, config.env.kwargs, seeds, max_turns=config.rollout.max_turns,
+                                      expert=config.warm_start.expert if expert is None else expert,
+                                      final_only=final_only, skip_final=skip_final)
+    return play
 
 
-def demonstration_tokens(chat, demo: Demonstration, max_context: int,
-                         skip_final: int = 0) -> tuple[list[int], list[int]]:
+def warm_start_demonstrations(config, log=print) -> list[Demonstration]:
+    """The warm start's demonstrations: `warm_start.episodes` expert episodes (with its
+    noise), then those of its `extra` source."""
+    ws = config.warm_start
+    demos = collect_demonstrations(config.env.name, config.env.kwargs, range(ws.seed, ws.seed + ws.episodes),
+                                   noise=ws.expert_noise, max_turns=config.rollout.max_turns, expert=ws.expert)
+    if ws.source is not None:
+        extra = list(ws.source.collect(expert_player(config), log))
+        bad = next((d for d in extra if not isinstance(d, Demonstration)), None)
+        if bad is not None:
+            raise TypeError(f"warm_start.extra: its collect() gave {type(bad).__name__}, not a Demonstration")
+        demos += extra
+    return demos
+
+
+def demonstration_tokens(chat, demo: Demonstration, max_context: int) -> tuple[list[int], list[int]]:
     """`(tokens, loss_mask)` of a demonstration as the agent loop would have laid it out
     (see the module docstring); cut at `max_context` tokens (the cut turn is dropped). A
     conclusion demonstration (`demo.final_only`) has the loss on its final action (and its
-    end-of-turn token) only, less the action's first `skip_final` tokens, and none at all
-    when that action was cut."""
+    end-of-turn token) only, less the action's first `demo.skip_final` tokens, and none at
+    all when that action was cut."""
     eot = chat.stop_token_ids[0] if chat.stop_token_ids else None
     tokens = chat.prompt_tokens(demo.system_prompt, demo.observations[0])
     mask = [0] * len(tokens)
@@ -198,7 +165,7 @@ def demonstration_tokens(chat, demo: Demonstration, max_context: int,
             break
         tokens += act
         # how many of the action's last tokens are taught (the end-of-turn token always is)
-        taught = len(act) if not demo.final_only else max(1, len(act) - skip_final) if last else 0
+        taught = len(act) if not demo.final_only else max(1, len(act) - demo.skip_final) if last else 0
         mask += [0] * (len(act) - taught) + [1] * taught
         if last or len(tokens) + len(seg) >= max_context:
             break
@@ -271,7 +238,7 @@ def sft_rows_at_most(config) -> int:
     """The most rows an SFT step of the warm start takes: `warm_start.batch_size`, or all
     of its demonstrations when there are fewer (the memory check's and its compile's)."""
     ws = config.warm_start
-    return min(ws.batch_size, ws.episodes + ws.conclusions)
+    return min(ws.batch_size, ws.rows)
 
 
 def sft_step_config(config):
@@ -306,7 +273,7 @@ def sft_warm_start(config, params, model_config, tokenizer, demonstrations: Sequ
         if not any(not d.final_only for d in demos):
             raise RuntimeError("warm_start.only_successful: none of the demonstrations succeeded")
     chat = ChatFormat(tokenizer)
-    rows = [demonstration_tokens(chat, d, config.rollout.max_context, ws.conclusions_skip_tokens) for d in demos]
+    rows = [demonstration_tokens(chat, d, config.rollout.max_context) for d in demos]
     # a conclusion demonstration whose final action is past max_context teaches nothing
     kept = [(d, r) for d, r in zip(demos, rows) if any(r[1]) or not d.final_only]
     cut = len(rows) - len(kept)

@@ -1,4 +1,5 @@
 """The one output format of every benchmark: a JSON line per measurement."""
+
 import json
 from pathlib import Path
 

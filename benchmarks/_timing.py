@@ -1,5 +1,6 @@
 """Timing helpers of the update benchmarks: interleaved repeats, and the machine's
 achievable float32 matmul rate measured in the same run."""
+
 from __future__ import annotations
 
 import statistics

@@ -57,6 +57,7 @@ run(command="JAXAGENT_GIT_COMMIT=<sha> python3 benchmarks/device_check.py
 --out $OUT/device_check.jsonl", timeout_s=560); its three files (the lines, W6's lines,
 the log) come back.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -76,8 +77,8 @@ import threading
 import time
 import traceback
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -90,21 +91,25 @@ PARTS = ("device", "tests", "w6", "recipe")
 SHARES = {"device": 0.06, "tests": 0.38, "w6": 0.38, "recipe": 0.18}
 FULL_BUDGET_S = 480.0
 SMALL_BUDGET_S = 300.0
-GRACE_S = 10.0       # from SIGINT to SIGKILL of a part's process group
-MIN_PART_S = 5.0     # a part with less time left is skipped
+GRACE_S = 10.0  # from SIGINT to SIGKILL of a part's process group
+MIN_PART_S = 5.0  # a part with less time left is skipped
 
 #: the accelerator-relevant tests: group -> (file, -k expression within that file or None)
-TESTS = {   # run in this order: a run stopped at its time share has done the first ones
-    "sampler": ("tests/test_rollout_sampler.py",
-                "unrolled_layers_equal_the_layer_scan or greedy_matches_full_forward or temperature_logprobs "
-                "or continuation_equals or append_in_pieces or prefill_shares"),
+TESTS = {  # run in this order: a run stopped at its time share has done the first ones
+    "sampler": (
+        "tests/test_rollout_sampler.py",
+        "unrolled_layers_equal_the_layer_scan or greedy_matches_full_forward or temperature_logprobs "
+        "or continuation_equals or append_in_pieces or prefill_shares",
+    ),
     "logprobs": ("tests/test_models_logprobs.py", None),
     "precision": ("tests/test_matmul_precision.py", None),
     "train_step": ("tests/test_train_step.py", "not sharded"),
     "mixed_precision": ("tests/test_train_mixed_precision.py", None),
     "memory": ("tests/test_train_memory.py", "not cpu_check"),
-    "hf_parity": ("tests/test_models_hf.py",
-                  "logits_match or packed_segments or kv_cache_prefill or bfloat16_params or gradients_match"),
+    "hf_parity": (
+        "tests/test_models_hf.py",
+        "logits_match or packed_segments or kv_cache_prefill or bfloat16_params or gradients_match",
+    ),
     "compiled": ("tests/test_train_compiled.py", "every_shipped_config"),
     "export": ("tests/test_export_accelerators.py", "not on_the_cpu"),
 }
@@ -150,8 +155,16 @@ def _tail(text: str, n: int = 2000) -> str:
     return text[-n:] if text else ""
 
 
-def run_subprocess(cmd: list, timeout: float, *, env: dict | None = None, cwd: Path = ROOT, grace: float = GRACE_S,
-                   log: Path | None = None, workdir: Path | None = None) -> Completed:
+def run_subprocess(
+    cmd: list,
+    timeout: float,
+    *,
+    env: dict | None = None,
+    cwd: Path = ROOT,
+    grace: float = GRACE_S,
+    log: Path | None = None,
+    workdir: Path | None = None,
+) -> Completed:
     """Run `cmd` in a process group of its own, stdout and stderr to files; after
     `timeout - grace` seconds SIGINT the group (pytest then still writes its report), after
     `timeout` SIGKILL it and raise `PartTimeout` with the output so far."""
@@ -161,8 +174,15 @@ def run_subprocess(cmd: list, timeout: float, *, env: dict | None = None, cwd: P
     t = time.monotonic()
     timed_out = False
     with open(out_path, "w") as fo, open(err_path, "w") as fe:
-        proc = subprocess.Popen([str(c) for c in cmd], cwd=cwd, env=env, stdout=fo, stderr=fe,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            [str(c) for c in cmd],
+            cwd=cwd,
+            env=env,
+            stdout=fo,
+            stderr=fe,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         try:
             try:
                 proc.wait(timeout=max(timeout - grace, 0.01))
@@ -175,17 +195,23 @@ def run_subprocess(cmd: list, timeout: float, *, env: dict | None = None, cwd: P
                     pass
         finally:
             if proc.poll() is None or timed_out:
-                _signal_group(proc, signal.SIGKILL)   # the whole group: workers a part started too
+                _signal_group(proc, signal.SIGKILL)  # the whole group: workers a part started too
             proc.wait()
     seconds = time.monotonic() - t
     stdout, stderr = out_path.read_text(errors="replace"), err_path.read_text(errors="replace")
     if log is not None:
         with open(log, "a") as f:
-            f.write(f"==== {shlex.join(str(c) for c in cmd)}  (exit {proc.returncode}, {seconds:.1f} s"
-                    f"{', stopped: time up' if timed_out else ''})\n---- stdout\n{stdout}\n---- stderr\n{stderr}\n")
+            f.write(
+                f"==== {shlex.join(str(c) for c in cmd)}  (exit {proc.returncode}, {seconds:.1f} s"
+                f"{', stopped: time up' if timed_out else ''})\n---- stdout\n{stdout}\n---- stderr\n{stderr}\n"
+            )
     if timed_out:
-        raise PartTimeout(f"stopped after {seconds:.0f} s (its time share of {timeout:.0f} s ran out): "
-                          f"{shlex.join(str(c) for c in cmd[:4])} ...", stdout, stderr)
+        raise PartTimeout(
+            f"stopped after {seconds:.0f} s (its time share of {timeout:.0f} s ran out): "
+            f"{shlex.join(str(c) for c in cmd[:4])} ...",
+            stdout,
+            stderr,
+        )
     return Completed(list(cmd), proc.returncode, stdout, stderr, seconds)
 
 
@@ -199,7 +225,8 @@ def _signal_group(proc: subprocess.Popen, sig) -> None:
 @dataclasses.dataclass
 class PartContext:
     """What a part function gets: the check (arguments, environment) and its own deadline."""
-    check: "Check"
+
+    check: Check
     name: str
     deadline: float
     workdir: Path
@@ -215,8 +242,9 @@ class PartContext:
         return self.check.env(self.name, **extra)
 
     def run(self, cmd: list, env: dict | None = None) -> Completed:
-        return run_subprocess(cmd, self.left(), env=env if env is not None else self.env(), log=self.check.log_path,
-                              workdir=self.workdir)
+        return run_subprocess(
+            cmd, self.left(), env=env if env is not None else self.env(), log=self.check.log_path, workdir=self.workdir
+        )
 
 
 PartFn = Callable[[PartContext], dict]
@@ -225,8 +253,13 @@ PartFn = Callable[[PartContext], dict]
 class Check:
     """Runs the parts in order, each within its time, and writes their JSON lines."""
 
-    def __init__(self, args, parts: list[tuple[str, PartFn]] | None = None, t0: float | None = None,
-                 min_part_s: float = MIN_PART_S):
+    def __init__(
+        self,
+        args,
+        parts: list[tuple[str, PartFn]] | None = None,
+        t0: float | None = None,
+        min_part_s: float = MIN_PART_S,
+    ):
         self.args, self.min_part_s = args, min_part_s
         self.parts = parts if parts is not None else [(p, PART_FUNCS[p]) for p in args.parts]
         self.t0 = time.monotonic() if t0 is None else t0
@@ -258,13 +291,16 @@ class Check:
             # no preallocated pool: the probe is a glance, the tests run children of their own
             env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
         if part == "w6":
-            env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.92")   # as benchmarks/run_w6_gpu.sh
+            env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.92")  # as benchmarks/run_w6_gpu.sh
         env.update(extra)
         return env
 
     def common(self) -> dict:
-        return {"check": "device", "small": bool(self.args.small),
-                "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+        return {
+            "check": "device",
+            "small": bool(self.args.small),
+            "date_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
 
     def emit(self, rec: dict) -> None:
         emit(rec, self.args.out)
@@ -276,8 +312,10 @@ class Check:
         start = time.monotonic()
         fields: dict = {}
         if timeout < self.min_part_s:
-            status, error = "skipped", (f"time budget: {max(timeout, 0):.1f} s left for this part "
-                                        f"(under {self.min_part_s:.1f} s)")
+            status, error = (
+                "skipped",
+                (f"time budget: {max(timeout, 0):.1f} s left for this part (under {self.min_part_s:.1f} s)"),
+            )
         else:
             self.say(f"{name}: start ({timeout:.0f} s)")
             part_dir = workdir / name
@@ -295,8 +333,14 @@ class Check:
                 status, error = "failed", f"{type(e).__name__}: {e}"
                 fields = {"traceback": traceback.format_exc()[-3000:]}
         wall = time.monotonic() - start
-        rec = {**self.common(), "kind": name, "status": status, "error": error, "wall_s": round(wall, 2),
-               "timeout_s": round(max(timeout, 0.0), 1)}
+        rec = {
+            **self.common(),
+            "kind": name,
+            "status": status,
+            "error": error,
+            "wall_s": round(wall, 2),
+            "timeout_s": round(max(timeout, 0.0), 1),
+        }
         rec.update({k: v for k, v in fields.items() if k not in rec})
         self.say(f"{name}: {status} in {wall:.1f} s" + (f": {error[:300]}" if error else ""))
         return rec
@@ -305,17 +349,24 @@ class Check:
         shares = self.shares()
         with tempfile.TemporaryDirectory(prefix="device_check_") as tmp:
             for i, (name, fn) in enumerate(self.parts):
-                reserved = sum(shares[n] for n, _ in self.parts[i + 1:]) * self.args.budget
+                reserved = sum(shares[n] for n, _ in self.parts[i + 1 :]) * self.args.budget
                 timeout = self.deadline - time.monotonic() - reserved
                 rec = self.run_part(name, fn, timeout, Path(tmp))
                 self.records[name] = rec
                 self.emit(rec)
         statuses = {n: r["status"] for n, r in self.records.items()}
         bad = [n for n, s in statuses.items() if s != "ok"]
-        summary = {**self.common(), "kind": "summary", "status": "ok" if not bad else "failed",
-                   "error": f"not ok: {', '.join(f'{n} ({statuses[n]})' for n in bad)}" if bad else None,
-                   "wall_s": round(time.monotonic() - self.t0, 2), "timeout_s": float(self.args.budget),
-                   "parts": statuses, "failed_parts": bad, **self.headline()}
+        summary = {
+            **self.common(),
+            "kind": "summary",
+            "status": "ok" if not bad else "failed",
+            "error": f"not ok: {', '.join(f'{n} ({statuses[n]})' for n in bad)}" if bad else None,
+            "wall_s": round(time.monotonic() - self.t0, 2),
+            "timeout_s": float(self.args.budget),
+            "parts": statuses,
+            "failed_parts": bad,
+            **self.headline(),
+        }
         self.emit(summary)
         self.say(f"done in {summary['wall_s']:.0f} s: {statuses}")
         return 1 if bad else 0
@@ -323,13 +374,20 @@ class Check:
     def headline(self) -> dict:
         """The few figures a reader wants first, from the parts' records (null where absent)."""
         g = lambda part, key: self.records.get(part, {}).get(key)  # noqa: E731
-        return {"device_kind": g("device", "device_kind"), "jax_platforms": self.jax_platforms,
-                "jax": g("device", "jax"), "tests_passed": g("tests", "passed"), "tests_failed": g("tests", "failed"),
-                "tests_errors": g("tests", "errors"), "matmul_peak_tflops": g("w6", "matmul_peak_tflops"),
-                "copy_gbps": g("w6", "copy_gbps"), "update_mfu": g("w6", "update_mfu"),
-                "decode_fraction_of_measured_copy": g("w6", "decode_fraction_of_measured_copy"),
-                "recipe_iterations": len(g("recipe", "iterations") or []) or None,
-                "recipe_last_iteration_s": g("recipe", "last_iteration_s")}
+        return {
+            "device_kind": g("device", "device_kind"),
+            "jax_platforms": self.jax_platforms,
+            "jax": g("device", "jax"),
+            "tests_passed": g("tests", "passed"),
+            "tests_failed": g("tests", "failed"),
+            "tests_errors": g("tests", "errors"),
+            "matmul_peak_tflops": g("w6", "matmul_peak_tflops"),
+            "copy_gbps": g("w6", "copy_gbps"),
+            "update_mfu": g("w6", "update_mfu"),
+            "decode_fraction_of_measured_copy": g("w6", "decode_fraction_of_measured_copy"),
+            "recipe_iterations": len(g("recipe", "iterations") or []) or None,
+            "recipe_last_iteration_s": g("recipe", "last_iteration_s"),
+        }
 
 
 # ============================================================================ part: device
@@ -339,10 +397,18 @@ def git_info() -> dict:
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=20)
         if head.returncode == 0 and head.stdout.strip():
-            st = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                                capture_output=True, text=True, timeout=20)
-            return {"git_commit": head.stdout.strip(), "git_dirty": bool(st.stdout.strip()) if st.returncode == 0
-                    else None, "git_source": "git"}
+            st = subprocess.run(
+                ["git", "status", "--porcelain", "--untracked-files=no"],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=20,
+            )
+            return {
+                "git_commit": head.stdout.strip(),
+                "git_dirty": bool(st.stdout.strip()) if st.returncode == 0 else None,
+                "git_source": "git",
+            }
     except (OSError, subprocess.SubprocessError):
         pass
     commit = os.environ.get("JAXAGENT_GIT_COMMIT")
@@ -400,28 +466,55 @@ def probe() -> dict:
     jax_platforms = ("rocm" if "rocm" in (platform_version or "").lower() else "cuda") if plat == "gpu" else plat
     pkgs = _packages()
     plugins = {k: v for k, v in sorted(pkgs.items()) if k.startswith(("jax-", "libtpu"))}
-    cuda_pkgs = {k: v for k, v in sorted(pkgs.items())
-                 if k.startswith(("nvidia-cudnn", "nvidia-cuda-runtime", "nvidia-cublas", "nvidia-nccl",
-                                  "nvidia-cuda-nvcc"))}
+    cuda_pkgs = {
+        k: v
+        for k, v in sorted(pkgs.items())
+        if k.startswith(("nvidia-cudnn", "nvidia-cuda-runtime", "nvidia-cublas", "nvidia-nccl", "nvidia-cuda-nvcc"))
+    }
     libs = {k: pkgs.get(k) for k in ("numpy", "flax", "optax", "orbax-checkpoint", "pytest", "torch", "transformers")}
     try:
         env_info = jax.print_environment_info(return_string=True)
     except Exception as e:  # noqa: BLE001
         env_info = f"{type(e).__name__}: {e}"
-    return {"platform": plat, "jax_platforms": jax_platforms, "device_kind": dev.device_kind,
-            "devices": [str(d) for d in devices], "device_count": jax.device_count(),
-            "local_device_count": jax.local_device_count(), "process_count": jax.process_count(),
-            "platform_version": platform_version, "memory_stats": stats,
-            "bytes_limit": (stats or {}).get("bytes_limit"),
-            "kernel_ok": total == float(n) ** 3, "import_s": round(import_s, 3), "backend_init_s": round(init_s, 3),
-            "first_kernel_s": round(kernel_s, 3),
-            "python": platform.python_version(), "python_executable": sys.executable, "jax": jax.__version__,
-            "jaxlib": pkgs.get("jaxlib"), "jax_plugins": plugins, "cuda_packages": cuda_pkgs,
-            "nvidia_smi": _nvidia_smi() if plat == "gpu" else None, "libraries": libs,
-            "os": platform.platform(), "machine": platform.machine(), "host": platform.node(),
-            "cpu_count": os.cpu_count(), "jax_environment_info": env_info,
-            "env": {k: os.environ.get(k) for k in ("JAX_PLATFORMS", "XLA_FLAGS", "XLA_PYTHON_CLIENT_MEM_FRACTION",
-                                                  "XLA_PYTHON_CLIENT_PREALLOCATE", "CUDA_VISIBLE_DEVICES")}}
+    return {
+        "platform": plat,
+        "jax_platforms": jax_platforms,
+        "device_kind": dev.device_kind,
+        "devices": [str(d) for d in devices],
+        "device_count": jax.device_count(),
+        "local_device_count": jax.local_device_count(),
+        "process_count": jax.process_count(),
+        "platform_version": platform_version,
+        "memory_stats": stats,
+        "bytes_limit": (stats or {}).get("bytes_limit"),
+        "kernel_ok": total == float(n) ** 3,
+        "import_s": round(import_s, 3),
+        "backend_init_s": round(init_s, 3),
+        "first_kernel_s": round(kernel_s, 3),
+        "python": platform.python_version(),
+        "python_executable": sys.executable,
+        "jax": jax.__version__,
+        "jaxlib": pkgs.get("jaxlib"),
+        "jax_plugins": plugins,
+        "cuda_packages": cuda_pkgs,
+        "nvidia_smi": _nvidia_smi() if plat == "gpu" else None,
+        "libraries": libs,
+        "os": platform.platform(),
+        "machine": platform.machine(),
+        "host": platform.node(),
+        "cpu_count": os.cpu_count(),
+        "jax_environment_info": env_info,
+        "env": {
+            k: os.environ.get(k)
+            for k in (
+                "JAX_PLATFORMS",
+                "XLA_FLAGS",
+                "XLA_PYTHON_CLIENT_MEM_FRACTION",
+                "XLA_PYTHON_CLIENT_PREALLOCATE",
+                "CUDA_VISIBLE_DEVICES",
+            )
+        },
+    }
 
 
 def part_device(ctx: PartContext) -> dict:
@@ -436,9 +529,12 @@ def part_device(ctx: PartContext) -> dict:
     if not info["kernel_ok"]:
         raise PartError("a 512 x 512 matmul of ones gave the wrong sum on this device", info)
     if info["platform"] == "cpu" and not ctx.args.small and not ctx.args.allow_cpu:
-        raise PartError("JAX sees no accelerator here (platform cpu; check the jax plugin for this device, "
-                        "see jax_environment_info): the rest runs on the CPU; --small is the CPU check, "
-                        "--allow-cpu accepts a CPU", info)
+        raise PartError(
+            "JAX sees no accelerator here (platform cpu; check the jax plugin for this device, "
+            "see jax_environment_info): the rest runs on the CPU; --small is the CPU check, "
+            "--allow-cpu accepts a CPU",
+            info,
+        )
     return info
 
 
@@ -452,9 +548,23 @@ def test_command(selection: dict, junit: Path, *, include_slow: bool, extra: lis
             files.append(file)
         stem = Path(file).stem
         terms.append(f"({stem} and ({k}))" if k else stem)
-    return [sys.executable, "-m", "pytest", *files, "-k", " or ".join(terms),
-            "-m", "slow or not slow" if include_slow else "not slow", "-v", "-rfE", "--tb=short",
-            "-p", "no:cacheprovider", f"--junitxml={junit}", *(extra or [])]
+    return [
+        sys.executable,
+        "-m",
+        "pytest",
+        *files,
+        "-k",
+        " or ".join(terms),
+        "-m",
+        "slow or not slow" if include_slow else "not slow",
+        "-v",
+        "-rfE",
+        "--tb=short",
+        "-p",
+        "no:cacheprovider",
+        f"--junitxml={junit}",
+        *(extra or []),
+    ]
 
 
 def _group_of(selection: dict) -> dict[str, str]:
@@ -472,7 +582,7 @@ def parse_junit(path: Path, selection: dict) -> dict:
     for case in ET.parse(path).getroot().iter("testcase"):
         classname, name = case.get("classname", ""), case.get("name", "")
         module = classname.split(".")[-1] if classname else ""
-        if module and module not in groups:   # a class inside a module: classname ends with it
+        if module and module not in groups:  # a class inside a module: classname ends with it
             module = next((m for m in classname.split(".") if m in groups), module)
         test = f"{module}::{name}"
         seconds = float(case.get("time") or 0.0)
@@ -480,8 +590,15 @@ def parse_junit(path: Path, selection: dict) -> dict:
         for child in case:
             if child.tag in ("failure", "error"):
                 outcome = "failed" if child.tag == "failure" else "errors"
-                failures.append({"test": test, "kind": child.tag, "message": (child.get("message") or "")[:500],
-                                 "detail": _tail(child.text or "", 1500), "time_s": seconds})
+                failures.append(
+                    {
+                        "test": test,
+                        "kind": child.tag,
+                        "message": (child.get("message") or "")[:500],
+                        "detail": _tail(child.text or "", 1500),
+                        "time_s": seconds,
+                    }
+                )
                 break
             if child.tag == "skipped":
                 outcome = "skipped"
@@ -492,9 +609,13 @@ def parse_junit(path: Path, selection: dict) -> dict:
             c[outcome] += 1
         times.append((seconds, test))
     times.sort(reverse=True)
-    return {**counts, "by_group": by_group, "failures": failures,
-            "tests_time_s": round(sum(s for s, _ in times), 2),
-            "slowest": [{"test": t, "time_s": round(s, 2)} for s, t in times[:10]]}
+    return {
+        **counts,
+        "by_group": by_group,
+        "failures": failures,
+        "tests_time_s": round(sum(s for s, _ in times), 2),
+        "slowest": [{"test": t, "time_s": round(s, 2)} for s, t in times[:10]],
+    }
 
 
 #: a `-v` progress line: "tests/test_x.py::test_y[param id, spaces allowed] PASSED   [ 10%]"
@@ -505,8 +626,14 @@ def parse_verbose(stdout: str, selection: dict) -> dict:
     """Counts from pytest's `-v` lines (a run stopped before writing its report)."""
     groups = _group_of(selection)
     counts, by_group, failures = _empty_counts(), {}, []
-    key = {"PASSED": "passed", "XPASS": "passed", "FAILED": "failed", "ERROR": "errors", "SKIPPED": "skipped",
-           "XFAIL": "skipped"}
+    key = {
+        "PASSED": "passed",
+        "XPASS": "passed",
+        "FAILED": "failed",
+        "ERROR": "errors",
+        "SKIPPED": "skipped",
+        "XFAIL": "skipped",
+    }
     for nodeid, word in _VERBOSE.findall(stdout):
         module = Path(nodeid.split("::")[0]).stem
         g = by_group.setdefault(groups.get(module, module), _empty_counts())
@@ -523,25 +650,35 @@ def part_tests(ctx: PartContext) -> dict:
     junit = ctx.workdir / "junit.xml"
     cmd = test_command(selection, junit, include_slow=not ctx.args.small, extra=shlex.split(ctx.args.pytest_args))
     env = ctx.env()
-    fields = {"jax_platforms": env.get("JAX_PLATFORMS"), "selection": {g: {"file": f, "k": k}
-                                                                      for g, (f, k) in selection.items()},
-              "command": shlex.join(str(c) for c in cmd[1:])}
+    fields = {
+        "jax_platforms": env.get("JAX_PLATFORMS"),
+        "selection": {g: {"file": f, "k": k} for g, (f, k) in selection.items()},
+        "command": shlex.join(str(c) for c in cmd[1:]),
+    }
     try:
         r = ctx.run(cmd, env=env)
     except PartTimeout as e:
         got = parse_junit(junit, selection) if junit.is_file() else parse_verbose(e.stdout, selection)
-        e.fields = {**fields, **got, "counts_from": "junit" if junit.is_file() else "verbose output",
-                    "stdout_tail": _tail(e.stdout, 1500)}
+        e.fields = {
+            **fields,
+            **got,
+            "counts_from": "junit" if junit.is_file() else "verbose output",
+            "stdout_tail": _tail(e.stdout, 1500),
+        }
         raise
     if not junit.is_file():
-        raise PartError(f"pytest exited {r.returncode} without a report: {_tail(r.stderr or r.stdout, 1500)}",
-                        {**fields, "pytest_exit": r.returncode})
+        raise PartError(
+            f"pytest exited {r.returncode} without a report: {_tail(r.stderr or r.stdout, 1500)}",
+            {**fields, "pytest_exit": r.returncode},
+        )
     got = {**fields, **parse_junit(junit, selection), "counts_from": "junit", "pytest_exit": r.returncode}
     if r.returncode != 0 or got["failed"] or got["errors"] or not got["tests"]:
         what = f"{got['failed']} failed, {got['errors']} errors of {got['tests']}"
-        raise PartError(f"pytest exited {r.returncode}: {what}" + (f" ({got['failures'][0]['test']}: "
-                                                                   f"{got['failures'][0]['message'][:200]})"
-                                                                   if got["failures"] else ""), got)
+        raise PartError(
+            f"pytest exited {r.returncode}: {what}"
+            + (f" ({got['failures'][0]['test']}: {got['failures'][0]['message'][:200]})" if got["failures"] else ""),
+            got,
+        )
     return got
 
 
@@ -551,8 +688,18 @@ def w6_command(ctx: PartContext, out: Path) -> tuple[list, float]:
     left = ctx.left()
     grace_w6 = max(2.0, min(20.0, 0.08 * left))
     budget = max(1.0, left - min(GRACE_S, left / 4) - grace_w6 - 5.0)
-    cmd = [sys.executable, str(HERE / "w6_gpu.py"), "--parts", "calib,update,decode", "--budget-s", f"{budget:.0f}",
-           "--grace-s", f"{grace_w6:.0f}", "--out", str(out)]
+    cmd = [
+        sys.executable,
+        str(HERE / "w6_gpu.py"),
+        "--parts",
+        "calib,update,decode",
+        "--budget-s",
+        f"{budget:.0f}",
+        "--grace-s",
+        f"{grace_w6:.0f}",
+        "--out",
+        str(out),
+    ]
     if ctx.args.small:
         cmd += ["--small", "--steps", "2", "--decode-repeats", "1"]
     else:
@@ -568,26 +715,61 @@ def summarize_w6(recs: list[dict]) -> dict:
     calib, up, dec, summ, env = first("calib"), first("policy_update"), first("decode"), first("summary"), first("env")
     keep = lambda r, keys: None if r is None else {k: r.get(k) for k in keys}  # noqa: E731
     return {
-        "w6_records": len(recs), "w6_parts": None if summ is None else summ.get("parts"),
+        "w6_records": len(recs),
+        "w6_parts": None if summ is None else summ.get("parts"),
         "w6_aborted": first("aborted") is not None,
-        "w6_errors": [r.get("error", "")[:500] for r in by.get("part_failed", []) + by.get("update_attempt_failed", [])],
+        "w6_errors": [
+            r.get("error", "")[:500] for r in by.get("part_failed", []) + by.get("update_attempt_failed", [])
+        ],
         "backend": None if env is None else env.get("backend"),
         "matmul_dtype": None if calib is None else calib.get("matmul_dtype"),
         "matmul_peak_tflops": None if calib is None else calib.get("measured_peak_tflops"),
         "copy_gbps": None if calib is None else calib.get("copy_gbps"),
         "read_gbps": None if calib is None else calib.get("read_gbps"),
         "matmuls": [keep(r, ("n", "dtype", "best_tflops", "median_tflops")) for r in by.get("matmul_peak", [])],
-        "update": keep(up, ("batch", "seq", "remat", "num_micro_batches", "compile_s", "median_step_s", "tokens_per_s",
-                            "model_flops", "achieved_tflops", "measured_peak_tflops", "mfu", "mfu_vs_nominal",
-                            "temp_bytes", "peak_bytes_in_use", "device_memory_limit")),
+        "update": keep(
+            up,
+            (
+                "batch",
+                "seq",
+                "remat",
+                "num_micro_batches",
+                "compile_s",
+                "median_step_s",
+                "tokens_per_s",
+                "model_flops",
+                "achieved_tflops",
+                "measured_peak_tflops",
+                "mfu",
+                "mfu_vs_nominal",
+                "temp_bytes",
+                "peak_bytes_in_use",
+                "device_memory_limit",
+            ),
+        ),
         "update_mfu": None if up is None else up.get("mfu"),
-        "decode": keep(dec, ("decode_batch", "prompt_len", "new_tokens", "decode_tokens_per_s", "decode_step_s",
-                             "prefill_tokens_per_s", "bytes_per_step", "achieved_hbm_gbps", "measured_copy_gbps",
-                             "fraction_of_measured_copy", "measured_read_gbps", "fraction_of_measured_read",
-                             "fraction_of_nominal_hbm")),
+        "decode": keep(
+            dec,
+            (
+                "decode_batch",
+                "prompt_len",
+                "new_tokens",
+                "decode_tokens_per_s",
+                "decode_step_s",
+                "prefill_tokens_per_s",
+                "bytes_per_step",
+                "achieved_hbm_gbps",
+                "measured_copy_gbps",
+                "fraction_of_measured_copy",
+                "measured_read_gbps",
+                "fraction_of_measured_read",
+                "fraction_of_nominal_hbm",
+            ),
+        ),
         "decode_fraction_of_measured_copy": None if dec is None else dec.get("fraction_of_measured_copy"),
-        "nominal": None if calib is None else {k: calib.get(k) for k in ("nominal_bf16_tflops", "nominal_hbm_gbps",
-                                                                         "nominal_source")},
+        "nominal": None
+        if calib is None
+        else {k: calib.get(k) for k in ("nominal_bf16_tflops", "nominal_hbm_gbps", "nominal_source")},
     }
 
 
@@ -599,7 +781,7 @@ def _read_jsonl(path: Path) -> list[dict]:
         try:
             out.append(json.loads(line))
         except json.JSONDecodeError:
-            pass   # a line cut by a kill
+            pass  # a line cut by a kill
     return out
 
 
@@ -626,9 +808,17 @@ def part_w6(ctx: PartContext) -> dict:
     parts = got["w6_parts"] or {}
     bad = {p: parts.get(p, "missing") for p in ("calib", "update", "decode") if parts.get(p) != "ok"}
     if r.returncode != 0 or bad:
-        raise PartError(f"W6 exited {r.returncode}; parts not ok: {bad or parts}"
-                        + (f"; {got['w6_errors'][0][:300]}" if got["w6_errors"] else
-                           f"; {_tail(r.stderr, 500)}" if r.returncode else ""), got)
+        raise PartError(
+            f"W6 exited {r.returncode}; parts not ok: {bad or parts}"
+            + (
+                f"; {got['w6_errors'][0][:300]}"
+                if got["w6_errors"]
+                else f"; {_tail(r.stderr, 500)}"
+                if r.returncode
+                else ""
+            ),
+            got,
+        )
     return got
 
 
@@ -639,15 +829,32 @@ def recipe_overrides(args, run_dir: Path) -> tuple[str, list[str]]:
     evaluation, `--recipe-iterations` (default 2; 1 with --small), then `--recipe-set`."""
     config = args.recipe_config or RECIPE_CONFIG
     iterations = args.recipe_iterations or (1 if args.small else 2)
-    out = [f"run_dir={run_dir}", f"iterations={iterations}", "warm_start=null", "eval.episodes=0", "eval.every=0",
-           "logging.tensorboard=false"]
+    out = [
+        f"run_dir={run_dir}",
+        f"iterations={iterations}",
+        "warm_start=null",
+        "eval.episodes=0",
+        "eval.every=0",
+        "logging.tensorboard=false",
+    ]
     if args.recipe_config is None and not args.small:
         out += list(RECIPE_DEVICE_OVERRIDES)
     return config, out + list(args.recipe_set)
 
 
-_ITER_KEYS = ("iteration", "time_iteration_s", "time_rollout_s", "time_logprobs_s", "time_update_s", "tokens_per_s",
-              "policy_tokens", "reward_mean", "loss", "grad_norm", "skipped_updates")
+_ITER_KEYS = (
+    "iteration",
+    "time_iteration_s",
+    "time_rollout_s",
+    "time_logprobs_s",
+    "time_update_s",
+    "tokens_per_s",
+    "policy_tokens",
+    "reward_mean",
+    "loss",
+    "grad_norm",
+    "skipped_updates",
+)
 
 
 def part_recipe(ctx: PartContext) -> dict:
@@ -659,9 +866,14 @@ def part_recipe(ctx: PartContext) -> dict:
     def results(stdout: str = "", stderr: str = "") -> dict:
         its = [{k: m.get(k) for k in _ITER_KEYS} for m in _read_jsonl(run_dir / "metrics.jsonl")]
         mem = [x for x in (stdout + "\n" + stderr).splitlines() if "memory per device" in x]
-        return {"config": config, "overrides": overrides[1:], "iterations_wanted": want, "iterations": its,
-                "last_iteration_s": its[-1]["time_iteration_s"] if its else None,
-                "memory_estimate": mem[-1].strip()[:500] if mem else None}
+        return {
+            "config": config,
+            "overrides": overrides[1:],
+            "iterations_wanted": want,
+            "iterations": its,
+            "last_iteration_s": its[-1]["time_iteration_s"] if its else None,
+            "memory_estimate": mem[-1].strip()[:500] if mem else None,
+        }
 
     try:
         r = ctx.run(cmd)
@@ -685,29 +897,60 @@ PART_FUNCS: dict[str, PartFn] = {"device": part_device, "tests": part_tests, "w6
 
 # ============================================================================ main
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="device_check.py", description=__doc__.split("\n\n")[0],
-                                 epilog="See the module docstring (python -m pydoc benchmarks/device_check.py) and "
-                                        "docs/results/benchmarks.md for what each part runs.")
-    ap.add_argument("--small", "--quick", dest="small", action="store_true",
-                    help="the CPU smoke run: a handful of tests, W6's tiny model, one tiny recipe iteration")
-    ap.add_argument("--budget", type=float, default=None, metavar="SECONDS",
-                    help=f"the whole check's time (default {FULL_BUDGET_S:.0f}; {SMALL_BUDGET_S:.0f} with --small); "
-                         "each part gets a share and is stopped when it runs out")
+    ap = argparse.ArgumentParser(
+        prog="device_check.py",
+        description=__doc__.split("\n\n")[0],
+        epilog="See the module docstring (python -m pydoc benchmarks/device_check.py) and "
+        "docs/results/benchmarks.md for what each part runs.",
+    )
+    ap.add_argument(
+        "--small",
+        "--quick",
+        dest="small",
+        action="store_true",
+        help="the CPU smoke run: a handful of tests, W6's tiny model, one tiny recipe iteration",
+    )
+    ap.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help=f"the whole check's time (default {FULL_BUDGET_S:.0f}; {SMALL_BUDGET_S:.0f} with --small); "
+        "each part gets a share and is stopped when it runs out",
+    )
     ap.add_argument("--out", default=None, metavar="JSONL", help="also append the JSON lines to this file")
-    ap.add_argument("--log", default=None, metavar="FILE",
-                    help="the parts' subprocess output (default: --out with .log; none without --out)")
+    ap.add_argument(
+        "--log",
+        default=None,
+        metavar="FILE",
+        help="the parts' subprocess output (default: --out with .log; none without --out)",
+    )
     ap.add_argument("--parts", default=",".join(PARTS), help=f"comma list of {','.join(PARTS)} (default all)")
-    ap.add_argument("--platform", default=None, metavar="NAME",
-                    help="JAX_PLATFORMS for the tests, W6 and the recipe (default: what the device part found)")
+    ap.add_argument(
+        "--platform",
+        default=None,
+        metavar="NAME",
+        help="JAX_PLATFORMS for the tests, W6 and the recipe (default: what the device part found)",
+    )
     ap.add_argument("--allow-cpu", action="store_true", help="without --small, accept a device that is only a CPU")
     ap.add_argument("--pytest-args", default="", metavar="ARGS", help="extra pytest arguments for the tests part")
     ap.add_argument("--w6-args", default="", metavar="ARGS", help="extra benchmarks/w6_gpu.py arguments")
     ap.add_argument("--recipe-config", default=None, metavar="PATH", help=f"the recipe (default {RECIPE_CONFIG})")
-    ap.add_argument("--recipe-iterations", type=int, default=None, metavar="N",
-                    help="the recipe's iterations (default 2; 1 with --small)")
-    ap.add_argument("--recipe-set", action="append", default=[], metavar="KEY=VALUE",
-                    help="one more override of the recipe's config (repeatable)")
-    ap.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)   # the device part's child
+    ap.add_argument(
+        "--recipe-iterations",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the recipe's iterations (default 2; 1 with --small)",
+    )
+    ap.add_argument(
+        "--recipe-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one more override of the recipe's config (repeatable)",
+    )
+    ap.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)  # the device part's child
     return ap
 
 

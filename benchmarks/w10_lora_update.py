@@ -108,6 +108,7 @@ Ratio lines: `jax_over_peft_tokens_per_s` (and `jax_over_peft_t1_tokens_per_s`,
 `jax_over_jax_full_tokens_per_s`), with the median of the pairwise ratios of call i of
 each system (a round apart when interleaved, blocks apart when blocked).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -130,13 +131,13 @@ if "--one-cpu" in sys.argv:  # before jax / torch start their thread pools
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 from _jsonl import emit  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 from _timing import matmul_peak_gflops, median_seconds  # noqa: E402
-import numpy as np  # noqa: E402
 
 from jaxagent import models as M  # noqa: E402
-from jaxagent.models.hf import hf_tensors_from_params  # noqa: E402
 from jaxagent import train as S  # noqa: E402
+from jaxagent.models.hf import hf_tensors_from_params  # noqa: E402
 from jaxagent.train.state import split_trainable  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -151,8 +152,10 @@ QUICK = dict(batch=2, prompt=16, completion=16, repeats=1)
 
 
 def step_config() -> S.StepConfig:
-    return S.StepConfig(loss=S.LossConfig(policy_loss="ppo", clip_low=CLIP, clip_high=CLIP, clip_c=None),
-                        optim=S.OptimizerConfig(lr=LR, weight_decay=0.0, max_grad_norm=MAX_NORM))
+    return S.StepConfig(
+        loss=S.LossConfig(policy_loss="ppo", clip_low=CLIP, clip_high=CLIP, clip_c=None),
+        optim=S.OptimizerConfig(lr=LR, weight_decay=0.0, max_grad_norm=MAX_NORM),
+    )
 
 
 def model_flops(cfg: M.DecoderConfig, B: int, T: int, n_loss: int, lora: bool) -> float:
@@ -164,8 +167,12 @@ def model_flops(cfg: M.DecoderConfig, B: int, T: int, n_loss: int, lora: bool) -
     fwd = trunk + attn + head
     if not lora:
         return 3.0 * fwd
-    dims = {"q_proj": (D, cfg.q_size), "k_proj": (D, cfg.kv_size), "v_proj": (D, cfg.kv_size),
-            "o_proj": (cfg.q_size, D)}
+    dims = {
+        "q_proj": (D, cfg.q_size),
+        "k_proj": (D, cfg.kv_size),
+        "v_proj": (D, cfg.kv_size),
+        "o_proj": (cfg.q_size, D),
+    }
     adapter = 2 * sum(RANK * (i + o) for i, o in (dims[t] for t in TARGETS)) * cfg.num_layers * B * T
     # forward (base + adapters), activation gradients (base + adapters), adapter weight gradients
     return 2.0 * fwd + 3.0 * adapter
@@ -191,8 +198,11 @@ def lora_params(base, cfg: M.DecoderConfig):
 
 
 def adapters_of(params) -> dict[str, np.ndarray]:
-    return {f"{name}/{leaf}": np.array(params["layers"][name][leaf], copy=True)
-            for name in TARGETS for leaf in ("lora_a", "lora_b")}
+    return {
+        f"{name}/{leaf}": np.array(params["layers"][name][leaf], copy=True)
+        for name in TARGETS
+        for leaf in ("lora_a", "lora_b")
+    }
 
 
 # ---------------------------------------------------------------- PyTorch + peft
@@ -212,8 +222,9 @@ def peft_setup(base_host, lora_host, cfg: M.DecoderConfig, prompt: int, completi
     for name, value in state.items():  # every weight is the JAX one
         assert torch.equal(hf.get_parameter(name), value), name
 
-    model = peft.get_peft_model(hf, peft.LoraConfig(r=RANK, lora_alpha=int(ALPHA), target_modules=list(TARGETS),
-                                                    lora_dropout=0.0, bias="none"))
+    model = peft.get_peft_model(
+        hf, peft.LoraConfig(r=RANK, lora_alpha=int(ALPHA), target_modules=list(TARGETS), lora_dropout=0.0, bias="none")
+    )
     copied = 0
     with torch.no_grad():
         for i, layer in enumerate(model.base_model.model.model.layers):
@@ -278,11 +289,17 @@ def jax_system(params, cfg: M.DecoderConfig, batch: S.UpdateBatch, config: S.Ste
         return float(metrics["loss"]), float(metrics["grad_norm"])
 
     st = box["state"]
-    info = {"opt_state_bytes": tree_bytes(st.opt_state),
-            "trainable_params": int(sum(x.size for x in jax.tree.leaves(split_trainable(st.params)[0]) if x is not None))}
-    return {"run": run, "adapters": lambda: adapters_of(box["state"].params),
-            "temp_bytes": lambda: step_temp_bytes(box["state"], batch, config),
-            "matmul": lambda: matmul_peak_gflops(repeats=5), "info": info}
+    info = {
+        "opt_state_bytes": tree_bytes(st.opt_state),
+        "trainable_params": int(sum(x.size for x in jax.tree.leaves(split_trainable(st.params)[0]) if x is not None)),
+    }
+    return {
+        "run": run,
+        "adapters": lambda: adapters_of(box["state"].params),
+        "temp_bytes": lambda: step_temp_bytes(box["state"], batch, config),
+        "matmul": lambda: matmul_peak_gflops(repeats=5),
+        "info": info,
+    }
 
 
 def torch_matmul_gflops(n: int = 2048, repeats: int = 5) -> float:
@@ -313,9 +330,12 @@ def build_system(name: str, threads: int | None, base_host, lora_host, cfg, lcfg
         mask_full[:, P:] = 1.0
         old_full = np.zeros((B, T), np.float32)
         old_full[:, P:] = data["old_logp"]
-        batch = S.UpdateBatch(tokens=jnp.asarray(data["tokens"]), loss_mask=jnp.asarray(mask_full),
-                              advantages=jnp.asarray(np.repeat(data["adv"][:, None], T, 1)),
-                              old_logp=jnp.asarray(old_full))
+        batch = S.UpdateBatch(
+            tokens=jnp.asarray(data["tokens"]),
+            loss_mask=jnp.asarray(mask_full),
+            advantages=jnp.asarray(np.repeat(data["adv"][:, None], T, 1)),
+            old_logp=jnp.asarray(old_full),
+        )
         # copies: the step donates its state, and the host trees may feed other systems
         if name == "jax":
             return jax_system(jax.tree.map(jnp.array, lora_host), lcfg, batch, step_config())
@@ -325,8 +345,12 @@ def build_system(name: str, threads: int | None, base_host, lora_host, cfg, lcfg
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     pstep, plogp, padapters = peft_setup(base_host, lora_host, cfg, P, C)
-    targs = (torch.from_numpy(data["tokens"].astype(np.int64)), torch.from_numpy(data["adv"]),
-             torch.from_numpy(np.ones((B, C), np.float32)), torch.from_numpy(data["old_logp"]))
+    targs = (
+        torch.from_numpy(data["tokens"].astype(np.int64)),
+        torch.from_numpy(data["adv"]),
+        torch.from_numpy(np.ones((B, C), np.float32)),
+        torch.from_numpy(data["old_logp"]),
+    )
 
     def run():
         torch.set_num_threads(threads)  # several peft systems may share one process
@@ -424,8 +448,9 @@ class Remote:
             status, value = self.conn.recv()
         except EOFError:
             self.proc.join(5)
-            raise SystemExit(f"w10_lora_update: system {self.name}'s process died (exit code "
-                             f"{self.proc.exitcode}; out of memory?)") from None
+            raise SystemExit(
+                f"w10_lora_update: system {self.name}'s process died (exit code {self.proc.exitcode}; out of memory?)"
+            ) from None
         if status != "ok":
             raise SystemExit(f"w10_lora_update: system {self.name} failed in its process:\n{value}")
         return value
@@ -455,21 +480,38 @@ def parse_systems(text: str) -> list[str]:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true",
-                    help="batch 2 x (16 + 16) tokens, 1 repeat, no memory analysis: a smoke run")
+    ap.add_argument(
+        "--quick", action="store_true", help="batch 2 x (16 + 16) tokens, 1 repeat, no memory analysis: a smoke run"
+    )
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--batch", type=int, default=None)
-    ap.add_argument("--systems", default="jax,peft",
-                    help=f"comma list of {', '.join(SYSTEMS)} (default jax,peft; jax_full adds ~8 GB at the full batch)")
-    ap.add_argument("--torch-threads", default=None,
-                    help="torch intra-op threads (default: the CPUs this process may use, as XLA); a comma list "
-                         "(e.g. 2,1) adds one peft system per further count, `peft_t<N>`, timed in the same rounds")
-    ap.add_argument("--one-cpu", action="store_true",
-                    help="pin the process to one CPU (XLA and torch single-core; torch threads default to 1)")
-    ap.add_argument("--same-process", action="store_true",
-                    help="run every system in this one process (the default gives each its own process)")
-    ap.add_argument("--order", choices=("interleaved", "blocked"), default="interleaved",
-                    help="timed calls as rounds A B A B ... (default) or in blocks A A ... B B ...")
+    ap.add_argument(
+        "--systems",
+        default="jax,peft",
+        help=f"comma list of {', '.join(SYSTEMS)} (default jax,peft; jax_full adds ~8 GB at the full batch)",
+    )
+    ap.add_argument(
+        "--torch-threads",
+        default=None,
+        help="torch intra-op threads (default: the CPUs this process may use, as XLA); a comma list "
+        "(e.g. 2,1) adds one peft system per further count, `peft_t<N>`, timed in the same rounds",
+    )
+    ap.add_argument(
+        "--one-cpu",
+        action="store_true",
+        help="pin the process to one CPU (XLA and torch single-core; torch threads default to 1)",
+    )
+    ap.add_argument(
+        "--same-process",
+        action="store_true",
+        help="run every system in this one process (the default gives each its own process)",
+    )
+    ap.add_argument(
+        "--order",
+        choices=("interleaved", "blocked"),
+        default="interleaved",
+        help="timed calls as rounds A B A B ... (default) or in blocks A A ... B B ...",
+    )
     ap.add_argument("--out", default=None, help="append JSON lines to this file")
     args = ap.parse_args(argv)
     wanted = parse_systems(args.systems)
@@ -484,20 +526,41 @@ def main(argv=None):
     thread_counts = list(dict.fromkeys(int(x) for x in (args.torch_threads or str(cpus)).split(",") if x.strip()))
     if not thread_counts or min(thread_counts) < 1:
         raise SystemExit(f"w10_lora_update: --torch-threads wants positive counts, got {args.torch_threads!r}")
-    common = {"workload": "W10", "model": MODEL, "batch": B, "seq": T, "prompt": P, "completion": C,
-              "lora_rank": RANK, "lora_alpha": ALPHA, "lora_targets": list(TARGETS), "quick": args.quick,
-              "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "jax": jax.__version__, "cpus": cpus,
-              "one_cpu": args.one_cpu, "isolated": not args.same_process, "order": args.order,
-              "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
-              "loadavg_start": list(os.getloadavg())}
+    common = {
+        "workload": "W10",
+        "model": MODEL,
+        "batch": B,
+        "seq": T,
+        "prompt": P,
+        "completion": C,
+        "lora_rank": RANK,
+        "lora_alpha": ALPHA,
+        "lora_targets": list(TARGETS),
+        "quick": args.quick,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "jax": jax.__version__,
+        "cpus": cpus,
+        "one_cpu": args.one_cpu,
+        "isolated": not args.same_process,
+        "order": args.order,
+        "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
+        "loadavg_start": list(os.getloadavg()),
+    }
 
     base_host, lora_host, cfg, lcfg, load_s = load_host_weights()
     common["load_s"] = round(load_s, 2)
     tokens, adv, noise = make_batch(B, P, C, cfg.vocab_size)
-    init_logp = np.asarray(jax.jit(lambda p, t: M.token_logprobs(p, lcfg, t)[0])(
-        jax.tree.map(jnp.asarray, lora_host), jnp.asarray(tokens)))[:, P:]
-    data = {"batch": B, "prompt": P, "completion": C, "tokens": tokens, "adv": adv,
-            "old_logp": (init_logp + noise).astype(np.float32)}  # [B, C]
+    init_logp = np.asarray(
+        jax.jit(lambda p, t: M.token_logprobs(p, lcfg, t)[0])(jax.tree.map(jnp.asarray, lora_host), jnp.asarray(tokens))
+    )[:, P:]
+    data = {
+        "batch": B,
+        "prompt": P,
+        "completion": C,
+        "tokens": tokens,
+        "adv": adv,
+        "old_logp": (init_logp + noise).astype(np.float32),
+    }  # [B, C]
     init_adapters = adapters_of(lora_host)
 
     plan = []  # (label, name, torch threads)
@@ -512,8 +575,12 @@ def main(argv=None):
         except ImportError as e:
             emit({**common, "kind": "skipped", "system": "peft", "reason": f"not installed: {e}"}, args.out)
             continue
-        common.update(torch=torch.__version__, peft=peft.__version__, transformers=transformers.__version__,
-                      torch_threads=thread_counts[0])
+        common.update(
+            torch=torch.__version__,
+            peft=peft.__version__,
+            transformers=transformers.__version__,
+            torch_threads=thread_counts[0],
+        )
         # one model and optimizer per thread count
         plan += [("peft" if i == 0 else f"peft_t{n}", "peft", n) for i, n in enumerate(thread_counts)]
 
@@ -548,9 +615,11 @@ def measure(systems: dict, args, common: dict, cfg, data: dict, init_logp, init_
     check = {}
     if "peft" in systems:  # the check's log-probs, before any update
         p_logp, p_base = systems["peft"].ask("logp")
-        check.update(logp_max_abs_diff_jax_vs_peft=float(np.max(np.abs(p_logp - init_logp))),
-                     logp_shift_from_adapters_peft=float(np.max(np.abs(p_logp - p_base))),
-                     logp_mean=float(np.mean(init_logp)))
+        check.update(
+            logp_max_abs_diff_jax_vs_peft=float(np.max(np.abs(p_logp - init_logp))),
+            logp_shift_from_adapters_peft=float(np.max(np.abs(p_logp - p_base))),
+            logp_mean=float(np.mean(init_logp)),
+        )
 
     first, losses, norms, snap = {}, {}, {}, {}
     for name, s in systems.items():
@@ -570,24 +639,32 @@ def measure(systems: dict, args, common: dict, cfg, data: dict, init_logp, init_
         cpu[name].append(cpu_s)
 
     if "peft" in systems:
-        delta = {k: np.concatenate([(snap[k][n] - init_adapters[n]).ravel() for n in init_adapters])
-                 for k in snap if snap[k] is not None}
+        delta = {
+            k: np.concatenate([(snap[k][n] - init_adapters[n]).ravel() for n in init_adapters])
+            for k in snap
+            if snap[k] is not None
+        }
         dj, dp = delta["jax"], delta["peft"]
         rel = lambda a, b: abs(a - b) / max(abs(a), abs(b), 1e-30)  # noqa: E731
-        check.update(first_loss_jax=losses["jax"], first_loss_peft=losses["peft"],
-                     first_loss_rel_diff=rel(losses["jax"], losses["peft"]),
-                     grad_norm_jax=norms["jax"], grad_norm_peft=norms["peft"],
-                     grad_norm_rel_diff=rel(norms["jax"], norms["peft"]),
-                     first_update_max_abs_diff_over_lr=float(np.max(np.abs(dj - dp)) / LR),
-                     first_update_share_within_1pct_of_lr=float(np.mean(np.abs(dj - dp) <= 0.01 * LR)),
-                     first_update_sign_agreement=float(np.mean(np.sign(dj) == np.sign(dp))),
-                     first_update_max_abs_over_lr_jax=float(np.max(np.abs(dj)) / LR))
+        check.update(
+            first_loss_jax=losses["jax"],
+            first_loss_peft=losses["peft"],
+            first_loss_rel_diff=rel(losses["jax"], losses["peft"]),
+            grad_norm_jax=norms["jax"],
+            grad_norm_peft=norms["peft"],
+            grad_norm_rel_diff=rel(norms["jax"], norms["peft"]),
+            first_update_max_abs_diff_over_lr=float(np.max(np.abs(dj - dp)) / LR),
+            first_update_share_within_1pct_of_lr=float(np.mean(np.abs(dj - dp) <= 0.01 * LR)),
+            first_update_sign_agreement=float(np.mean(np.sign(dj) == np.sign(dp))),
+            first_update_max_abs_over_lr_jax=float(np.max(np.abs(dj)) / LR),
+        )
         others = [k for k in systems if k.startswith("peft_t")]
         for k in others:  # the same update at another thread count
             check[f"first_loss_{k}"] = losses[k]
             check[f"first_update_max_abs_diff_over_lr_{k}_vs_peft"] = float(np.max(np.abs(delta[k] - dp)) / LR)
-        check["ok"] = bool(check["first_loss_rel_diff"] <= 1e-4
-                           and all(rel(losses[k], losses["peft"]) <= 1e-4 for k in others))
+        check["ok"] = bool(
+            check["first_loss_rel_diff"] <= 1e-4 and all(rel(losses[k], losses["peft"]) <= 1e-4 for k in others)
+        )
         out.append({**common, "kind": "check", **check})
         if not check["ok"]:
             return out
@@ -602,13 +679,25 @@ def measure(systems: dict, args, common: dict, cfg, data: dict, init_logp, init_
                 temp[name] = s.ask("temp_bytes")
     for name, s in systems.items():
         flops = model_flops(cfg, B, T, C, lora=name != "jax_full")
-        row = {**common, "kind": "full_update" if name == "jax_full" else "lora_update", "system": name,
-               "median_step_s": med[name], "tokens_per_s": B * T / med[name], "first_call_s": first[name],
-               "second_call_s": second[name], "first_loss": losses[name], "first_grad_norm": norms[name],
-               "step_s": times[name], "median_process_cpu_s": statistics.median(cpu[name]),
-               "loadavg_1m": os.getloadavg()[0], "model_gflop": flops / 1e9, "gflops_per_s": flops / med[name] / 1e9,
-               "measured_matmul_peak_gflops": peak, "fraction_of_measured_peak": flops / med[name] / 1e9 / peak,
-               "own_matmul_gflops": own_mm[name]}
+        row = {
+            **common,
+            "kind": "full_update" if name == "jax_full" else "lora_update",
+            "system": name,
+            "median_step_s": med[name],
+            "tokens_per_s": B * T / med[name],
+            "first_call_s": first[name],
+            "second_call_s": second[name],
+            "first_loss": losses[name],
+            "first_grad_norm": norms[name],
+            "step_s": times[name],
+            "median_process_cpu_s": statistics.median(cpu[name]),
+            "loadavg_1m": os.getloadavg()[0],
+            "model_gflop": flops / 1e9,
+            "gflops_per_s": flops / med[name] / 1e9,
+            "measured_matmul_peak_gflops": peak,
+            "fraction_of_measured_peak": flops / med[name] / 1e9 / peak,
+            "own_matmul_gflops": own_mm[name],
+        }
         if name in temp:
             row["compiled_temp_bytes"] = temp[name]
         if "torch_threads" in s.info:
@@ -616,11 +705,19 @@ def measure(systems: dict, args, common: dict, cfg, data: dict, init_logp, init_
         out.append(row)
     for peer in [k for k in systems if k != "jax"]:
         pairs = [p / j for j, p in zip(times["jax"], times[peer])]  # blocked: call i of each
-        out.append({**common, "kind": "ratio", "numerator": "jax", "denominator": peer,
-                    f"jax_over_{peer}_tokens_per_s": med[peer] / med["jax"],
-                    "pairwise_ratios": pairs, "pairwise_ratio_median": statistics.median(pairs),
-                    f"matmul_jax_over_{peer}": own_mm["jax"] / own_mm[peer],
-                    "loadavg_end": list(os.getloadavg())})
+        out.append(
+            {
+                **common,
+                "kind": "ratio",
+                "numerator": "jax",
+                "denominator": peer,
+                f"jax_over_{peer}_tokens_per_s": med[peer] / med["jax"],
+                "pairwise_ratios": pairs,
+                "pairwise_ratio_median": statistics.median(pairs),
+                f"matmul_jax_over_{peer}": own_mm["jax"] / own_mm[peer],
+                "loadavg_end": list(os.getloadavg()),
+            }
+        )
     return out
 
 

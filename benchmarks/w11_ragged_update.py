@@ -30,6 +30,7 @@ trimmed-batch (what the recipe ran before); the same for the log-prob pass.
     python benchmarks/w11_ragged_update.py [--quick] [--repeats 5] [--lengths uniform|equal]
         [--out benchmarks/results/w11_ragged_update.jsonl]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,10 +70,14 @@ def make_batch(rows: int, T: int, lengths: np.ndarray, vocab: int, seed: int = 0
     policy = ((r.rand(rows, T) < 0.3) & (am != 0)).astype(np.float32)
     policy[:, 0] = 0.0
     old = (-np.log(vocab) + 0.1 * r.randn(rows, T)).astype(np.float32)
-    return UpdateBatch(tokens=jnp.asarray(r.randint(0, vocab, (rows, T)), jnp.int32), loss_mask=jnp.asarray(policy),
-                       advantages=jnp.asarray(np.repeat(r.randn(rows, 1), T, 1).astype(np.float32)),
-                       old_logp=jnp.asarray(old), attention_mask=jnp.asarray(am),
-                       ref_logp=jnp.asarray(old + 0.05 * r.randn(rows, T).astype(np.float32)))
+    return UpdateBatch(
+        tokens=jnp.asarray(r.randint(0, vocab, (rows, T)), jnp.int32),
+        loss_mask=jnp.asarray(policy),
+        advantages=jnp.asarray(np.repeat(r.randn(rows, 1), T, 1).astype(np.float32)),
+        old_logp=jnp.asarray(old),
+        attention_mask=jnp.asarray(am),
+        ref_logp=jnp.asarray(old + 0.05 * r.randn(rows, T).astype(np.float32)),
+    )
 
 
 def trim(batch: UpdateBatch, multiple: int) -> UpdateBatch:
@@ -90,14 +95,26 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     repeats = args.repeats or (3 if args.quick else 5)
     rows, T, micro, layers = (8, 128, 4, 2) if args.quick else (32, 1024, 4, 4)
-    cfg = M.DecoderConfig(vocab_size=2048, hidden_size=128, intermediate_size=512, num_layers=layers, num_heads=4,
-                          num_kv_heads=2, head_dim=32, model_type="qwen2", qkv_bias=True)
+    cfg = M.DecoderConfig(
+        vocab_size=2048,
+        hidden_size=128,
+        intermediate_size=512,
+        num_layers=layers,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        model_type="qwen2",
+        qkv_bias=True,
+    )
     r = np.random.RandomState(0)
     lengths = (np.full(rows, T) if args.lengths == "equal" else r.randint(T // 4, T + 1, rows)).astype(np.int64)
     batch = make_batch(rows, T, lengths, cfg.vocab_size)
     trimmed = trim(batch, MULTIPLE)
-    step_cfg = StepConfig(loss=LossConfig(agg_mode="seq-mean-token-mean", kl_coef=0.2, clip_c=3.0),
-                          optim=OptimizerConfig(lr=5e-4, max_grad_norm=1.0), num_micro_batches=micro)
+    step_cfg = StepConfig(
+        loss=LossConfig(agg_mode="seq-mean-token-mean", kl_coef=0.2, clip_c=3.0),
+        optim=OptimizerConfig(lr=5e-4, max_grad_norm=1.0),
+        num_micro_batches=micro,
+    )
     params = M.init_params(jax.random.key(0), cfg, std=0.02)
     chunked = TrimmedTrainStep(step_cfg, MULTIPLE)
     states, metrics = {}, {}
@@ -110,43 +127,72 @@ def main(argv=None) -> int:
 
         def call():
             states[name], m = fn(states[name], b)
-            metrics.setdefault(name, jax.device_get(m))   # the first call's: before any update
+            metrics.setdefault(name, jax.device_get(m))  # the first call's: before any update
+
         return call
 
-    systems = {"padded": runner("padded", lambda s, b: train_step(s, b, step_cfg), batch),
-               "trimmed-batch": runner("trimmed-batch", lambda s, b: train_step(s, b, step_cfg), trimmed),
-               "trimmed-chunks": runner("trimmed-chunks", chunked, batch)}
+    systems = {
+        "padded": runner("padded", lambda s, b: train_step(s, b, step_cfg), batch),
+        "trimmed-batch": runner("trimmed-batch", lambda s, b: train_step(s, b, step_cfg), trimmed),
+        "trimmed-chunks": runner("trimmed-chunks", chunked, batch),
+    }
     first = {}
     for name, call in systems.items():
         t = time.perf_counter()
         call()
         first[name] = time.perf_counter() - t
     after_one = {k: jax.device_get(s.params) for k, s in states.items()}
-    diff = {k: max(float(np.max(np.abs(a - b))) for a, b in zip(jax.tree.leaves(after_one["padded"]),
-                                                                  jax.tree.leaves(v)))
-            for k, v in after_one.items()}
-    for name, m in metrics.items():   # the same loss and gradient before the first update
+    diff = {
+        k: max(float(np.max(np.abs(a - b))) for a, b in zip(jax.tree.leaves(after_one["padded"]), jax.tree.leaves(v)))
+        for k, v in after_one.items()
+    }
+    for name, m in metrics.items():  # the same loss and gradient before the first update
         for key in ("loss", "grad_norm", "num_tokens"):
             a, b = float(m[key]), float(metrics["padded"][key])
             if abs(a - b) > 1e-4 * abs(b) + 1e-7:
                 raise SystemExit(f"W11: {name}'s first {key} {a} differs from padded's {b}")
     second, times, cpu = time_interleaved(systems, repeats)
     groups = length_groups(lengths, micro, MULTIPLE, T)
-    computed = {"padded": rows * T, "trimmed-batch": rows * trimmed.tokens.shape[1],
-                "trimmed-chunks": sum(len(g) * L for g, L in groups)}
+    computed = {
+        "padded": rows * T,
+        "trimmed-batch": rows * trimmed.tokens.shape[1],
+        "trimmed-chunks": sum(len(g) * L for g, L in groups),
+    }
     base = statistics.median(times["trimmed-batch"])
-    common = dict(workload="W11", rows=rows, context=T, micro_batches=micro, layers=layers, lengths=args.lengths,
-                  mean_length=float(lengths.mean()), longest=int(lengths.max()), repeats=repeats,
-                  load_1min=os.getloadavg()[0])
+    common = dict(
+        workload="W11",
+        rows=rows,
+        context=T,
+        micro_batches=micro,
+        layers=layers,
+        lengths=args.lengths,
+        mean_length=float(lengths.mean()),
+        longest=int(lengths.max()),
+        repeats=repeats,
+        load_1min=os.getloadavg()[0],
+    )
     for name in systems:
         med = statistics.median(times[name])
-        emit(dict(common, part="update", system=name, median_s=round(med, 4), min_s=round(min(times[name]), 4),
-                  all_s=[round(x, 4) for x in times[name]], cpu_s=round(statistics.median(cpu[name]), 4),
-                  first_call_s=round(first[name], 3), second_call_s=round(second[name], 3),
-                  positions_computed=computed[name], first_loss=float(metrics[name]["loss"]),
-                  first_grad_norm=float(metrics[name]["grad_norm"]), max_param_diff_vs_padded=diff[name],
-                  speedup_vs_trimmed_batch=round(base / med, 3),
-                  micro_lengths=[L for _, L in groups] if name == "trimmed-chunks" else None), args.out)
+        emit(
+            dict(
+                common,
+                part="update",
+                system=name,
+                median_s=round(med, 4),
+                min_s=round(min(times[name]), 4),
+                all_s=[round(x, 4) for x in times[name]],
+                cpu_s=round(statistics.median(cpu[name]), 4),
+                first_call_s=round(first[name], 3),
+                second_call_s=round(second[name], 3),
+                positions_computed=computed[name],
+                first_loss=float(metrics[name]["loss"]),
+                first_grad_norm=float(metrics[name]["grad_norm"]),
+                max_param_diff_vs_padded=diff[name],
+                speedup_vs_trimmed_batch=round(base / med, 3),
+                micro_lengths=[L for _, L in groups] if name == "trimmed-chunks" else None,
+            ),
+            args.out,
+        )
 
     # ---- the log-prob pass over an iteration's 2 x rows episodes
     tokens = jnp.concatenate([batch.tokens, batch.tokens])
@@ -157,12 +203,14 @@ def main(argv=None) -> int:
 
     def lp_batch():
         L = trimmed.tokens.shape[1]
-        jax.block_until_ready(policy_logprobs(params, cfg, tokens_BxT=tokens[:, :L], attention_mask_BxT=am[:, :L],
-                                              **kw))
+        jax.block_until_ready(
+            policy_logprobs(params, cfg, tokens_BxT=tokens[:, :L], attention_mask_BxT=am[:, :L], **kw)
+        )
 
     def lp_chunks():
-        jax.block_until_ready(trimmed_logprobs(params, cfg, tokens, am, all_lengths, chunk_rows=chunk,
-                                               multiple=MULTIPLE, **kw))
+        jax.block_until_ready(
+            trimmed_logprobs(params, cfg, tokens, am, all_lengths, chunk_rows=chunk, multiple=MULTIPLE, **kw)
+        )
 
     lp = {"trimmed-batch": lp_batch, "trimmed-chunks": lp_chunks}
     lp_first = {}
@@ -174,10 +222,22 @@ def main(argv=None) -> int:
     base = statistics.median(times["trimmed-batch"])
     for name in lp:
         med = statistics.median(times[name])
-        emit(dict(common, part="logprobs", rows=2 * rows, chunk_rows=chunk if name == "trimmed-chunks" else 2 * rows,
-                  system=name, median_s=round(med, 4), min_s=round(min(times[name]), 4),
-                  all_s=[round(x, 4) for x in times[name]], cpu_s=round(statistics.median(cpu[name]), 4),
-                  first_call_s=round(lp_first[name], 3), speedup_vs_trimmed_batch=round(base / med, 3)), args.out)
+        emit(
+            dict(
+                common,
+                part="logprobs",
+                rows=2 * rows,
+                chunk_rows=chunk if name == "trimmed-chunks" else 2 * rows,
+                system=name,
+                median_s=round(med, 4),
+                min_s=round(min(times[name]), 4),
+                all_s=[round(x, 4) for x in times[name]],
+                cpu_s=round(statistics.median(cpu[name]), 4),
+                first_call_s=round(lp_first[name], 3),
+                speedup_vs_trimmed_batch=round(base / med, 3),
+            ),
+            args.out,
+        )
     return 0
 
 

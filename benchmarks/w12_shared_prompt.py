@@ -17,6 +17,7 @@ the two must produce the same tokens (`greedy_tokens_agree`).
 
     python benchmarks/w12_shared_prompt.py [--quick] [--repeats 5] [--out benchmarks/results/w12_shared_prompt.jsonl]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,12 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
+from w1_generate import W1, emit  # noqa: E402
+from w3_multiturn import live_turns  # noqa: E402
 
 from jaxagent import models as M  # noqa: E402
 from jaxagent.rollout import Sampler  # noqa: E402
-
-from w1_generate import W1, emit  # noqa: E402
-from w3_multiturn import live_turns  # noqa: E402
 
 
 def workload(groups, size, P, O, turns):
@@ -69,16 +69,26 @@ def main():
     groups, size, P, G, O, turns = (2, 4, 256, 16, 16, 2) if args.quick else (4, 8, 1024, 64, 64, 4)
     repeats = args.repeats or (2 if args.quick else 5)
     B = groups * size
-    common = {"workload": "W12", "groups": groups, "group_size": size, "prompt_len": P, "tokens_per_turn": G,
-              "obs_len": O, "turns": turns, "quick": args.quick, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-              "jax": jax.__version__, "cpus": len(os.sched_getaffinity(0))}
+    common = {
+        "workload": "W12",
+        "groups": groups,
+        "group_size": size,
+        "prompt_len": P,
+        "tokens_per_turn": G,
+        "obs_len": O,
+        "turns": turns,
+        "quick": args.quick,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "jax": jax.__version__,
+        "cpus": len(os.sched_getaffinity(0)),
+    }
     params = M.init_params(jax.random.key(0), W1, std=0.02)
     prompts, obs = workload(groups, size, P, O, turns)
     sampler = Sampler(params, W1, max_len=P + turns * G + (turns - 1) * O, min_bucket=32)
     systems = {"per_row": False, "shared": True}
     for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
         first, prefill_s, total_s, toks = {}, {k: [] for k in systems}, {k: [] for k in systems}, {}
-        for name, shared in systems.items():   # compilations
+        for name, shared in systems.items():  # compilations
             t = time.perf_counter()
             toks[name] = rollout(sampler, prompts, obs, G, turns, mode, 0, shared)[2]
             first[name] = time.perf_counter() - t
@@ -89,13 +99,24 @@ def main():
                 total_s[name].append(tot)
         med = {k: (statistics.median(prefill_s[k]), statistics.median(total_s[k])) for k in systems}
         for name in systems:
-            emit({**common, "system": "jaxagent", "variant": name, "mode": mode,
-                  "prefill_s": round(med[name][0], 4), "rollout_s": round(med[name][1], 4),
-                  "tokens_per_s": round(B * turns * G / med[name][1], 1), "first_call_s": round(first[name], 2),
-                  "prefill_speedup": round(med["per_row"][0] / med[name][0], 2),
-                  "rollout_speedup": round(med["per_row"][1] / med[name][1], 2),
-                  "greedy_tokens_agree": bool(np.array_equal(toks["per_row"], toks["shared"]))
-                  if mode == "greedy" else None}, args.out)
+            emit(
+                {
+                    **common,
+                    "system": "jaxagent",
+                    "variant": name,
+                    "mode": mode,
+                    "prefill_s": round(med[name][0], 4),
+                    "rollout_s": round(med[name][1], 4),
+                    "tokens_per_s": round(B * turns * G / med[name][1], 1),
+                    "first_call_s": round(first[name], 2),
+                    "prefill_speedup": round(med["per_row"][0] / med[name][0], 2),
+                    "rollout_speedup": round(med["per_row"][1] / med[name][1], 2),
+                    "greedy_tokens_agree": bool(np.array_equal(toks["per_row"], toks["shared"]))
+                    if mode == "greedy"
+                    else None,
+                },
+                args.out,
+            )
 
 
 if __name__ == "__main__":

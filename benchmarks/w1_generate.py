@@ -48,6 +48,7 @@ GFLOP/s (`matmul_gflop_per_call` over its median).
     python benchmarks/w1_generate.py [--quick] [--repeats 5] [--systems jaxagent,ceiling,tunix,hf]
                                      [--out benchmarks/results/w1_generate.jsonl]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,15 +63,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-from _jsonl import emit  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 import numpy as np  # noqa: E402
+from _jsonl import emit  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 from jaxagent import models as M  # noqa: E402
 from jaxagent.rollout import GREEDY, Sampler, SamplingConfig  # noqa: E402
 
-W1 = M.DecoderConfig(vocab_size=4096, hidden_size=256, intermediate_size=1024, num_layers=4, num_heads=4,
-                     num_kv_heads=2, head_dim=64, rope_theta=10000.0, rms_norm_eps=1e-6,
-                     tie_word_embeddings=False, qkv_bias=True, model_type="qwen2")
+W1 = M.DecoderConfig(
+    vocab_size=4096,
+    hidden_size=256,
+    intermediate_size=1024,
+    num_layers=4,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=64,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    qkv_bias=True,
+    model_type="qwen2",
+)
 MODES = {"greedy": GREEDY, "temperature_1.0": SamplingConfig(temperature=1.0)}
 
 
@@ -116,24 +128,36 @@ def tunix_system(params, prompts, new_tokens, tmp: Path, variable_prompts: bool 
     from tunix.models.qwen2 import params as tparams
 
     M.save_pretrained(M.Model(params, W1), tmp / "w1", overwrite=True)
-    cfg = tmodel.ModelConfig(num_layers=W1.num_layers, vocab_size=W1.vocab_size, embed_dim=W1.hidden_size,
-                             hidden_dim=W1.intermediate_size, num_heads=W1.num_heads, head_dim=W1.head_dim,
-                             num_kv_heads=W1.num_kv_heads, rope_theta=int(W1.rope_theta), norm_eps=W1.rms_norm_eps,
-                             use_tied_embedding=False)
-    mesh = jax.make_mesh((1, 1), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2,
-                         devices=jax.devices()[:1])
+    cfg = tmodel.ModelConfig(
+        num_layers=W1.num_layers,
+        vocab_size=W1.vocab_size,
+        embed_dim=W1.hidden_size,
+        hidden_dim=W1.intermediate_size,
+        num_heads=W1.num_heads,
+        head_dim=W1.head_dim,
+        num_kv_heads=W1.num_kv_heads,
+        rope_theta=int(W1.rope_theta),
+        norm_eps=W1.rms_norm_eps,
+        use_tied_embedding=False,
+    )
+    mesh = jax.make_mesh(
+        (1, 1), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2, devices=jax.devices()[:1]
+    )
     model = tparams.create_model_from_safe_tensors(str(tmp / "w1"), cfg, mesh=mesh, dtype=jnp.float32)
     P = prompts.shape[1]
-    sampler = tsampler.Sampler(model, _IdTokenizer(W1.vocab_size),
-                               tsampler.CacheConfig(cache_size=P + new_tokens, num_layers=W1.num_layers,
-                                                    num_kv_heads=W1.num_kv_heads, head_dim=W1.head_dim))
+    sampler = tsampler.Sampler(
+        model,
+        _IdTokenizer(W1.vocab_size),
+        tsampler.CacheConfig(
+            cache_size=P + new_tokens, num_layers=W1.num_layers, num_kv_heads=W1.num_kv_heads, head_dim=W1.head_dim
+        ),
+    )
     fixed_texts = [" ".join(map(str, row)) for row in prompts.tolist()]
 
     def run(mode, seed, new_prompts=None):
         texts = fixed_texts if new_prompts is None else [" ".join(map(str, row)) for row in new_prompts.tolist()]
         kw = dict(temperature=0.0) if mode == "greedy" else dict(temperature=1.0, top_p=1.0)
-        out = sampler(texts, max_generation_steps=new_tokens, max_prompt_length=P, seed=seed, pad_output=True,
-                      **kw)
+        out = sampler(texts, max_generation_steps=new_tokens, max_prompt_length=P, seed=seed, pad_output=True, **kw)
         return np.asarray([[int(w) for w in t.split()] for t in out.text])
 
     return run
@@ -159,9 +183,17 @@ def hf_system(params, prompts, new_tokens, threads: int | None = None):
         torch.manual_seed(seed)
         kw = dict(do_sample=False) if mode == "greedy" else dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0)
         with torch.inference_mode():
-            out = hf.generate(input_ids=ids, attention_mask=attn, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                              use_cache=True, eos_token_id=None, pad_token_id=0, **kw)
-        return out[:, prompts.shape[1]:].numpy()
+            out = hf.generate(
+                input_ids=ids,
+                attention_mask=attn,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                use_cache=True,
+                eos_token_id=None,
+                pad_token_id=0,
+                **kw,
+            )
+        return out[:, prompts.shape[1] :].numpy()
 
     return run
 
@@ -227,20 +259,36 @@ def main():
     ap.add_argument("--systems", default="jaxagent,ceiling,tunix,hf")
     ap.add_argument("--modes", default="greedy,temperature_1.0")
     ap.add_argument("--out", default=None, help="append JSON lines to this file")
-    ap.add_argument("--settle", type=float, default=0.5,
-                    help="seconds of idle before each timed call (XLA and OpenMP threads spin after work "
-                         "and would otherwise slow the next system down)")
-    ap.add_argument("--torch-threads", type=int, default=None,
-                    help="torch intra-op threads for hf (default: torch's choice; 1 with --quick, because on a "
-                         "busy 2-core machine torch's OpenMP barriers can stall a call for seconds)")
+    ap.add_argument(
+        "--settle",
+        type=float,
+        default=0.5,
+        help="seconds of idle before each timed call (XLA and OpenMP threads spin after work "
+        "and would otherwise slow the next system down)",
+    )
+    ap.add_argument(
+        "--torch-threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads for hf (default: torch's choice; 1 with --quick, because on a "
+        "busy 2-core machine torch's OpenMP barriers can stall a call for seconds)",
+    )
     args = ap.parse_args()
     if args.quick and args.torch_threads is None:
         args.torch_threads = 1
     B, P, N = (8, 64, 32) if args.quick else (32, 64, 128)
     repeats = args.repeats or (2 if args.quick else 5)
-    common = {"workload": "W1", "batch": B, "prompt_len": P, "new_tokens": N, "quick": args.quick,
-              "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "jax": jax.__version__, "cpus": len(os.sched_getaffinity(0)),
-              "torch_threads": args.torch_threads}
+    common = {
+        "workload": "W1",
+        "batch": B,
+        "prompt_len": P,
+        "new_tokens": N,
+        "quick": args.quick,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "jax": jax.__version__,
+        "cpus": len(os.sched_getaffinity(0)),
+        "torch_threads": args.torch_threads,
+    }
 
     params = M.init_params(jax.random.key(0), W1, std=0.02)
     prompts = np.random.RandomState(0).randint(1, W1.vocab_size, (B, P)).astype(np.int32)
@@ -280,9 +328,16 @@ def main():
             ref = outs.get("jaxagent")
             rates = {s: B * N / statistics.median(ts) for s, ts in times.items()}
             for s in systems:
-                rec = {**common, "system": s, "mode": mode, "tokens_per_s": round(rates[s], 1),
-                       "median_s": round(statistics.median(times[s]), 4), "first_call_s": round(first[s], 3),
-                       "repeats": repeats, "load_avg_1m": round(os.getloadavg()[0], 2)}
+                rec = {
+                    **common,
+                    "system": s,
+                    "mode": mode,
+                    "tokens_per_s": round(rates[s], 1),
+                    "median_s": round(statistics.median(times[s]), 4),
+                    "first_call_s": round(first[s], 3),
+                    "repeats": repeats,
+                    "load_avg_1m": round(os.getloadavg()[0], 2),
+                }
                 if mode == "greedy" and ref is not None and s != "ceiling":  # the ceiling samples no tokens
                     rec["greedy_agree_with_jaxagent"] = round(float(np.mean(outs[s] == ref)), 5)
                     rec["greedy_rows_equal"] = int(np.sum(np.all(outs[s] == ref, axis=1)))
@@ -296,11 +351,20 @@ def main():
                     rec["gflop_per_s"] = round(flops / 1e9 / statistics.median(times[s]), 1)
                 emit(rec, args.out)
             if "jaxagent" in rates and "ceiling" in rates:
-                emit({**common, "system": "jaxagent_vs_ceiling", "mode": mode,
-                      "jaxagent_tokens_per_s": round(rates["jaxagent"], 1),
-                      "ceiling_tokens_per_s": round(rates["ceiling"], 1),
-                      "fraction": round(rates["jaxagent"] / rates["ceiling"], 3), "goal": 0.9,
-                      "repeats": repeats, "load_avg_1m": round(os.getloadavg()[0], 2)}, args.out)
+                emit(
+                    {
+                        **common,
+                        "system": "jaxagent_vs_ceiling",
+                        "mode": mode,
+                        "jaxagent_tokens_per_s": round(rates["jaxagent"], 1),
+                        "ceiling_tokens_per_s": round(rates["ceiling"], 1),
+                        "fraction": round(rates["jaxagent"] / rates["ceiling"], 3),
+                        "goal": 0.9,
+                        "repeats": repeats,
+                        "load_avg_1m": round(os.getloadavg()[0], 2),
+                    },
+                    args.out,
+                )
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ chunked log-probs (forward + backward) at W2 and at a Qwen2-0.5B-like vocabulary
 A peer that is not installed is reported as a `{"kind": "skipped", ...}` line.
 Ratio lines: `jax_over_torch_tokens_per_s`, `jax_over_tunix_tokens_per_s`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,18 +70,29 @@ if "--one-cpu" in sys.argv:  # before jax / torch start their thread pools
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-from _jsonl import emit  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
-from _timing import matmul_peak_gflops, time_interleaved  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
+from _jsonl import emit  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+from _timing import matmul_peak_gflops, time_interleaved  # noqa: E402
 
 from jaxagent import models as M  # noqa: E402
 from jaxagent.models.hf import hf_tensors_from_params  # noqa: E402
 
 NOMINAL_PEAK_GFLOPS = 118.0
-W2 = M.DecoderConfig(vocab_size=4096, hidden_size=256, intermediate_size=1024, num_layers=4, num_heads=4,
-                     num_kv_heads=2, head_dim=64, rope_theta=10000.0, rms_norm_eps=1e-6,
-                     tie_word_embeddings=False, qkv_bias=True, model_type="qwen2")
+W2 = M.DecoderConfig(
+    vocab_size=4096,
+    hidden_size=256,
+    intermediate_size=1024,
+    num_layers=4,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=64,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    qkv_bias=True,
+    model_type="qwen2",
+)
 PROMPT, COMPLETION = 64, 128
 CLIP, BETA, LR = 0.2, 0.04, 1e-5
 SYSTEMS = ("jax", "torch", "tunix")
@@ -112,8 +124,12 @@ def jax_step_fn(cfg: M.DecoderConfig, tx):
     def loss_fn(params, tokens, adv, mask, old_logp, ref_logp):
         hidden = M.forward_hidden(params, cfg, tokens)
         logp, _ = M.chunked_logprobs_and_entropy(
-            hidden[:, PROMPT - 1:-1], M.lm_head_kernel(params, cfg), tokens[:, PROMPT:],
-            seq_chunk=64, vocab_chunk=4096)
+            hidden[:, PROMPT - 1 : -1],
+            M.lm_head_kernel(params, cfg),
+            tokens[:, PROMPT:],
+            seq_chunk=64,
+            vocab_chunk=4096,
+        )
         ratio = jnp.exp(logp - old_logp)
         a = adv[:, None]
         pg = -jnp.minimum(ratio * a, jnp.clip(ratio, 1 - CLIP, 1 + CLIP) * a)
@@ -164,23 +180,35 @@ def tunix_setup(params, cfg: M.DecoderConfig, tmp: Path):
     """`step(example) -> loss`: Tunix's GRPO actor update (see the module docstring)."""
     from tunix.models.qwen2 import model as tmodel
     from tunix.models.qwen2 import params as tparams
-    from tunix.rl import algo_core  # noqa: F401  (registers the "grpo" policy loss)
-    from tunix.rl import function_registry
+    from tunix.rl import (
+        algo_core,  # noqa: F401  (registers the "grpo" policy loss)
+        function_registry,
+    )
     from tunix.rl import trainer as rl_trainer
     from tunix.rl.grpo import grpo_learner
     from tunix.sft import peft_trainer
 
     M.save_pretrained(M.Model(params, cfg), tmp / "w2", overwrite=True)
-    tcfg = tmodel.ModelConfig(num_layers=cfg.num_layers, vocab_size=cfg.vocab_size, embed_dim=cfg.hidden_size,
-                              hidden_dim=cfg.intermediate_size, num_heads=cfg.num_heads, head_dim=cfg.head_dim,
-                              num_kv_heads=cfg.num_kv_heads, rope_theta=int(cfg.rope_theta), norm_eps=cfg.rms_norm_eps,
-                              use_tied_embedding=cfg.tie_word_embeddings)
-    mesh = jax.make_mesh((1, 1), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2,
-                         devices=jax.devices()[:1])
+    tcfg = tmodel.ModelConfig(
+        num_layers=cfg.num_layers,
+        vocab_size=cfg.vocab_size,
+        embed_dim=cfg.hidden_size,
+        hidden_dim=cfg.intermediate_size,
+        num_heads=cfg.num_heads,
+        head_dim=cfg.head_dim,
+        num_kv_heads=cfg.num_kv_heads,
+        rope_theta=int(cfg.rope_theta),
+        norm_eps=cfg.rms_norm_eps,
+        use_tied_embedding=cfg.tie_word_embeddings,
+    )
+    mesh = jax.make_mesh(
+        (1, 1), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2, devices=jax.devices()[:1]
+    )
     model = tparams.create_model_from_safe_tensors(str(tmp / "w2"), tcfg, mesh=mesh, dtype=jnp.float32)
 
-    algo = grpo_learner.GRPOConfig(num_generations=2, beta=BETA, epsilon=CLIP, kl_loss_mode="low_var_kl",
-                                   loss_agg_mode="token-mean")
+    algo = grpo_learner.GRPOConfig(
+        num_generations=2, beta=BETA, epsilon=CLIP, kl_loss_mode="low_var_kl", loss_agg_mode="token-mean"
+    )
     algo.temperature = 1.0  # GRPOLearner sets it from the rollout config
     pad_id, eos_id = cfg.vocab_size, cfg.vocab_size + 1  # outside the vocabulary: nothing is masked
     policy_loss_fn = function_registry.get_policy_loss_fn(algo.policy_loss_fn)
@@ -189,8 +217,9 @@ def tunix_setup(params, cfg: M.DecoderConfig, tmp: Path):
         return policy_loss_fn(model, train_example, algo_config=algo, pad_id=pad_id, eos_id=eos_id)
 
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(LR))
-    trainer = rl_trainer.Trainer(model, tx, peft_trainer.TrainingConfig(eval_every_n_steps=10**9),
-                                 custom_checkpoint_metadata_fn=dict)
+    trainer = rl_trainer.Trainer(
+        model, tx, peft_trainer.TrainingConfig(eval_every_n_steps=10**9), custom_checkpoint_metadata_fn=dict
+    )
     trainer.with_loss_fn(loss_fn, has_aux=True)
     trainer.with_gen_model_input_fn(lambda x: {"train_example": x, "algo_config": algo})
     train_step, _ = trainer.jit_train_and_eval_step(cache_nnx_graph=True)
@@ -204,9 +233,15 @@ def tunix_setup(params, cfg: M.DecoderConfig, tmp: Path):
 
 def tunix_example(example_cls, tokens, adv, mask, old_logp, ref_logp):
     t = jnp.asarray(tokens)
-    return example_cls(prompt_ids=t[:, :PROMPT], prompt_mask=jnp.ones((t.shape[0], PROMPT), jnp.int32),
-                       completion_ids=t[:, PROMPT:], completion_mask=jnp.asarray(mask), advantages=jnp.asarray(adv),
-                       ref_per_token_logps=jnp.asarray(ref_logp), old_per_token_logps=jnp.asarray(old_logp))
+    return example_cls(
+        prompt_ids=t[:, :PROMPT],
+        prompt_mask=jnp.ones((t.shape[0], PROMPT), jnp.int32),
+        completion_ids=t[:, PROMPT:],
+        completion_mask=jnp.asarray(mask),
+        advantages=jnp.asarray(adv),
+        ref_per_token_logps=jnp.asarray(ref_logp),
+        old_per_token_logps=jnp.asarray(old_logp),
+    )
 
 
 def logprob_memory(B, T, D, V, seq_chunk, vocab_chunk):
@@ -219,11 +254,13 @@ def logprob_memory(B, T, D, V, seq_chunk, vocab_chunk):
         def loss(h, w, y):
             lp, ent = fn(h, w, y)
             return jnp.sum(lp) + jnp.sum(ent)
+
         return jax.jit(jax.grad(loss, argnums=(0, 1)))
 
     plain = grad_of(M.plain_logprobs_and_entropy)
-    chunked = grad_of(lambda h, w, y: M.chunked_logprobs_and_entropy(h, w, y, seq_chunk=seq_chunk,
-                                                                     vocab_chunk=vocab_chunk))
+    chunked = grad_of(
+        lambda h, w, y: M.chunked_logprobs_and_entropy(h, w, y, seq_chunk=seq_chunk, vocab_chunk=vocab_chunk)
+    )
     out = {}
     for name, f in (("plain", plain), ("chunked", chunked)):
         out[name] = f.lower(h, w, y).compile().memory_analysis().temp_size_in_bytes
@@ -246,8 +283,11 @@ def main(argv=None):
     ap.add_argument("--out", default=None, help="append JSON lines to this file")
     ap.add_argument("--systems", default="jax,torch", help=f"comma list of {', '.join(SYSTEMS)} (default jax,torch)")
     ap.add_argument("--no-torch", action="store_true", help="drop torch from --systems")
-    ap.add_argument("--one-cpu", action="store_true",
-                    help="pin the process to one CPU (torch and XLA single-core): less sensitive to busy neighbours")
+    ap.add_argument(
+        "--one-cpu",
+        action="store_true",
+        help="pin the process to one CPU (torch and XLA single-core): less sensitive to busy neighbours",
+    )
     args = ap.parse_args(argv)
     wanted = parse_systems(args.systems)
     if args.no_torch and "torch" in wanted:
@@ -257,8 +297,15 @@ def main(argv=None):
     B = args.batch or (2 if args.quick else 32)
     repeats = args.repeats or (3 if args.quick else 5)
     T = PROMPT + COMPLETION
-    common = {"workload": "W2", "batch": B, "seq": T, "quick": args.quick, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-              "jax": jax.__version__, "cpus": len(os.sched_getaffinity(0))}
+    common = {
+        "workload": "W2",
+        "batch": B,
+        "seq": T,
+        "quick": args.quick,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "jax": jax.__version__,
+        "cpus": len(os.sched_getaffinity(0)),
+    }
 
     params = M.init_params(jax.random.key(0), W2, std=0.02)
     host_params = jax.tree.map(np.asarray, params)
@@ -293,8 +340,13 @@ def main(argv=None):
             if args.one_cpu:
                 torch.set_num_threads(1)
             tstep = torch_setup(host_params, W2)
-            targs = (torch.from_numpy(tokens.astype(np.int64)), torch.from_numpy(adv), torch.from_numpy(mask),
-                     torch.from_numpy(old_logp), torch.from_numpy(ref_logp))
+            targs = (
+                torch.from_numpy(tokens.astype(np.int64)),
+                torch.from_numpy(adv),
+                torch.from_numpy(mask),
+                torch.from_numpy(old_logp),
+                torch.from_numpy(ref_logp),
+            )
             systems["torch"] = lambda tstep=tstep, targs=targs: tstep(*targs)
             common["torch"] = torch.__version__
         elif name == "tunix":
@@ -323,16 +375,39 @@ def main(argv=None):
     flops = model_flops(W2, B, T, COMPLETION)
     med = {k: statistics.median(v) for k, v in times.items()}
     for name in systems:
-        emit({**common, "kind": "policy_update", "system": name, "median_step_s": med[name],
-              "tokens_per_s": B * T / med[name], "first_call_s": first[name], "second_call_s": second[name], "first_loss": losses[name],
-              "step_s": times[name], "median_process_cpu_s": statistics.median(cpu[name]),
-              "loadavg_1m": os.getloadavg()[0], "model_gflop": flops / 1e9, "gflops_per_s": flops / med[name] / 1e9,
-              "measured_matmul_peak_gflops": peak, "fraction_of_measured_peak": flops / med[name] / 1e9 / peak,
-              "fraction_of_nominal_118_gflops": flops / med[name] / 1e9 / NOMINAL_PEAK_GFLOPS}, args.out)
+        emit(
+            {
+                **common,
+                "kind": "policy_update",
+                "system": name,
+                "median_step_s": med[name],
+                "tokens_per_s": B * T / med[name],
+                "first_call_s": first[name],
+                "second_call_s": second[name],
+                "first_loss": losses[name],
+                "step_s": times[name],
+                "median_process_cpu_s": statistics.median(cpu[name]),
+                "loadavg_1m": os.getloadavg()[0],
+                "model_gflop": flops / 1e9,
+                "gflops_per_s": flops / med[name] / 1e9,
+                "measured_matmul_peak_gflops": peak,
+                "fraction_of_measured_peak": flops / med[name] / 1e9 / peak,
+                "fraction_of_nominal_118_gflops": flops / med[name] / 1e9 / NOMINAL_PEAK_GFLOPS,
+            },
+            args.out,
+        )
     for peer in ("torch", "tunix"):
         if peer in med:
-            emit({**common, "kind": "ratio", "numerator": "jax", "denominator": peer,
-                  f"jax_over_{peer}_tokens_per_s": med[peer] / med["jax"]}, args.out)
+            emit(
+                {
+                    **common,
+                    "kind": "ratio",
+                    "numerator": "jax",
+                    "denominator": peer,
+                    f"jax_over_{peer}_tokens_per_s": med[peer] / med["jax"],
+                },
+                args.out,
+            )
     tmp.cleanup()
 
     shapes = [("W2", B, COMPLETION, W2.hidden_size, W2.vocab_size, 64, 1024)]
@@ -340,10 +415,24 @@ def main(argv=None):
         shapes.append(("qwen2-0.5b-vocab", 8, 2048, 896, 151936, 256, 8192))
     for label, b, t, d, v, sc, vc in shapes:
         mem = logprob_memory(b, t, d, v, sc, vc)
-        emit({**common, "kind": "logprob_memory", "shape": label, "B": b, "T": t, "D": d, "V": v,
-              "seq_chunk": sc, "vocab_chunk": vc, "logits_f32_bytes": b * t * v * 4,
-              "plain_temp_bytes": mem["plain"], "chunked_temp_bytes": mem["chunked"],
-              "saved_fraction": 1 - mem["chunked"] / mem["plain"]}, args.out)
+        emit(
+            {
+                **common,
+                "kind": "logprob_memory",
+                "shape": label,
+                "B": b,
+                "T": t,
+                "D": d,
+                "V": v,
+                "seq_chunk": sc,
+                "vocab_chunk": vc,
+                "logits_f32_bytes": b * t * v * 4,
+                "plain_temp_bytes": mem["plain"],
+                "chunked_temp_bytes": mem["chunked"],
+                "saved_fraction": 1 - mem["chunked"] / mem["plain"],
+            },
+            args.out,
+        )
 
 
 if __name__ == "__main__":

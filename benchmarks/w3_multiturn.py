@@ -21,6 +21,7 @@ produce the same tokens (`greedy_agree_live_vs_reencode`).
 
     python benchmarks/w3_multiturn.py [--quick] [--repeats 5] [--out benchmarks/results/w3_multiturn.jsonl]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,11 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
+from w1_generate import MODES, W1, emit, tunix_system  # noqa: E402
 
 from jaxagent import models as M  # noqa: E402
 from jaxagent.rollout import Sampler  # noqa: E402
-
-from w1_generate import MODES, W1, emit, tunix_system  # noqa: E402
 
 
 def workload(B, P, G, O, turns):
@@ -51,8 +51,9 @@ def workload(B, P, G, O, turns):
 
 def live_rollout(sampler: Sampler, prompts, obs, G, turns, mode, seed):
     """Prefill once; per turn decode G tokens, then append the observation to the live cache."""
-    return live_turns(sampler, sampler.append(sampler.init_state(len(prompts), seed), prompts.tolist()), obs, G,
-                      turns, mode)
+    return live_turns(
+        sampler, sampler.append(sampler.init_state(len(prompts), seed), prompts.tolist()), obs, G, turns, mode
+    )
 
 
 def live_turns(sampler: Sampler, state, obs, G, turns, mode):
@@ -111,15 +112,26 @@ def main():
     args = ap.parse_args()
     B, P, G, O, turns = (8, 64, 24, 32, 3) if args.quick else (32, 64, 24, 32, 5)
     repeats = args.repeats or (2 if args.quick else 5)
-    common = {"workload": "W3", "episodes": B, "turns": turns, "prompt_len": P, "tokens_per_turn": G,
-              "obs_len": O, "quick": args.quick, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-              "jax": jax.__version__, "cpus": len(os.sched_getaffinity(0))}
+    common = {
+        "workload": "W3",
+        "episodes": B,
+        "turns": turns,
+        "prompt_len": P,
+        "tokens_per_turn": G,
+        "obs_len": O,
+        "quick": args.quick,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "jax": jax.__version__,
+        "cpus": len(os.sched_getaffinity(0)),
+    }
     params = M.init_params(jax.random.key(0), W1, std=0.02)
     prompts, obs = workload(B, P, G, O, turns)
     max_len = P + turns * G + (turns - 1) * O
     sampler = Sampler(params, W1, max_len=max_len, min_bucket=32)
-    runs = {("jaxagent", "live"): lambda m, s: live_rollout(sampler, prompts, obs, G, turns, m, s),
-            ("jaxagent", "reencode"): lambda m, s: reencode_rollout(sampler, prompts, obs, G, turns, m, s)}
+    runs = {
+        ("jaxagent", "live"): lambda m, s: live_rollout(sampler, prompts, obs, G, turns, m, s),
+        ("jaxagent", "reencode"): lambda m, s: reencode_rollout(sampler, prompts, obs, G, turns, m, s),
+    }
     wanted = [s.strip() for s in args.systems.split(",") if s.strip()]
     with tempfile.TemporaryDirectory() as tmp:
         if "tunix" in wanted:
@@ -142,10 +154,17 @@ def main():
             rates = {k: B * turns * G / statistics.median(ts) for k, ts in times.items()}
             live = outs[("jaxagent", "live")]
             for (system, variant), ts in times.items():
-                rec = {**common, "system": system, "mode": mode, "variant": variant,
-                       "tokens_per_s": round(rates[(system, variant)], 1),
-                       "rollout_s": round(statistics.median(ts), 4), "first_rollout_s": round(first[(system, variant)], 3),
-                       "repeats": repeats, "load_avg_1m": round(os.getloadavg()[0], 2)}
+                rec = {
+                    **common,
+                    "system": system,
+                    "mode": mode,
+                    "variant": variant,
+                    "tokens_per_s": round(rates[(system, variant)], 1),
+                    "rollout_s": round(statistics.median(ts), 4),
+                    "first_rollout_s": round(first[(system, variant)], 3),
+                    "repeats": repeats,
+                    "load_avg_1m": round(os.getloadavg()[0], 2),
+                }
                 if mode == "greedy":
                     rec["greedy_agree_live_vs_reencode"] = round(float(np.mean(outs[(system, variant)] == live)), 5)
                 if (system, variant) == ("jaxagent", "live"):

@@ -33,6 +33,7 @@ bandwidth measured in the same run (a numpy copy and a jitted jnp elementwise op
 Usage:
   python benchmarks/w4_advantages.py [--repeats N] [--quick] [--out PATH]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -90,7 +91,7 @@ def make_mask(rng: np.random.Generator, B: int, T: int) -> np.ndarray:
         while t < end:
             if policy:
                 n = int(rng.integers(max(1, T // 128), max(2, T // 16)))
-                m[b, t:min(t + n, end)] = 1.0
+                m[b, t : min(t + n, end)] = 1.0
             else:
                 n = int(rng.integers(max(1, T // 256), max(2, T // 32)))
             t += n
@@ -225,8 +226,9 @@ def make_torch_peer():
             advantages = masked_whiten(advantages, response_mask)
         return advantages, returns
 
-    def compute_grpo_outcome_advantage(token_level_rewards, response_mask, index,
-                                       epsilon=GRPO_EPS, norm_adv_by_std_in_grpo=True):
+    def compute_grpo_outcome_advantage(
+        token_level_rewards, response_mask, index, epsilon=GRPO_EPS, norm_adv_by_std_in_grpo=True
+    ):
         from collections import defaultdict
 
         scores = token_level_rewards.sum(dim=-1)
@@ -278,8 +280,7 @@ def _time_once(fn, sync=None) -> float:
 
 
 class System:
-    def __init__(self, name, method, fn, sync=None, compile_s=None, first_call_s=None,
-                 bytes_moved=None, extra=None):
+    def __init__(self, name, method, fn, sync=None, compile_s=None, first_call_s=None, bytes_moved=None, extra=None):
         self.name, self.method, self.fn, self.sync = name, method, fn, sync
         self.compile_s, self.first_call_s = compile_s, first_call_s
         self.bytes_moved = bytes_moved
@@ -308,24 +309,32 @@ def _host_info() -> dict:
         pass
     # glibc malloc settings change how often fresh output buffers page-fault; record them.
     malloc_env = {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}
-    return {"hostname": socket.gethostname(), "cpu": cpu, "nproc": os.cpu_count(),
-            "platform": platform.platform(), "python": platform.python_version(),
-            "malloc_env": malloc_env}
+    return {
+        "hostname": socket.gethostname(),
+        "cpu": cpu,
+        "nproc": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "malloc_env": malloc_env,
+    }
 
 
 def _versions(torch_mod) -> dict:
     import jax
 
-    v = {"jax": jax.__version__, "jaxlib": importlib.import_module("jaxlib").__version__,
-         "numpy": np.__version__, "jax_backend": jax.default_backend()}
+    v = {
+        "jax": jax.__version__,
+        "jaxlib": importlib.import_module("jaxlib").__version__,
+        "numpy": np.__version__,
+        "jax_backend": jax.default_backend(),
+    }
     if torch_mod is not None:
         v["torch"] = torch_mod.__version__
         v["torch_threads"] = torch_mod.get_num_threads()
     return v
 
 
-def check_close(name: str, ref: np.ndarray, got: np.ndarray, mask: np.ndarray,
-                rtol: float = RTOL) -> float:
+def check_close(name: str, ref: np.ndarray, got: np.ndarray, mask: np.ndarray, rtol: float = RTOL) -> float:
     valid = mask > 0
     ref = np.asarray(ref, np.float64)[valid]
     got = np.asarray(got, np.float64)[valid]
@@ -335,8 +344,10 @@ def check_close(name: str, ref: np.ndarray, got: np.ndarray, mask: np.ndarray,
     err = float(np.abs(ref - got).max())
     if err > rtol * scale:
         i = int(np.argmax(np.abs(ref - got)))
-        raise SystemExit(f"CORRECTNESS FAILURE: {name}: max |diff| = {err:.3e} > {rtol * scale:.3e} "
-                         f"(at valid index {i}: ref {ref[i]:.6g}, got {got[i]:.6g})")
+        raise SystemExit(
+            f"CORRECTNESS FAILURE: {name}: max |diff| = {err:.3e} > {rtol * scale:.3e} "
+            f"(at valid index {i}: ref {ref[i]:.6g}, got {got[i]:.6g})"
+        )
     _log(f"check ok: {name}: max |diff| {err:.2e} (tol {rtol * scale:.1e})")
     return err
 
@@ -377,11 +388,21 @@ def bench_membw(mb: int, repeats: int) -> list[dict]:
     recs = []
     for s in systems:
         med, mn = statistics.median(s.times), min(s.times)
-        recs.append({"kernel": "membw", "system": s.name, "method": s.method, "shape": [n],
-                     "dtype": "float32", "bytes_moved": s.bytes_moved, "median_s": med,
-                     "min_s": mn, "repeats": len(s.times),
-                     "gbytes_per_s": s.bytes_moved / med / 1e9,
-                     "gbytes_per_s_best": s.bytes_moved / mn / 1e9})
+        recs.append(
+            {
+                "kernel": "membw",
+                "system": s.name,
+                "method": s.method,
+                "shape": [n],
+                "dtype": "float32",
+                "bytes_moved": s.bytes_moved,
+                "median_s": med,
+                "min_s": mn,
+                "repeats": len(s.times),
+                "gbytes_per_s": s.bytes_moved / med / 1e9,
+                "gbytes_per_s_best": s.bytes_moved / mn / 1e9,
+            }
+        )
     return recs
 
 
@@ -397,8 +418,15 @@ def _jit_system(name, method, fn, args, bytes_moved):
     t0 = time.perf_counter()
     out = _block(jitted(*args))
     first_call_s = time.perf_counter() - t0
-    return System(name, method, lambda: jitted(*args), sync=_block, compile_s=compile_s,
-                  first_call_s=first_call_s, bytes_moved=bytes_moved), out
+    return System(
+        name,
+        method,
+        lambda: jitted(*args),
+        sync=_block,
+        compile_s=compile_s,
+        first_call_s=first_call_s,
+        bytes_moved=bytes_moved,
+    ), out
 
 
 def bench_gae(algos, torch_peer, B: int, T: int, repeats: int) -> list[dict]:
@@ -432,8 +460,10 @@ def bench_gae(algos, torch_peer, B: int, T: int, repeats: int) -> list[dict]:
                 _log(f"SKIP jaxagent gae method={method!r}: {str(e).splitlines()[0]}")
                 continue
             if method == "native":
-                sys_.extra["compile_note"] = ("includes the one-time C++ kernel build when it is "
-                                              "not already cached (see jaxagent/algos/_native.py)")
+                sys_.extra["compile_note"] = (
+                    "includes the one-time C++ kernel build when it is "
+                    "not already cached (see jaxagent/algos/_native.py)"
+                )
             outputs[f"jaxagent-{method}"] = tuple(np.asarray(o) for o in out)
             systems.append(sys_)
 
@@ -499,10 +529,19 @@ def _records(kernel, systems, shape, elements) -> list[dict]:
     torch_med = next((statistics.median(s.times) for s in systems if s.name == "torch"), None)
     for s in systems:
         med, mn = statistics.median(s.times), min(s.times)
-        r = {"kernel": kernel, "system": s.name, "method": s.method, "shape": list(shape),
-             "dtype": "float32", "median_s": med, "min_s": mn, "repeats": len(s.times),
-             "compile_s": s.compile_s, "first_call_s": s.first_call_s,
-             "elements_per_s": elements / med}
+        r = {
+            "kernel": kernel,
+            "system": s.name,
+            "method": s.method,
+            "shape": list(shape),
+            "dtype": "float32",
+            "median_s": med,
+            "min_s": mn,
+            "repeats": len(s.times),
+            "compile_s": s.compile_s,
+            "first_call_s": s.first_call_s,
+            "elements_per_s": elements / med,
+        }
         if s.bytes_moved is not None:
             r["bytes_moved"] = s.bytes_moved
             r["gbytes_per_s"] = s.bytes_moved / med / 1e9
@@ -517,15 +556,17 @@ def _records(kernel, systems, shape, elements) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--repeats", type=int, default=7, help="timed calls per system (>= 5 recommended)")
     p.add_argument("--quick", action="store_true", help="small shapes, for a smoke test")
     p.add_argument("--out", help="append the JSON lines to this JSONL file")
     p.add_argument("--kernels", default="membw,gae,grpo", help="comma list of membw,gae,grpo")
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch peer")
-    p.add_argument("--algos-module", default="jaxagent.algos",
-                   help="module providing gae/grpo (for experiments with variants)")
+    p.add_argument(
+        "--algos-module", default="jaxagent.algos", help="module providing gae/grpo (for experiments with variants)"
+    )
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error("--repeats must be >= 1")
@@ -555,12 +596,15 @@ def main(argv=None) -> int:
     if not args.no_torch:
         torch_peer = make_torch_peer()
         if torch_peer is None:
-            _log("SKIP torch peer: PyTorch is not installed "
-                 "(pip install torch==2.13.0, or `pip install -e .[bench]`)")
+            _log("SKIP torch peer: PyTorch is not installed (pip install torch==2.13.0, or `pip install -e .[bench]`)")
 
-    common = {"workload": "W4", "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-              "quick": bool(args.quick), "host": _host_info(),
-              "versions": _versions(torch_peer[0] if torch_peer else None)}
+    common = {
+        "workload": "W4",
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "quick": bool(args.quick),
+        "host": _host_info(),
+        "versions": _versions(torch_peer[0] if torch_peer else None),
+    }
     if algos is not None:
         common["algos_module"] = args.algos_module
         try:
@@ -587,8 +631,7 @@ def main(argv=None) -> int:
         if bw is not None and "gbytes_per_s" in r and r["kernel"] != "membw":
             r["membw_gbytes_per_s"] = bw
             r["fraction_of_membw"] = r["gbytes_per_s"] / bw
-        rec = {"workload": common["workload"], **r,
-               **{k: v for k, v in common.items() if k != "workload"}}
+        rec = {"workload": common["workload"], **r, **{k: v for k, v in common.items() if k != "workload"}}
         lines.append(json.dumps(rec, sort_keys=False))
     for line in lines:
         print(line, flush=True)
@@ -601,8 +644,10 @@ def main(argv=None) -> int:
     # human-readable summary on stderr
     _log("summary:")
     for r in records:
-        s = (f"{r['kernel']:5s} {r['system']:9s} {r['method']:16s} median {r['median_s'] * 1e3:10.3f} ms"
-             f"  min {r['min_s'] * 1e3:10.3f} ms")
+        s = (
+            f"{r['kernel']:5s} {r['system']:9s} {r['method']:16s} median {r['median_s'] * 1e3:10.3f} ms"
+            f"  min {r['min_s'] * 1e3:10.3f} ms"
+        )
         if "elements_per_s" in r:
             s += f"  {r['elements_per_s'] / 1e6:9.1f} Melem/s"
         if "gbytes_per_s" in r:
@@ -618,8 +663,11 @@ def main(argv=None) -> int:
         for k in ("gae", "grpo"):
             for r in records:
                 if r["kernel"] == k and r["system"] == "jaxagent":
-                    goal = "  (goal >= 50x: " + ("met)" if r["speedup_vs_torch"] >= 50 else "NOT met)") \
-                        if k == "gae" else ""
+                    goal = (
+                        "  (goal >= 50x: " + ("met)" if r["speedup_vs_torch"] >= 50 else "NOT met)")
+                        if k == "gae"
+                        else ""
+                    )
                     _log(f"speedup ours/torch {k} {r['method']}: {r['speedup_vs_torch']:.1f}x{goal}")
     return 0
 

@@ -23,6 +23,7 @@ stdout; ``--out PATH`` also appends them to a JSONL file.
     python benchmarks/w5_envpool.py --out benchmarks/results/w5_envpool.jsonl
     python benchmarks/w5_envpool.py --quick     # smoke run, < 20 s
 """
+
 from __future__ import annotations
 
 import argparse
@@ -100,10 +101,17 @@ def main(argv=None) -> None:
     if args.quick:
         args.num_envs, args.steps, args.repeats = 8, 50, 2
     total_steps = args.num_envs * args.steps
-    common = {"workload": "W5", "num_envs": args.num_envs, "steps_per_env": args.steps,
-              "repeats": args.repeats, "quick": args.quick, "python": platform.python_version(),
-              "cpus": os.cpu_count(), "loadavg_1m": os.getloadavg()[0],
-              "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    common = {
+        "workload": "W5",
+        "num_envs": args.num_envs,
+        "steps_per_env": args.steps,
+        "repeats": args.repeats,
+        "quick": args.quick,
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "loadavg_1m": os.getloadavg()[0],
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
     records = []
 
     def emit(rec):
@@ -133,10 +141,14 @@ def main(argv=None) -> None:
             base = statistics.median(times["in-process"])
             for m in modes:
                 med = statistics.median(times[m])
-                rec = {"env": env_name, "mode": m, "median_s": round(med, 4),
-                       "steps_per_s": round(total_steps / med, 1),
-                       "all_s": [round(t, 4) for t in times[m]],
-                       "speedup_vs_in_process": round(base / med, 3)}
+                rec = {
+                    "env": env_name,
+                    "mode": m,
+                    "median_s": round(med, 4),
+                    "steps_per_s": round(total_steps / med, 1),
+                    "all_s": [round(t, 4) for t in times[m]],
+                    "speedup_vs_in_process": round(base / med, 3),
+                }
                 if m != "in-process":
                     w = int(m.split("=")[1])
                     rec["startup_s"] = round(startup[w], 3)

@@ -90,6 +90,7 @@ the budget, should one compilation or step overrun it.
     python benchmarks/w6_gpu.py [--small] [--budget-s 540] [--parts calib,update,decode,recipe]
                                 [--out benchmarks/results/w6_gpu.jsonl]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -123,8 +124,13 @@ from jaxagent.rollout.sampler import attention_windows  # noqa: E402
 
 #: datasheet figures (dense bf16 TFLOP/s without sparsity, HBM GB/s) by a substring of
 #: `device_kind`, most specific first: labelled `nominal_*` in the records, never used for MFU
-NOMINAL_PEAKS = (("H200 NVL", 835.0, 4800.0), ("H200", 989.0, 4800.0), ("H100 NVL", 835.0, 3900.0),
-                 ("H100 PCIe", 756.0, 2000.0), ("H100", 989.0, 3350.0))
+NOMINAL_PEAKS = (
+    ("H200 NVL", 835.0, 4800.0),
+    ("H200", 989.0, 4800.0),
+    ("H100 NVL", 835.0, 3900.0),
+    ("H100 PCIe", 756.0, 2000.0),
+    ("H100", 989.0, 3350.0),
+)
 
 
 def nominal_peaks(device_kind: str, dtype: str = "bfloat16") -> dict:
@@ -133,21 +139,38 @@ def nominal_peaks(device_kind: str, dtype: str = "bfloat16") -> dict:
     also None unless `dtype` is bfloat16 (the datasheet's figure is bf16's)."""
     for key, tflops, gbps in NOMINAL_PEAKS:
         if key.lower() in (device_kind or "").lower():
-            return {"nominal_bf16_tflops": tflops if dtype == "bfloat16" else None, "nominal_hbm_gbps": gbps,
-                    "nominal_source": f"NVIDIA datasheet for {key} (not measured)"}
+            return {
+                "nominal_bf16_tflops": tflops if dtype == "bfloat16" else None,
+                "nominal_hbm_gbps": gbps,
+                "nominal_source": f"NVIDIA datasheet for {key} (not measured)",
+            }
     return {"nominal_bf16_tflops": None, "nominal_hbm_gbps": None, "nominal_source": None}
 
 
 def _ratio(x, peak):
     return x / peak if peak else None
+
+
 PARTS = ("calib", "update", "decode", "recipe")
 DEFAULT_BUDGET_S = 540.0
 
-QWEN2_0_5B = M.DecoderConfig(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=24,
-                             num_heads=14, num_kv_heads=2, head_dim=64, rope_theta=1000000.0, rms_norm_eps=1e-6,
-                             tie_word_embeddings=True, qkv_bias=True, model_type="qwen2")
-SMALL = QWEN2_0_5B.replace(vocab_size=1024, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
-                           num_kv_heads=2, head_dim=16)
+QWEN2_0_5B = M.DecoderConfig(
+    vocab_size=151936,
+    hidden_size=896,
+    intermediate_size=4864,
+    num_layers=24,
+    num_heads=14,
+    num_kv_heads=2,
+    head_dim=64,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    qkv_bias=True,
+    model_type="qwen2",
+)
+SMALL = QWEN2_0_5B.replace(
+    vocab_size=1024, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,8 +192,9 @@ class Sizes:
     min_recipe_s: float = 150.0
 
 
-FULL_SIZES = Sizes(64, 2048, 512, 256, 512, 512, (8192, 16384), 1 << 30, "dots:4,full:4,full:8,full:16",
-                   90.0, 60.0, 120.0)
+FULL_SIZES = Sizes(
+    64, 2048, 512, 256, 512, 512, (8192, 16384), 1 << 30, "dots:4,full:4,full:8,full:16", 90.0, 60.0, 120.0
+)
 SMALL_SIZES = Sizes(4, 128, 32, 4, 32, 32, (256,), 1 << 22, "dots:2", 1.0, 1.0, 0.0, 2, 2, 1.0)
 
 
@@ -196,12 +220,25 @@ def update_flops(cfg: M.DecoderConfig, batch: int, seq: int) -> dict:
     dense = 6.0 * P * batch * seq
     attn = 12.0 * L * H * hd * batch * seq * (seq + 1) / 2.0
     executed = 12.0 * L * H * hd * batch * seq * seq
-    return {"params": P, "dense_flops": dense, "attention_flops": attn, "model_flops": dense + attn,
-            "attention_flops_executed": executed}
+    return {
+        "params": P,
+        "dense_flops": dense,
+        "attention_flops": attn,
+        "model_flops": dense + attn,
+        "attention_flops_executed": executed,
+    }
 
 
-def decode_bytes(cfg: M.DecoderConfig, batch: int, prompt_len: int, new_tokens: int, *, param_bytes: int = 2,
-                 kv_bytes: int = 2, window_segments: int | None = None) -> dict:
+def decode_bytes(
+    cfg: M.DecoderConfig,
+    batch: int,
+    prompt_len: int,
+    new_tokens: int,
+    *,
+    param_bytes: int = 2,
+    kv_bytes: int = 2,
+    window_segments: int | None = None,
+) -> dict:
     """HBM bytes one decode step must read: every weight once + the KV cache at the average
     attended length `prompt_len + (new_tokens + 1) / 2`. With `window_segments`, also the KV
     bytes the sampler's windowed loop reads (each step its whole window)."""
@@ -210,8 +247,14 @@ def decode_bytes(cfg: M.DecoderConfig, batch: int, prompt_len: int, new_tokens: 
     per_slot = 2 * cfg.num_layers * batch * cfg.num_kv_heads * cfg.head_dim * kv_bytes  # K and V, all layers
     avg_len = prompt_len + (new_tokens + 1) / 2.0
     kv = per_slot * avg_len
-    out = {"params": P, "weight_bytes": weights, "kv_bytes_per_slot": per_slot, "avg_kv_len": avg_len,
-           "kv_bytes_per_step": kv, "bytes_per_step": weights + kv}
+    out = {
+        "params": P,
+        "weight_bytes": weights,
+        "kv_bytes_per_slot": per_slot,
+        "avg_kv_len": avg_len,
+        "kv_bytes_per_step": kv,
+        "bytes_per_step": weights + kv,
+    }
     if window_segments is not None:
         windows = attention_windows(prompt_len + new_tokens, window_segments)
         # step i writes slot prompt_len + i; the loop runs it in the smallest window above that slot
@@ -255,8 +298,12 @@ class Budget:
         try:
             if self.rec.lock.acquire(timeout=5):
                 self.rec.lock.release()
-            self.rec.emit("aborted", part=self.rec.current, reason=f"hard time limit: budget {self.seconds}s + grace exceeded "
-                                            "(a compilation or step overran); later parts not run")
+            self.rec.emit(
+                "aborted",
+                part=self.rec.current,
+                reason=f"hard time limit: budget {self.seconds}s + grace exceeded "
+                "(a compilation or step overran); later parts not run",
+            )
             self.rec.log("hard time limit reached: exiting")
         finally:
             os._exit(3)
@@ -314,13 +361,20 @@ def part_calib(args, sizes: Sizes, rec: Recorder, state: dict):
         b = jax.random.normal(kb, (n, n), dtype)
         t_best, t_med = _best_time(mm, (a, b), args.calib_reps, args.calib_inner)
         del a, b
-        flop = 2.0 * n ** 3
+        flop = 2.0 * n**3
         best = max(best, flop / t_best / 1e12)
-        rec.emit("matmul_peak", n=n, dtype=args.dtype, best_s=t_best, median_s=t_med,
-                 best_tflops=flop / t_best / 1e12, median_tflops=flop / t_med / 1e12,
-                 fraction_of_nominal=_ratio(flop / t_best / 1e12, nominal["nominal_bf16_tflops"]), **nominal)
-        rec.log(f"matmul {n}^3 {args.dtype}: best {flop / t_best / 1e12:.1f} TFLOP/s, "
-                f"median {flop / t_med / 1e12:.1f}")
+        rec.emit(
+            "matmul_peak",
+            n=n,
+            dtype=args.dtype,
+            best_s=t_best,
+            median_s=t_med,
+            best_tflops=flop / t_best / 1e12,
+            median_tflops=flop / t_med / 1e12,
+            fraction_of_nominal=_ratio(flop / t_best / 1e12, nominal["nominal_bf16_tflops"]),
+            **nominal,
+        )
+        rec.log(f"matmul {n}^3 {args.dtype}: best {flop / t_best / 1e12:.1f} TFLOP/s, median {flop / t_med / 1e12:.1f}")
     state["peak_tflops"] = best
 
     n = sizes.bw_elems
@@ -331,14 +385,26 @@ def part_calib(args, sizes: Sizes, rec: Recorder, state: dict):
     copy_gbps = 8.0 * n / copy_best / 1e9
     read_gbps = 4.0 * n / read_best / 1e9
     state["copy_gbps"], state["read_gbps"] = copy_gbps, read_gbps
-    rec.emit("hbm_bandwidth", elements=n, dtype="float32", copy_bytes=8 * n, read_bytes=4 * n,
-             copy_best_s=copy_best, copy_median_s=copy_med, read_best_s=read_best, read_median_s=read_med,
-             copy_gbps=copy_gbps, read_gbps=read_gbps,
-             copy_fraction_of_nominal=_ratio(copy_gbps, nominal["nominal_hbm_gbps"]),
-             read_fraction_of_nominal=_ratio(read_gbps, nominal["nominal_hbm_gbps"]), **nominal)
+    rec.emit(
+        "hbm_bandwidth",
+        elements=n,
+        dtype="float32",
+        copy_bytes=8 * n,
+        read_bytes=4 * n,
+        copy_best_s=copy_best,
+        copy_median_s=copy_med,
+        read_best_s=read_best,
+        read_median_s=read_med,
+        copy_gbps=copy_gbps,
+        read_gbps=read_gbps,
+        copy_fraction_of_nominal=_ratio(copy_gbps, nominal["nominal_hbm_gbps"]),
+        read_fraction_of_nominal=_ratio(read_gbps, nominal["nominal_hbm_gbps"]),
+        **nominal,
+    )
     rec.log(f"bandwidth: copy {copy_gbps:.0f} GB/s (read+write), read {read_gbps:.0f} GB/s")
-    rec.emit("calib", measured_peak_tflops=best, matmul_dtype=args.dtype, copy_gbps=copy_gbps, read_gbps=read_gbps,
-             **nominal)
+    rec.emit(
+        "calib", measured_peak_tflops=best, matmul_dtype=args.dtype, copy_gbps=copy_gbps, read_gbps=read_gbps, **nominal
+    )
 
 
 def _parse_update_configs(spec: str) -> list[tuple[bool | str, int]]:
@@ -350,8 +416,9 @@ def _parse_update_configs(spec: str) -> list[tuple[bool | str, int]]:
         remat, _, m = item.partition(":")
         remat = {"none": False, "false": False, "full": "full", "true": "full", "dots": "dots"}.get(remat.lower())
         if remat is None or not m.isdigit() or int(m) < 1:
-            raise SystemExit(f"--update-configs: bad item {item!r}; want remat:micro_batches, "
-                             "remat in none|full|dots, e.g. dots:4")
+            raise SystemExit(
+                f"--update-configs: bad item {item!r}; want remat:micro_batches, remat in none|full|dots, e.g. dots:4"
+            )
         out.append((remat, int(m)))
     if not out:
         raise SystemExit("--update-configs is empty")
@@ -366,8 +433,13 @@ def _update_batch(cfg: M.DecoderConfig, B: int, Tn: int, prompt_len: int) -> T.U
     near = -math.log(cfg.vocab_size)  # random weights: log-probs are near -log V
     old = (near + 0.05 * rng.randn(B, Tn)).astype(np.float32)
     ref = (near + 0.05 * rng.randn(B, Tn)).astype(np.float32)
-    return T.UpdateBatch(tokens=jnp.asarray(tokens), loss_mask=jnp.asarray(mask), advantages=jnp.asarray(adv),
-                         old_logp=jnp.asarray(old), ref_logp=jnp.asarray(ref))
+    return T.UpdateBatch(
+        tokens=jnp.asarray(tokens),
+        loss_mask=jnp.asarray(mask),
+        advantages=jnp.asarray(adv),
+        old_logp=jnp.asarray(old),
+        ref_logp=jnp.asarray(ref),
+    )
 
 
 def _weights_key(seed: int) -> jax.Array:
@@ -379,6 +451,7 @@ def _weights_key(seed: int) -> jax.Array:
 def _state_builder(cfg, step_cfg, dtype):
     """`build() -> TrainState` (fresh random weights, step 0): jitted it is one compilation
     instead of one dispatch per leaf, and `jax.eval_shape(build)` gives its shapes for free."""
+
     def build():
         params = M.init_params(_weights_key(0), cfg, dtype=dtype)
         return T.init_train_state(jax.random.key(0), params, cfg, step_cfg)
@@ -396,18 +469,32 @@ def part_update(args, cfg, sizes: Sizes, rec: Recorder, budget: Budget, state: d
     loss = T.LossConfig(policy_loss="ppo", clip_low=0.2, clip_high=0.2, kl_coef=0.04, kl_kind="k3")
     optim = T.OptimizerConfig(lr=1e-5, max_grad_norm=1.0)
     for remat, micro in _parse_update_configs(args.update_configs):
-        setting = {"remat": remat if remat else "none", "num_micro_batches": micro,
-                   "micro_batch_rows": B // micro if B % micro == 0 else None,
-                   "seq_chunk": args.seq_chunk, "vocab_chunk": args.vocab_chunk}
+        setting = {
+            "remat": remat if remat else "none",
+            "num_micro_batches": micro,
+            "micro_batch_rows": B // micro if B % micro == 0 else None,
+            "seq_chunk": args.seq_chunk,
+            "vocab_chunk": args.vocab_chunk,
+        }
         if budget.left() - reserve < sizes.min_update_s:
-            rec.emit("skipped", part="update", **setting, reason=f"time budget: {budget.left():.0f}s left, "
-                     f"{reserve:.0f}s reserved for decode")
+            rec.emit(
+                "skipped",
+                part="update",
+                **setting,
+                reason=f"time budget: {budget.left():.0f}s left, {reserve:.0f}s reserved for decode",
+            )
             return "skipped"
         rec.log(f"update: trying remat={setting['remat']} micro_batches={micro}")
         st = compiled = None
         try:
-            step_cfg = T.StepConfig(loss=loss, optim=optim, num_micro_batches=micro, remat=remat,
-                                    seq_chunk=args.seq_chunk, vocab_chunk=args.vocab_chunk)
+            step_cfg = T.StepConfig(
+                loss=loss,
+                optim=optim,
+                num_micro_batches=micro,
+                remat=remat,
+                seq_chunk=args.seq_chunk,
+                vocab_chunk=args.vocab_chunk,
+            )
             build = _state_builder(cfg, step_cfg, args.dtype)
             # compile against the state's shapes first: a setting that cannot fit is dropped
             # before anything is allocated for it
@@ -417,15 +504,23 @@ def part_update(args, cfg, sizes: Sizes, rec: Recorder, budget: Budget, state: d
             mem = compiled.memory_analysis()
             need = None
             if mem is not None:
-                need = (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
-                        + mem.temp_size_in_bytes)
-                setting.update(temp_bytes=mem.temp_size_in_bytes, argument_bytes=mem.argument_size_in_bytes,
-                               compiled_need_bytes=need)
+                need = (
+                    mem.argument_size_in_bytes
+                    + mem.output_size_in_bytes
+                    - mem.alias_size_in_bytes
+                    + mem.temp_size_in_bytes
+                )
+                setting.update(
+                    temp_bytes=mem.temp_size_in_bytes,
+                    argument_bytes=mem.argument_size_in_bytes,
+                    compiled_need_bytes=need,
+                )
             gib = lambda b: "?" if b is None else f"{b / 2**30:.2f}"  # noqa: E731
             rec.log(f"update: compiled in {compile_s:.1f}s; needs {gib(need)} GiB of {gib(limit)} GiB")
             if limit and need and need > limit:
-                raise MemoryError(f"PredictedOOM: compiled step needs {need / 2**30:.1f} GiB, "
-                                  f"the device has {limit / 2**30:.1f} GiB")
+                raise MemoryError(
+                    f"PredictedOOM: compiled step needs {need / 2**30:.1f} GiB, the device has {limit / 2**30:.1f} GiB"
+                )
             t = time.perf_counter()
             st = _block(jax.jit(build)())
             init_s = time.perf_counter() - t
@@ -447,16 +542,39 @@ def part_update(args, cfg, sizes: Sizes, rec: Recorder, budget: Budget, state: d
             peak = state.get("peak_tflops")
             achieved = flops["model_flops"] / med / 1e12
             m = jax.device_get(metrics)
-            r = dict(**setting, batch=B, seq=Tn, tokens=B * Tn, prompt_len=args.prompt_len, dtype=args.dtype,
-                     params_in_state=n_state, init_s=init_s, compile_s=compile_s, first_step_s=first_step_s, steps=len(times), step_s=times,
-                     median_step_s=med, tokens_per_s=B * Tn / med, **flops, model_tflop=flops["model_flops"] / 1e12,
-                     achieved_tflops=achieved, measured_peak_tflops=peak, mfu=_ratio(achieved, peak),
-                     mfu_vs_nominal=_ratio(achieved, nominal["nominal_bf16_tflops"]), **nominal,
-                     peak_bytes_in_use=_peak_bytes(), device_memory_limit=limit,
-                     loss=float(m["loss"]), grad_norm=float(m["grad_norm"]), skipped_updates=float(m["skipped"]))
+            r = dict(
+                **setting,
+                batch=B,
+                seq=Tn,
+                tokens=B * Tn,
+                prompt_len=args.prompt_len,
+                dtype=args.dtype,
+                params_in_state=n_state,
+                init_s=init_s,
+                compile_s=compile_s,
+                first_step_s=first_step_s,
+                steps=len(times),
+                step_s=times,
+                median_step_s=med,
+                tokens_per_s=B * Tn / med,
+                **flops,
+                model_tflop=flops["model_flops"] / 1e12,
+                achieved_tflops=achieved,
+                measured_peak_tflops=peak,
+                mfu=_ratio(achieved, peak),
+                mfu_vs_nominal=_ratio(achieved, nominal["nominal_bf16_tflops"]),
+                **nominal,
+                peak_bytes_in_use=_peak_bytes(),
+                device_memory_limit=limit,
+                loss=float(m["loss"]),
+                grad_norm=float(m["grad_norm"]),
+                skipped_updates=float(m["skipped"]),
+            )
             rec.emit("policy_update", **r)
-            rec.log(f"update: {B * Tn / med:.0f} tokens/s, step {med:.3f}s, {achieved:.1f} TFLOP/s, "
-                    f"MFU {r['mfu'] if r['mfu'] is None else round(r['mfu'], 4)} (of the measured peak)")
+            rec.log(
+                f"update: {B * Tn / med:.0f} tokens/s, step {med:.3f}s, {achieved:.1f} TFLOP/s, "
+                f"MFU {r['mfu'] if r['mfu'] is None else round(r['mfu'], 4)} (of the measured peak)"
+            )
             return "ok"
         except Exception as e:  # noqa: BLE001  (an OOM here must not lose the other parts)
             info = _err(e)
@@ -503,48 +621,96 @@ def part_decode(args, cfg, rec: Recorder, budget: Budget, state: dict) -> str:
     pre = statistics.median(x["prefill_s"] for x in timed)
     step = dec / N
     gbps = est["bytes_per_step"] / step / 1e9
-    r = dict(decode_batch=B, prompt_len=P, new_tokens=N, max_len=P + N, sampling=args.sampling,
-             window_segments=args.window_segments, dtype=args.dtype, kv_dtype=args.dtype,
-             first_prefill_s=rounds[0]["prefill_s"], first_decode_s=rounds[0]["decode_s"],
-             compile_s_est=(rounds[0]["prefill_s"] + rounds[0]["decode_s"]) - (pre + dec),
-             rounds=len(timed), prefill_s=[x["prefill_s"] for x in timed], decode_s=[x["decode_s"] for x in timed],
-             median_prefill_s=pre, median_decode_s=dec, decode_step_s=step, decode_tokens_per_s=B * N / dec,
-             prefill_tokens_per_s=B * P / pre, end_to_end_tokens_per_s=B * N / (pre + dec), **est,
-             logits_bytes_per_step=B * cfg.vocab_size * 4, achieved_hbm_gbps=gbps,
-             achieved_hbm_gbps_windowed=(est["weight_bytes"] + est["kv_bytes_per_step_windowed"]) / step / 1e9,
-             measured_read_gbps=state.get("read_gbps"), measured_copy_gbps=state.get("copy_gbps"),
-             fraction_of_measured_read=_ratio(gbps, state.get("read_gbps")),
-             fraction_of_measured_copy=_ratio(gbps, state.get("copy_gbps")),
-             fraction_of_nominal_hbm=_ratio(gbps, nominal["nominal_hbm_gbps"]), **nominal,
-             peak_bytes_in_use=_peak_bytes(), trace_counts=dict(sampler.trace_counts))
+    r = dict(
+        decode_batch=B,
+        prompt_len=P,
+        new_tokens=N,
+        max_len=P + N,
+        sampling=args.sampling,
+        window_segments=args.window_segments,
+        dtype=args.dtype,
+        kv_dtype=args.dtype,
+        first_prefill_s=rounds[0]["prefill_s"],
+        first_decode_s=rounds[0]["decode_s"],
+        compile_s_est=(rounds[0]["prefill_s"] + rounds[0]["decode_s"]) - (pre + dec),
+        rounds=len(timed),
+        prefill_s=[x["prefill_s"] for x in timed],
+        decode_s=[x["decode_s"] for x in timed],
+        median_prefill_s=pre,
+        median_decode_s=dec,
+        decode_step_s=step,
+        decode_tokens_per_s=B * N / dec,
+        prefill_tokens_per_s=B * P / pre,
+        end_to_end_tokens_per_s=B * N / (pre + dec),
+        **est,
+        logits_bytes_per_step=B * cfg.vocab_size * 4,
+        achieved_hbm_gbps=gbps,
+        achieved_hbm_gbps_windowed=(est["weight_bytes"] + est["kv_bytes_per_step_windowed"]) / step / 1e9,
+        measured_read_gbps=state.get("read_gbps"),
+        measured_copy_gbps=state.get("copy_gbps"),
+        fraction_of_measured_read=_ratio(gbps, state.get("read_gbps")),
+        fraction_of_measured_copy=_ratio(gbps, state.get("copy_gbps")),
+        fraction_of_nominal_hbm=_ratio(gbps, nominal["nominal_hbm_gbps"]),
+        **nominal,
+        peak_bytes_in_use=_peak_bytes(),
+        trace_counts=dict(sampler.trace_counts),
+    )
     rec.emit("decode", **r)
     frac = r["fraction_of_measured_copy"]
-    rec.log(f"decode: {B * N / dec:.0f} tokens/s, step {step * 1e3:.3f} ms, {gbps:.0f} GB/s "
-            f"({'?' if frac is None else f'{frac:.3f}'} of the measured copy bandwidth)")
+    rec.log(
+        f"decode: {B * N / dec:.0f} tokens/s, step {step * 1e3:.3f} ms, {gbps:.0f} GB/s "
+        f"({'?' if frac is None else f'{frac:.3f}'} of the measured copy bandwidth)"
+    )
     return "ok"
 
 
 RECIPE_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "smollm2_frozenlake.yaml"
-SMOLLM2_135M = dict(hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64,
-                    qkv_bias=False, tie_word_embeddings=True, model_type="llama")
+SMOLLM2_135M = dict(
+    hidden_size=576,
+    intermediate_size=1536,
+    num_layers=30,
+    num_heads=9,
+    num_kv_heads=3,
+    head_dim=64,
+    qkv_bias=False,
+    tie_word_embeddings=True,
+    model_type="llama",
+)
 
 
 def recipe_overrides(args, run_dir: str, packaged: bool) -> tuple[list[str], str]:
     """The overrides of the recipe part and what weights it runs (`packaged`, `random`, `tiny`)."""
-    out = [f"run_dir={run_dir}", "warm_start=null", f"iterations={args.recipe_iterations}", "eval.episodes=0",
-           "eval.every=0", f"env.tasks_per_iteration={args.recipe_tasks}",
-           f"update.micro_batches={args.recipe_micro_batches}", f"checkpoint_every={args.recipe_iterations + 1}",
-           "logging.tensorboard=false"]
+    out = [
+        f"run_dir={run_dir}",
+        "warm_start=null",
+        f"iterations={args.recipe_iterations}",
+        "eval.episodes=0",
+        "eval.every=0",
+        f"env.tasks_per_iteration={args.recipe_tasks}",
+        f"update.micro_batches={args.recipe_micro_batches}",
+        f"checkpoint_every={args.recipe_iterations + 1}",
+        "logging.tensorboard=false",
+    ]
     if args.dtype == "bfloat16":
         out.append("model.compute_dtype=bfloat16")
     if args.small:
-        return out + ["model.path=null", "model.tokenizer=byte", "model.hidden_size=32", "model.intermediate_size=64",
-                      "model.num_layers=2", "model.num_heads=4", "model.num_kv_heads=2", "model.head_dim=8",
-                      "rollout.max_tokens_per_turn=8", "env.group_size=4"], "tiny"
+        return out + [
+            "model.path=null",
+            "model.tokenizer=byte",
+            "model.hidden_size=32",
+            "model.intermediate_size=64",
+            "model.num_layers=2",
+            "model.num_heads=4",
+            "model.num_kv_heads=2",
+            "model.head_dim=8",
+            "rollout.max_tokens_per_turn=8",
+            "env.group_size=4",
+        ], "tiny"
     if packaged:
         return out, "packaged"
-    return out + ["model.path=null", "model.tokenizer=byte"] + [f"model.{k}={v}" for k, v in SMOLLM2_135M.items()], \
-        "random"
+    return out + ["model.path=null", "model.tokenizer=byte"] + [
+        f"model.{k}={v}" for k, v in SMOLLM2_135M.items()
+    ], "random"
 
 
 def part_recipe(args, rec: Recorder, state: dict) -> str:
@@ -566,20 +732,35 @@ def part_recipe(args, rec: Recorder, state: dict) -> str:
         build_s = time.perf_counter() - t
         history = trainer.run()
     keys = ("time_rollout_s", "time_logprobs_s", "time_advantages_s", "time_update_s", "time_iteration_s")
-    its = [{k: h.get(k) for k in keys + ("episodes", "policy_tokens", "episode_tokens_mean", "reward_mean",
-                                         "success_rate", "tokens_per_s")} for h in history]
+    its = [
+        {
+            k: h.get(k)
+            for k in keys
+            + ("episodes", "policy_tokens", "episode_tokens_mean", "reward_mean", "success_rate", "tokens_per_s")
+        }
+        for h in history
+    ]
     episodes = config.env.tasks_per_iteration * config.env.group_size
     last = history[-1]
-    r = dict(config=str(RECIPE_CONFIG.relative_to(RECIPE_CONFIG.parents[1])), overrides=overrides, weights=weights,
-             episodes_per_iteration=episodes, micro_batches=config.update.micro_batches,
-             compute_dtype=config.model.compute_dtype, build_s=build_s, iterations=its,
-             last_iteration_s=last.get("time_iteration_s"),
-             last_episodes_per_s=episodes / last["time_iteration_s"] if last.get("time_iteration_s") else None,
-             peak_bytes_in_use=_peak_bytes())
+    r = dict(
+        config=str(RECIPE_CONFIG.relative_to(RECIPE_CONFIG.parents[1])),
+        overrides=overrides,
+        weights=weights,
+        episodes_per_iteration=episodes,
+        micro_batches=config.update.micro_batches,
+        compute_dtype=config.model.compute_dtype,
+        build_s=build_s,
+        iterations=its,
+        last_iteration_s=last.get("time_iteration_s"),
+        last_episodes_per_s=episodes / last["time_iteration_s"] if last.get("time_iteration_s") else None,
+        peak_bytes_in_use=_peak_bytes(),
+    )
     rec.emit("recipe_iteration", **r)
-    rec.log(f"recipe ({weights} weights): {episodes} episodes an iteration; last iteration "
-            f"{last.get('time_iteration_s', float('nan')):.1f}s (rollout {last.get('time_rollout_s', float('nan')):.1f}s, "
-            f"update {last.get('time_update_s', float('nan')):.1f}s)")
+    rec.log(
+        f"recipe ({weights} weights): {episodes} episodes an iteration; last iteration "
+        f"{last.get('time_iteration_s', float('nan')):.1f}s (rollout {last.get('time_rollout_s', float('nan')):.1f}s, "
+        f"update {last.get('time_update_s', float('nan')):.1f}s)"
+    )
     return "ok"
 
 
@@ -588,11 +769,18 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--small", action="store_true", help="tiny model and sizes, same code paths (CPU test, < 60 s)")
     ap.add_argument("--out", default="benchmarks/results/w6_gpu.jsonl", help="append JSON lines here ('' = none)")
-    ap.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
-                    help="skip the parts that would exceed this (a shorter budget scales the parts' minimum "
-                         "times down with it)")
-    ap.add_argument("--grace-s", type=float, default=30.0,
-                    help="the watchdog ends the process this long after the budget (negative = no watchdog)")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=DEFAULT_BUDGET_S,
+        help="skip the parts that would exceed this (a shorter budget scales the parts' minimum times down with it)",
+    )
+    ap.add_argument(
+        "--grace-s",
+        type=float,
+        default=30.0,
+        help="the watchdog ends the process this long after the budget (negative = no watchdog)",
+    )
     ap.add_argument("--parts", default=",".join(PARTS), help="comma list of calib,update,decode")
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     g = ap.add_argument_group("update (defaults: the W6 sizes, or the --small ones)")
@@ -621,20 +809,34 @@ def parse_args(argv=None):
     g.add_argument("--calib-inner", type=int, default=10)
     args = ap.parse_args(argv)
     sizes = SMALL_SIZES if args.small else FULL_SIZES
-    for name in ("batch", "seq", "prompt_len", "decode_batch", "decode_prompt", "decode_new", "bw_elems",
-                 "update_configs", "recipe_tasks", "recipe_micro_batches"):
+    for name in (
+        "batch",
+        "seq",
+        "prompt_len",
+        "decode_batch",
+        "decode_prompt",
+        "decode_new",
+        "bw_elems",
+        "update_configs",
+        "recipe_tasks",
+        "recipe_micro_batches",
+    ):
         if getattr(args, name) is None:
             setattr(args, name, getattr(sizes, name))
-    args.matmul_sizes = (tuple(int(s) for s in args.matmul_sizes.split(",")) if args.matmul_sizes
-                         else sizes.matmul_sizes)
+    args.matmul_sizes = tuple(int(s) for s in args.matmul_sizes.split(",")) if args.matmul_sizes else sizes.matmul_sizes
     sizes = dataclasses.replace(sizes, matmul_sizes=args.matmul_sizes, bw_elems=args.bw_elems)
     if not args.small and args.budget_s < DEFAULT_BUDGET_S:
         # a shorter budget (the device check gives W6 a share of its 8 minutes): the parts'
         # minimum times and the update's reserve for the decode shrink with it, so each
         # part is still tried rather than skipped outright
         f = max(args.budget_s, 0.0) / DEFAULT_BUDGET_S
-        sizes = dataclasses.replace(sizes, min_update_s=sizes.min_update_s * f, min_decode_s=sizes.min_decode_s * f,
-                                    decode_reserve_s=sizes.decode_reserve_s * f, min_recipe_s=sizes.min_recipe_s * f)
+        sizes = dataclasses.replace(
+            sizes,
+            min_update_s=sizes.min_update_s * f,
+            min_decode_s=sizes.min_decode_s * f,
+            decode_reserve_s=sizes.decode_reserve_s * f,
+            min_recipe_s=sizes.min_recipe_s * f,
+        )
     args.parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     bad = [p for p in args.parts if p not in PARTS]
     if bad:
@@ -650,23 +852,40 @@ def main(argv=None, t0: float | None = None):
     dev = jax.devices()[0]
     settings = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(args).items()}
     model = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "lora"}
-    common = {"workload": "W6", "small": args.small,
-              "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-              "jax": jax.__version__, "jaxlib": _jaxlib_version(),
-              "backend": jax.default_backend(), "device_kind": dev.device_kind, "device_count": jax.device_count()}
+    common = {
+        "workload": "W6",
+        "small": args.small,
+        "date_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "jax": jax.__version__,
+        "jaxlib": _jaxlib_version(),
+        "backend": jax.default_backend(),
+        "device_kind": dev.device_kind,
+        "device_count": jax.device_count(),
+    }
     rec = Recorder(args.out or None, common, t0)
     budget = Budget(args.budget_s, args.grace_s, rec)
-    rec.emit("env", settings=settings, model=model, params=param_count(cfg), host=platform.node(),
-             python=platform.python_version(), xla_flags=os.environ.get("XLA_FLAGS"),
-             mem_fraction=os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION"), device_memory_limit=_device_memory_limit(),
-             devices=[str(d) for d in jax.devices()])
-    rec.log(f"jax {jax.__version__} on {jax.default_backend()} ({dev.device_kind}); parts {args.parts}; "
-            f"budget {args.budget_s:.0f}s")
+    rec.emit(
+        "env",
+        settings=settings,
+        model=model,
+        params=param_count(cfg),
+        host=platform.node(),
+        python=platform.python_version(),
+        xla_flags=os.environ.get("XLA_FLAGS"),
+        mem_fraction=os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION"),
+        device_memory_limit=_device_memory_limit(),
+        devices=[str(d) for d in jax.devices()],
+    )
+    rec.log(
+        f"jax {jax.__version__} on {jax.default_backend()} ({dev.device_kind}); parts {args.parts}; "
+        f"budget {args.budget_s:.0f}s"
+    )
     state: dict = {}
     status = {}
     for part in args.parts:
-        need = {"calib": 1.0, "update": sizes.min_update_s, "decode": sizes.min_decode_s,
-                "recipe": sizes.min_recipe_s}[part]
+        need = {"calib": 1.0, "update": sizes.min_update_s, "decode": sizes.min_decode_s, "recipe": sizes.min_recipe_s}[
+            part
+        ]
         if budget.left() < need:
             status[part] = "skipped"
             rec.emit("skipped", part=part, reason=f"time budget: {budget.left():.0f}s left, need {need:.0f}s")
@@ -679,8 +898,15 @@ def main(argv=None, t0: float | None = None):
                 part_calib(args, sizes, rec, state)
                 status[part] = "ok"
             elif part == "update":
-                status[part] = part_update(args, cfg, sizes, rec, budget, state,
-                                           decode_pending="decode" in args.parts[args.parts.index(part):])
+                status[part] = part_update(
+                    args,
+                    cfg,
+                    sizes,
+                    rec,
+                    budget,
+                    state,
+                    decode_pending="decode" in args.parts[args.parts.index(part) :],
+                )
             elif part == "decode":
                 status[part] = part_decode(args, cfg, rec, budget, state)
             else:

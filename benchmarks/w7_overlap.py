@@ -29,6 +29,7 @@ tokens, rewards and ends are equal (log-probs to float32 rounding: ``max_logp_di
 
     python benchmarks/w7_overlap.py [--quick] [--repeats 5] [--out benchmarks/results/w7_overlap.jsonl]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,18 +46,27 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
+from _jsonl import emit  # noqa: E402
 
 import envs  # noqa: E402
 from envs.testing import BusyEnv  # noqa: E402
 from jaxagent import models as M  # noqa: E402
-from jaxagent.rollout import AgentLoop, AgentLoopConfig, SamplingConfig  # noqa: E402
 from jaxagent.models import tiny_config  # noqa: E402
 from jaxagent.models.byte_tokenizer import byte_chat_tokenizer  # noqa: E402
+from jaxagent.rollout import AgentLoop, AgentLoopConfig, SamplingConfig  # noqa: E402
 
-from _jsonl import emit  # noqa: E402
-
-PHASES = ("rollout_s", "decode_wait_s", "env_wait_s", "append_s", "dispatch_s", "submit_s", "host_s",
-          "device_busy_s", "device_idle_s", "device_idle_env_wait_s")
+PHASES = (
+    "rollout_s",
+    "decode_wait_s",
+    "env_wait_s",
+    "append_s",
+    "dispatch_s",
+    "submit_s",
+    "host_s",
+    "device_busy_s",
+    "device_idle_s",
+    "device_idle_env_wait_s",
+)
 
 
 class LatencyEnv(BusyEnv):
@@ -73,8 +83,10 @@ class LatencyEnv(BusyEnv):
 
 def same_trajectories(a, b) -> tuple[bool, float]:
     (ta, ea), (tb, eb) = a, b
-    exact = all(np.array_equal(np.asarray(getattr(ta, f)), np.asarray(getattr(tb, f)))
-                for f in ("tokens", "loss_mask", "turn_ids", "rewards", "done", "truncated", "failed", "lengths"))
+    exact = all(
+        np.array_equal(np.asarray(getattr(ta, f)), np.asarray(getattr(tb, f)))
+        for f in ("tokens", "loss_mask", "turn_ids", "rewards", "done", "truncated", "failed", "lengths")
+    )
     exact = exact and [e.end_reason for e in ea] == [e.end_reason for e in eb]
     diff = float(np.max(np.abs(np.asarray(ta.rollout_logp) - np.asarray(tb.rollout_logp))))
     return exact, diff
@@ -103,23 +115,48 @@ def main(argv=None):
     repeats = args.repeats or (1 if args.quick else 5)
 
     tok = byte_chat_tokenizer()
-    cfg = tiny_config(vocab_size=len(tok), hidden_size=args.hidden, intermediate_size=2 * args.hidden,
-                      num_layers=args.layers, num_heads=4, num_kv_heads=2, head_dim=args.hidden // 4)
+    cfg = tiny_config(
+        vocab_size=len(tok),
+        hidden_size=args.hidden,
+        intermediate_size=2 * args.hidden,
+        num_layers=args.layers,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=args.hidden // 4,
+    )
     params = M.init_params(jax.random.key(0), cfg, std=0.3)
-    base = AgentLoopConfig(max_turns=args.turns, max_tokens_per_turn=args.tokens, max_context=512,
-                           sampling=SamplingConfig(1.0), seed=1)
-    modes = {g: AgentLoop(params, cfg, tok, dataclasses.replace(base, pipeline_groups=g), profile=True)
-             for g in (1, args.groups)}
-    env_fns = {"busy": functools.partial(envs.make, "testing/busy", work=args.work),
-               "latency": functools.partial(LatencyEnv, args.latency_ms / 1e3, args.latency_work)}
+    base = AgentLoopConfig(
+        max_turns=args.turns, max_tokens_per_turn=args.tokens, max_context=512, sampling=SamplingConfig(1.0), seed=1
+    )
+    modes = {
+        g: AgentLoop(params, cfg, tok, dataclasses.replace(base, pipeline_groups=g), profile=True)
+        for g in (1, args.groups)
+    }
+    env_fns = {
+        "busy": functools.partial(envs.make, "testing/busy", work=args.work),
+        "latency": functools.partial(LatencyEnv, args.latency_ms / 1e3, args.latency_work),
+    }
     seeds = list(range(args.episodes))
-    common = {"workload": "W7", "episodes": args.episodes, "turns": args.turns, "tokens_per_turn": args.tokens,
-              "workers": args.workers, "hidden": args.hidden, "layers": args.layers, "repeats": repeats,
-              "quick": args.quick, "jax": jax.__version__, "cpus": len(os.sched_getaffinity(0)),
-              "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    common = {
+        "workload": "W7",
+        "episodes": args.episodes,
+        "turns": args.turns,
+        "tokens_per_turn": args.tokens,
+        "workers": args.workers,
+        "hidden": args.hidden,
+        "layers": args.layers,
+        "repeats": repeats,
+        "quick": args.quick,
+        "jax": jax.__version__,
+        "cpus": len(os.sched_getaffinity(0)),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
     for env_name in args.envs:
-        env_desc = ({"env": "testing/busy", "work": args.work} if env_name == "busy" else
-                    {"env": "latency", "latency_ms": args.latency_ms, "work": args.latency_work})
+        env_desc = (
+            {"env": "testing/busy", "work": args.work}
+            if env_name == "busy"
+            else {"env": "latency", "latency_ms": args.latency_ms, "work": args.latency_work}
+        )
         timings = {g: [] for g in modes}
         outs = {}
         with envs.EnvPool([env_fns[env_name]] * args.episodes, num_workers=args.workers) as pool:
@@ -135,14 +172,22 @@ def main(argv=None):
         base_s = statistics.median(t["rollout_s"] for t in timings[1])
         for g, ts in timings.items():
             med = {k: round(statistics.median(t[k] for t in ts), 4) for k in PHASES}
-            rec = {**common, **env_desc, "pipeline_groups": g, **med,
-                   "all_rollout_s": [round(t["rollout_s"], 4) for t in ts],
-                   "device_idle_frac": round(med["device_idle_s"] / med["rollout_s"], 3),
-                   "device_idle_env_wait_frac": round(med["device_idle_env_wait_s"] / med["rollout_s"], 3),
-                   "speedup_vs_groups_1": round(base_s / med["rollout_s"], 3),
-                   "same_trajectories": exact, "max_logp_diff": diff,
-                   "compilations": dict(modes[g].sampler.trace_counts), "load_avg_1m": load}
+            rec = {
+                **common,
+                **env_desc,
+                "pipeline_groups": g,
+                **med,
+                "all_rollout_s": [round(t["rollout_s"], 4) for t in ts],
+                "device_idle_frac": round(med["device_idle_s"] / med["rollout_s"], 3),
+                "device_idle_env_wait_frac": round(med["device_idle_env_wait_s"] / med["rollout_s"], 3),
+                "speedup_vs_groups_1": round(base_s / med["rollout_s"], 3),
+                "same_trajectories": exact,
+                "max_logp_diff": diff,
+                "compilations": dict(modes[g].sampler.trace_counts),
+                "load_avg_1m": load,
+            }
             emit(rec, args.out)
+
 
 if __name__ == "__main__":
     main()

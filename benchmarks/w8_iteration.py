@@ -79,6 +79,7 @@ line has `jaxagent_over_tunix_tokens_per_s` (of the two medians) and
 `pairwise_ratio_median` (the median over the alternated pairs of Tunix seconds over
 jaxagent seconds: less sensitive to load that drifts during the run).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -94,15 +95,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 from _jsonl import emit  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 from w1_generate import _IdTokenizer  # noqa: E402  (token ids as decimal words, as in W1)
-import numpy as np  # noqa: E402
 
 from jaxagent import models as M  # noqa: E402
 
-W8 = M.DecoderConfig(vocab_size=4096, hidden_size=256, intermediate_size=1024, num_layers=4, num_heads=4,
-                     num_kv_heads=2, head_dim=64, rope_theta=10000.0, rms_norm_eps=1e-6,
-                     tie_word_embeddings=False, qkv_bias=True, model_type="qwen2")
+W8 = M.DecoderConfig(
+    vocab_size=4096,
+    hidden_size=256,
+    intermediate_size=1024,
+    num_layers=4,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=64,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    qkv_bias=True,
+    model_type="qwen2",
+)
 CLIP, BETA, LR, MAX_GRAD_NORM, WEIGHT_DECAY = 0.2, 0.04, 1e-5, 1.0, 1e-4  # optax.adamw's default decay
 SYSTEMS = ("jaxagent", "tunix")
 
@@ -171,25 +183,43 @@ class PromptRollout:
         attn = (np.arange(T)[None, :] < lengths[:, None]).astype(np.int32)
         turn_rew = reward[:, None]
         traj = Trajectory(
-            tokens=jnp.asarray(tokens), attention_mask=jnp.asarray(attn), loss_mask=jnp.asarray(loss),
-            rollout_logp=jnp.asarray(logp), turn_ids=jnp.asarray(tid),
+            tokens=jnp.asarray(tokens),
+            attention_mask=jnp.asarray(attn),
+            loss_mask=jnp.asarray(loss),
+            rollout_logp=jnp.asarray(logp),
+            turn_ids=jnp.asarray(tid),
             rewards=jnp.asarray(rewards_at_turn_ends(turn_rew, tid)),
-            group_ids=jnp.asarray(np.asarray(group_ids, np.int32)), turn_rewards=jnp.asarray(turn_rew),
-            turn_mask=jnp.ones((B, 1), bool), anchor_ids=jnp.full((B, 1), -1, jnp.int32),
-            episode_return=jnp.asarray(reward), lengths=jnp.asarray(lengths), num_turns=jnp.ones((B,), jnp.int32),
-            done=jnp.ones((B,), bool), truncated=jnp.zeros((B,), bool), failed=jnp.zeros((B,), bool))
-        episodes = [_Episode(index=i, seed=int(s), group_id=int(g), success=bool(reward[i] > 0.5))
-                    for i, (s, g) in enumerate(zip(seeds, group_ids))]
+            group_ids=jnp.asarray(np.asarray(group_ids, np.int32)),
+            turn_rewards=jnp.asarray(turn_rew),
+            turn_mask=jnp.ones((B, 1), bool),
+            anchor_ids=jnp.full((B, 1), -1, jnp.int32),
+            episode_return=jnp.asarray(reward),
+            lengths=jnp.asarray(lengths),
+            num_turns=jnp.ones((B,), jnp.int32),
+            done=jnp.ones((B,), bool),
+            truncated=jnp.zeros((B,), bool),
+            failed=jnp.zeros((B,), bool),
+        )
+        episodes = [
+            _Episode(index=i, seed=int(s), group_id=int(g), success=bool(reward[i] > 0.5))
+            for i, (s, g) in enumerate(zip(seeds, group_ids))
+        ]
         return traj, episodes
 
 
-def jaxagent_system(model_dir: Path, prompts: np.ndarray, group: int, new_tokens: int, run_dir: Path,
-                    seed: int = 0):
+def jaxagent_system(model_dir: Path, prompts: np.ndarray, group: int, new_tokens: int, run_dir: Path, seed: int = 0):
     """`(trainer, loop, iteration)`: `iteration()` runs one whole trainer iteration and
     returns `(seconds, metrics)`."""
     from jaxagent.rollout import SamplingConfig
-    from jaxagent.train.config import (AlgoSection, EnvSection, LoggingSection, ModelSection, RolloutSection,
-                                       TrainerConfig, UpdateSection)
+    from jaxagent.train.config import (
+        AlgoSection,
+        EnvSection,
+        LoggingSection,
+        ModelSection,
+        RolloutSection,
+        TrainerConfig,
+        UpdateSection,
+    )
     from jaxagent.train.step_config import LossConfig, OptimizerConfig
     from jaxagent.train.trainer import Trainer
 
@@ -197,19 +227,37 @@ def jaxagent_system(model_dir: Path, prompts: np.ndarray, group: int, new_tokens
     cfg = TrainerConfig(
         model=ModelSection(path=str(model_dir), tokenizer="byte"),
         env=EnvSection(group_size=group, tasks_per_iteration=n_prompts, num_workers=0),
-        rollout=RolloutSection(max_turns=1, max_tokens_per_turn=new_tokens, max_context=P + new_tokens,
-                               temperature=1.0),
+        rollout=RolloutSection(
+            max_turns=1, max_tokens_per_turn=new_tokens, max_context=P + new_tokens, temperature=1.0
+        ),
         algo=AlgoSection(advantage="grpo"),
-        loss=LossConfig(policy_loss="ppo", clip_low=CLIP, clip_high=CLIP, clip_c=None, agg_mode="token-mean",
-                        kl_coef=BETA, kl_kind="k3", temperature=1.0),
+        loss=LossConfig(
+            policy_loss="ppo",
+            clip_low=CLIP,
+            clip_high=CLIP,
+            clip_c=None,
+            agg_mode="token-mean",
+            kl_coef=BETA,
+            kl_kind="k3",
+            temperature=1.0,
+        ),
         optim=OptimizerConfig(lr=LR, max_grad_norm=MAX_GRAD_NORM, weight_decay=WEIGHT_DECAY),
-        update=UpdateSection(epochs=1, mini_batches=1, micro_batches=1), iterations=1000, seed=seed,
+        update=UpdateSection(epochs=1, mini_batches=1, micro_batches=1),
+        iterations=1000,
+        seed=seed,
         run_dir=str(run_dir),
-        logging=LoggingSection(tensorboard=False, progress=False, transcripts_every=0, episodes_per_iteration=0,
-                               collapse_entropy=0.0))
+        logging=LoggingSection(
+            tensorboard=False, progress=False, transcripts_every=0, episodes_per_iteration=0, collapse_entropy=0.0
+        ),
+    )
     trainer = Trainer(cfg, log=lambda *a, **k: None)
-    loop = PromptRollout(trainer.placement.sampler_params(trainer.state), trainer.model_config, prompts, new_tokens,
-                         SamplingConfig(temperature=1.0))
+    loop = PromptRollout(
+        trainer.placement.sampler_params(trainer.state),
+        trainer.model_config,
+        prompts,
+        new_tokens,
+        SamplingConfig(temperature=1.0),
+    )
 
     def iteration():
         t = time.perf_counter()
@@ -225,9 +273,15 @@ def jaxagent_logprobs(trainer, tokens: np.ndarray) -> np.ndarray:
     from jaxagent.train.placement import policy_logprobs
 
     sc = trainer.config.step_config
-    out = policy_logprobs(trainer.state.params, trainer.model_config, tokens_BxT=jnp.asarray(tokens),
-                          attention_mask_BxT=jnp.ones(tokens.shape, jnp.int32), temperature=1.0,
-                          seq_chunk=sc.seq_chunk, vocab_chunk=sc.vocab_chunk)
+    out = policy_logprobs(
+        trainer.state.params,
+        trainer.model_config,
+        tokens_BxT=jnp.asarray(tokens),
+        attention_mask_BxT=jnp.ones(tokens.shape, jnp.int32),
+        temperature=1.0,
+        seq_chunk=sc.seq_chunk,
+        vocab_chunk=sc.vocab_chunk,
+    )
     return np.asarray(out)
 
 
@@ -235,35 +289,65 @@ def jaxagent_logprobs(trainer, tokens: np.ndarray) -> np.ndarray:
 def tunix_system(model_dir: Path, prompts: np.ndarray, group: int, new_tokens: int, max_steps: int):
     """`(learner, rl_cluster, completions)`: a `GRPOLearner` ready to `train`, and the list
     its reward function appends each batch's completions (texts) to."""
+    import optax
     from tunix.models.qwen2 import model as tmodel
     from tunix.models.qwen2 import params as tparams
     from tunix.rl import rl_cluster as rl_cluster_lib
     from tunix.rl.grpo import grpo_learner
     from tunix.rl.rollout import base_rollout
-    import optax
 
-    tcfg = tmodel.ModelConfig(num_layers=W8.num_layers, vocab_size=W8.vocab_size, embed_dim=W8.hidden_size,
-                              hidden_dim=W8.intermediate_size, num_heads=W8.num_heads, head_dim=W8.head_dim,
-                              num_kv_heads=W8.num_kv_heads, rope_theta=int(W8.rope_theta), norm_eps=W8.rms_norm_eps,
-                              use_tied_embedding=False)
-    mesh = jax.make_mesh((1, 1), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2,
-                         devices=jax.devices()[:1])
+    tcfg = tmodel.ModelConfig(
+        num_layers=W8.num_layers,
+        vocab_size=W8.vocab_size,
+        embed_dim=W8.hidden_size,
+        hidden_dim=W8.intermediate_size,
+        num_heads=W8.num_heads,
+        head_dim=W8.head_dim,
+        num_kv_heads=W8.num_kv_heads,
+        rope_theta=int(W8.rope_theta),
+        norm_eps=W8.rms_norm_eps,
+        use_tied_embedding=False,
+    )
+    mesh = jax.make_mesh(
+        (1, 1), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2, devices=jax.devices()[:1]
+    )
     actor = tparams.create_model_from_safe_tensors(str(model_dir), tcfg, mesh=mesh, dtype=jnp.float32)
     reference = tparams.create_model_from_safe_tensors(str(model_dir), tcfg, mesh=mesh, dtype=jnp.float32)
     P = prompts.shape[1]
     R = rl_cluster_lib.Role
     training = rl_cluster_lib.RLTrainingConfig(
         actor_optimizer=optax.chain(optax.clip_by_global_norm(MAX_GRAD_NORM), optax.adamw(LR)),
-        eval_every_n_steps=10**9, max_steps=max_steps)  # no metrics_logging_options: no logging backend
-    rollout = base_rollout.RolloutConfig(max_tokens_to_generate=new_tokens, max_prompt_length=P,
-                                         kv_cache_size=P + new_tokens, temperature=1.0, top_p=1.0, top_k=None)
+        eval_every_n_steps=10**9,
+        max_steps=max_steps,
+    )  # no metrics_logging_options: no logging backend
+    rollout = base_rollout.RolloutConfig(
+        max_tokens_to_generate=new_tokens,
+        max_prompt_length=P,
+        kv_cache_size=P + new_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=None,
+    )
     cluster = rl_cluster_lib.RLCluster(
-        actor=actor, reference=reference, tokenizer=_IdTokenizer(W8.vocab_size),
+        actor=actor,
+        reference=reference,
+        tokenizer=_IdTokenizer(W8.vocab_size),
         cluster_config=rl_cluster_lib.ClusterConfig(
-            role_to_mesh={R.ACTOR: mesh, R.REFERENCE: mesh, R.ROLLOUT: mesh}, rollout_engine="vanilla",
-            offload_to_cpu=False, training_config=training, rollout_config=rollout))
-    algo = grpo_learner.GRPOConfig(num_generations=group, num_iterations=1, beta=BETA, epsilon=CLIP,
-                                   kl_loss_mode="low_var_kl", loss_agg_mode="token-mean")
+            role_to_mesh={R.ACTOR: mesh, R.REFERENCE: mesh, R.ROLLOUT: mesh},
+            rollout_engine="vanilla",
+            offload_to_cpu=False,
+            training_config=training,
+            rollout_config=rollout,
+        ),
+    )
+    algo = grpo_learner.GRPOConfig(
+        num_generations=group,
+        num_iterations=1,
+        beta=BETA,
+        epsilon=CLIP,
+        kl_loss_mode="low_var_kl",
+        loss_agg_mode="token-mean",
+    )
     seen: list[list[str]] = []
     rng = np.random.default_rng(12345)
 
@@ -280,8 +364,10 @@ def tunix_logprobs(cluster, tokens: np.ndarray, prompt_len: int) -> dict[str, np
     rollout model, shared with the trainer) and its reference model."""
     pad, eos = cluster.rollout.pad_id(), cluster.rollout.eos_id()
     p, c = jnp.asarray(tokens[:, :prompt_len]), jnp.asarray(tokens[:, prompt_len:])
-    return {"actor": np.asarray(cluster.rollout.get_per_token_logps(p, c)),
-            "reference": np.asarray(cluster.get_ref_per_token_logps(p, c, pad, eos))}
+    return {
+        "actor": np.asarray(cluster.rollout.get_per_token_logps(p, c)),
+        "reference": np.asarray(cluster.get_ref_per_token_logps(p, c, pad, eos)),
+    }
 
 
 # ---------------------------------------------------------------- main
@@ -299,8 +385,9 @@ def _median(xs):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true",
-                    help="4 prompts x 2 samples of 16 + 16 tokens, 2 timed iterations: a smoke run")
+    ap.add_argument(
+        "--quick", action="store_true", help="4 prompts x 2 samples of 16 + 16 tokens, 2 timed iterations: a smoke run"
+    )
     ap.add_argument("--repeats", type=int, default=None, help="timed iterations per system (default 5; quick 2)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed iterations first (default 1)")
     ap.add_argument("--systems", default="jaxagent,tunix", help=f"comma list of {', '.join(SYSTEMS)}")
@@ -313,10 +400,21 @@ def main(argv=None):
     repeats = args.repeats or (2 if args.quick else 5)
     warmup = max(0, args.warmup)
     n_iter = warmup + repeats
-    common = {"workload": "W8", "prompts": n_prompts, "samples_per_prompt": G, "batch": B, "prompt_len": P,
-              "new_tokens": N, "quick": args.quick, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-              "jax": jax.__version__, "cpus": len(os.sched_getaffinity(0)), "warmup": warmup, "repeats": repeats,
-              "loadavg_1m_start": round(os.getloadavg()[0], 2)}
+    common = {
+        "workload": "W8",
+        "prompts": n_prompts,
+        "samples_per_prompt": G,
+        "batch": B,
+        "prompt_len": P,
+        "new_tokens": N,
+        "quick": args.quick,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "jax": jax.__version__,
+        "cpus": len(os.sched_getaffinity(0)),
+        "warmup": warmup,
+        "repeats": repeats,
+        "loadavg_1m_start": round(os.getloadavg()[0], 2),
+    }
 
     prompts = np.random.default_rng(args.seed).integers(1, W8.vocab_size, (n_prompts, P)).astype(np.int32)
     tmp = tempfile.TemporaryDirectory(prefix="w8_")
@@ -329,11 +427,19 @@ def main(argv=None):
     if "jaxagent" in wanted:
         t = time.perf_counter()
         trainer, loop, jax_iteration = jaxagent_system(model_dir, prompts, G, N, tmpdir / "jaxagent_run", args.seed)
-        same = jax.tree.map(lambda a, b: bool(np.array_equal(np.asarray(a), np.asarray(b))), params,
-                            trainer.state.params)
+        same = jax.tree.map(
+            lambda a, b: bool(np.array_equal(np.asarray(a), np.asarray(b))), params, trainer.state.params
+        )
         assert all(jax.tree.leaves(same)), "jaxagent's params loaded from the file differ from W1's init_params"
-        jx = {"trainer": trainer, "loop": loop, "iteration": jax_iteration, "times": [], "metrics": [],
-              "num_tokens": [], "groups_differ": []}
+        jx = {
+            "trainer": trainer,
+            "loop": loop,
+            "iteration": jax_iteration,
+            "times": [],
+            "metrics": [],
+            "num_tokens": [],
+            "groups_differ": [],
+        }
         print(f"# jaxagent: set up in {time.perf_counter() - t:.1f}s", file=sys.stderr, flush=True)
     if "tunix" in wanted:
         try:
@@ -345,8 +451,14 @@ def main(argv=None):
 
             t = time.perf_counter()
             learner, cluster, completions = tunix_system(model_dir, prompts, G, N, n_iter + 1)
-            tx = {"learner": learner, "cluster": cluster, "completions": completions, "enter": [], "exit": [],
-                  "rollout_s": []}
+            tx = {
+                "learner": learner,
+                "cluster": cluster,
+                "completions": completions,
+                "enter": [],
+                "exit": [],
+                "rollout_s": [],
+            }
             common["tunix"] = version("google-tunix")
             gen = cluster.generate
 
@@ -365,15 +477,24 @@ def main(argv=None):
     if jx is not None and tx is not None:
         # the iteration's shapes (B rows of P + N tokens), so these compilations are the ones the passes reuse
         rng = np.random.default_rng(args.seed + 1)
-        seq = np.concatenate([np.repeat(prompts, G, axis=0), rng.integers(1, W8.vocab_size, (B, N)).astype(np.int32)],
-                             axis=1)
+        seq = np.concatenate(
+            [np.repeat(prompts, G, axis=0), rng.integers(1, W8.vocab_size, (B, N)).astype(np.int32)], axis=1
+        )
         ours = jaxagent_logprobs(jx["trainer"], seq)[:, P:]
         theirs = tunix_logprobs(tx["cluster"], seq, P)
         diffs = {k: float(np.max(np.abs(v - ours))) for k, v in theirs.items()}
-        emit({**common, "kind": "check", "what": "completion log-probs of the prompts + random completions",
-              "first_logp_jaxagent": float(ours[0, 0]), "first_logp_tunix_actor": float(theirs["actor"][0, 0]),
-              "max_abs_logp_diff_tunix_actor": diffs["actor"],
-              "max_abs_logp_diff_tunix_reference": diffs["reference"]}, args.out)
+        emit(
+            {
+                **common,
+                "kind": "check",
+                "what": "completion log-probs of the prompts + random completions",
+                "first_logp_jaxagent": float(ours[0, 0]),
+                "first_logp_tunix_actor": float(theirs["actor"][0, 0]),
+                "max_abs_logp_diff_tunix_actor": diffs["actor"],
+                "max_abs_logp_diff_tunix_reference": diffs["reference"],
+            },
+            args.out,
+        )
         assert max(diffs.values()) < 1e-3, f"jaxagent and Tunix disagree on log-probs: {diffs}"
 
     # ---- alternate: one jaxagent iteration inside each of Tunix's data-iterator pulls
@@ -418,46 +539,85 @@ def main(argv=None):
         ms = jx["metrics"][warmup:]
         phases = {k: _median([m[f"time_{k}_s"] for m in ms]) for k in ("rollout", "logprobs", "advantages", "update")}
         phases["logprobs_plus_advantages"] = _median([m["time_logprobs_s"] + m["time_advantages_s"] for m in ms])
-        phases["other"] = _median([t - sum(m[f"time_{k}_s"] for k in ("rollout", "logprobs", "advantages", "update"))
-                                   for t, m in zip(timed, ms)])
+        phases["other"] = _median(
+            [
+                t - sum(m[f"time_{k}_s"] for k in ("rollout", "logprobs", "advantages", "update"))
+                for t, m in zip(timed, ms)
+            ]
+        )
         lo = min(a for a, _ in jx["num_tokens"])
         hi = max(b for _, b in jx["num_tokens"])
         assert lo == hi == N, f"jaxagent completions have {lo}..{hi} tokens, not {N}"
-        emit({**common, "kind": "iteration", "system": "jaxagent", "tokens_per_s": round(rates["jaxagent"], 1),
-              "median_iteration_s": round(med, 4), "iteration_s": [round(x, 4) for x in jx["times"]],
-              "warmup_s": [round(x, 3) for x in jx["times"][:warmup]],
-              "phase_median_s": {k: round(v, 4) for k, v in phases.items()},
-              "completion_tokens_min": lo, "completion_tokens_max": hi,
-              "groups_with_distinct_samples": _median(jx["groups_differ"]),
-              "loss_first": ms[0]["loss"] if ms else None, "kl_last": jx["metrics"][-1].get("kl"),
-              "grad_norm_first": jx["metrics"][0].get("grad_norm"), "skipped_updates": sum(
-                  m["skipped_updates"] for m in jx["metrics"]),
-              "rollout_logp_gap": _median([m["rollout_logp_gap"] for m in jx["metrics"]]),
-              "loadavg_1m_end": load_end, "run_s": round(run_s, 2)}, args.out)
+        emit(
+            {
+                **common,
+                "kind": "iteration",
+                "system": "jaxagent",
+                "tokens_per_s": round(rates["jaxagent"], 1),
+                "median_iteration_s": round(med, 4),
+                "iteration_s": [round(x, 4) for x in jx["times"]],
+                "warmup_s": [round(x, 3) for x in jx["times"][:warmup]],
+                "phase_median_s": {k: round(v, 4) for k, v in phases.items()},
+                "completion_tokens_min": lo,
+                "completion_tokens_max": hi,
+                "groups_with_distinct_samples": _median(jx["groups_differ"]),
+                "loss_first": ms[0]["loss"] if ms else None,
+                "kl_last": jx["metrics"][-1].get("kl"),
+                "grad_norm_first": jx["metrics"][0].get("grad_norm"),
+                "skipped_updates": sum(m["skipped_updates"] for m in jx["metrics"]),
+                "rollout_logp_gap": _median([m["rollout_logp_gap"] for m in jx["metrics"]]),
+                "loadavg_1m_end": load_end,
+                "run_s": round(run_s, 2),
+            },
+            args.out,
+        )
     if tx is not None:
         its = [tx["enter"][j + 1] - tx["exit"][j] for j in range(n_iter)]
         timed = its[warmup:]
         med = statistics.median(timed)
         rates["tunix"] = B * T / med
         lens = [len(c.split()) for batch_c in tx["completions"] for c in batch_c]
-        differ = [float(np.mean([len(set(cs[i * G:(i + 1) * G])) == G for i in range(n_prompts)]))
-                  for cs in tx["completions"]]
+        differ = [
+            float(np.mean([len(set(cs[i * G : (i + 1) * G])) == G for i in range(n_prompts)]))
+            for cs in tx["completions"]
+        ]
         assert min(lens) == max(lens) == N, f"Tunix completions have {min(lens)}..{max(lens)} tokens, not {N}"
-        emit({**common, "kind": "iteration", "system": "tunix", "tokens_per_s": round(rates["tunix"], 1),
-              "median_iteration_s": round(med, 4), "iteration_s": [round(x, 4) for x in its],
-              "warmup_s": [round(x, 3) for x in its[:warmup]],
-              "rollout_median_s": round(_median(tx["rollout_s"][warmup:n_iter]), 4),
-              "completion_tokens_min": min(lens), "completion_tokens_max": max(lens),
-              "groups_with_distinct_samples": _median(differ), "iterations_run": len(tx["completions"]),
-              "loadavg_1m_end": load_end, "run_s": round(run_s, 2)}, args.out)
+        emit(
+            {
+                **common,
+                "kind": "iteration",
+                "system": "tunix",
+                "tokens_per_s": round(rates["tunix"], 1),
+                "median_iteration_s": round(med, 4),
+                "iteration_s": [round(x, 4) for x in its],
+                "warmup_s": [round(x, 3) for x in its[:warmup]],
+                "rollout_median_s": round(_median(tx["rollout_s"][warmup:n_iter]), 4),
+                "completion_tokens_min": min(lens),
+                "completion_tokens_max": max(lens),
+                "groups_with_distinct_samples": _median(differ),
+                "iterations_run": len(tx["completions"]),
+                "loadavg_1m_end": load_end,
+                "run_s": round(run_s, 2),
+            },
+            args.out,
+        )
     if len(rates) == 2:
         # each timed jaxagent iteration against the Tunix iteration that ran right after it
         pairs = [t / j for j, t in zip(jx["times"][warmup:], its[warmup:])]
-        emit({**common, "kind": "ratio", "numerator": "jaxagent", "denominator": "tunix",
-              "jaxagent_over_tunix_tokens_per_s": round(rates["jaxagent"] / rates["tunix"], 3),
-              "pairwise_ratio_median": round(statistics.median(pairs), 3),
-              "pairwise_ratios": [round(x, 3) for x in pairs],
-              "alternated": "per iteration", "loadavg_1m_end": load_end}, args.out)
+        emit(
+            {
+                **common,
+                "kind": "ratio",
+                "numerator": "jaxagent",
+                "denominator": "tunix",
+                "jaxagent_over_tunix_tokens_per_s": round(rates["jaxagent"] / rates["tunix"], 3),
+                "pairwise_ratio_median": round(statistics.median(pairs), 3),
+                "pairwise_ratios": [round(x, 3) for x in pairs],
+                "alternated": "per iteration",
+                "loadavg_1m_end": load_end,
+            },
+            args.out,
+        )
     tmp.cleanup()
 
 

@@ -27,6 +27,7 @@ equal the turn-synchronous ones (log-probs to float32 rounding: `max_logp_diff`)
 
     python benchmarks/w9_uneven.py [--quick] [--repeats 5] [--workers 16] [--out benchmarks/results/w9_uneven.jsonl]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,9 +44,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+from _jsonl import emit  # noqa: E402
+
 import envs  # noqa: E402  (light: the env workers, spawned, import this script again, so
 from envs.testing import UnevenEnv  # noqa: E402  JAX and the model are imported in main())
-from _jsonl import emit  # noqa: E402
 
 #: the template's own words, then one word per remaining id of the vocabulary
 ROLE_WORDS = ("system", "user", "assistant")
@@ -71,8 +73,10 @@ def same_trajectories(a, b) -> tuple[bool, float]:
     import numpy as np
 
     (ta, ea), (tb, eb) = a, b
-    exact = all(np.array_equal(np.asarray(getattr(ta, f)), np.asarray(getattr(tb, f)))
-                for f in ("tokens", "loss_mask", "turn_ids", "rewards", "done", "truncated", "failed", "lengths"))
+    exact = all(
+        np.array_equal(np.asarray(getattr(ta, f)), np.asarray(getattr(tb, f)))
+        for f in ("tokens", "loss_mask", "turn_ids", "rewards", "done", "truncated", "failed", "lengths")
+    )
     exact = exact and [e.end_reason for e in ea] == [e.end_reason for e in eb]
     exact = exact and [e.observations for e in ea] == [e.observations for e in eb]
     diff = float(np.max(np.abs(np.asarray(ta.rollout_logp) - np.asarray(tb.rollout_logp))))
@@ -87,22 +91,30 @@ def main(argv=None):
     ap.add_argument("--slots", default="64", help="comma list: continuous variants' sampler rows")
     ap.add_argument("--median-ms", type=float, default=20.0)
     ap.add_argument("--repeats", type=int, default=None)
-    ap.add_argument("--quick", action="store_true",
-                    help="2 groups of 4, 2-3 turns, 4 tokens, 2 ms latency, a 2-layer hidden-64 model, "
-                         "1 repeat: a smoke run")
-    ap.add_argument("--shared-seeds", action="store_true",
-                    help="the episodes of a group share their env seed (length and latencies)")
-    ap.add_argument("--small-model", action="store_true",
-                    help="a 2-layer hidden-64 model of the same vocabulary (decode rounds about 10x cheaper: "
-                         "the ratio of decode to env latency of a faster device)")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="2 groups of 4, 2-3 turns, 4 tokens, 2 ms latency, a 2-layer hidden-64 model, 1 repeat: a smoke run",
+    )
+    ap.add_argument(
+        "--shared-seeds",
+        action="store_true",
+        help="the episodes of a group share their env seed (length and latencies)",
+    )
+    ap.add_argument(
+        "--small-model",
+        action="store_true",
+        help="a 2-layer hidden-64 model of the same vocabulary (decode rounds about 10x cheaper: "
+        "the ratio of decode to env latency of a faster device)",
+    )
     ap.add_argument("--out", default=None, help="append JSON lines to this file")
     args = ap.parse_args(argv)
     import jax
     import numpy as np
+    from w1_generate import W1
 
     from jaxagent import models as M
     from jaxagent.rollout import AgentLoop, AgentLoopConfig, SamplingConfig
-    from w1_generate import W1
 
     tokens = 16
     env_kw = {"median_ms": args.median_ms}
@@ -124,8 +136,9 @@ def main(argv=None):
     env_fn = functools.partial(UnevenEnv, **env_kw)
     probe = env_fn()
     obs0, info0 = probe.reset(seed=0)
-    base = AgentLoopConfig(max_turns=probe.max_turns, max_tokens_per_turn=tokens, max_context=512,
-                           sampling=SamplingConfig(1.0), seed=1)
+    base = AgentLoopConfig(
+        max_turns=probe.max_turns, max_tokens_per_turn=tokens, max_context=512, sampling=SamplingConfig(1.0), seed=1
+    )
     variants = {"sync": base, "groups=2": dataclasses.replace(base, pipeline_groups=2)}
     variants.update({f"slots={s}": dataclasses.replace(base, slots=s) for s in slots})
     loops = {name: AgentLoop(params, model, tok, cfg, profile=True) for name, cfg in variants.items()}
@@ -135,19 +148,34 @@ def main(argv=None):
     # each episode its own env seed (so its own length and latencies), unless --shared-seeds:
     # a rollout does not need a group's episodes to play one task, and with one seed a
     # group's episodes would wait exactly alike
-    seeds = ([g for g in range(args.groups) for _ in range(args.group_size)] if args.shared_seeds
-             else list(range(B)))
+    seeds = [g for g in range(args.groups) for _ in range(args.group_size)] if args.shared_seeds else list(range(B))
     group_ids = [i // args.group_size for i in range(B)]
     lengths = [random.Random(f"length-{s}").randint(probe.min_turns, probe.max_turns) for s in seeds]
-    common = {"workload": "W9", "episodes": B, "groups": args.groups, "group_size": args.group_size,
-              "prompt_tokens": prompt_tokens, "obs_tokens": obs_tokens, "tokens_per_turn": tokens,
-              "median_ms": env_kw["median_ms"], "workers": args.workers, "repeats": repeats,
-              "model": "tiny-qwen2" if model is W1 else "small (2 layers, hidden 64)",
-              "shared_seeds": args.shared_seeds,
-              "turns_total": sum(lengths), "turns_max": max(lengths), "quick": args.quick,
-              "jax": jax.__version__, "cpus": len(os.sched_getaffinity(0)), "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    print(f"W9: {B} episodes, prompt {prompt_tokens} tokens, observations {obs_tokens} tokens, "
-          f"{sum(lengths)} env steps (longest episode {max(lengths)}), {args.workers} workers", file=sys.stderr)
+    common = {
+        "workload": "W9",
+        "episodes": B,
+        "groups": args.groups,
+        "group_size": args.group_size,
+        "prompt_tokens": prompt_tokens,
+        "obs_tokens": obs_tokens,
+        "tokens_per_turn": tokens,
+        "median_ms": env_kw["median_ms"],
+        "workers": args.workers,
+        "repeats": repeats,
+        "model": "tiny-qwen2" if model is W1 else "small (2 layers, hidden 64)",
+        "shared_seeds": args.shared_seeds,
+        "turns_total": sum(lengths),
+        "turns_max": max(lengths),
+        "quick": args.quick,
+        "jax": jax.__version__,
+        "cpus": len(os.sched_getaffinity(0)),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    print(
+        f"W9: {B} episodes, prompt {prompt_tokens} tokens, observations {obs_tokens} tokens, "
+        f"{sum(lengths)} env steps (longest episode {max(lengths)}), {args.workers} workers",
+        file=sys.stderr,
+    )
     timings = {name: [] for name in loops}
     outs = {}
     with envs.EnvPool([env_fn] * B, num_workers=args.workers, step_timeout=30.0) as pool:
@@ -158,24 +186,38 @@ def main(argv=None):
                     outs[name] = out
                 else:
                     timings[name].append(dict(loop.timings))
-            print(f"W9: round {rep}/{repeats} " + " ".join(
-                f"{n} {loops[n].timings['rollout_s']:.2f}s" for n in loops), file=sys.stderr)
+            print(
+                f"W9: round {rep}/{repeats} " + " ".join(f"{n} {loops[n].timings['rollout_s']:.2f}s" for n in loops),
+                file=sys.stderr,
+            )
     load = round(os.getloadavg()[0], 2)
     sync_s = statistics.median(t["rollout_s"] for t in timings["sync"])
     gen_tokens = [sum(len(t) for k, t in e.segments if k == "policy") for e in outs["sync"][1]]
     for name, ts in timings.items():
         exact, diff = same_trajectories(outs["sync"], outs[name])
-        med = {k: round(statistics.median(t[k] for t in ts), 4)
-               for k in ("rollout_s", "decode_wait_s", "env_wait_s", "append_s", "device_busy_s", "device_idle_s")}
-        emit({**common, "variant": name, "slots": variants[name].slots,
-              "pipeline_groups": variants[name].pipeline_groups,
-              "episodes_per_s": round(B / med["rollout_s"], 2), **med,
-              "all_rollout_s": [round(t["rollout_s"], 4) for t in ts],
-              "device_idle_frac": round(med["device_idle_s"] / med["rollout_s"], 3),
-              "speedup_vs_sync": round(sync_s / statistics.median(t["rollout_s"] for t in ts), 3),
-              "generated_tokens_mean": round(float(np.mean(gen_tokens)), 1),
-              "same_trajectories": exact, "max_logp_diff": diff,
-              "compilations": dict(loops[name].sampler.trace_counts), "load_avg_1m": load}, args.out)
+        med = {
+            k: round(statistics.median(t[k] for t in ts), 4)
+            for k in ("rollout_s", "decode_wait_s", "env_wait_s", "append_s", "device_busy_s", "device_idle_s")
+        }
+        emit(
+            {
+                **common,
+                "variant": name,
+                "slots": variants[name].slots,
+                "pipeline_groups": variants[name].pipeline_groups,
+                "episodes_per_s": round(B / med["rollout_s"], 2),
+                **med,
+                "all_rollout_s": [round(t["rollout_s"], 4) for t in ts],
+                "device_idle_frac": round(med["device_idle_s"] / med["rollout_s"], 3),
+                "speedup_vs_sync": round(sync_s / statistics.median(t["rollout_s"] for t in ts), 3),
+                "generated_tokens_mean": round(float(np.mean(gen_tokens)), 1),
+                "same_trajectories": exact,
+                "max_logp_diff": diff,
+                "compilations": dict(loops[name].sampler.trace_counts),
+                "load_avg_1m": load,
+            },
+            args.out,
+        )
 
 
 if __name__ == "__main__":

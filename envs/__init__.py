@@ -12,8 +12,19 @@
 
 This package is plain Python: it does not import JAX or ``jaxagent``.
 """
-from envs.core import (Env, InvalidAction, MissingExtraError, TextEnv, import_modules, is_known, known_envs, make,
-                       make_with_imports, register)
+
+from envs.core import (
+    Env,
+    InvalidAction,
+    MissingExtraError,
+    TextEnv,
+    import_modules,
+    is_known,
+    known_envs,
+    make,
+    make_with_imports,
+    register,
+)
 from envs.pool import EnvPool, EnvPoolError
 from envs.tasks import JsonlTasks, ListTasks, QAEnv, ReasoningGymTasks, Task, TaskSource, TfdsTasks
 
@@ -30,18 +41,46 @@ def rollout(env: Env, seed: int, policy=None, max_turns: int = 1000) -> list[dic
             raise ValueError(f"{type(env).__name__} has no expert; pass a policy")
         policy = lambda obs, e: e.expert_action()  # noqa: E731
     obs, info = env.reset(seed)
-    transcript = [{"action": None, "observation": obs, "reward": 0.0, "terminated": False,
-                   "truncated": False, "info": info}]
+    transcript = [
+        {"action": None, "observation": obs, "reward": 0.0, "terminated": False, "truncated": False, "info": info}
+    ]
     for _ in range(max_turns):
         action = policy(obs, env)
         obs, reward, terminated, truncated, info = env.step(action)
-        transcript.append({"action": action, "observation": obs, "reward": reward,
-                           "terminated": terminated, "truncated": truncated, "info": info})
+        transcript.append(
+            {
+                "action": action,
+                "observation": obs,
+                "reward": reward,
+                "terminated": terminated,
+                "truncated": truncated,
+                "info": info,
+            }
+        )
         if terminated or truncated:
             break
     return transcript
 
 
-__all__ = ["Env", "TextEnv", "InvalidAction", "MissingExtraError", "make", "register", "known_envs", "import_modules", "make_with_imports",
-           "is_known", "EnvPool", "EnvPoolError", "Task", "TaskSource", "ListTasks", "JsonlTasks",
-           "ReasoningGymTasks", "TfdsTasks", "QAEnv", "rollout"]
+__all__ = [
+    "Env",
+    "TextEnv",
+    "InvalidAction",
+    "MissingExtraError",
+    "make",
+    "register",
+    "known_envs",
+    "import_modules",
+    "make_with_imports",
+    "is_known",
+    "EnvPool",
+    "EnvPoolError",
+    "Task",
+    "TaskSource",
+    "ListTasks",
+    "JsonlTasks",
+    "ReasoningGymTasks",
+    "TfdsTasks",
+    "QAEnv",
+    "rollout",
+]

@@ -6,6 +6,7 @@ optional ``**`` and unary minus, and parentheses, and computes it exactly as a
 float). Anything else (names, calls, other operators) is rejected with
 :class:`ExpressionError` naming the offending part.
 """
+
 from __future__ import annotations
 
 import ast
@@ -122,7 +123,7 @@ def format_number(value: Fraction) -> str:
     if d != 1:
         return f"{value.numerator}/{value.denominator}"
     places = max(twos, fives)
-    scaled = abs(value) * 10 ** places
+    scaled = abs(value) * 10**places
     digits = str(scaled.numerator).rjust(places + 1, "0")
     text = f"{digits[:-places]}.{digits[-places:]}".rstrip("0").rstrip(".")
     return ("-" if value < 0 else "") + text

@@ -3,6 +3,7 @@
 Adapters are imported only when one of their envs is made, so ``import envs`` works
 without any optional extra.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -13,6 +14,7 @@ from envs.core import register
 def _lazy(module: str, attr: str):
     def factory(*args, **kwargs):
         return getattr(importlib.import_module(module), attr)(*args, **kwargs)
+
     factory.__qualname__ = factory.__name__ = f"make_{attr}"
     return factory
 

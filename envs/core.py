@@ -35,6 +35,7 @@ unambiguous, and otherwise answered with an observation that says what was wrong
 the env's ``invalid_penalty`` as reward, and ``info["invalid_action"]`` set to the
 message. Calling ``step`` on a finished episode is a programming error and raises.
 """
+
 from __future__ import annotations
 
 import abc
@@ -42,7 +43,8 @@ import importlib
 import math
 import numbers
 import re
-from typing import Any, Callable, Hashable
+from collections.abc import Callable, Hashable
+from typing import Any
 
 Observation = Any  # str | list[dict[str, str]]
 StepResult = tuple[Observation, float, bool, bool, dict]
@@ -65,7 +67,8 @@ class MissingExtraError(ImportError):
     def __init__(self, what: str, package: str, extra: str):
         super().__init__(
             f"{what} needs the optional package {package!r}, which is not installed; "
-            f"install the extra with: pip install 'jaxagent[{extra}]'")
+            f"install the extra with: pip install 'jaxagent[{extra}]'"
+        )
         self.package = package
         self.extra = extra
 
@@ -155,16 +158,15 @@ class TextEnv(Env):
         self._seed: int | None = None
 
     @abc.abstractmethod
-    def _reset(self, seed: int) -> tuple[Observation, dict]:
-        ...
+    def _reset(self, seed: int) -> tuple[Observation, dict]: ...
 
     @abc.abstractmethod
-    def _step(self, action: str) -> tuple[Observation, float, bool, dict]:
-        ...
+    def _step(self, action: str) -> tuple[Observation, float, bool, dict]: ...
 
     def reset(self, seed: int | None = None) -> tuple[Observation, dict]:
         if seed is None:
             import secrets
+
             seed = secrets.randbits(31)
         if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
             raise TypeError(f"seed must be an int, got {type(seed).__name__} {seed!r}")
@@ -182,8 +184,7 @@ class TextEnv(Env):
             raise RuntimeError(f"{type(self).__name__}.step called on a finished episode; call reset")
         self._steps += 1
         if not isinstance(action, str):
-            obs, reward, terminated, info = self._invalid(
-                f"the action must be text, got {type(action).__name__}")
+            obs, reward, terminated, info = self._invalid(f"the action must be text, got {type(action).__name__}")
         else:
             try:
                 obs, reward, terminated, info = self._step(action)
@@ -239,10 +240,26 @@ def last_tagged(text: str, tag: str) -> str | None:
 
 
 _DIRECTION_WORDS = {
-    "up": "up", "u": "up", "north": "up", "n": "up", "↑": "up",
-    "down": "down", "d": "down", "south": "down", "s": "down", "↓": "down",
-    "left": "left", "l": "left", "west": "left", "w": "left", "←": "left",
-    "right": "right", "r": "right", "east": "right", "e": "right", "→": "right",
+    "up": "up",
+    "u": "up",
+    "north": "up",
+    "n": "up",
+    "↑": "up",
+    "down": "down",
+    "d": "down",
+    "south": "down",
+    "s": "down",
+    "↓": "down",
+    "left": "left",
+    "l": "left",
+    "west": "left",
+    "w": "left",
+    "←": "left",
+    "right": "right",
+    "r": "right",
+    "east": "right",
+    "e": "right",
+    "→": "right",
 }
 _LONG_DIRECTIONS = ("up", "down", "left", "right", "north", "south", "west", "east")
 

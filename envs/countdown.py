@@ -19,6 +19,7 @@ feedback and another try.
 Expert: an exhaustive search over pairwise combinations (with memoisation), which
 finds a solution for every instance.
 """
+
 from __future__ import annotations
 
 import random
@@ -42,8 +43,9 @@ def _combine(a: Fraction, b: Fraction, op: str) -> Fraction | None:
     return a / b if b != 0 else None
 
 
-def generate(rng: random.Random, num_numbers: int, max_number: int, max_target: int,
-             use_all: bool) -> tuple[tuple[int, ...], int]:
+def generate(
+    rng: random.Random, num_numbers: int, max_number: int, max_target: int, use_all: bool
+) -> tuple[tuple[int, ...], int]:
     """(numbers, target) with a target reachable by construction."""
     for _ in range(100_000):
         numbers = [rng.randint(1, max_number) for _ in range(num_numbers)]
@@ -58,8 +60,10 @@ def generate(rng: random.Random, num_numbers: int, max_number: int, max_target: 
             pool.append(v)
         if len(pool) == 1 and pool[0].denominator == 1 and 1 <= pool[0] <= max_target:
             return tuple(numbers), int(pool[0])
-    raise ValueError(f"no Countdown instance with {num_numbers} numbers in 1..{max_number} reaches a "
-                     f"target in 1..{max_target}; raise max_target or max_number")
+    raise ValueError(
+        f"no Countdown instance with {num_numbers} numbers in 1..{max_number} reaches a "
+        f"target in 1..{max_target}; raise max_target or max_number"
+    )
 
 
 def solve(numbers, target: int, use_all: bool = True) -> str | None:
@@ -126,8 +130,15 @@ class Countdown(TextEnv):
 
     has_expert = True
 
-    def __init__(self, num_numbers: int = 4, max_number: int = 50, max_target: int = 200,
-                 use_all: bool = True, max_attempts: int = 1, invalid_penalty: float = -0.1):
+    def __init__(
+        self,
+        num_numbers: int = 4,
+        max_number: int = 50,
+        max_target: int = 200,
+        use_all: bool = True,
+        max_attempts: int = 1,
+        invalid_penalty: float = -0.1,
+    ):
         if not isinstance(num_numbers, int) or not 2 <= num_numbers <= 6:
             raise ValueError(f"num_numbers must be an int in 2..6, got {num_numbers!r}")
         if not isinstance(max_number, int) or max_number < 2:
@@ -146,9 +157,11 @@ class Countdown(TextEnv):
     @property
     def system_prompt(self) -> str:
         rule = "every number exactly once" if self.use_all else "each number at most once"
-        return ("You play Countdown: combine the given numbers with +, -, * and / and parentheses "
-                f"to make an expression equal to the target, using {rule}. Division may give "
-                f"fractions along the way. {self.action_format}")
+        return (
+            "You play Countdown: combine the given numbers with +, -, * and / and parentheses "
+            f"to make an expression equal to the target, using {rule}. Division may give "
+            f"fractions along the way. {self.action_format}"
+        )
 
     @property
     def action_format(self) -> str:
@@ -156,12 +169,10 @@ class Countdown(TextEnv):
 
     def _reset(self, seed: int):
         rng = random.Random(seed)
-        self.numbers, self.target = generate(rng, self.num_numbers, self.max_number,
-                                             self.max_target, self.use_all)
+        self.numbers, self.target = generate(rng, self.num_numbers, self.max_number, self.max_target, self.use_all)
         self._solution = None
         nums = ", ".join(map(str, self.numbers))
-        return (f"Numbers: {nums}\nTarget: {self.target}",
-                {"numbers": list(self.numbers), "target": self.target})
+        return (f"Numbers: {nums}\nTarget: {self.target}", {"numbers": list(self.numbers), "target": self.target})
 
     def _parse(self, action: str) -> str:
         tagged = last_tagged(action, "answer")

@@ -18,6 +18,7 @@ Expert: value iteration on the known dynamics (shortest path when not slippery),
 which maximises the probability of reaching G. ``expert_action(style="blind")`` is a
 weaker demonstrator for warm starts: it walks toward G without looking at the holes.
 """
+
 from __future__ import annotations
 
 import random
@@ -26,8 +27,7 @@ from collections import deque
 from envs.core import InvalidAction, TextEnv, parse_direction
 
 _MOVES = {"left": (0, -1), "down": (1, 0), "right": (0, 1), "up": (-1, 0)}
-_PERPENDICULAR = {"left": ("up", "down"), "right": ("down", "up"),
-                  "up": ("left", "right"), "down": ("right", "left")}
+_PERPENDICULAR = {"left": ("up", "down"), "right": ("down", "up"), "up": ("left", "right"), "down": ("right", "left")}
 
 
 def step_on(pos: tuple[int, int], direction: str, size: int) -> tuple[int, int]:
@@ -82,8 +82,14 @@ class FrozenLake(TextEnv):
     has_expert = True
     random_actions = tuple(f"<action>{d}</action>" for d in ("up", "down", "left", "right"))
 
-    def __init__(self, size: int = 4, hole_prob: float = 0.2, slippery: bool = False,
-                 max_steps: int | None = None, invalid_penalty: float = -0.1):
+    def __init__(
+        self,
+        size: int = 4,
+        hole_prob: float = 0.2,
+        slippery: bool = False,
+        max_steps: int | None = None,
+        invalid_penalty: float = -0.1,
+    ):
         if not isinstance(size, int) or size < 2:
             raise ValueError(f"size must be an int >= 2, got {size!r}")
         if not 0.0 <= hole_prob < 0.6:
@@ -97,12 +103,18 @@ class FrozenLake(TextEnv):
 
     @property
     def system_prompt(self) -> str:
-        slip = ("The ice is slippery: you move in the direction you chose only one time in three; "
-                "otherwise you slide to one of the two sides. " if self.slippery else "")
-        return ("You are on a frozen lake drawn as a grid. S is the start, F is frozen ice (safe), "
-                "H is a hole (falling in ends the game), G is the goal, and P marks where you are. "
-                "Reach G without falling into a hole. Moving into the edge of the grid leaves you "
-                f"in place. {slip}{self.action_format}")
+        slip = (
+            "The ice is slippery: you move in the direction you chose only one time in three; "
+            "otherwise you slide to one of the two sides. "
+            if self.slippery
+            else ""
+        )
+        return (
+            "You are on a frozen lake drawn as a grid. S is the start, F is frozen ice (safe), "
+            "H is a hole (falling in ends the game), G is the goal, and P marks where you are. "
+            "Reach G without falling into a hole. Moving into the edge of the grid leaves you "
+            f"in place. {slip}{self.action_format}"
+        )
 
     @property
     def action_format(self) -> str:
@@ -133,8 +145,7 @@ class FrozenLake(TextEnv):
             actual = self._rng.choice((direction, *_PERPENDICULAR[direction]))
         self.pos = self._move(self.pos, actual)
         cell = self.rows[self.pos[0]][self.pos[1]]
-        lead = f"You move {direction}." if actual == direction else \
-            f"You try to move {direction} but slide {actual}."
+        lead = f"You move {direction}." if actual == direction else f"You try to move {direction} but slide {actual}."
         info = {"moved": actual}
         if cell == "H":
             return self._render(lead + " You fall into a hole. Game over."), 0.0, True, {**info, "success": False}
@@ -144,7 +155,7 @@ class FrozenLake(TextEnv):
 
     def step(self, action: str):
         obs, reward, terminated, truncated, info = super().step(action)
-        info["map"] = "\n".join(self.rows)   # on every step, an invalid one too: `summarize` replays on it
+        info["map"] = "\n".join(self.rows)  # on every step, an invalid one too: `summarize` replays on it
         return obs, reward, terminated, truncated, info
 
     def state_key(self):
@@ -185,8 +196,9 @@ class FrozenLake(TextEnv):
                 nxt = step_on(pos, d, n)
                 if rows[nxt[0]][nxt[1]] == "H":
                     holes += 1
-                    avoidable += any(rows[r][c] != "H" for r, c in
-                                     (step_on(pos, t, n) for t in moves_toward_goal(pos, n)))
+                    avoidable += any(
+                        rows[r][c] != "H" for r, c in (step_on(pos, t, n) for t in moves_toward_goal(pos, n))
+                    )
                     break
                 pos = nxt
                 if rows[pos[0]][pos[1]] == "G":
@@ -220,8 +232,7 @@ class FrozenLake(TextEnv):
                 value[p] = best
             if delta < 1e-12:
                 break
-        return {p: max(("up", "right", "down", "left"), key=lambda d: q(p, d)) for p in cells
-                if p not in terminal}
+        return {p: max(("up", "right", "down", "left"), key=lambda d: q(p, d)) for p in cells if p not in terminal}
 
     def expert_action(self, style: str = "expert", salt: int = 0) -> str:
         """The demonstrator's move: ``style="expert"``, value iteration (module docstring);

@@ -16,6 +16,7 @@ answer is tedious by hand and a few lines of code. The answer is computed here, 
 this process, by a function written separately from the expert's program (the expert
 calls the tool with its program, then answers with what it printed).
 """
+
 from __future__ import annotations
 
 import random
@@ -41,26 +42,30 @@ def make_task(template: str, rng: random.Random) -> tuple[str, dict]:
         return f"What is the sum of all prime numbers below {p['n']}?", p
     if template == "fib_mod":
         p = {"n": rng.randint(500, 5_000), "m": rng.randint(1_000, 99_999)}
-        return (f"Let F(0) = 0, F(1) = 1 and F(k) = F(k-1) + F(k-2). What is F({p['n']}) modulo "
-                f"{p['m']}?"), p
+        return (f"Let F(0) = 0, F(1) = 1 and F(k) = F(k-1) + F(k-2). What is F({p['n']}) modulo {p['m']}?"), p
     if template == "digit_sum_count":
         a = rng.randint(1, 50_000)
         p = {"a": a, "b": a + rng.randint(1_000, 60_000), "k": rng.randint(3, 13)}
-        return (f"How many integers from {p['a']} to {p['b']} (both included) have a digit sum that is "
-                f"divisible by {p['k']}?"), p
+        return (
+            f"How many integers from {p['a']} to {p['b']} (both included) have a digit sum that is "
+            f"divisible by {p['k']}?"
+        ), p
     if template == "collatz_longest":
         p = {"n": rng.randint(200, 3_000)}
-        return (f"The Collatz step maps x to x/2 if x is even and to 3x+1 if x is odd. Which starting number "
-                f"from 1 to {p['n']} takes the most steps to reach 1? (On a tie, the smallest.)"), p
+        return (
+            f"The Collatz step maps x to x/2 if x is even and to 3x+1 if x is odd. Which starting number "
+            f"from 1 to {p['n']} takes the most steps to reach 1? (On a tie, the smallest.)"
+        ), p
     if template == "word_rank":
         p = {"words": _words(rng, rng.randint(12, 20))}
         p["k"] = rng.randint(1, len(p["words"]))
-        return (f"Sort these words by length, and words of the same length alphabetically: "
-                f"{' '.join(p['words'])}. Which word is at position {p['k']} (counting from 1)?"), p
+        return (
+            f"Sort these words by length, and words of the same length alphabetically: "
+            f"{' '.join(p['words'])}. Which word is at position {p['k']} (counting from 1)?"
+        ), p
     if template == "product_residues":
         p = {"n": rng.randint(20, 120), "m": rng.randint(50, 500)}
-        return (f"How many distinct values does (i * j) mod {p['m']} take for integers 1 <= i, j <= "
-                f"{p['n']}?"), p
+        return (f"How many distinct values does (i * j) mod {p['m']} take for integers 1 <= i, j <= {p['n']}?"), p
     raise ValueError(f"unknown template {template!r}; known: {', '.join(TEMPLATES)}")
 
 
@@ -70,9 +75,9 @@ def solve(template: str, p: dict) -> str:
         n = p["n"]
         sieve = bytearray([1]) * n
         sieve[:2] = b"\0\0"
-        for i in range(2, int(n ** 0.5) + 1):
+        for i in range(2, int(n**0.5) + 1):
             if sieve[i]:
-                sieve[i * i::i] = bytearray(len(range(i * i, n, i)))
+                sieve[i * i :: i] = bytearray(len(range(i * i, n, i)))
         return str(sum(i for i in range(n) if sieve[i]))
     if template == "fib_mod":
         a, b = 0, 1
@@ -101,23 +106,33 @@ def solve(template: str, p: dict) -> str:
 def expert_program(template: str, p: dict) -> str:
     """The expert's program for a task: it prints the answer (written apart from `solve`)."""
     if template == "prime_sum":
-        return (f"n = {p['n']}\nprimes = [k for k in range(2, n) if all(k % d for d in range(2, int(k ** 0.5) + 1))]\n"
-                "print(sum(primes))")
+        return (
+            f"n = {p['n']}\nprimes = [k for k in range(2, n) if all(k % d for d in range(2, int(k ** 0.5) + 1))]\n"
+            "print(sum(primes))"
+        )
     if template == "fib_mod":
-        return (f"f = [0, 1]\nfor k in range(2, {p['n']} + 1):\n    f.append((f[-1] + f[-2]) % {p['m']})\n"
-                f"print(f[{p['n']}] % {p['m']})")
+        return (
+            f"f = [0, 1]\nfor k in range(2, {p['n']} + 1):\n    f.append((f[-1] + f[-2]) % {p['m']})\n"
+            f"print(f[{p['n']}] % {p['m']})"
+        )
     if template == "digit_sum_count":
-        return (f"count = 0\nfor x in range({p['a']}, {p['b']} + 1):\n    s = 0\n    while x:\n"
-                f"        s += x % 10\n        x //= 10\n    count += s % {p['k']} == 0\nprint(count)")
+        return (
+            f"count = 0\nfor x in range({p['a']}, {p['b']} + 1):\n    s = 0\n    while x:\n"
+            f"        s += x % 10\n        x //= 10\n    count += s % {p['k']} == 0\nprint(count)"
+        )
     if template == "collatz_longest":
-        return ("from functools import lru_cache\nimport sys\nsys.setrecursionlimit(10000)\n@lru_cache(None)\n"
-                "def steps(x):\n    return 0 if x == 1 else 1 + steps(x // 2 if x % 2 == 0 else 3 * x + 1)\n"
-                f"print(max(range(1, {p['n']} + 1), key=lambda s: (steps(s), -s)))")
+        return (
+            "from functools import lru_cache\nimport sys\nsys.setrecursionlimit(10000)\n@lru_cache(None)\n"
+            "def steps(x):\n    return 0 if x == 1 else 1 + steps(x // 2 if x % 2 == 0 else 3 * x + 1)\n"
+            f"print(max(range(1, {p['n']} + 1), key=lambda s: (steps(s), -s)))"
+        )
     if template == "word_rank":
         return f"words = {p['words']!r}\nwords.sort()\nwords.sort(key=len)\nprint(words[{p['k']} - 1])"
     if template == "product_residues":
-        return (f"seen = set()\nfor i in range(1, {p['n']} + 1):\n    for j in range(1, {p['n']} + 1):\n"
-                f"        seen.add(i * j % {p['m']})\nprint(len(seen))")
+        return (
+            f"seen = set()\nfor i in range(1, {p['n']} + 1):\n    for j in range(1, {p['n']} + 1):\n"
+            f"        seen.add(i * j % {p['m']})\nprint(len(seen))"
+        )
     raise ValueError(f"unknown template {template!r}")
 
 
@@ -143,9 +158,17 @@ class PyCode(TextEnv):
 
     has_expert = True
 
-    def __init__(self, templates=TEMPLATES, max_turns: int = 6, invalid_penalty: float = -0.1,
-                 wall_s: float = 10.0, cpu_s: int = 10, memory_mb: int = 512, max_output: int = 1000,
-                 isolation: str = "bwrap"):
+    def __init__(
+        self,
+        templates=TEMPLATES,
+        max_turns: int = 6,
+        invalid_penalty: float = -0.1,
+        wall_s: float = 10.0,
+        cpu_s: int = 10,
+        memory_mb: int = 512,
+        max_output: int = 1000,
+        isolation: str = "bwrap",
+    ):
         templates = tuple(templates)
         unknown = [t for t in templates if t not in TEMPLATES]
         if not templates or unknown:
@@ -160,14 +183,18 @@ class PyCode(TextEnv):
 
     @property
     def system_prompt(self) -> str:
-        return ("Answer the question. You have a Python tool: each call runs your program in a fresh "
-                "sandbox (no network, no files kept between calls, a few seconds of time) and returns "
-                f"what it printed in <tool_response></tool_response> tags. {self.action_format}")
+        return (
+            "Answer the question. You have a Python tool: each call runs your program in a fresh "
+            "sandbox (no network, no files kept between calls, a few seconds of time) and returns "
+            f"what it printed in <tool_response></tool_response> tags. {self.action_format}"
+        )
 
     @property
     def action_format(self) -> str:
-        return ('Each turn, either run a program: <tool_call>{"name": "python", "arguments": {"code": '
-                '"print(6 * 7)"}}</tool_call>, or give the final answer: <answer>42</answer>.')
+        return (
+            'Each turn, either run a program: <tool_call>{"name": "python", "arguments": {"code": '
+            '"print(6 * 7)"}}</tool_call>, or give the final answer: <answer>42</answer>.'
+        )
 
     def _reset(self, seed: int):
         rng = random.Random(seed)
@@ -188,8 +215,12 @@ class PyCode(TextEnv):
             if r.stderr.strip():
                 text += f"\nstderr:\n{r.stderr}"
             self._outputs.append(r.stdout.strip())
-            return (f"<tool_response>{text}</tool_response>", 0.0, False,
-                    {"tool_status": r.status, "tool_seconds": round(r.seconds, 3)})
+            return (
+                f"<tool_response>{text}</tool_response>",
+                0.0,
+                False,
+                {"tool_status": r.status, "tool_seconds": round(r.seconds, 3)},
+            )
         given = tagged.strip()
         ok = given == self.answer or answers_match(given, self.answer)
         return ("Correct." if ok else "Incorrect."), 1.0 if ok else 0.0, True, {"success": ok, "answer": given}

@@ -38,6 +38,7 @@ mode in use in every reset's info.
 The output returned is at most `Limits.max_output` characters of stdout (its start) and
 of stderr (its end, where the error is).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -53,10 +54,11 @@ import time
 
 ISOLATIONS = ("bwrap", "unshare", "none")
 #: what each mode leaves open, for messages and the run's log
-WEAKER = {"unshare": "no network and its own PID namespace, but the code can read and write whatever this "
-                     "user can outside its directory",
-          "none": "resource limits and a process group only: the code has this user's network, files and "
-                  "processes"}
+WEAKER = {
+    "unshare": "no network and its own PID namespace, but the code can read and write whatever this "
+    "user can outside its directory",
+    "none": "resource limits and a process group only: the code has this user's network, files and processes",
+}
 #: where the temporary directory appears inside bwrap (on its private /tmp)
 SANDBOX_DIR = "/tmp/sandbox"
 
@@ -86,7 +88,7 @@ class Limits:
 
 @dataclasses.dataclass(frozen=True)
 class Result:
-    status: str            # "ok", "error", "timeout", "killed (SIGNAME)", "output limit", "memory limit"
+    status: str  # "ok", "error", "timeout", "killed (SIGNAME)", "output limit", "memory limit"
     stdout: str
     stderr: str
     returncode: int | None
@@ -120,7 +122,7 @@ def _others_can_run(path: str) -> bool:
         return False
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def interpreter() -> str:
     """The Python the code runs on: this one (its real file: a virtualenv's link may sit in a
     hidden directory), or, when the code runs as `NOBODY` and cannot reach it, the system's."""
@@ -130,8 +132,10 @@ def interpreter() -> str:
     for candidate in ("/usr/bin/python3", "/usr/local/bin/python3"):
         if os.path.exists(candidate) and _others_can_run(candidate):
             return os.path.realpath(candidate)
-    raise RuntimeError(f"no Python interpreter that user {NOBODY} may run: {here} is in a directory closed to "
-                       "other users and there is no /usr/bin/python3")
+    raise RuntimeError(
+        f"no Python interpreter that user {NOBODY} may run: {here} is in a directory closed to "
+        "other users and there is no /usr/bin/python3"
+    )
 
 
 def _user_tasks(uid: int) -> int:
@@ -152,8 +156,15 @@ def _user_tasks(uid: int) -> int:
 
 def _works(cmd: list[str]) -> bool:
     try:
-        return subprocess.run(cmd + [interpreter(), "-I", "-S", "-c", "pass"], capture_output=True, timeout=20,
-                              preexec_fn=_limit_child(Limits())).returncode == 0
+        return (
+            subprocess.run(
+                cmd + [interpreter(), "-I", "-S", "-c", "pass"],
+                capture_output=True,
+                timeout=20,
+                preexec_fn=_limit_child(Limits()),
+            ).returncode
+            == 0
+        )
     except (OSError, subprocess.SubprocessError):
         return False
 
@@ -162,7 +173,7 @@ class IsolationUnavailableError(RuntimeError):
     """The isolation a sandbox run asks for does not work on this machine."""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def available(mode: str) -> bool:
     """Whether isolation `mode` works on this machine (a trial run of the interpreter)."""
     if mode == "bwrap":
@@ -173,7 +184,7 @@ def available(mode: str) -> bool:
 
 
 def isolation() -> str:
-    """"bwrap", "unshare" or "none": the strongest isolation that works on this machine."""
+    """ "bwrap", "unshare" or "none": the strongest isolation that works on this machine."""
     return next(mode for mode in ISOLATIONS if available(mode))
 
 
@@ -186,30 +197,49 @@ def require_isolation(mode: str = "bwrap", *, accept_less: str = "isolation_mode
     if available(mode):
         return mode
     if mode == "bwrap":
-        what = ("bubblewrap is not installed (no `bwrap` on PATH)" if not shutil.which("bwrap") else
-                "`bwrap` is installed but cannot start a sandbox here (are user namespaces disabled?)")
+        what = (
+            "bubblewrap is not installed (no `bwrap` on PATH)"
+            if not shutil.which("bwrap")
+            else "`bwrap` is installed but cannot start a sandbox here (are user namespaces disabled?)"
+        )
         raise IsolationUnavailableError(
             f"the code sandbox isolates the file system with bubblewrap, and {what}: install it "
             f"(apt-get install bubblewrap), or accept weaker isolation deliberately with {accept_less} "
-            f"(unshare: {WEAKER['unshare']}; none: {WEAKER['none']})")
+            f"(unshare: {WEAKER['unshare']}; none: {WEAKER['none']})"
+        )
     raise IsolationUnavailableError(
         f"isolation {mode!r} does not work on this machine ("
         + ("no `unshare` on PATH" if not shutil.which("unshare") else "`unshare --user` cannot start here")
-        + f"); the strongest that works is {isolation()!r}")
+        + f"); the strongest that works is {isolation()!r}"
+    )
 
 
 def _bwrap_prefix(workdir: str) -> list[str]:
-    cmd = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-           "--tmpfs", "/run"]
+    cmd = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--tmpfs", "/run"]
     for hidden in ("/home", "/root"):
         if os.path.isdir(hidden):
             cmd += ["--tmpfs", hidden]
-    base = os.path.dirname(os.path.dirname(interpreter()))   # its prefix, also under a hidden dir
+    base = os.path.dirname(os.path.dirname(interpreter()))  # its prefix, also under a hidden dir
     if base.startswith(("/home/", "/root/")):
         cmd += ["--ro-bind", base, base]
-    cmd += ["--bind", workdir, SANDBOX_DIR, "--chdir", SANDBOX_DIR, "--unshare-all", "--die-with-parent",
-            "--new-session", "--clearenv", "--setenv", "HOME", SANDBOX_DIR, "--setenv", "PATH", "/usr/bin:/bin",
-            "--"]
+    cmd += [
+        "--bind",
+        workdir,
+        SANDBOX_DIR,
+        "--chdir",
+        SANDBOX_DIR,
+        "--unshare-all",
+        "--die-with-parent",
+        "--new-session",
+        "--clearenv",
+        "--setenv",
+        "HOME",
+        SANDBOX_DIR,
+        "--setenv",
+        "PATH",
+        "/usr/bin:/bin",
+        "--",
+    ]
     return cmd
 
 
@@ -220,8 +250,20 @@ def _unshare_prefix() -> list[str]:
     # on itself, and where that fails ("sigprocmask unblock failed") it exits 1: the limit
     # would read as an ordinary error. sh adds its own line for a killed job to stderr
     # ("CPU time limit exceeded", "Segmentation fault").
-    return ["unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child", "--",
-            "/bin/sh", "-c", '"$@"; exit $?', "sh"]
+    return [
+        "unshare",
+        "--user",
+        "--map-root-user",
+        "--net",
+        "--pid",
+        "--fork",
+        "--kill-child",
+        "--",
+        "/bin/sh",
+        "-c",
+        '"$@"; exit $?',
+        "sh",
+    ]
 
 
 def _limit_child(limits: Limits):
@@ -236,19 +278,23 @@ def _limit_child(limits: Limits):
     def set_limits():
         mb = 2**20
         cpu = math.ceil(limits.cpu_s)
-        for res, soft, hard in ((resource.RLIMIT_CPU, cpu, cpu + 1),   # SIGXCPU first, SIGKILL a second later
-                                (resource.RLIMIT_AS, int(limits.memory_mb * mb), int(limits.memory_mb * mb)),
-                                (resource.RLIMIT_FSIZE, int(limits.file_mb * mb), int(limits.file_mb * mb)),
-                                (resource.RLIMIT_NOFILE, int(limits.max_files), int(limits.max_files)),
-                                (resource.RLIMIT_NPROC, nproc, nproc), (resource.RLIMIT_CORE, 0, 0)):
+        for res, soft, hard in (
+            (resource.RLIMIT_CPU, cpu, cpu + 1),  # SIGXCPU first, SIGKILL a second later
+            (resource.RLIMIT_AS, int(limits.memory_mb * mb), int(limits.memory_mb * mb)),
+            (resource.RLIMIT_FSIZE, int(limits.file_mb * mb), int(limits.file_mb * mb)),
+            (resource.RLIMIT_NOFILE, int(limits.max_files), int(limits.max_files)),
+            (resource.RLIMIT_NPROC, nproc, nproc),
+            (resource.RLIMIT_CORE, 0, 0),
+        ):
             try:
                 resource.setrlimit(res, (soft, hard))
             except (ValueError, OSError):
-                pass   # e.g. a hard limit already lower
+                pass  # e.g. a hard limit already lower
         if drop:
             os.setgroups([])
             os.setgid(NOBODY)
             os.setuid(NOBODY)
+
     return set_limits
 
 
@@ -264,7 +310,7 @@ def run_python(code: str, limits: Limits = Limits(), *, isolation_mode: str = "b
     try:
         with open(os.path.join(workdir, "main.py"), "w") as f:
             f.write(code)
-        if _drops_privileges():   # the code's only writable place
+        if _drops_privileges():  # the code's only writable place
             for path in (workdir, os.path.join(workdir, "main.py")):
                 os.chown(path, NOBODY, NOBODY)
         out_path, err_path = os.path.join(workdir, ".stdout"), os.path.join(workdir, ".stderr")
@@ -280,8 +326,16 @@ def run_python(code: str, limits: Limits = Limits(), *, isolation_mode: str = "b
         env = {} if mode == "bwrap" else {"PATH": "/usr/bin:/bin", "HOME": workdir}
         t0 = time.monotonic()
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=cwd, env=env,
-                                    start_new_session=True, preexec_fn=_limit_child(limits))
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                cwd=cwd,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_limit_child(limits),
+            )
             status = None
             try:
                 proc.wait(timeout=limits.wall_s)
@@ -344,13 +398,16 @@ def _status(code: int | None, stderr: str, limits: Limits, wrapped: bool = False
             return f"killed ({signal.Signals(sig).name})"
         except ValueError:
             return f"killed (signal {sig})"
-    if code is not None and 128 < code <= 128 + 64 and (wrapped or code - 128 in (
-            signal.SIGXCPU, signal.SIGXFSZ, signal.SIGSEGV, signal.SIGKILL, signal.SIGABRT)):
+    if (
+        code is not None
+        and 128 < code <= 128 + 64
+        and (wrapped or code - 128 in (signal.SIGXCPU, signal.SIGXFSZ, signal.SIGSEGV, signal.SIGKILL, signal.SIGABRT))
+    ):
         # the unshare / bwrap wrapper reports the child's signal as 128 + n (an exit code in
         # that range read the same way: `sys.exit(139)` looks like a SIGSEGV there)
         return _status(-(code - 128), stderr, limits)
     if "MemoryError" in stderr:
         return "memory limit"
-    if "File too large" in stderr:   # a write past file_mb that the code caught as OSError
+    if "File too large" in stderr:  # a write past file_mb that the code caught as OSError
         return "output limit"
     return "error"

@@ -22,6 +22,7 @@ Expert: the first move of the solver's plan from the current state (a pure funct
 of the state, memoised); from an unsolvable state (a box pushed into a corner) it
 returns any move.
 """
+
 from __future__ import annotations
 
 import random
@@ -38,8 +39,7 @@ class Level:
     Cells are ``row * width + col`` ints.
     """
 
-    def __init__(self, height: int, width: int, walls: frozenset, targets: frozenset,
-                 player: int, boxes: frozenset):
+    def __init__(self, height: int, width: int, walls: frozenset, targets: frozenset, player: int, boxes: frozenset):
         self.height, self.width = height, width
         self.walls, self.targets = walls, targets
         self.player, self.boxes = player, boxes
@@ -229,15 +229,20 @@ def _reverse_play(level: Level, rng: random.Random, num_moves: int):
         player = nxt
         if any(b in level.targets for b in boxes):
             continue
-        score = sum(min(abs(b // level.width - t // level.width) + abs(b % level.width - t % level.width)
-                        for t in level.targets) for b in boxes)
+        score = sum(
+            min(
+                abs(b // level.width - t // level.width) + abs(b % level.width - t % level.width) for t in level.targets
+            )
+            for b in boxes
+        )
         if score > best_score:
             best, best_score = (player, frozenset(boxes)), score
     return best
 
 
-def generate_level(height: int, width: int, num_boxes: int, rng: random.Random,
-                   max_tries: int = 200) -> tuple[Level, list[str]]:
+def generate_level(
+    height: int, width: int, num_boxes: int, rng: random.Random, max_tries: int = 200
+) -> tuple[Level, list[str]]:
     """A solvable level and a push-optimal solution from its start."""
     for _ in range(max_tries):
         floor = _carve_room(height, width, rng)
@@ -255,8 +260,10 @@ def generate_level(height: int, width: int, num_boxes: int, rng: random.Random,
         plan = solve(level, level.player, level.boxes)
         if plan and len(plan) >= 3 * num_boxes:  # skip trivial levels
             return level, plan
-    raise RuntimeError(f"could not generate a {height}x{width} Sokoban level with {num_boxes} "
-                       f"boxes in {max_tries} tries; use a larger room or fewer boxes")
+    raise RuntimeError(
+        f"could not generate a {height}x{width} Sokoban level with {num_boxes} "
+        f"boxes in {max_tries} tries; use a larger room or fewer boxes"
+    )
 
 
 class Sokoban(TextEnv):
@@ -276,9 +283,16 @@ class Sokoban(TextEnv):
     has_expert = True
     random_actions = tuple(f"<action>{d}</action>" for d in ("up", "down", "left", "right"))
 
-    def __init__(self, height: int = 7, width: int = 7, num_boxes: int = 2, max_steps: int = 100,
-                 step_penalty: float = 0.0, invalid_penalty: float = -0.1,
-                 noop_penalty: float = 0.0):
+    def __init__(
+        self,
+        height: int = 7,
+        width: int = 7,
+        num_boxes: int = 2,
+        max_steps: int = 100,
+        step_penalty: float = 0.0,
+        invalid_penalty: float = -0.1,
+        noop_penalty: float = 0.0,
+    ):
         for name, v, lo in (("height", height, 5), ("width", width, 5), ("num_boxes", num_boxes, 1)):
             if not isinstance(v, int) or v < lo:
                 raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
@@ -298,11 +312,13 @@ class Sokoban(TextEnv):
 
     @property
     def system_prompt(self) -> str:
-        return ("You are playing Sokoban. The map uses these characters: # wall, _ floor, . target, "
-                "$ box, * box on a target, @ you, + you standing on a target. Move one cell at a time. "
-                "Walking into a box pushes it one cell further if that cell is free; you cannot pull "
-                "boxes, and a box pushed into a corner can never be moved out. Push every box onto a "
-                f"target. {self.action_format}")
+        return (
+            "You are playing Sokoban. The map uses these characters: # wall, _ floor, . target, "
+            "$ box, * box on a target, @ you, + you standing on a target. Move one cell at a time. "
+            "Walking into a box pushes it one cell further if that cell is free; you cannot pull "
+            "boxes, and a box pushed into a corner can never be moved out. Push every box onto a "
+            f"target. {self.action_format}"
+        )
 
     @property
     def action_format(self) -> str:
@@ -316,8 +332,7 @@ class Sokoban(TextEnv):
 
     def _render(self, lead: str) -> str:
         on = sum(b in self.level.targets for b in self.boxes)
-        return (f"{lead}\n{self.level.render(self.player, self.boxes)}\n"
-                f"Boxes on targets: {on} of {len(self.boxes)}.")
+        return f"{lead}\n{self.level.render(self.player, self.boxes)}\nBoxes on targets: {on} of {len(self.boxes)}."
 
     def _step(self, action: str):
         d = parse_direction(action)

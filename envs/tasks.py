@@ -18,12 +18,14 @@ the response's final answer is extracted (see :mod:`envs.verify`) and scored. Wi
 ``max_attempts > 1`` a wrong answer is answered with feedback and another try
 (retry-with-feedback); the reward is the score of the last answer given.
 """
+
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from envs.core import InvalidAction, TextEnv, require
 from envs.verify import answers_match, extract_answer, reference_answer
@@ -32,6 +34,7 @@ from envs.verify import answers_match, extract_answer, reference_answer
 @dataclass(frozen=True)
 class Task:
     """One question with its reference answer (and anything else the source keeps)."""
+
     question: str
     answer: str
     id: str = ""
@@ -92,8 +95,13 @@ class JsonlTasks(TaskSource):
       id_key: optional field holding a task id (default: the line number).
     """
 
-    def __init__(self, path: str | os.PathLike, question_key: str = "question",
-                 answer_key: str = "answer", id_key: str | None = None):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        question_key: str = "question",
+        answer_key: str = "answer",
+        id_key: str | None = None,
+    ):
         self.path = os.fspath(path)
         if not os.path.isfile(self.path):
             raise FileNotFoundError(f"task file {self.path!r} does not exist")
@@ -153,6 +161,7 @@ class ReasoningGymTasks(TaskSource):
     def __init__(self, dataset: str, seed: int = 0, size: int = 10_000, **config):
         rg = require("reasoning_gym", f"reasoning_gym/{dataset}", "reasoning-gym", "envs-reasoning")
         from reasoning_gym.factory import DATASETS
+
         if dataset not in DATASETS:
             raise ValueError(f"unknown reasoning-gym dataset {dataset!r}; known: {', '.join(sorted(DATASETS))}")
         self.dataset, self.seed, self.size, self.config = dataset, seed, size, config
@@ -163,12 +172,14 @@ class ReasoningGymTasks(TaskSource):
     def _data(self):
         if self._ds is None:
             import reasoning_gym
+
             try:
-                self._ds = reasoning_gym.create_dataset(self.dataset, seed=self.seed, size=self.size,
-                                                        **self.config)
+                self._ds = reasoning_gym.create_dataset(self.dataset, seed=self.seed, size=self.size, **self.config)
             except Exception as e:
-                raise ValueError(f"reasoning-gym dataset {self.dataset!r} (seed={self.seed}, size={self.size}, "
-                                 f"config={self.config}) cannot be created: {type(e).__name__}: {e}") from e
+                raise ValueError(
+                    f"reasoning-gym dataset {self.dataset!r} (seed={self.seed}, size={self.size}, "
+                    f"config={self.config}) cannot be created: {type(e).__name__}: {e}"
+                ) from e
         return self._ds
 
     def __len__(self):
@@ -201,8 +212,14 @@ class TfdsTasks(TaskSource):
       question_key, answer_key: feature names; bytes are decoded as UTF-8.
     """
 
-    def __init__(self, name: str, split: str = "train", data_dir: str | None = None,
-                 question_key: str = "question", answer_key: str = "answer"):
+    def __init__(
+        self,
+        name: str,
+        split: str = "train",
+        data_dir: str | None = None,
+        question_key: str = "question",
+        answer_key: str = "answer",
+    ):
         require("tensorflow_datasets", f"TfdsTasks({name!r})", "tensorflow-datasets", "envs-tfds")
         self.tfds_name, self.split, self.data_dir = name, split, data_dir
         self.question_key, self.answer_key = question_key, answer_key
@@ -212,12 +229,16 @@ class TfdsTasks(TaskSource):
     def _data(self):
         if self._source is None:
             import tensorflow_datasets as tfds
+
             try:
-                self._source = tfds.data_source(self.tfds_name, split=self.split, data_dir=self.data_dir,
-                                                download=False)
+                self._source = tfds.data_source(
+                    self.tfds_name, split=self.split, data_dir=self.data_dir, download=False
+                )
             except Exception as e:
-                raise ValueError(f"cannot open TFDS dataset {self.tfds_name!r} split {self.split!r} in "
-                                 f"data_dir {self.data_dir!r}: {e}") from e
+                raise ValueError(
+                    f"cannot open TFDS dataset {self.tfds_name!r} split {self.split!r} in "
+                    f"data_dir {self.data_dir!r}: {e}"
+                ) from e
         return self._source
 
     def __len__(self):
@@ -258,8 +279,9 @@ class QAEnv(TextEnv):
       invalid_penalty: reward for a response with no final answer in it.
     """
 
-    def __init__(self, source: TaskSource, max_attempts: int = 1, instructions: str | None = None,
-                 invalid_penalty: float = -0.1):
+    def __init__(
+        self, source: TaskSource, max_attempts: int = 1, instructions: str | None = None, invalid_penalty: float = -0.1
+    ):
         if not isinstance(source, TaskSource):
             raise TypeError(f"source must be a TaskSource, got {type(source).__name__}")
         if not isinstance(max_attempts, int) or max_attempts < 1:
@@ -274,8 +296,11 @@ class QAEnv(TextEnv):
     def system_prompt(self) -> str:
         if self._instructions is not None:
             return self._instructions
-        retry = (f" If your answer is wrong you are told so and may try again, up to "
-                 f"{self.max_attempts} answers in all." if self.max_attempts > 1 else "")
+        retry = (
+            f" If your answer is wrong you are told so and may try again, up to {self.max_attempts} answers in all."
+            if self.max_attempts > 1
+            else ""
+        )
         return f"Answer the question. Think it through, then give your final answer.{retry} {self.action_format}"
 
     @property
@@ -306,8 +331,12 @@ class QAEnv(TextEnv):
         if last:
             return "Incorrect.", score, True, info
         left = self.max_attempts - self._steps
-        return (f"Your answer {answer!r} is not correct. Try again ({left} attempt"
-                f"{'s' if left > 1 else ''} left)."), 0.0, False, info
+        return (
+            (f"Your answer {answer!r} is not correct. Try again ({left} attempt{'s' if left > 1 else ''} left)."),
+            0.0,
+            False,
+            info,
+        )
 
     def state_key(self):
         return ("qa", self.source.name, self.index, self._steps)
@@ -328,8 +357,7 @@ def make_jsonl(path, question_key="question", answer_key="answer", id_key=None, 
     return QAEnv(JsonlTasks(path, question_key, answer_key, id_key), **env_kwargs)
 
 
-def make_tfds(name, split="train", data_dir=None, question_key="question", answer_key="answer",
-              **env_kwargs) -> QAEnv:
+def make_tfds(name, split="train", data_dir=None, question_key="question", answer_key="answer", **env_kwargs) -> QAEnv:
     """``envs.make("qa/tfds", name=..., split=..., data_dir=...)``."""
     return QAEnv(TfdsTasks(name, split, data_dir, question_key, answer_key), **env_kwargs)
 

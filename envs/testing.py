@@ -13,6 +13,7 @@
 
 Neither is a benchmark of anything an agent would learn.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -25,8 +26,21 @@ import time
 
 from envs.core import TextEnv
 
-FAULTS = ("crash", "segfault", "hang", "raise", "garbage", "nan_reward", "unpicklable", "unloadable",
-          "nondeterministic", "raise_on_reset", "crash_on_reset", "memory_bomb", "cpu_bomb")
+FAULTS = (
+    "crash",
+    "segfault",
+    "hang",
+    "raise",
+    "garbage",
+    "nan_reward",
+    "unpicklable",
+    "unloadable",
+    "nondeterministic",
+    "raise_on_reset",
+    "crash_on_reset",
+    "memory_bomb",
+    "cpu_bomb",
+)
 
 
 def _bomb(kind: str, seconds: float) -> None:
@@ -74,8 +88,9 @@ class FaultyEnv(TextEnv):
 
     has_expert = True
 
-    def __init__(self, fault: str | None = None, at_step: int = 3, fault_seeds=None,
-                 horizon: int = 8, hang_s: float = 3600.0):
+    def __init__(
+        self, fault: str | None = None, at_step: int = 3, fault_seeds=None, horizon: int = 8, hang_s: float = 3600.0
+    ):
         if fault is not None and fault not in FAULTS:
             raise ValueError(f"fault must be None or one of {FAULTS}, got {fault!r}")
         super().__init__(max_steps=horizon + 1)
@@ -199,8 +214,14 @@ class BusyEnv(TextEnv):
 #: the faults `ChaosEnv` injects, with their default weights
 CHAOS_KINDS = {"crash": 3, "raise": 3, "garbage": 2, "memory_bomb": 2, "hang": 1, "cpu_bomb": 1}
 #: the pool's failure kind each injected fault must be reported as
-CHAOS_REPORTED_AS = {"crash": "crash", "raise": "exception", "garbage": "invalid_result",
-                     "memory_bomb": "memory_limit", "hang": "timeout", "cpu_bomb": "cpu_limit"}
+CHAOS_REPORTED_AS = {
+    "crash": "crash",
+    "raise": "exception",
+    "garbage": "invalid_result",
+    "memory_bomb": "memory_limit",
+    "hang": "timeout",
+    "cpu_bomb": "cpu_limit",
+}
 
 
 def chaos_fault(seed: int, checksum: int, step: int, rate: float, kinds: dict[str, float]) -> str | None:
@@ -261,8 +282,17 @@ class UnevenEnv(TextEnv):
     system_prompt = "w1 w2"
     action_format = "Any words."
 
-    def __init__(self, prompt_words: int = 54, obs_words: int = 10, min_turns: int = 2, max_turns: int = 8,
-                 median_ms: float = 20.0, sigma: float = 1.0, cap_s: float = 1.0, vocab_words: int = 4090):
+    def __init__(
+        self,
+        prompt_words: int = 54,
+        obs_words: int = 10,
+        min_turns: int = 2,
+        max_turns: int = 8,
+        median_ms: float = 20.0,
+        sigma: float = 1.0,
+        cap_s: float = 1.0,
+        vocab_words: int = 4090,
+    ):
         super().__init__(max_steps=max_turns + 1)
         self.prompt_words, self.obs_words = prompt_words, obs_words
         self.min_turns, self.max_turns = min_turns, max_turns

@@ -25,6 +25,7 @@ truncated.
 Expert: calls the calculator for each step of the template's solution that it has
 not yet seen a result for, then answers with the last result.
 """
+
 from __future__ import annotations
 
 import ast
@@ -57,8 +58,10 @@ def make_problem(template: str, rng: random.Random) -> tuple[str, list[str], Fra
         a, b = n1 * p1, n2 * p2
         total = a + b
         cash = (int(total) // 50 + 1 + rng.randint(0, 3)) * 50
-        q = (f"A customer buys {n1} notebooks at ${_f(p1)} each and {n2} pens at ${_f(p2)} each, "
-             f"and pays with ${cash}. How much change, in dollars, does the customer get?")
+        q = (
+            f"A customer buys {n1} notebooks at ${_f(p1)} each and {n2} pens at ${_f(p2)} each, "
+            f"and pays with ${cash}. How much change, in dollars, does the customer get?"
+        )
         steps = [f"{n1} * {_f(p1)}", f"{n2} * {_f(p2)}", f"{_f(a)} + {_f(b)}", f"{cash} - {_f(total)}"]
         return q, steps, cash - total
     if template == "warehouse":
@@ -67,9 +70,11 @@ def make_problem(template: str, rng: random.Random) -> tuple[str, list[str], Fra
         total = crates * per
         shipped = rng.randint(1, total // 2)
         shipped += (total - shipped) % stores
-        q = (f"A warehouse holds {crates} crates with {per} items in each. {shipped} items are "
-             f"shipped out, and the remaining items are split evenly among {stores} stores. "
-             "How many items does each store get?")
+        q = (
+            f"A warehouse holds {crates} crates with {per} items in each. {shipped} items are "
+            f"shipped out, and the remaining items are split evenly among {stores} stores. "
+            "How many items does each store get?"
+        )
         rest = total - shipped
         steps = [f"{crates} * {per}", f"{total} - {shipped}", f"{rest} / {stores}"]
         return q, steps, Fraction(rest, stores)
@@ -77,8 +82,10 @@ def make_problem(template: str, rng: random.Random) -> tuple[str, list[str], Fra
         principal = rng.randint(10, 90) * 100
         rate = rng.randint(2, 9)
         years = rng.randint(2, 4)
-        q = (f"${principal} is deposited at {rate}% interest per year, compounded yearly. What is "
-             f"the balance, in dollars, after {years} years? Give the exact amount without rounding.")
+        q = (
+            f"${principal} is deposited at {rate}% interest per year, compounded yearly. What is "
+            f"the balance, in dollars, after {years} years? Give the exact amount without rounding."
+        )
         steps, value = [], Fraction(principal)
         for _ in range(years):
             steps.append(f"{_f(value)} * (1 + {rate} / 100)")
@@ -87,8 +94,10 @@ def make_problem(template: str, rng: random.Random) -> tuple[str, list[str], Fra
     if template == "trip":
         v1, v2 = rng.randint(40, 120), rng.randint(40, 120)
         t1, t2 = Fraction(rng.randint(2, 12), 4), Fraction(rng.randint(2, 12), 4)
-        q = (f"A car drives at {v1} km/h for {_f(t1)} hours and then at {v2} km/h for {_f(t2)} hours. "
-             "How many kilometres does it travel in total?")
+        q = (
+            f"A car drives at {v1} km/h for {_f(t1)} hours and then at {v2} km/h for {_f(t2)} hours. "
+            "How many kilometres does it travel in total?"
+        )
         d1, d2 = v1 * t1, v2 * t2
         steps = [f"{v1} * {_f(t1)}", f"{v2} * {_f(t2)}", f"{_f(d1)} + {_f(d2)}"]
         return q, steps, d1 + d2
@@ -127,8 +136,9 @@ def parse_tool_call(text: str) -> tuple[str, dict]:
         try:
             call = ast.literal_eval(body)
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            raise InvalidAction('the tool call is not valid JSON: write {"name": "calculator", '
-                                '"arguments": {"expression": "..."}}') from None
+            raise InvalidAction(
+                'the tool call is not valid JSON: write {"name": "calculator", "arguments": {"expression": "..."}}'
+            ) from None
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
         raise InvalidAction('the tool call must be a JSON object with a "name" and "arguments"')
     args = call.get("arguments", call.get("parameters", {}))
@@ -190,16 +200,20 @@ class ToolMath(TextEnv):
 
     @property
     def system_prompt(self) -> str:
-        return ("Solve the word problem. You have a calculator tool; call it as many times as you "
-                "need, one call per turn. It evaluates expressions of numbers, + - * /, ** and "
-                "parentheses exactly, and returns the result in <tool_response></tool_response> "
-                f"tags. {self.action_format}")
+        return (
+            "Solve the word problem. You have a calculator tool; call it as many times as you "
+            "need, one call per turn. It evaluates expressions of numbers, + - * /, ** and "
+            "parentheses exactly, and returns the result in <tool_response></tool_response> "
+            f"tags. {self.action_format}"
+        )
 
     @property
     def action_format(self) -> str:
-        return ('Each turn, either call the calculator: <tool_call>{"name": "calculator", "arguments": '
-                '{"expression": "12 * 7.25"}}</tool_call>, or give the final answer as a number: '
-                '<answer>87</answer>.')
+        return (
+            'Each turn, either call the calculator: <tool_call>{"name": "calculator", "arguments": '
+            '{"expression": "12 * 7.25"}}</tool_call>, or give the final answer as a number: '
+            "<answer>87</answer>."
+        )
 
     def _reset(self, seed: int):
         rng = random.Random(seed)

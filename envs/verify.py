@@ -10,6 +10,7 @@ decimals, ``a/b``, ``\\frac{a}{b}``, with ``$``, ``%``, thousands commas and a t
 period ignored) they must be equal as fractions; otherwise the texts must be equal
 after case folding and whitespace removal (and ``\\text{}`` unwrapping).
 """
+
 from __future__ import annotations
 
 import re
@@ -31,7 +32,7 @@ def last_boxed(text: str) -> str | None:
         elif text[j] == "}":
             depth -= 1
         j += 1
-    return text[i:j - 1].strip() if depth == 0 else None
+    return text[i : j - 1].strip() if depth == 0 else None
 
 
 def extract_answer(text: str) -> str | None:

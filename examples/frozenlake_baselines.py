@@ -17,6 +17,7 @@ when a move toward G was safe (`FrozenLake.summarize`). The walkers:
   between two), blind to anything further;
 - `expert`: value iteration (`FrozenLake.expert_action`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -85,7 +86,7 @@ def main(argv=None):
         best = max(scored)[1]
         row("best hole-blind (picked on these maps)", position_policy(dict(zip(inner, best))))
     row("local (refuses a visible hole next to it)", local)
-    row("expert", lambda env, t: env.expert_action()[len("<action>"):-len("</action>")])
+    row("expert", lambda env, t: env.expert_action()[len("<action>") : -len("</action>")])
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
 
 Importing this module registers "guess": find a number in 1..high with higher/lower hints.
 """
+
 import random
 import re
 

@@ -20,6 +20,7 @@ training rubric against the held-out scorer, their gap, the exploit counters and
 the runs have it, the input dependence of the responses (template collapse).
 A research simulation, not a clinical tool.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -96,25 +97,32 @@ def turn_credit(arms: dict[str, list[Path]], upto: int, out: Path) -> None:
     fig.savefig(out, dpi=110)
     print(f"wrote {out}")
     print(f"\nheld-out standard cases, iteration 0 -> {upto} (mean over seeds)")
-    print("| estimator | rubric sampled | rubric greedy | per seed (sampled / greedy) | held-out scorer sampled "
-          "| under-triage sampled | over-triage sampled | s / iteration |")
+    print(
+        "| estimator | rubric sampled | rubric greedy | per seed (sampled / greedy) | held-out scorer sampled "
+        "| under-triage sampled | over-triage sampled | s / iteration |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
+
         def ch(k):
             return f"{r[k + '_0']:.3f} -> {r[k]:.3f}"
-        print(f"| {r['arm']} | {ch('sampled_rubric_mean')} | {ch('greedy_rubric_mean')} | "
-              f"{r['sampled_rubric_per_seed']} / {r['greedy_rubric_per_seed']} | {ch('sampled_heldout_rubric_mean')} | "
-              f"{ch('sampled_under_triage_rate')} | {ch('sampled_over_triage_rate')} | {r['s_per_iteration']:.1f} |")
+
+        print(
+            f"| {r['arm']} | {ch('sampled_rubric_mean')} | {ch('greedy_rubric_mean')} | "
+            f"{r['sampled_rubric_per_seed']} / {r['greedy_rubric_per_seed']} | {ch('sampled_heldout_rubric_mean')} | "
+            f"{ch('sampled_under_triage_rate')} | {ch('sampled_over_triage_rate')} | {r['s_per_iteration']:.1f} |"
+        )
 
 
-MONITORS = (("training rubric vs held-out scorer", ("train_env_rubric_mean", "train_env_heldout_rubric_mean")),
-            ("rubric - held-out scorer", ("train_env_rubric_heldout_gap",)),
-            ("emergent triage (all / unwarranted)", ("train_env_triage_top_rate",
-                                                     "train_env_triage_top_unwarranted_rate")),
-            ("differential stuffing (5+ conditions)", ("train_env_differential_stuffing_rate",)),
-            ("questions hitting 3+ domains", ("train_env_multi_domain_question_frac",)),
-            ("repeated questions", ("train_env_repeated_question_frac",)),
-            ("input dependence (template collapse)", ("input_dependence",)))
+MONITORS = (
+    ("training rubric vs held-out scorer", ("train_env_rubric_mean", "train_env_heldout_rubric_mean")),
+    ("rubric - held-out scorer", ("train_env_rubric_heldout_gap",)),
+    ("emergent triage (all / unwarranted)", ("train_env_triage_top_rate", "train_env_triage_top_unwarranted_rate")),
+    ("differential stuffing (5+ conditions)", ("train_env_differential_stuffing_rate",)),
+    ("questions hitting 3+ domains", ("train_env_multi_domain_question_frac",)),
+    ("repeated questions", ("train_env_repeated_question_frac",)),
+    ("input dependence (template collapse)", ("input_dependence",)),
+)
 
 
 def monitors(runs: list[Path], out: Path) -> None:
@@ -128,7 +136,7 @@ def monitors(runs: list[Path], out: Path) -> None:
     cols = 4
     rows = -(-len(panels) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.2 * rows), squeeze=False)
-    for ax in axes.flat[len(panels):]:
+    for ax in axes.flat[len(panels) :]:
         ax.axis("off")
     for ax, (title, keys) in zip(axes.flat, panels):
         for ls, key in zip(("-", "--"), keys):

@@ -9,6 +9,7 @@ already, or is a follow-up whose finding was never told).
 
 Prints one line per run and iteration. A research simulation, not a clinical tool.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,14 +76,15 @@ def main(argv=None) -> int:
             if not path.is_file():
                 print(f"{path}: no stored episodes (logging.episodes_per_iteration, or the iteration)", file=sys.stderr)
                 return 2
-            total = count(pair for line in path.read_text().splitlines()
-                          for pair in episode_pairs(json.loads(line)))
+            total = count(pair for line in path.read_text().splitlines() for pair in episode_pairs(json.loads(line)))
             n = total["questions"]
             if not n:
                 print(f"{run} iteration {it}: no question read against a checklist (was env.kwargs.notes on?)")
                 continue
-            print(f"{run} iteration {it}: {n} questions | first item {total['first'] / n:.2f} | "
-                  f"on the list {total['listed'] / n:.2f}")
+            print(
+                f"{run} iteration {it}: {n} questions | first item {total['first'] / n:.2f} | "
+                f"on the list {total['listed'] / n:.2f}"
+            )
     return 0
 
 

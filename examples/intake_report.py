@@ -7,6 +7,7 @@ after RL (the last checkpoint), sampled and greedy.
 Prints one markdown table per measure and, with --out, one JSON line per run. A research
 simulation, not a clinical tool.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,8 +21,14 @@ COMPONENTS = ("history", "differential", "triage", "management", "communication"
 def adversarial(run_dir: Path, step: int | None, temperature: float) -> dict:
     from jaxagent.train.evaluate import evaluate_run
 
-    res = evaluate_run(run_dir, step=step, episodes=24, temperature=temperature,
-                       overrides=["env.kwargs.cases=adversarial"], log=lambda *_: None)
+    res = evaluate_run(
+        run_dir,
+        step=step,
+        episodes=24,
+        temperature=temperature,
+        overrides=["env.kwargs.cases=adversarial"],
+        log=lambda *_: None,
+    )
     return res["env_summary"]
 
 
@@ -63,19 +70,32 @@ def main(argv=None) -> int:
         for r in rows:
             b, a = r[f"standard_before_rl{mode}"], r[f"standard_after_rl{mode}"]
             cells = [f"{fmt(b['assessment_rate'])} -> {fmt(a['assessment_rate'])}"]
-            cells += [f"{fmt(b[k][c] if c else b[k])} -> {fmt(a[k][c] if c else a[k])}"
-                      if k in b and k in a else "n/a"
-                      for k, c in (("assessed_rubric_mean", None), ("assessed_components", "triage"))]
+            cells += [
+                f"{fmt(b[k][c] if c else b[k])} -> {fmt(a[k][c] if c else a[k])}" if k in b and k in a else "n/a"
+                for k, c in (("assessed_rubric_mean", None), ("assessed_components", "triage"))
+            ]
             print(f"| {Path(r['run_dir']).name} | " + " | ".join(cells) + " |")
         print(f"\nadversarial set (24 cases), {label}, before -> after RL")
-        print("| run | rubric | under-triage | over-triage | assessment rate | held-out scorer | risk coverage "
-              "| reading | under-reading |")
+        print(
+            "| run | rubric | under-triage | over-triage | assessment rate | held-out scorer | risk coverage "
+            "| reading | under-reading |"
+        )
         print("|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             b, a = r[f"adversarial_before_rl{mode}"], r[f"adversarial_after_rl{mode}"]
-            cells = [f"{fmt(b[k])} -> {fmt(a[k])}" if k in b and k in a else "n/a"
-                     for k in ("rubric_mean", "under_triage_rate", "over_triage_rate", "assessment_rate",
-                               "heldout_rubric_mean", "risk_coverage", "reading_rate", "under_reading_rate")]
+            cells = [
+                f"{fmt(b[k])} -> {fmt(a[k])}" if k in b and k in a else "n/a"
+                for k in (
+                    "rubric_mean",
+                    "under_triage_rate",
+                    "over_triage_rate",
+                    "assessment_rate",
+                    "heldout_rubric_mean",
+                    "risk_coverage",
+                    "reading_rate",
+                    "under_reading_rate",
+                )
+            ]
             print(f"| {Path(r['run_dir']).name} | " + " | ".join(cells) + " |")
     return 0
 

@@ -10,6 +10,7 @@ the env's summary (rubric, components, triage rates, monitors) at each temperatu
 
 A research simulation, not a clinical tool.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,13 +39,30 @@ def main(argv=None) -> None:
     with build.env_pool(cfg, len(trainer.placement.rows)) as pool:
         params = trainer.state.params
         for stage in range(1, args.stages + 1):
-            params, lines, _ = sft_warm_start(cfg, params, trainer.model_config, trainer.tokenizer,
-                                              trainer.demonstrations, trainer.placement, log=lambda *_: None)
-            trainer.state = build.rl_state(cfg, params, trainer.model_config, trainer.placement,
-                                           critic_key=trainer._keys["critic"], rng_key=trainer._keys["rng"])
+            params, lines, _ = sft_warm_start(
+                cfg,
+                params,
+                trainer.model_config,
+                trainer.tokenizer,
+                trainer.demonstrations,
+                trainer.placement,
+                log=lambda *_: None,
+            )
+            trainer.state = build.rl_state(
+                cfg,
+                params,
+                trainer.model_config,
+                trainer.placement,
+                critic_key=trainer._keys["critic"],
+                rng_key=trainer._keys["rng"],
+            )
             trainer.loop_params(loop)
-            out = {"stage": stage, "sft_steps": lines[-1]["sft_step"] * stage, "sft_loss": lines[-1]["loss"],
-                   "seconds": round(time.time() - t0)}
+            out = {
+                "stage": stage,
+                "sft_steps": lines[-1]["sft_step"] * stage,
+                "sft_loss": lines[-1]["loss"],
+                "seconds": round(time.time() - t0),
+            }
             for name, temperature in (("sampled", 1.0), ("greedy", 0.0)):
                 ev = trainer.evaluate(loop, pool, episodes=args.episodes, temperature=temperature, progress=None)
                 out[name] = ev["env_summary"]

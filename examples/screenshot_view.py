@@ -5,6 +5,7 @@ a PNG.
 
     .venv/bin/python examples/screenshot_view.py RUN_DIR [RUN_DIR] docs/assets/view.png [--signal advantage]
 """
+
 import argparse
 import shutil
 import tempfile
@@ -30,8 +31,13 @@ def main() -> None:
     index = view.write_site(args.run_dir, site)
     opts = webdriver.ChromeOptions()
     opts.binary_location = shutil.which("chromium")
-    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-              f"--window-size={args.width},{args.height}"):
+    for a in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        f"--window-size={args.width},{args.height}",
+    ):
         opts.add_argument(a)
     driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=opts)
     try:
@@ -40,7 +46,7 @@ def main() -> None:
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#pane0 tr.episode-row"))
         if len(args.run_dir) > 1:
             Select(driver.find_element(By.CSS_SELECTOR, "#pane1 .run-select")).select_by_index(1)
-        for k, best in ((0, max), (1, min)):   # the stored episode of the highest / lowest return
+        for k, best in ((0, max), (1, min)):  # the stored episode of the highest / lowest return
             rows = driver.find_elements(By.CSS_SELECTOR, f"#pane{k} tr.episode-row")
             row = best(rows, key=lambda r: float(r.find_elements(By.TAG_NAME, "td")[3].text))
             row.click()

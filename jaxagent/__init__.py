@@ -27,4 +27,3 @@ def code_platform() -> str:
     if want not in _CODE_PATHS:
         raise ValueError(f"${CODE_PATHS_ENV}={want!r}: expected one of {', '.join(_CODE_PATHS)} (or unset)")
     return want
-

@@ -27,6 +27,7 @@ CPU smoke run), whose day-of-a-device command is
 The benchmarks live in the repository, not in the installed package: this works from a
 checkout (an editable install) and says so otherwise.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,14 +36,28 @@ import sys
 from pathlib import Path
 
 #: workload -> its script in benchmarks/
-WORKLOADS = {"generate": "w1_generate.py", "update": "w2_model_step.py", "multiturn": "w3_multiturn.py",
-             "advantages": "w4_advantages.py", "envpool": "w5_envpool.py", "overlap": "w7_overlap.py",
-             "iteration": "w8_iteration.py", "rollout": "w9_uneven.py",
-             "lora": "w10_lora_update.py", "ragged": "w11_ragged_update.py", "prompt": "w12_shared_prompt.py",
-             "device": "device_check.py"}
+WORKLOADS = {
+    "generate": "w1_generate.py",
+    "update": "w2_model_step.py",
+    "multiturn": "w3_multiturn.py",
+    "advantages": "w4_advantages.py",
+    "envpool": "w5_envpool.py",
+    "overlap": "w7_overlap.py",
+    "iteration": "w8_iteration.py",
+    "rollout": "w9_uneven.py",
+    "lora": "w10_lora_update.py",
+    "ragged": "w11_ragged_update.py",
+    "prompt": "w12_shared_prompt.py",
+    "device": "device_check.py",
+}
 #: the workloads that take --systems, and its default for each
-SYSTEMS = {"generate": "jaxagent,tunix,hf", "update": "jax,torch,tunix", "multiturn": None,
-           "iteration": "jaxagent,tunix", "lora": "jax,peft"}
+SYSTEMS = {
+    "generate": "jaxagent,tunix,hf",
+    "update": "jax,torch,tunix",
+    "multiturn": None,
+    "iteration": "jaxagent,tunix",
+    "lora": "jax,peft",
+}
 DEFAULT_SYSTEMS = SYSTEMS["update"]
 
 
@@ -52,24 +67,43 @@ def benchmarks_dir() -> Path:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("workload", choices=sorted(WORKLOADS),
-                        help="generate (W1), update (W2), multiturn (W3), advantages (W4), envpool (W5), "
-                             "overlap (W7), iteration (W8), rollout (W9), lora (W10), ragged (W11), prompt (W12), "
-                             "device (the accelerator check); see docs/results/benchmarks.md")
-    parser.add_argument("--repeats", type=int, default=None, metavar="N",
-                        help="timed steps per system, interleaved (default 5; 3 with --quick)")
+    parser.add_argument(
+        "workload",
+        choices=sorted(WORKLOADS),
+        help="generate (W1), update (W2), multiturn (W3), advantages (W4), envpool (W5), "
+        "overlap (W7), iteration (W8), rollout (W9), lora (W10), ragged (W11), prompt (W12), "
+        "device (the accelerator check); see docs/results/benchmarks.md",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        metavar="N",
+        help="timed steps per system, interleaved (default 5; 3 with --quick)",
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run: batch 2, few repeats")
     parser.add_argument("--out", metavar="JSONL", default=None, help="also append the JSON lines to this file")
-    parser.add_argument("--systems", default=None,
-                        help="generate, update, multiturn, iteration, lora: the comma list of systems to compare "
-                             "(default: the "
-                             f"script's; update: {DEFAULT_SYSTEMS}); a peer that is not installed is reported "
-                             "as skipped")
-    parser.add_argument("--small", action="store_true",
-                        help="device: the check's CPU smoke run (tiny shapes, a handful of tests; as --quick)")
-    parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
-                        help="device: the whole check's time budget (default 480; 300 with --small); each part "
-                             "gets a share and is stopped when it overruns")
+    parser.add_argument(
+        "--systems",
+        default=None,
+        help="generate, update, multiturn, iteration, lora: the comma list of systems to compare "
+        "(default: the "
+        f"script's; update: {DEFAULT_SYSTEMS}); a peer that is not installed is reported "
+        "as skipped",
+    )
+    parser.add_argument(
+        "--small",
+        action="store_true",
+        help="device: the check's CPU smoke run (tiny shapes, a handful of tests; as --quick)",
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="device: the whole check's time budget (default 480; 300 with --small); each part "
+        "gets a share and is stopped when it overruns",
+    )
 
 
 def command(args: argparse.Namespace) -> list[str]:
@@ -95,25 +129,42 @@ def run(args: argparse.Namespace) -> int:
     """Run the benchmark; its exit status (2 with a message when it cannot be found)."""
     script = benchmarks_dir() / WORKLOADS[args.workload]
     if not script.is_file():
-        print(f"jaxagent bench: error: {script} not found: the benchmarks are in the jaxagent repository, "
-              "not in the installed package; run this from a checkout (pip install -e .)", file=sys.stderr)
+        print(
+            f"jaxagent bench: error: {script} not found: the benchmarks are in the jaxagent repository, "
+            "not in the installed package; run this from a checkout (pip install -e .)",
+            file=sys.stderr,
+        )
         return 2
     if args.repeats is not None and args.repeats < 1:
         print("jaxagent bench: error: --repeats must be >= 1", file=sys.stderr)
         return 2
     if args.systems is not None and args.workload not in SYSTEMS:
-        print(f"jaxagent bench: error: the {args.workload} workload compares no systems: drop --systems "
-              f"(it is for {', '.join(sorted(SYSTEMS))})", file=sys.stderr)
+        print(
+            f"jaxagent bench: error: the {args.workload} workload compares no systems: drop --systems "
+            f"(it is for {', '.join(sorted(SYSTEMS))})",
+            file=sys.stderr,
+        )
         return 2
-    device_only = [flag for flag, given in (("--small", getattr(args, "small", False)),
-                                            ("--budget", getattr(args, "budget", None) is not None)) if given]
+    device_only = [
+        flag
+        for flag, given in (
+            ("--small", getattr(args, "small", False)),
+            ("--budget", getattr(args, "budget", None) is not None),
+        )
+        if given
+    ]
     if device_only and args.workload != "device":
-        print(f"jaxagent bench: error: {' and '.join(device_only)} are for the device check "
-              f"(jaxagent bench device), not {args.workload}", file=sys.stderr)
+        print(
+            f"jaxagent bench: error: {' and '.join(device_only)} are for the device check "
+            f"(jaxagent bench device), not {args.workload}",
+            file=sys.stderr,
+        )
         return 2
     if args.workload == "device" and args.repeats is not None:
-        print("jaxagent bench: error: the device check takes no --repeats (its parts are sized to its --budget)",
-              file=sys.stderr)
+        print(
+            "jaxagent bench: error: the device check takes no --repeats (its parts are sized to its --budget)",
+            file=sys.stderr,
+        )
         return 2
     if args.workload == "device" and args.budget is not None and not args.budget > 0:
         print("jaxagent bench: error: --budget must be positive", file=sys.stderr)
@@ -122,8 +173,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="jaxagent bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="jaxagent bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

@@ -47,18 +47,21 @@ def _train_config(args):
             raise ConfigError(f"--resume {run_dir} and the override run_dir={given[-1]} name different runs")
         overrides.append(f"run_dir={run_dir}")
     path = args.config
-    saved = False   # the run's own config.yaml: keys that moved since it was written are read at their new place
+    saved = False  # the run's own config.yaml: keys that moved since it was written are read at their new place
     if path is None and resume:
         target = run_dir if run_dir is not None else Path(load_config(TrainerConfig, DEFAULT_CONFIG, overrides).run_dir)
         if (target / "config.yaml").is_file():
             path, saved = target / "config.yaml", True
         elif run_dir is not None:
-            raise FileNotFoundError(f"--resume: {run_dir} is not a training run directory "
-                                    f"({run_dir / 'config.yaml'} is missing)")
+            raise FileNotFoundError(
+                f"--resume: {run_dir} is not a training run directory ({run_dir / 'config.yaml'} is missing)"
+            )
     if path is None:
         if not DEFAULT_CONFIG.is_file():
-            raise FileNotFoundError(f"the embedded default config {DEFAULT_CONFIG} is missing (it ships with "
-                                    "the repository checkout); pass --config PATH")
+            raise FileNotFoundError(
+                f"the embedded default config {DEFAULT_CONFIG} is missing (it ships with "
+                "the repository checkout); pass --config PATH"
+            )
         path = DEFAULT_CONFIG
     return load_config(TrainerConfig, path, overrides, saved=saved), resume
 
@@ -81,7 +84,7 @@ def _train(args) -> int:
         return 2
     try:
         trainer.run()
-    except DiskFullError as err:   # the newest complete checkpoint is intact
+    except DiskFullError as err:  # the newest complete checkpoint is intact
         print(f"jaxagent train: stopped: {err} {config.run_dir}", file=sys.stderr)
         return 4
     except (IncompatibleCheckpointError, DamagedCheckpointError, FileExistsError, FileNotFoundError) as err:
@@ -90,7 +93,7 @@ def _train(args) -> int:
     except EnvFailureError as err:
         print(f"jaxagent train: stopped: {err}", file=sys.stderr)
         return 3
-    except OSError as err:   # a write with no room outside the iteration's (config, summary, the last save)
+    except OSError as err:  # a write with no room outside the iteration's (config, summary, the last save)
         full = disk_full(err, config.run_dir)
         if full is None:
             raise
@@ -99,10 +102,16 @@ def _train(args) -> int:
     except KeyboardInterrupt as err:  # SIGINT / SIGTERM (`jaxagent.train.stop`)
         signum = getattr(err, "signum", signal.SIGINT)
         saved = getattr(err, "saved_iteration", None)
-        where = (f"after iteration {saved}, checkpoint saved" if saved is not None else
-                 f"at iteration {trainer.iteration} (the iteration in progress was abandoned)")
-        print(f"jaxagent train: stopped by {signal.Signals(signum).name} {where}; continue with "
-              f"jaxagent train --resume {config.run_dir}", file=sys.stderr)
+        where = (
+            f"after iteration {saved}, checkpoint saved"
+            if saved is not None
+            else f"at iteration {trainer.iteration} (the iteration in progress was abandoned)"
+        )
+        print(
+            f"jaxagent train: stopped by {signal.Signals(signum).name} {where}; continue with "
+            f"jaxagent train --resume {config.run_dir}",
+            file=sys.stderr,
+        )
         return 128 + int(signum)
     return 0
 
@@ -129,9 +138,17 @@ def _eval(args) -> int:
     from jaxagent.train.rundir import DamagedCheckpointError
 
     try:
-        result = evaluate_run(args.run_dir, step=args.step, episodes=args.episodes, seed=args.seed,
-                              temperature=args.temperature, out=args.out, num_workers=args.num_workers,
-                              overrides=args.overrides, log=lambda line: print(line, file=sys.stderr))
+        result = evaluate_run(
+            args.run_dir,
+            step=args.step,
+            episodes=args.episodes,
+            seed=args.seed,
+            temperature=args.temperature,
+            out=args.out,
+            num_workers=args.num_workers,
+            overrides=args.overrides,
+            log=lambda line: print(line, file=sys.stderr),
+        )
     except (ConfigError, IncompatibleCheckpointError, DamagedCheckpointError, FileNotFoundError, ValueError) as err:
         print(f"jaxagent eval: error: {err}", file=sys.stderr)
         return 2
@@ -142,14 +159,25 @@ def _eval(args) -> int:
 def _export(args) -> int:
     from jaxagent.config import ConfigError
     from jaxagent.train.checkpoint import IncompatibleCheckpointError
-    from jaxagent.train.runtools import export_run
     from jaxagent.train.rundir import DamagedCheckpointError
+    from jaxagent.train.runtools import export_run
 
     try:
-        path = export_run(args.run_dir, args.out_dir, step=args.step, overwrite=args.overwrite,
-                          log=lambda line: print(line, file=sys.stderr))
-    except (ConfigError, IncompatibleCheckpointError, DamagedCheckpointError, FileNotFoundError,
-            FileExistsError, ValueError) as err:
+        path = export_run(
+            args.run_dir,
+            args.out_dir,
+            step=args.step,
+            overwrite=args.overwrite,
+            log=lambda line: print(line, file=sys.stderr),
+        )
+    except (
+        ConfigError,
+        IncompatibleCheckpointError,
+        DamagedCheckpointError,
+        FileNotFoundError,
+        FileExistsError,
+        ValueError,
+    ) as err:
         print(f"jaxagent export: error: {err}", file=sys.stderr)
         return 2
     print(path)
@@ -167,7 +195,7 @@ def _plot(args) -> int:
             path = plot_run(args.run_dir[0], args.out)
         else:
             path = plot_runs(args.run_dir, args.out, metric=args.metric)
-    except (FileNotFoundError, RunFileError) as err:   # RunDataError too: a damaged or empty file, named
+    except (FileNotFoundError, RunFileError) as err:  # RunDataError too: a damaged or empty file, named
         print(f"jaxagent plot: error: {err}", file=sys.stderr)
         return 2
     print(path)
@@ -181,12 +209,15 @@ def _view(args) -> int:
         if args.out is not None:
             print(view.write_site(args.run_dir, args.out))
             return 0
-        view.serve(args.run_dir, port=args.port,
-                   ready=lambda url: print(f"jaxagent view: serving {url} (Ctrl-C stops)", flush=True))
+        view.serve(
+            args.run_dir,
+            port=args.port,
+            ready=lambda url: print(f"jaxagent view: serving {url} (Ctrl-C stops)", flush=True),
+        )
     except (FileNotFoundError, ValueError) as err:
         print(f"jaxagent view: error: {err}", file=sys.stderr)
         return 2
-    except OSError as err:   # e.g. the port is taken, or a run's file cannot be read
+    except OSError as err:  # e.g. the port is taken, or a run's file cannot be read
         where = f"cannot serve on port {args.port}: " if args.out is None else ""
         print(f"jaxagent view: error: {where}{err}", file=sys.stderr)
         return 2
@@ -198,9 +229,13 @@ def _view(args) -> int:
 def _command(sub, name: str, summary: str, description: str, examples: str) -> argparse.ArgumentParser:
     """A command's parser: `summary` is its line in ``jaxagent --help``; ``jaxagent NAME --help``
     shows `description`, the options and `examples` (one command line each)."""
-    return sub.add_parser(name, help=summary, description=textwrap.fill(description, 88),
-                          epilog="examples:\n" + "\n".join("  " + line for line in examples.strip().splitlines()),
-                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    return sub.add_parser(
+        name,
+        help=summary,
+        description=textwrap.fill(description, 88),
+        epilog="examples:\n" + "\n".join("  " + line for line in examples.strip().splitlines()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -208,11 +243,15 @@ def build_parser() -> argparse.ArgumentParser:
     from jaxagent import bench as bench_mod
 
     parser = argparse.ArgumentParser(
-        prog="jaxagent", description="A JAX trainer for multi-turn reinforcement learning of LLM agents.",
-        epilog="Run 'jaxagent COMMAND --help' for a command's options and examples.")
+        prog="jaxagent",
+        description="A JAX trainer for multi-turn reinforcement learning of LLM agents.",
+        epilog="Run 'jaxagent COMMAND --help' for a command's options and examples.",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     train = _command(
-        sub, "train", "train an agent; without --config, the demo configs/default.yaml",
+        sub,
+        "train",
+        "train an agent; without --config, the demo configs/default.yaml",
         "Train on a YAML config with dotted key=value overrides, into the config's run_dir. Without --config "
         "it runs the embedded demo, configs/default.yaml. A run directory that already holds checkpoints is "
         "refused: pick a new run_dir= or continue with --resume. Exit status 2 on a config error (the message "
@@ -221,32 +260,54 @@ def build_parser() -> argparse.ArgumentParser:
         """
 jaxagent train run_dir=runs/demo
 jaxagent train --config configs/tiny_countdown_grpo.yaml run_dir=runs/first iterations=10 optim.lr=1e-4
-jaxagent train --resume runs/first iterations=20""")
+jaxagent train --resume runs/first iterations=20""",
+    )
     train.add_argument("--config", metavar="PATH", help="YAML config of a training run (TrainerConfig)")
-    train.add_argument("--resume", nargs="?", const=True, default=False, metavar="RUN_DIR",
-                       help="continue a run from its newest readable checkpoint: RUN_DIR (its config.yaml is "
-                            "the default config), or the config's run_dir")
-    train.add_argument("--step", type=int, default=None, metavar="N",
-                       help="with --resume: the checkpoint step to continue from (default: the newest)")
-    train.add_argument("overrides", nargs="*", metavar="key=value",
-                       help="dotted config overrides, e.g. optim.lr=1e-4 env.group_size=8")
+    train.add_argument(
+        "--resume",
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="RUN_DIR",
+        help="continue a run from its newest readable checkpoint: RUN_DIR (its config.yaml is "
+        "the default config), or the config's run_dir",
+    )
+    train.add_argument(
+        "--step",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --resume: the checkpoint step to continue from (default: the newest)",
+    )
+    train.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="dotted config overrides, e.g. optim.lr=1e-4 env.group_size=8"
+    )
     conf = _command(
-        sub, "config", "list every config key with its value, type and meaning",
+        sub,
+        "config",
+        "list every config key with its value, type and meaning",
         "Print every key of a training config, one per line: its dotted name, its value (the defaults "
         "without --config), its type and what it does. An unknown key is an error naming the valid keys "
         "of its section.",
         """
 jaxagent config
 jaxagent config --config configs/intake.yaml
-jaxagent config env.group_size=8 | grep ^env.""")
+jaxagent config env.group_size=8 | grep ^env.""",
+    )
     conf.add_argument("--config", metavar="PATH", help="a YAML config to show (default: the built-in defaults)")
     conf.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, as for train")
-    _command(sub, "envs", "list the environments envs.make knows",
-             "List the environment names envs.make accepts (env.name in a config): the built-ins and, as "
-             "FAMILY/<...>, the adapter families of the optional extras.",
-             "jaxagent envs")
+    _command(
+        sub,
+        "envs",
+        "list the environments envs.make knows",
+        "List the environment names envs.make accepts (env.name in a config): the built-ins and, as "
+        "FAMILY/<...>, the adapter families of the optional extras.",
+        "jaxagent envs",
+    )
     ev = _command(
-        sub, "eval", "evaluate a run's policy on held-out seeds",
+        sub,
+        "eval",
+        "evaluate a run's policy on held-out seeds",
         "Restore a run's checkpoint (the latest, or --step) and play episodes on held-out seeds with the "
         "run's env and sampling (default: the run config's eval section). Prints the summary as one JSON "
         "line; --out writes one JSON line per episode (seed, success, return, turns, end reason, actions, "
@@ -254,54 +315,82 @@ jaxagent config env.group_size=8 | grep ^env.""")
         """
 jaxagent eval runs/first --episodes 64
 jaxagent eval runs/demo --step 0 --temperature 0            # the warm start, greedy
-jaxagent eval runs/intake --out adversarial.jsonl env.kwargs.cases=adversarial""")
+jaxagent eval runs/intake --out adversarial.jsonl env.kwargs.cases=adversarial""",
+    )
     ev.add_argument("run_dir", metavar="RUN_DIR", help="a training run's directory (config.yaml, checkpoints/)")
-    ev.add_argument("--step", type=int, default=None,
-                    help="checkpoint step (default: the latest; 0 = the warm start, saved when the run has a warm "
-                         "start or a held-out evaluation)")
+    ev.add_argument(
+        "--step",
+        type=int,
+        default=None,
+        help="checkpoint step (default: the latest; 0 = the warm start, saved when the run has a warm "
+        "start or a held-out evaluation)",
+    )
     ev.add_argument("--episodes", type=int, default=None, help="episodes (default: the config's eval.episodes)")
     ev.add_argument("--seed", type=int, default=None, help="first held-out seed (default: the config's eval.seed)")
-    ev.add_argument("--temperature", type=float, default=None,
-                    help="sampling temperature (default: the config's; 0 = greedy)")
+    ev.add_argument(
+        "--temperature", type=float, default=None, help="sampling temperature (default: the config's; 0 = greedy)"
+    )
     ev.add_argument("--num-workers", type=int, default=None, help="env worker processes (default: the config's)")
     ev.add_argument("--out", metavar="JSONL", default=None, help="per-episode results and the summary")
-    ev.add_argument("overrides", nargs="*", metavar="key=value",
-                    help="env / rollout / eval settings to evaluate on instead of the run's, e.g. "
-                         "env.kwargs.cases=adversarial env.kwargs.persona=minimising")
+    ev.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="env / rollout / eval settings to evaluate on instead of the run's, e.g. "
+        "env.kwargs.cases=adversarial env.kwargs.persona=minimising",
+    )
     exp = _command(
-        sub, "export", "write a run's policy as a Hugging Face model directory",
+        sub,
+        "export",
+        "write a run's policy as a Hugging Face model directory",
         "Restore a run's checkpoint (the newest, or --step) and write it as a directory transformers "
         "loads: config.json, safetensors (LoRA merged), the run's tokenizer and chat template, and a "
         "generation_config.json whose EOS ends a turn. Prints the directory.",
         """
 jaxagent export runs/first exported/first
-jaxagent export runs/first exported/first --step 10 --overwrite""")
+jaxagent export runs/first exported/first --step 10 --overwrite""",
+    )
     exp.add_argument("run_dir", metavar="RUN_DIR", help="a training run's directory (config.yaml, checkpoints/)")
     exp.add_argument("out_dir", metavar="OUT_DIR", help="the directory to write (must be empty or absent)")
     exp.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
     exp.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it is not empty")
     plot = _command(
-        sub, "plot", "draw a run's learning curves (metrics.jsonl) to a PNG",
+        sub,
+        "plot",
+        "draw a run's learning curves (metrics.jsonl) to a PNG",
         "Draw reward, success rate, KL, entropy, loss and tokens/s against the iteration from "
         "RUN_DIR/metrics.jsonl (eval_* keys and summary.json references included); prints the PNG's path. "
         "Several runs go on one comparison figure against episodes, the seeds of one recipe as a band.",
         """
 jaxagent plot runs/first                                  # runs/first/learning_curves.png
 jaxagent plot runs/demo-s0 runs/demo-s1 runs/demo-s2 --out demo.png
-jaxagent plot runs/intake --metric env_rubric_mean""")
-    plot.add_argument("run_dir", metavar="RUN_DIR", nargs="+",
-                      help="a training run's directory (holds metrics.jsonl); several: one comparison figure "
-                           "against episodes (held-out success sampled and greedy, training success; seeds of "
-                           "one recipe as a band)")
-    plot.add_argument("--out", metavar="PNG", default=None,
-                      help="output file (default RUN_DIR/learning_curves.png; several runs: comparison.png beside "
-                           "the first)")
-    plot.add_argument("--metric", default="success_rate",
-                      help="the held-out evaluation's key to compare (default success_rate; e.g. return_mean, or "
-                           "an env summary's env_rubric_mean, env_under_triage_rate); draws the comparison figure, "
-                           "also for one run")
+jaxagent plot runs/intake --metric env_rubric_mean""",
+    )
+    plot.add_argument(
+        "run_dir",
+        metavar="RUN_DIR",
+        nargs="+",
+        help="a training run's directory (holds metrics.jsonl); several: one comparison figure "
+        "against episodes (held-out success sampled and greedy, training success; seeds of "
+        "one recipe as a band)",
+    )
+    plot.add_argument(
+        "--out",
+        metavar="PNG",
+        default=None,
+        help="output file (default RUN_DIR/learning_curves.png; several runs: comparison.png beside the first)",
+    )
+    plot.add_argument(
+        "--metric",
+        default="success_rate",
+        help="the held-out evaluation's key to compare (default success_rate; e.g. return_mean, or "
+        "an env summary's env_rubric_mean, env_under_triage_rate); draws the comparison figure, "
+        "also for one run",
+    )
     view = _command(
-        sub, "view", "browse runs: learning curves and stored episodes",
+        sub,
+        "view",
+        "browse runs: learning curves and stored episodes",
         "Show runs in the browser: their learning curves, and the episode store's episodes (conversation, "
         "per-turn rewards, final info, policy tokens coloured by advantage, log-probs, their ratio or "
         "entropy), two runs side by side. Serves the page on 127.0.0.1:--port (rebuilt on every load, so a "
@@ -309,17 +398,26 @@ jaxagent plot runs/intake --metric env_rubric_mean""")
         """
 jaxagent view runs/first                       # http://127.0.0.1:8765/
 jaxagent view runs/demo-s0 runs/demo-s1 --port 8800
-jaxagent view runs/first --out view-site       # open view-site/index.html""")
+jaxagent view runs/first --out view-site       # open view-site/index.html""",
+    )
     view.add_argument("run_dir", metavar="RUN_DIR", nargs="+", help="training run directories")
     where = view.add_mutually_exclusive_group()
     where.add_argument("--port", type=int, default=8765, help="serve on http://127.0.0.1:PORT/ (default 8765)")
-    where.add_argument("--out", metavar="DIR", default=None,
-                       help="write the page and its data to DIR (open DIR/index.html; no server needed)")
-    bench = _command(sub, "bench", "run one of the repository's benchmarks (W1-W12)",
-                     bench_mod.__doc__.strip(),
-                     """
+    where.add_argument(
+        "--out",
+        metavar="DIR",
+        default=None,
+        help="write the page and its data to DIR (open DIR/index.html; no server needed)",
+    )
+    bench = _command(
+        sub,
+        "bench",
+        "run one of the repository's benchmarks (W1-W12)",
+        bench_mod.__doc__.strip(),
+        """
 jaxagent bench advantages --quick
-jaxagent bench update --systems jax,torch --out benchmarks/results/w2_model_step.jsonl""")
+jaxagent bench update --systems jax,torch --out benchmarks/results/w2_model_step.jsonl""",
+    )
     bench_mod.add_arguments(bench)
     return parser
 
@@ -362,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
 
         for name in envs.known_envs():
             if name.startswith("testing/"):
-                continue   # fault-injection envs for the pool's own tests
+                continue  # fault-injection envs for the pool's own tests
             print(name)
         return 0
     return 2  # pragma: no cover - argparse rejects unknown commands

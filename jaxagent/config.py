@@ -33,8 +33,9 @@ import difflib
 import re
 import types
 import typing
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Any, Literal
 
 import yaml
 
@@ -52,16 +53,21 @@ class _Loader(yaml.SafeLoader):
     """
 
 
-_Loader.yaml_implicit_resolvers = {k: [r for r in v if r[0] != "tag:yaml.org,2002:float"]
-                                   for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.yaml_implicit_resolvers = {
+    k: [r for r in v if r[0] != "tag:yaml.org,2002:float"] for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
-    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
                    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
                    |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
                    |[-+]?\.(?:inf|Inf|INF)
-                   |\.(?:nan|NaN|NAN))$""", re.X),
-    list("-+0123456789."))
+                   |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
 
 
 def _mapping_without_duplicates(loader, node, deep=False):
@@ -75,7 +81,8 @@ def _mapping_without_duplicates(loader, node, deep=False):
         if key in seen:
             first = seen[key].start_mark.line + 1
             raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r} (first set on line {first})", key_node.start_mark)
+                None, None, f"duplicate key {key!r} (first set on line {first})", key_node.start_mark
+            )
         seen[key] = key_node
     return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
 
@@ -88,8 +95,7 @@ def safe_load(text: str):
     return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
 
 
-def load_config(cls, path: str | Path | None = None, overrides: Iterable[str] = (), *,
-                saved: bool = False):
+def load_config(cls, path: str | Path | None = None, overrides: Iterable[str] = (), *, saved: bool = False):
     """Build ``cls`` from the YAML file at ``path`` (optional) and ``key=value`` overrides.
 
     saved: the file is one a run wrote (its ``config.yaml``): keys that have moved since
@@ -136,8 +142,9 @@ def read_yaml(path: str | Path) -> dict:
         mark = getattr(err, "problem_mark", None)
         if mark is not None:
             what = " ".join(str(x) for x in (getattr(err, "context", None), getattr(err, "problem", None)) if x)
-            raise ConfigError(f"{path}, line {mark.line + 1}, column {mark.column + 1}: not valid YAML ({what})") \
-                from None
+            raise ConfigError(
+                f"{path}, line {mark.line + 1}, column {mark.column + 1}: not valid YAML ({what})"
+            ) from None
         raise ConfigError(f"{path}: not valid YAML: {err}") from None
     if data is None:
         return {}
@@ -179,6 +186,7 @@ def to_dict(cfg) -> dict:
     """A config as plain nested dicts/lists (YAML- and JSON-able). A float field holding an
     int (an int default, e.g. ``300``) is written as a float, as reading it back makes it,
     so the YAML a run writes reads back to the same YAML (a resumed run's config.yaml)."""
+
     def field_value(x, f, hints):
         v = getattr(x, f.name)
         if _strip_optional(hints[f.name]) is float and isinstance(v, int) and not isinstance(v, bool):
@@ -194,6 +202,7 @@ def to_dict(cfg) -> dict:
         if isinstance(x, dict):
             return {k: plain(v) for k, v in x.items()}
         return x
+
     return plain(cfg)
 
 
@@ -218,6 +227,7 @@ class ConfigKey:
     """One leaf of a config: its dotted `key`, its `value` as YAML, its `type` and the
     `doc` its section's docstring gives it (its first line; "" when none) and `text`,
     all that the docstring says of it."""
+
     key: str
     value: str
     type: str
@@ -238,7 +248,7 @@ def config_keys(cfg) -> list[ConfigKey]:
             for span in [k for k in table if "..." in k]:  # "a ... b: text" documents a through b
                 first, last = (part.strip() for part in span.split("..."))
                 if first in names and last in names:
-                    for name in names[names.index(first):names.index(last) + 1]:
+                    for name in names[names.index(first) : names.index(last) + 1]:
                         table.setdefault(name, table[span])
         for f in dataclasses.fields(x):
             value, key = getattr(x, f.name), prefix + f.name
@@ -247,8 +257,11 @@ def config_keys(cfg) -> list[ConfigKey]:
                 continue
             shown = yaml.safe_dump(to_dict(value), default_flow_style=True, width=10**6).strip()
             shown = shown.removesuffix("\n...").removesuffix(" ...").strip()
-            keys.append(ConfigKey(key, shown, _type_name(hints.get(f.name, f.type)), docs.get(f.name, ""),
-                                  texts.get(f.name, "")))
+            keys.append(
+                ConfigKey(
+                    key, shown, _type_name(hints.get(f.name, f.type)), docs.get(f.name, ""), texts.get(f.name, "")
+                )
+            )
 
     walk(cfg, "")
     return keys
@@ -288,6 +301,7 @@ def _field_docs(cls, full: bool = False) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------- conversion
+
 
 def _type_name(tp) -> str:
     if tp is type(None):
@@ -355,6 +369,7 @@ def _convert(tp, value, key: str):
 
 
 # ---------------------------------------------------------------- overrides
+
 
 def _split_override(item: str) -> tuple[str, str]:
     if not isinstance(item, str) or "=" not in item:

@@ -26,12 +26,13 @@ is not glibc 2.35+, or off Linux. Library
 imports never re-execute: only the command-line entry point calls
 :func:`reexec_if_needed`.
 """
+
 from __future__ import annotations
 
 import os
 import platform
 import sys
-from typing import Mapping
+from collections.abc import Mapping
 
 TUNABLE = "glibc.malloc.hugetlb=1"
 SWITCH = "JAXAGENT_HUGEPAGES"
@@ -62,8 +63,9 @@ def _thp_mode(path: str = THP_ENABLED) -> str | None:
     return None
 
 
-def wanted(env: Mapping[str, str] | None = None, *, thp_mode: str | None = "auto",
-           glibc_ok: bool | None = None) -> bool:
+def wanted(
+    env: Mapping[str, str] | None = None, *, thp_mode: str | None = "auto", glibc_ok: bool | None = None
+) -> bool:
     """Whether a process started with `env` should get the huge-page malloc setting."""
     env = os.environ if env is None else env
     if env.get(SWITCH, "").strip().lower() not in ("1", "on", "true", "yes"):

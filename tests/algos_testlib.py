@@ -3,6 +3,7 @@
 Shapes are kept to a handful (mostly B=6, T=9) so each kernel compiles once or
 twice for the whole suite.
 """
+
 from __future__ import annotations
 
 import functools
@@ -11,11 +12,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-B, T = 6, 9          # default token-level batch
-S = 5                # default number of turns / env steps
+B, T = 6, 9  # default token-level batch
+S = 5  # default number of turns / env steps
 
-RTOL, ATOL = 1e-5, 1e-5          # float32 rounding
-WRTOL, WATOL = 1e-4, 1e-4        # whitened outputs (divide by a float32 std)
+RTOL, ATOL = 1e-5, 1e-5  # float32 rounding
+WRTOL, WATOL = 1e-4, 1e-4  # whitened outputs (divide by a float32 std)
 
 POISON = (np.nan, np.inf, -np.inf)
 
@@ -38,7 +39,7 @@ def multiturn_mask(rng, b=B, t=T, empty_rows=()):
         pos = int(rng.integers(0, 2))
         while pos < t:
             span = int(rng.integers(1, 4))
-            m[i, pos:pos + span] = 1
+            m[i, pos : pos + span] = 1
             pos += span + int(rng.integers(1, 4))
             if rng.random() < 0.25:
                 break
@@ -65,7 +66,7 @@ def turn_ids_from_mask(rng, mask):
             if mask[i, j]:
                 tid[i, j] = k
             elif k >= 0 and rng.random() < 0.2:
-                tid[i, j] = k      # masked token that still belongs to the turn
+                tid[i, j] = k  # masked token that still belongs to the turn
             prev = mask[i, j]
         n_turns[i] = k + 1
     return tid, n_turns
@@ -118,7 +119,7 @@ def assert_finite(x, err=""):
     assert np.all(np.isfinite(np.asarray(x, np.float64))), f"{err}: non-finite values"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def jitted(fn, **static):
     """jax.jit(fn) with static keyword args closed over, cached per config."""
     return jax.jit(functools.partial(fn, **static))

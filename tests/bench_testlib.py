@@ -1,4 +1,5 @@
 """Loading a benchmark script of `benchmarks/` as a module, for tests of its parts."""
+
 import importlib.util
 import sys
 from pathlib import Path

@@ -9,6 +9,7 @@ tests build trainers of the same tiny shapes, and a cache hit skips XLA's compil
 of an identical program. This cut about a quarter of the suite's time on 2 cores. Set
 JAXAGENT_TEST_JIT_CACHE=0 to run without it.
 """
+
 import atexit
 import os
 import shutil
@@ -27,7 +28,8 @@ if os.environ.get("JAXAGENT_TEST_JIT_CACHE", "1") != "0" and "JAX_COMPILATION_CA
 # Results are compared against NumPy references with tolerances, or between programs
 # compiled the same way; JAXAGENT_TEST_XLA_OPT=1 keeps XLA's default optimisation.
 if os.environ.get("JAXAGENT_TEST_XLA_OPT", "0") != "1" and "xla_backend_optimization_level" not in os.environ.get(
-        "XLA_FLAGS", ""):
+    "XLA_FLAGS", ""
+):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
 
 import jax  # noqa: E402
@@ -49,12 +51,13 @@ def stored_run(tmp_path_factory):
 
     from test_train_loop import VARIED, config
     from train_testlib import host
+
     from jaxagent.train.trainer import Trainer
 
     run_dir = tmp_path_factory.mktemp("stored") / "run"
-    trainer = Trainer(config(run_dir, *VARIED, "iterations=2", "logging.episodes_per_iteration=6"),
-                      log=lambda *_: None)
+    trainer = Trainer(config(run_dir, *VARIED, "iterations=2", "logging.episodes_per_iteration=6"), log=lambda *_: None)
     params = host(trainer.state.params)
     trainer.run()
-    return types.SimpleNamespace(run_dir=run_dir, params_before=params, last_episodes=trainer.last_episodes,
-                                 trainer=trainer)
+    return types.SimpleNamespace(
+        run_dir=run_dir, params_before=params, last_episodes=trainer.last_episodes, trainer=trainer
+    )

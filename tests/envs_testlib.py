@@ -1,4 +1,5 @@
 """Shared fixtures for the environment tests."""
+
 import time
 
 import pytest
@@ -13,8 +14,14 @@ def no_leftover_processes():
     yield
     deadline = time.monotonic() + 5
     while True:
-        left = [p for p in me.children(recursive=True) if p.pid not in before and p.is_running()
-                and p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(p.cmdline())]
+        left = [
+            p
+            for p in me.children(recursive=True)
+            if p.pid not in before
+            and p.is_running()
+            and p.status() != psutil.STATUS_ZOMBIE
+            and "resource_tracker" not in " ".join(p.cmdline())
+        ]
         if not left or time.monotonic() > deadline:
             break
         time.sleep(0.05)

@@ -20,6 +20,7 @@ emulates the code before the sampler had rules of its own::
 
     .venv/bin/python tests/hlo_testlib.py [--before] [--vocab 97]
 """
+
 from __future__ import annotations
 
 import collections
@@ -35,8 +36,23 @@ import tempfile
 #: the collective ops counted (async pairs are counted by their `-start` half)
 COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
 
-_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
-                "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+_DTYPE_BYTES = {
+    "pred": 1,
+    "s8": 1,
+    "u8": 1,
+    "s16": 2,
+    "u16": 2,
+    "f16": 2,
+    "bf16": 2,
+    "s32": 4,
+    "u32": 4,
+    "f32": 4,
+    "s64": 8,
+    "u64": 8,
+    "f64": 8,
+    "c64": 8,
+    "c128": 16,
+}
 _COMP_HEAD = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s+([a-z][a-z0-9\-]*)\((.*)$")
 _ARRAY = re.compile(r"\b([a-z]+[0-9]*)\[([0-9,]*)\]")
@@ -134,9 +150,18 @@ def _walk(comps, name: str, times: int, out: list[Collective], stack: tuple = ()
         if op is not None:
             arrays = _arrays(ins.type)
             if ins.op.endswith("-start") and op == "all-gather" and len(arrays) > 1:
-                arrays = arrays[len(arrays) // 2:]   # (operands, results) of an async all-gather
-            out.append(Collective(op, ins.name, name, sum(n * _DTYPE_BYTES[d] for d, n in arrays),
-                                  tuple(n for _, n in arrays), times, ins.line))
+                arrays = arrays[len(arrays) // 2 :]  # (operands, results) of an async all-gather
+            out.append(
+                Collective(
+                    op,
+                    ins.name,
+                    name,
+                    sum(n * _DTYPE_BYTES[d] for d, n in arrays),
+                    tuple(n for _, n in arrays),
+                    times,
+                    ins.line,
+                )
+            )
         inner = times * _trip_count(ins) if ins.op == "while" else times
         for callee in _called(ins):
             _walk(comps, callee, inner, out, stack + (name,))
@@ -282,14 +307,19 @@ def decoder_test_config(vocab_size: int = 128):
     (128) divides over "tensor", so the embedding and the lm_head are split there too."""
     from jaxagent.models import tiny_config
 
-    return tiny_config(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_heads=4, num_kv_heads=2,
-                       head_dim=16)
+    return tiny_config(
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_heads=4, num_kv_heads=2, head_dim=16
+    )
 
 
 def smallest_weight_matrix(config) -> int:
     """Elements of the smallest weight matrix of one decoder layer."""
-    D, q, kv, F = config.hidden_size, config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim, \
-        config.intermediate_size
+    D, q, kv, F = (
+        config.hidden_size,
+        config.num_heads * config.head_dim,
+        config.num_kv_heads * config.head_dim,
+        config.intermediate_size,
+    )
     return min(D * q, D * kv, q * D, D * F, F * D)
 
 
@@ -300,10 +330,15 @@ def decode_lowered(sampler, rows: int = 8, max_new_tokens: int = 2):
     from jaxagent.rollout import SamplingConfig
 
     state = sampler.init_state(rows)
-    args = (sampler._put_rows(np.ones(rows, bool)), sampler._put_rows(np.full(rows, max_new_tokens, np.int32)),
-            sampler._put_rows(np.full((rows, 1), -1, np.int32)), sampler._put_rows(np.full((rows, 1, 1), -1, np.int32)))
-    return sampler._decode.lower(sampler.params, state, *args, sampling=SamplingConfig(0.0),
-                                 max_new_tokens=max_new_tokens)
+    args = (
+        sampler._put_rows(np.ones(rows, bool)),
+        sampler._put_rows(np.full(rows, max_new_tokens, np.int32)),
+        sampler._put_rows(np.full((rows, 1), -1, np.int32)),
+        sampler._put_rows(np.full((rows, 1, 1), -1, np.int32)),
+    )
+    return sampler._decode.lower(
+        sampler.params, state, *args, sampling=SamplingConfig(0.0), max_new_tokens=max_new_tokens
+    )
 
 
 def append_lowered(sampler, rows: int = 8, tokens: int = 16):
@@ -329,8 +364,9 @@ def train_step_lowered(mesh, config=None, rows: int = 16, seq: int = 16, micro_b
     state = par.shard_train_state(state, mesh)
     step = make_sharded_train_step(step_cfg, state, mesh)
     z = np.zeros((rows, seq), np.float32)
-    batch = par.shard_batch(UpdateBatch(tokens=np.zeros((rows, seq), np.int32), loss_mask=z, advantages=z,
-                                        old_logp=z), mesh)
+    batch = par.shard_batch(
+        UpdateBatch(tokens=np.zeros((rows, seq), np.int32), loss_mask=z, advantages=z, old_logp=z), mesh
+    )
     return step.lower(state, batch)
 
 
@@ -345,7 +381,7 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=128)
     args = ap.parse_args()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    os.environ["JAXAGENT_CODE_PATHS"] = "gpu"   # the accelerators' decode: the layer scan
+    os.environ["JAXAGENT_CODE_PATHS"] = "gpu"  # the accelerators' decode: the layer scan
     import jax
 
     jax.config.update("jax_num_cpu_devices", 8)
@@ -357,7 +393,7 @@ def main() -> None:
     kw = {}
     if args.before:
         kw["rules"] = par.LOGICAL_AXIS_RULES
-        decoder.ACTIVATION_AXES["embed_table"] = ("vocab", "embed")   # the table's own layout: no constraint
+        decoder.ACTIVATION_AXES["embed_table"] = ("vocab", "embed")  # the table's own layout: no constraint
     cfg = decoder_test_config(args.vocab)
     params = M.init_params(jax.random.key(0), cfg)
     weight = smallest_weight_matrix(cfg)
@@ -371,16 +407,27 @@ def main() -> None:
         train, err_train, dumps = compile_text(train_step_lowered(mesh, cfg), "spmd-partitioning")
         partitioned = next(t for n, t in dumps.items() if "after_spmd-partitioning" in n)
         ars = gradient_all_reduces(partitioned, weight)
-        print(json.dumps({
-            "mesh": "x".join(map(str, shape)), "vocab": args.vocab, "code": "before" if args.before else "after",
-            "decode_per_token": per_loop_iteration(text),
-            "decode_weight_sized_all_gathers_per_token": sum(c.times for c in big),
-            "train_step": summary(collectives(train)),
-            "train_weight_sized_all_reduces": len(ars),
-            "train_weight_sized_all_reduces_sliced_to_shards": sum(bool(us) and all(u.op == "dynamic-slice" for u in us)
-                                                                  for _, us in ars),
-            "remat_warnings": {"decode": err.count(REMAT_WARNING), "append": err_append.count(REMAT_WARNING),
-                               "train_step": err_train.count(REMAT_WARNING)}}))
+        print(
+            json.dumps(
+                {
+                    "mesh": "x".join(map(str, shape)),
+                    "vocab": args.vocab,
+                    "code": "before" if args.before else "after",
+                    "decode_per_token": per_loop_iteration(text),
+                    "decode_weight_sized_all_gathers_per_token": sum(c.times for c in big),
+                    "train_step": summary(collectives(train)),
+                    "train_weight_sized_all_reduces": len(ars),
+                    "train_weight_sized_all_reduces_sliced_to_shards": sum(
+                        bool(us) and all(u.op == "dynamic-slice" for u in us) for _, us in ars
+                    ),
+                    "remat_warnings": {
+                        "decode": err.count(REMAT_WARNING),
+                        "append": err_append.count(REMAT_WARNING),
+                        "train_step": err_train.count(REMAT_WARNING),
+                    },
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

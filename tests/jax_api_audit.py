@@ -33,6 +33,7 @@ using a name of a module it does not list, or to audit a newer release::
 Without ``--write`` it prints, per release, every usage that is missing, deprecated or
 removed, and how the touched modules changed between the releases given.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,15 +50,14 @@ SCANNED = ("jaxagent", "envs", "benchmarks", "tests", "examples")
 SNAPSHOT = Path(__file__).with_name("jax_api_audit.json")
 # Outside JAX's API compatibility policy (docs.jax.dev api_compatibility): may change in
 # any release. Used names from these are reported, not refused.
-UNSTABLE = ("jax.experimental", "jax.extend", "jax.interpreters", "jax.core", "jax.lib",
-            "jax.example_libraries")
+UNSTABLE = ("jax.experimental", "jax.extend", "jax.interpreters", "jax.core", "jax.lib", "jax.example_libraries")
 # jaxlib is JAX's compiled backend, with no public Python API beyond its version.
 JAXLIB_ALLOWED = {"jaxlib", "jaxlib.__version__"}
 _FLAG_NAME = re.compile(r"['\"](jax_[a-z0-9_]+)['\"]")
 # what precedes a flag's name where a release defines it: name='jax_x' or bool_state('jax_x'
 _FLAG_DEF = re.compile(r"(?:\bname\s*=\s*|(?:_state|_flag)\(\s*)$")
 _ENV = re.compile(r"^JAX_[A-Z0-9_]+$")
-_MODULE_DUNDERS = {"__file__", "__name__", "__path__", "__spec__", "__doc__"}   # every module has them
+_MODULE_DUNDERS = {"__file__", "__name__", "__path__", "__spec__", "__doc__"}  # every module has them
 _NOT_NAMES = {"__getattr__", "__dir__", "__all__"}
 
 
@@ -66,9 +66,9 @@ _NOT_NAMES = {"__getattr__", "__dir__", "__all__"}
 
 @dataclass(frozen=True)
 class Usage:
-    path: str            # dotted: "jax.numpy.float32", or "flag:jax_platforms"
-    where: str           # "file.py:line"
-    kind: str            # "import" | "attr" | "flag" | "env-flag"
+    path: str  # dotted: "jax.numpy.float32", or "flag:jax_platforms"
+    where: str  # "file.py:line"
+    kind: str  # "import" | "attr" | "flag" | "env-flag"
 
 
 def _chain(node: ast.AST) -> list[str] | None:
@@ -90,7 +90,7 @@ def file_usages(path: Path, root: Path = ROOT) -> list[Usage]:
     rel = path.relative_to(root).as_posix()
     out: list[Usage] = []
     alias: dict[str, str] = {}
-    inner: set[int] = set()   # attributes that are the value of another attribute
+    inner: set[int] = set()  # attributes that are the value of another attribute
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute):
             inner.add(id(node.value))
@@ -103,8 +103,12 @@ def file_usages(path: Path, root: Path = ROOT) -> list[Usage]:
                     else:
                         top = a.name.split(".")[0]
                         alias[top] = top
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
-                and node.module.split(".")[0] in ("jax", "jaxlib"):
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and node.level == 0
+            and node.module
+            and node.module.split(".")[0] in ("jax", "jaxlib")
+        ):
             for a in node.names:
                 full = f"{node.module}.{a.name}"
                 out.append(Usage(full, f"{rel}:{node.lineno}", "import"))
@@ -124,8 +128,14 @@ def file_usages(path: Path, root: Path = ROOT) -> list[Usage]:
             out.append(Usage(full, where, "attr"))
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             chain = _chain(node.func)
-            if chain and chain[0] in alias and ".".join([alias[chain[0]]] + chain[1:]) == "jax.config.update" \
-                    and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+            if (
+                chain
+                and chain[0] in alias
+                and ".".join([alias[chain[0]]] + chain[1:]) == "jax.config.update"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+            ):
                 out.append(Usage(f"flag:{node.args[0].value}", f"{rel}:{node.lineno}", "flag"))
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and _ENV.match(node.value):
             # checked only where some audited release defines the flag it names
@@ -158,12 +168,12 @@ def private(path: str) -> bool:
 @dataclass
 class ApiIndex:
     version: str
-    modules: set[str] = field(default_factory=set)                 # every public module
-    names: dict[str, set[str]] = field(default_factory=dict)       # module -> bound names
+    modules: set[str] = field(default_factory=set)  # every public module
+    names: dict[str, set[str]] = field(default_factory=dict)  # module -> bound names
     deprecated: dict[str, dict[str, str]] = field(default_factory=dict)  # module -> name -> message
-    removed: dict[str, dict[str, str]] = field(default_factory=dict)     # module -> name -> message
+    removed: dict[str, dict[str, str]] = field(default_factory=dict)  # module -> name -> message
     flags: set[str] = field(default_factory=set)
-    sources: dict[str, str] = field(default_factory=dict, repr=False)   # module -> source, parsed on demand
+    sources: dict[str, str] = field(default_factory=dict, repr=False)  # module -> source, parsed on demand
 
     def load(self, mod: str) -> set[str] | None:
         """The names ``mod`` binds (parsing its source on first use); None if unknown."""
@@ -173,16 +183,24 @@ class ApiIndex:
 
     def to_json(self, keep_modules: set[str], keep_flags: set[str]) -> dict:
         keep = sorted(m for m in keep_modules if m in self.modules and self.load(m) is not None)
-        return {"modules": sorted(self.modules),
-                "names": {m: sorted(self.names[m]) for m in keep},
-                "deprecated": {m: self.deprecated[m] for m in keep if self.deprecated.get(m)},
-                "removed": {m: self.removed[m] for m in keep if self.removed.get(m)},
-                "flags": sorted(keep_flags & self.flags)}
+        return {
+            "modules": sorted(self.modules),
+            "names": {m: sorted(self.names[m]) for m in keep},
+            "deprecated": {m: self.deprecated[m] for m in keep if self.deprecated.get(m)},
+            "removed": {m: self.removed[m] for m in keep if self.removed.get(m)},
+            "flags": sorted(keep_flags & self.flags),
+        }
 
     @classmethod
-    def from_json(cls, version: str, d: dict) -> "ApiIndex":
-        return cls(version, set(d["modules"]), {m: set(v) for m, v in d["names"].items()},
-                   d.get("deprecated", {}), d.get("removed", {}), set(d["flags"]))
+    def from_json(cls, version: str, d: dict) -> ApiIndex:
+        return cls(
+            version,
+            set(d["modules"]),
+            {m: set(v) for m, v in d["names"].items()},
+            d.get("deprecated", {}),
+            d.get("removed", {}),
+            set(d["flags"]),
+        )
 
 
 def _module_name(rel: str) -> str | None:
@@ -196,8 +214,9 @@ def _module_name(rel: str) -> str | None:
 
 
 def _is_type_checking(test: ast.AST) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
-        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _bind(stmts, names: set[str], deps: dict) -> None:
@@ -232,7 +251,7 @@ def _bind(stmts, names: set[str], deps: dict) -> None:
                     names.discard(t.id)
         elif isinstance(s, ast.If):
             if _is_type_checking(s.test):
-                _bind(s.orelse, names, deps)   # what runs; the TYPE_CHECKING branch is for type checkers
+                _bind(s.orelse, names, deps)  # what runs; the TYPE_CHECKING branch is for type checkers
             else:
                 _bind(s.body, names, deps)
                 _bind(s.orelse, names, deps)
@@ -246,8 +265,8 @@ def _bind(stmts, names: set[str], deps: dict) -> None:
 def _parse_module(idx: ApiIndex, mod: str, src: str) -> None:
     try:
         tree = ast.parse(src)
-    except SyntaxError:   # newer syntax than this Python's (0.12 uses PEP 695 in a few modules):
-        return            # listed as a module, its names unknown; a use of one is reported
+    except SyntaxError:  # newer syntax than this Python's (0.12 uses PEP 695 in a few modules):
+        return  # listed as a module, its names unknown; a use of one is reported
     names: set[str] = set()
     deps: dict[str, tuple[str, bool]] = {}
     _bind(tree.body, names, deps)
@@ -263,8 +282,9 @@ def index_sources(version: str, sources: dict[str, str]) -> ApiIndex:
     idx = ApiIndex(version)
     for rel, src in sources.items():
         if "jax_" in src:
-            idx.flags.update(m.group(1) for m in _FLAG_NAME.finditer(src)
-                             if _FLAG_DEF.search(src, max(0, m.start() - 40), m.start()))
+            idx.flags.update(
+                m.group(1) for m in _FLAG_NAME.finditer(src) if _FLAG_DEF.search(src, max(0, m.start() - 40), m.start())
+            )
         mod = _module_name(rel)
         if mod is not None:
             idx.modules.add(mod)
@@ -281,6 +301,7 @@ def index_wheel(wheel: Path) -> ApiIndex:
 
 def index_installed() -> ApiIndex:
     import jax
+
     pkg = Path(jax.__file__).parent
     sources = {f"jax/{p.relative_to(pkg).as_posix()}": p.read_text() for p in pkg.rglob("*.py")}
     return index_sources(jax.__version__, sources)
@@ -291,7 +312,7 @@ def index_installed() -> ApiIndex:
 
 @dataclass(frozen=True)
 class Finding:
-    status: str          # ok | object | deprecated | removed | missing | private | unknown-module
+    status: str  # ok | object | deprecated | removed | missing | private | unknown-module
     detail: str = ""
 
 
@@ -321,12 +342,16 @@ def resolve(path: str, idx: ApiIndex) -> Finding:
             return Finding("ok")
         names = idx.load(mod)
         if names is None:
-            return Finding("unknown-module", f"{mod}'s names are not in this index (regenerate the snapshot "
-                                             "from the wheels, with a Python that parses the module)")
+            return Finding(
+                "unknown-module",
+                f"{mod}'s names are not in this index (regenerate the snapshot "
+                "from the wheels, with a Python that parses the module)",
+            )
         if part in names:
-            rest = ".".join(parts[i + 1:])
-            return Finding("object", f"attribute {rest} of {mod}.{part} not checked statically") if rest \
-                else Finding("ok")
+            rest = ".".join(parts[i + 1 :])
+            return (
+                Finding("object", f"attribute {rest} of {mod}.{part} not checked statically") if rest else Finding("ok")
+            )
         return Finding("missing", f"{mod} has no {part}")
     return Finding("ok")
 
@@ -373,10 +398,12 @@ def unstable(usages: list[Usage]) -> set[str]:
 
 def write_snapshot(indexes: list[ApiIndex], usages: list[Usage], path: Path = SNAPSHOT) -> None:
     flags = {u.path[5:] for u in checked(usages, indexes) if u.path.startswith("flag:")}
-    data = {"about": "Written by tests/jax_api_audit.py from the jax wheels of these releases: the names of "
-                     "the jax modules this repository touches, their deprecations, and the config flags it "
-                     "uses. tests/test_jax_api.py checks the code against it.",
-            "releases": {i.version: i.to_json(touched_modules(usages, i), flags) for i in indexes}}
+    data = {
+        "about": "Written by tests/jax_api_audit.py from the jax wheels of these releases: the names of "
+        "the jax modules this repository touches, their deprecations, and the config flags it "
+        "uses. tests/test_jax_api.py checks the code against it.",
+        "releases": {i.version: i.to_json(touched_modules(usages, i), flags) for i in indexes},
+    }
     # one line per module: small diffs when a release is added
     text = json.dumps(data, indent=1, sort_keys=True)
     text = re.sub(r"\[\n\s+([^\[\]{}]*?)\n\s+\]", lambda m: "[" + " ".join(m.group(1).split()) + "]", text)
@@ -385,8 +412,10 @@ def write_snapshot(indexes: list[ApiIndex], usages: list[Usage], path: Path = SN
 
 def read_snapshot(path: Path = SNAPSHOT) -> list[ApiIndex]:
     data = json.loads(path.read_text())
-    return [ApiIndex.from_json(v, d) for v, d in sorted(data["releases"].items(),
-                                                            key=lambda kv: tuple(map(int, kv[0].split("."))))]
+    return [
+        ApiIndex.from_json(v, d)
+        for v, d in sorted(data["releases"].items(), key=lambda kv: tuple(map(int, kv[0].split("."))))
+    ]
 
 
 def main(argv=None) -> int:
@@ -408,11 +437,14 @@ def main(argv=None) -> int:
         print(f"\njax {idx.version}: {len(found) or 'no'} problem(s)")
         for u, f in found:
             print(f"  {u.where}: {u.path}: {f.status}: {f.detail}")
-    print("\noutside JAX's compatibility policy (may change in any release):",
-          ", ".join(sorted(unstable(use))) or "none")
+    print(
+        "\noutside JAX's compatibility policy (may change in any release):", ", ".join(sorted(unstable(use))) or "none"
+    )
     objects = sorted({u.path for u in use if resolve(u.path, audited[-1]).status == "object"})
-    print(f"attributes of objects, not checked statically (tests/test_jax_api.py resolves them on the installed jax): "
-          f"{', '.join(objects) or 'none'}")
+    print(
+        f"attributes of objects, not checked statically (tests/test_jax_api.py resolves them on the installed jax): "
+        f"{', '.join(objects) or 'none'}"
+    )
     if len(audited) > 1:
         first, last = audited[0], audited[-1]
         print(f"\nnames of the touched modules, {first.version} -> {last.version}:")

@@ -1,4 +1,5 @@
 """Launching a group of local `jax.distributed` processes for the multi-host tests."""
+
 import os
 import socket
 import subprocess
@@ -31,8 +32,15 @@ def run_process_group(script, num_processes: int, args_for, log_dir: Path, timeo
         for pid in range(num_processes):
             log = open(log_dir / f"log_{pid}.txt", "w+")
             logs.append(log)
-            procs.append(subprocess.Popen([sys.executable, str(script), *map(str, args_for(pid, port))],
-                                          env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(script), *map(str, args_for(pid, port))],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=ROOT,
+                )
+            )
         deadline = time.monotonic() + timeout_s
         while any(p.poll() is None for p in procs):
             if any(p.returncode not in (None, 0) for p in procs) or time.monotonic() > deadline:

@@ -19,6 +19,7 @@ unsharded sampler on one device samples; also `to_local` on a mesh whose tensor 
 spans the processes (the weights then whole on every device). Each process writes
 `sampler_<id>.json` with what it found.
 """
+
 import os
 import sys
 
@@ -70,8 +71,7 @@ def smoke(out_dir: str, process_id: int) -> None:
     np.save(os.path.join(out_dir, f"rows_{process_id}.npy"), rows)
     x = par.global_batch({"x": full[rows]}, mesh, B)["x"]
     row_sums, total = jax.jit(lambda x: (jnp.sum(x, axis=1), jnp.sum(x)))(x)
-    _write(out_dir, {"row_sums": par.to_host(row_sums), "total": par.to_host(total),
-                     "x": par.to_host(x)})
+    _write(out_dir, {"row_sums": par.to_host(row_sums), "total": par.to_host(total), "x": par.to_host(x)})
 
 
 def sampler(out_dir: str, process_id: int) -> None:
@@ -93,37 +93,48 @@ def sampler(out_dir: str, process_id: int) -> None:
     place = Placement(cfg, model_cfg)
     state = place.place_state(init_train_state(jax.random.key(0), host, model_cfg, cfg.step_config))
     params = place.sampler_params(state)
-    again = place.sampler_params(state, copy=True)   # the overlap thread's copy: fresh buffers
+    again = place.sampler_params(state, copy=True)  # the overlap thread's copy: fresh buffers
     local = set(jax.local_devices())
     q = params["layers"]["q_proj"]["kernel"]
-    sampler = Sampler(params, model_cfg, max_len=40, window_segments=2)   # takes the params' mesh
+    sampler = Sampler(params, model_cfg, max_len=40, window_segments=2)  # takes the params' mesh
     reference = Sampler(jax.device_put(host, jax.local_devices()[0]), model_cfg, max_len=40, window_segments=2)
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11], [12, 13, 14], [5], [6, 7], [8, 8, 8, 8]]
     same = []
     for sampling in (SamplingConfig(0.0), SamplingConfig(0.9, top_k=20)):
-        (t0, l0, r0), (t1, l1, r1) = (Sampler.to_lists(s.generate(prompts, max_new_tokens=6, sampling=sampling,
-                                                                  seed=3)[1]) for s in (reference, sampler))
+        (t0, l0, r0), (t1, l1, r1) = (
+            Sampler.to_lists(s.generate(prompts, max_new_tokens=6, sampling=sampling, seed=3)[1])
+            for s in (reference, sampler)
+        )
         same.append(t0 == t1 and r0 == r1 and all(np.allclose(a, b, atol=1e-5) for a, b in zip(l0, l1)))
     # a mesh whose tensor axis spans the processes: every local device, the weights whole
     wide = par.make_mesh(par.MeshConfig(tensor=8))
     wide_local = par.local_mesh(wide)
-    on_wide = jax.tree.map(lambda x, sh: jax.make_array_from_callback(x.shape, sh, lambda i, x=x: np.asarray(x)[i]),
-                           host, par.param_shardings(host, wide))
+    on_wide = jax.tree.map(
+        lambda x, sh: jax.make_array_from_callback(x.shape, sh, lambda i, x=x: np.asarray(x)[i]),
+        host,
+        par.param_shardings(host, wide),
+    )
     wide_params = par.to_local(on_wide, wide, wide_local)
     out = {
         "sampler_devices": sorted(d.id for d in sampler.mesh.devices.flat),
         "local_devices": sorted(d.id for d in local),
-        "sampler_mesh": dict(sampler.mesh.shape), "sampler_is_placement_mesh": sampler.mesh is place.sampler_mesh,
-        "q_spec": str(q.sharding.spec), "fully_addressable": all(x.is_fully_addressable for x in jax.tree.leaves(params)),
-        "values_equal": all(np.array_equal(np.asarray(a), np.asarray(b))
-                            for a, b in zip(jax.tree.leaves(host), jax.tree.leaves(params))),
+        "sampler_mesh": dict(sampler.mesh.shape),
+        "sampler_is_placement_mesh": sampler.mesh is place.sampler_mesh,
+        "q_spec": str(q.sharding.spec),
+        "fully_addressable": all(x.is_fully_addressable for x in jax.tree.leaves(params)),
+        "values_equal": all(
+            np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(jax.tree.leaves(host), jax.tree.leaves(params))
+        ),
         "copy_is_fresh": again["layers"]["q_proj"]["kernel"].addressable_shards[0].data.unsafe_buffer_pointer()
         != q.addressable_shards[0].data.unsafe_buffer_pointer(),
         "same_samples": same,
         "cache_spec": str(sampler.init_state(8).cache.k.sharding.spec),
-        "wide_mesh": dict(wide_local.shape), "wide_q_spec": str(wide_params["layers"]["q_proj"]["kernel"].sharding.spec),
-        "wide_values_equal": all(np.array_equal(np.asarray(a), np.asarray(b))
-                                 for a, b in zip(jax.tree.leaves(host), jax.tree.leaves(wide_params))),
+        "wide_mesh": dict(wide_local.shape),
+        "wide_q_spec": str(wide_params["layers"]["q_proj"]["kernel"].sharding.spec),
+        "wide_values_equal": all(
+            np.array_equal(np.asarray(a), np.asarray(b))
+            for a, b in zip(jax.tree.leaves(host), jax.tree.leaves(wide_params))
+        ),
     }
     with open(os.path.join(out_dir, f"sampler_{process_id}.json"), "w") as f:
         json.dump(out, f)
@@ -133,11 +144,25 @@ def sampler(out_dir: str, process_id: int) -> None:
 def train(out_dir: str, num_processes: int, process_id: int) -> None:
     from jaxagent import models as M
     from jaxagent import parallel as par
-    from jaxagent.train import (LossConfig, OptimizerConfig, StepConfig, UpdateBatch, init_train_state,
-                                make_sharded_train_step)
+    from jaxagent.train import (
+        LossConfig,
+        OptimizerConfig,
+        StepConfig,
+        UpdateBatch,
+        init_train_state,
+        make_sharded_train_step,
+    )
 
-    cfg = M.DecoderConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=4,
-                          num_kv_heads=2, head_dim=8, model_type="llama")
+    cfg = M.DecoderConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=1,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        model_type="llama",
+    )
     step_cfg = StepConfig(loss=LossConfig(entropy_coef=0.01), optim=OptimizerConfig(lr=1e-3, eps=1e-3))
     mesh = par.make_mesh(par.MeshConfig(data=2, fsdp=2, tensor=2))
     state = init_train_state(jax.random.key(0), M.init_params(jax.random.key(0), cfg, std=0.2), cfg, step_cfg)
@@ -150,9 +175,12 @@ def train(out_dir: str, num_processes: int, process_id: int) -> None:
         r = np.random.RandomState(100 + i)
         mask = (r.rand(B, T) < 0.6).astype(np.float32)
         mask[:, 0] = 0.0
-        full = UpdateBatch(tokens=r.randint(0, cfg.vocab_size, (B, T)).astype(np.int32), loss_mask=mask,
-                           advantages=r.randn(B, T).astype(np.float32),
-                           old_logp=(-4.2 + 0.3 * r.randn(B, T)).astype(np.float32))
+        full = UpdateBatch(
+            tokens=r.randint(0, cfg.vocab_size, (B, T)).astype(np.int32),
+            loss_mask=mask,
+            advantages=r.randn(B, T).astype(np.float32),
+            old_logp=(-4.2 + 0.3 * r.randn(B, T)).astype(np.float32),
+        )
         local = jax.tree.map(lambda x: x[rows], full)  # this host's share only
         state, m = step(state, par.global_batch(local, mesh, B))
         metrics.append(m)

@@ -10,6 +10,7 @@ Conventions shared by every function here:
   * values at masked positions are never read (NaN/inf there are harmless);
   * outputs are exactly 0 where the mask is 0, as the spec requires.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,7 +25,7 @@ def _f(x):
     """float64 copy of x (works for jax / bfloat16 arrays too)."""
     x = np.asarray(x)
     if x.dtype != np.float64:
-        x = x.astype(np.float32)      # bfloat16 / ints go through float32 exactly
+        x = x.astype(np.float32)  # bfloat16 / ints go through float32 exactly
     return x.astype(np.float64)
 
 
@@ -223,8 +224,7 @@ def turn_gae(turn_rewards, turn_values, turn_mask, gamma, lam, whiten=True):
     return gae(turn_rewards, turn_values, turn_mask, gamma, lam, whiten=whiten)
 
 
-def gigpo(step_rewards, step_mask, group_ids, anchor_ids, gamma=1.0,
-          step_weight=1.0, mode="mean_norm", eps=1e-6):
+def gigpo(step_rewards, step_mask, group_ids, anchor_ids, gamma=1.0, step_weight=1.0, mode="mean_norm", eps=1e-6):
     r, m = _f(step_rewards), _m(step_mask)
     B, S = r.shape
     gids = np.asarray(group_ids).tolist()
@@ -291,8 +291,7 @@ def turn_start_values(values, turn_ids, mask, num_turns):
 # aggregation
 
 
-AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum",
-             "seq-mean-token-mean", "seq-mean-token-sum-norm")
+AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 def local_counts(mask):
@@ -355,8 +354,7 @@ def _clip(x, lo, hi):
     return min(max(x, lo), hi)
 
 
-def ppo_per_token(logp, old_logp, adv, mask, clip_low=0.2, clip_high=0.2,
-                  clip_c=3.0, is_weights=None):
+def ppo_per_token(logp, old_logp, adv, mask, clip_low=0.2, clip_high=0.2, clip_c=3.0, is_weights=None):
     """Returns (L, dL/dlogp, metrics-ingredients) per token, float64."""
     lp, olp, A, m = _f(logp), _f(old_logp), _f(adv), _m(mask)
     w = np.ones_like(lp) if is_weights is None else _f(is_weights)
@@ -403,17 +401,26 @@ def ppo_per_token(logp, old_logp, adv, mask, clip_low=0.2, clip_high=0.2,
     return L, G, metrics
 
 
-def ppo_loss(logp, old_logp, adv, mask, mode="token-mean", clip_low=0.2,
-             clip_high=0.2, clip_c=3.0, is_weights=None, num_tokens=None,
-             num_seqs=None, seq_len=None):
-    L, G, metrics = ppo_per_token(logp, old_logp, adv, mask, clip_low,
-                                  clip_high, clip_c, is_weights)
+def ppo_loss(
+    logp,
+    old_logp,
+    adv,
+    mask,
+    mode="token-mean",
+    clip_low=0.2,
+    clip_high=0.2,
+    clip_c=3.0,
+    is_weights=None,
+    num_tokens=None,
+    num_seqs=None,
+    seq_len=None,
+):
+    L, G, metrics = ppo_per_token(logp, old_logp, adv, mask, clip_low, clip_high, clip_c, is_weights)
     W = aggregate_weights(mask, mode, num_tokens, num_seqs, seq_len)
     return aggregate(L, mask, mode, num_tokens, num_seqs, seq_len), G * W, metrics
 
 
-def gspo_per_token(logp, old_logp, adv, mask, clip_low=3e-4, clip_high=4e-4,
-                   is_weights=None):
+def gspo_per_token(logp, old_logp, adv, mask, clip_low=3e-4, clip_high=4e-4, is_weights=None):
     """(L, dL/dlogp) per token.
 
     log s[i,t] = logp[i,t] - sg(logp[i,t]) + sg(d_seq_i): its value is d_seq_i
@@ -449,16 +456,25 @@ def gspo_per_token(logp, old_logp, adv, mask, clip_low=3e-4, clip_high=4e-4,
     return L, G
 
 
-def gspo_loss(logp, old_logp, adv, mask, mode="seq-mean-token-mean",
-              clip_low=3e-4, clip_high=4e-4, is_weights=None, num_tokens=None,
-              num_seqs=None, seq_len=None):
+def gspo_loss(
+    logp,
+    old_logp,
+    adv,
+    mask,
+    mode="seq-mean-token-mean",
+    clip_low=3e-4,
+    clip_high=4e-4,
+    is_weights=None,
+    num_tokens=None,
+    num_seqs=None,
+    seq_len=None,
+):
     L, G = gspo_per_token(logp, old_logp, adv, mask, clip_low, clip_high, is_weights)
     W = aggregate_weights(mask, mode, num_tokens, num_seqs, seq_len)
     return aggregate(L, mask, mode, num_tokens, num_seqs, seq_len), G * W
 
 
-def cispo_per_token(logp, old_logp, adv, mask, clip_low=0.2, clip_high=0.2,
-                    is_weights=None):
+def cispo_per_token(logp, old_logp, adv, mask, clip_low=0.2, clip_high=0.2, is_weights=None):
     """(L, dL/dlogp) per token."""
     lp, olp, A, m = _f(logp), _f(old_logp), _f(adv), _m(mask)
     w = np.ones_like(lp) if is_weights is None else _f(is_weights)
@@ -475,16 +491,27 @@ def cispo_per_token(logp, old_logp, adv, mask, clip_low=0.2, clip_high=0.2,
     return L, G
 
 
-def cispo_loss(logp, old_logp, adv, mask, mode="token-mean", clip_low=0.2,
-               clip_high=0.2, is_weights=None, num_tokens=None, num_seqs=None,
-               seq_len=None):
+def cispo_loss(
+    logp,
+    old_logp,
+    adv,
+    mask,
+    mode="token-mean",
+    clip_low=0.2,
+    clip_high=0.2,
+    is_weights=None,
+    num_tokens=None,
+    num_seqs=None,
+    seq_len=None,
+):
     L, G = cispo_per_token(logp, old_logp, adv, mask, clip_low, clip_high, is_weights)
     W = aggregate_weights(mask, mode, num_tokens, num_seqs, seq_len)
     return aggregate(L, mask, mode, num_tokens, num_seqs, seq_len), G * W
 
 
-def value_loss(values, old_values, returns, mask, mode="token-mean", clip=0.5,
-               num_tokens=None, num_seqs=None, seq_len=None):
+def value_loss(
+    values, old_values, returns, mask, mode="token-mean", clip=0.5, num_tokens=None, num_seqs=None, seq_len=None
+):
     """(loss, dloss/dvalues, vf_clipfrac)."""
     v, vo, ret, m = _f(values), _f(old_values), _f(returns), _m(mask)
     B, T = m.shape

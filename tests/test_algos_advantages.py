@@ -4,26 +4,45 @@ Every estimator is checked on ragged multi-turn masks (interior holes), fully
 masked rows, groups of size one and NaN/inf written at masked positions; the
 outputs must be float32 and exactly 0 where the mask is 0.
 """
+
 from __future__ import annotations
 
 import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import reference_numpy as ref
+from algos_testlib import (
+    WATOL,
+    WRTOL,
+    B,
+    S,
+    T,
+    assert_close,
+    assert_f32,
+    assert_finite,
+    assert_zero_where_masked,
+    group_ids_noncontig,
+    jitted,
+    multiturn_mask,
+    poison,
+    randn,
+    rng_for,
+    turn_ids_from_mask,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import reference_numpy as ref
-from algos_testlib import (B, S, T, WATOL, WRTOL, assert_close,
-                           assert_f32, assert_finite, assert_zero_where_masked,
-                           group_ids_noncontig, jitted, multiturn_mask, poison,
-                           randn, rng_for, turn_ids_from_mask)
 from jaxagent import algos
 
 # ALGOS_MAX_EXAMPLES=500 for a deeper (slow) property run
-SETTINGS = settings(max_examples=int(os.environ.get("ALGOS_MAX_EXAMPLES", 20)), deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=int(os.environ.get("ALGOS_MAX_EXAMPLES", 20)),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 seeds = st.integers(0, 2**31 - 1)
 
 
@@ -118,8 +137,9 @@ class TestGAE:
     def test_gamma_lam_one_bool_mask(self):
         r, v, m = _gae_inputs(3)
         for method in GAE_METHODS:
-            adv, ret = algos.gae(poison(r, m), poison(v, m), m.astype(bool), 1.0, 1.0,
-                                 whiten=False, **_method_kw(method))
+            adv, ret = algos.gae(
+                poison(r, m), poison(v, m), m.astype(bool), 1.0, 1.0, whiten=False, **_method_kw(method)
+            )
             ref_adv, ref_ret = ref.gae(r, v, m, 1.0, 1.0, whiten=False)
             assert_close(adv, ref_adv, m, err=method)
             assert_close(ret, ref_ret, m, err=method)
@@ -140,8 +160,11 @@ class TestGAE:
         rng = rng_for(11)
         m = multiturn_mask(rng, 4, 37, empty_rows=(3,))
         r, v = randn(rng, (4, 37)), randn(rng, (4, 37))
-        outs = [algos.gae(poison(r, m), poison(v, m), m, 0.99, 0.95, whiten=w, method=k)
-                for k in ("scan", "associative") for w in (False, True)]
+        outs = [
+            algos.gae(poison(r, m), poison(v, m), m, 0.99, 0.95, whiten=w, method=k)
+            for k in ("scan", "associative")
+            for w in (False, True)
+        ]
         assert_close(outs[0][0], outs[2][0], rtol=1e-5, atol=1e-5)
         assert_close(outs[0][1], outs[2][1], rtol=1e-5, atol=1e-5)
         assert_close(outs[1][0], outs[3][0], rtol=1e-4, atol=1e-4)
@@ -153,8 +176,7 @@ class TestGAE:
         r, v, m = _gae_inputs(5)
         for method in GAE_METHODS:
             eager = algos.gae(r, v, m, self.GAMMA, self.LAM, **_method_kw(method))
-            jit = jitted(algos.gae, gamma=self.GAMMA, lam=self.LAM, whiten=True,
-                         **_method_kw(method))(r, v, m)
+            jit = jitted(algos.gae, gamma=self.GAMMA, lam=self.LAM, whiten=True, **_method_kw(method))(r, v, m)
             for e, j in zip(eager, jit):
                 assert_close(j, e, rtol=1e-6, atol=1e-6)
 
@@ -195,8 +217,18 @@ class TestGAE:
         c = randn(rng_for(10))
         grads = []
         for method in GAE_METHODS:
-            f = lambda rr, vv: jnp.sum(algos.gae(rr, vv, m, 0.9, 0.8, whiten=False,  # noqa: E731
-                                                 **_method_kw(method))[0] * c)
+            f = lambda rr, vv: jnp.sum(
+                algos.gae(
+                    rr,
+                    vv,
+                    m,
+                    0.9,
+                    0.8,
+                    whiten=False,  # noqa: E731
+                    **_method_kw(method),
+                )[0]
+                * c
+            )
             grads.append(jax.grad(f, argnums=(0, 1))(r, v))
         for other in grads[1:]:
             for a, b in zip(grads[0], other):
@@ -214,6 +246,7 @@ class TestGAE:
             e[idx] = 1.0
             want[idx] = np.sum((ref.gae_raw(e, v, m, 0.9, 0.8) - base) * c)
         for method in GAE_METHODS:
+
             def f(rr, method=method):
                 adv, _ = algos.gae(rr, v, m, 0.9, 0.8, whiten=False, **_method_kw(method))
                 return jnp.sum(adv * c)
@@ -242,7 +275,7 @@ def _group_inputs(seed, empty_rows=(4,)):
     m = multiturn_mask(rng, empty_rows=empty_rows)
     r = _sparse_outcome_rewards(rng, m)
     if rng.random() < 0.5:
-        r = r + _dyadic(randn(rng, scale=0.3)) * m      # dense token rewards
+        r = r + _dyadic(randn(rng, scale=0.3)) * m  # dense token rewards
     gids = group_ids_noncontig(rng)
     return r.astype(np.float32), m, gids
 
@@ -265,8 +298,7 @@ class TestGRPO:
         assert_close(a, ref.grpo(r, m, g, norm_by_std=False), m)
 
     @SETTINGS
-    @given(value=st.floats(-100, 100, width=32), size=st.integers(2, 8),
-           norm=st.booleans(), seed=seeds)
+    @given(value=st.floats(-100, 100, width=32), size=st.integers(2, 8), norm=st.booleans(), seed=seeds)
     def test_all_equal_group_is_exactly_zero(self, value, size, norm, seed):
         rng = rng_for(seed)
         b, t = 8, 5
@@ -275,7 +307,7 @@ class TestGRPO:
         rows = rng.permutation(b)[:size]
         gids = np.full(b, 7, np.int32)
         gids[rows] = 3
-        for i in range(b):                       # one reward per row, anywhere valid
+        for i in range(b):  # one reward per row, anywhere valid
             r[i, rng.choice(np.flatnonzero(m[i]))] = value if i in rows else rng.standard_normal()
         adv = np.asarray(jitted(algos.grpo, norm_by_std=norm)(poison(r, m), m, gids))
         assert np.all(adv[rows] == 0.0), adv[rows]
@@ -389,7 +421,7 @@ def _step_inputs(seed, s=5):
     sr = _dyadic(randn(rng, (B, s)), 1 / 8)
     gids = group_ids_noncontig(rng)
     anchors = rng.integers(0, 3, size=(B, s)).astype(np.int32)
-    anchors[sm == 0] = -1            # garbage at masked steps
+    anchors[sm == 0] = -1  # garbage at masked steps
     return sr, sm, gids, anchors
 
 
@@ -400,8 +432,9 @@ class TestGiGPO:
     # (std + 1e-6): seed 9722 misses the reference by 0.0066 that way (ill-conditioned
     # input, not an error of the estimator).
     @SETTINGS
-    @given(seed=seeds, mode=st.sampled_from(["mean_norm", "mean_std_norm"]),
-           cfg=st.sampled_from([(1.0, 1.0), (0.75, 0.5)]))
+    @given(
+        seed=seeds, mode=st.sampled_from(["mean_norm", "mean_std_norm"]), cfg=st.sampled_from([(1.0, 1.0), (0.75, 0.5)])
+    )
     def test_matches_reference(self, seed, mode, cfg):
         gamma, w = cfg
         sr, sm, g, a = _step_inputs(seed)
@@ -417,7 +450,7 @@ class TestGiGPO:
         sm = np.ones_like(sr)
         g = np.array([0, 0])
         a = np.array([[10, 11], [10, 12]])
-        out = algos.gigpo(sr, sm, g, a)              # gamma 1, w 1, mean_norm
+        out = algos.gigpo(sr, sm, g, a)  # gamma 1, w 1, mean_norm
         # episode: scores 1, 0 -> +-0.5; step 0 returns 1, 0 -> +-0.5; step 1 singleton anchors -> 0
         assert_close(out, [[1.0, 0.5], [-1.0, -0.5]])
 
@@ -444,8 +477,7 @@ class TestTurnLevel:
     def test_turn_gae(self, seed, whiten):
         sr, sm, _, _ = _step_inputs(seed)
         tv = randn(rng_for(seed + 1), sr.shape)
-        adv, ret = jitted(algos.turn_gae, gamma=0.95, lam=0.9, whiten=whiten)(
-            poison(sr, sm), poison(tv, sm), sm)
+        adv, ret = jitted(algos.turn_gae, gamma=0.95, lam=0.9, whiten=whiten)(poison(sr, sm), poison(tv, sm), sm)
         ref_adv, ref_ret = ref.turn_gae(sr, tv, sm, 0.95, 0.9, whiten=whiten)
         tol = dict(rtol=WRTOL, atol=WATOL) if whiten else {}
         assert_close(adv, ref_adv, sm, **tol)
@@ -461,22 +493,24 @@ class TestTurnLevel:
         tid, nturns = turn_ids_from_mask(rng, m)
         x = randn(rng, (B, S))
         for i in range(B):
-            x[i, nturns[i]:] = np.nan            # turns that do not exist
+            x[i, nturns[i] :] = np.nan  # turns that do not exist
         m2 = m.copy()
         valid = np.argwhere(m2 > 0)
         i, j = valid[rng.integers(len(valid))]
-        tid[i, j] = -1                           # policy token outside any turn
+        tid[i, j] = -1  # policy token outside any turn
         out = jitted(algos.turns_to_tokens)(x, tid, m2)
         assert_f32(out)
         assert_close(out, ref.turns_to_tokens(np.nan_to_num(x), tid, m2), rtol=0, atol=0)
 
     def test_turn_start_values(self):
-        v = np.array([[9.0, 1.0, 2.0, 9.0, 3.0, 4.0],
-                      [5.0, 6.0, 7.0, 8.0, 9.0, 9.0]], np.float32)
-        m = np.array([[0, 1, 1, 0, 1, 1],
-                      [1, 1, 0, 0, 0, 0]], np.float32)
-        tid = np.array([[0, 0, 0, 1, 1, 1],     # turn 0 starts with a masked token
-                        [0, 0, 1, 1, -1, -1]])  # turn 1 has no policy token
+        v = np.array([[9.0, 1.0, 2.0, 9.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0, 9.0, 9.0]], np.float32)
+        m = np.array([[0, 1, 1, 0, 1, 1], [1, 1, 0, 0, 0, 0]], np.float32)
+        tid = np.array(
+            [
+                [0, 0, 0, 1, 1, 1],  # turn 0 starts with a masked token
+                [0, 0, 1, 1, -1, -1],
+            ]
+        )  # turn 1 has no policy token
         want = ref.turn_start_values(v, tid, m, 3)
         assert_close(want, [[1.0, 3.0, 0.0], [5.0, 0.0, 0.0]])
         out = algos.turn_start_values(poison(v, m), tid, m, 3)
@@ -516,24 +550,28 @@ _G = np.array([0, 1, 0, 2, 1, 0], np.int32)
 _ANCHORS = np.zeros((B, T), np.int32)
 # name -> (call(rewards, mask) -> output(s), reference(rewards, mask) -> output(s))
 ESTIMATORS = {
-    "gae": (lambda r, m: algos.gae(r, r * 0.5, m, 0.9, 0.8),
-            lambda r, m: ref.gae(r, ref._f(r) * 0.5, m, 0.9, 0.8)),
+    "gae": (lambda r, m: algos.gae(r, r * 0.5, m, 0.9, 0.8), lambda r, m: ref.gae(r, ref._f(r) * 0.5, m, 0.9, 0.8)),
     "grpo": (lambda r, m: algos.grpo(r, m, _G), lambda r, m: ref.grpo(r, m, _G)),
-    "dr_grpo": (lambda r, m: algos.dr_grpo(r, m, _G),
-                lambda r, m: ref.grpo(r, m, _G, norm_by_std=False)),
+    "dr_grpo": (lambda r, m: algos.dr_grpo(r, m, _G), lambda r, m: ref.grpo(r, m, _G, norm_by_std=False)),
     "rloo": (lambda r, m: algos.rloo(r, m, _G), lambda r, m: ref.rloo(r, m, _G)),
-    "reinforce_pp": (lambda r, m: algos.reinforce_pp(r, m, 0.9),
-                     lambda r, m: ref.reinforce_pp(r, m, 0.9)),
-    "reinforce_pp_baseline": (lambda r, m: algos.reinforce_pp_baseline(r, m, _G),
-                              lambda r, m: ref.reinforce_pp_baseline(r, m, _G)),
-    "remax": (lambda r, m: algos.remax(r, m, np.full(B, 0.25, np.float32)),
-              lambda r, m: ref.remax(r, m, np.full(B, 0.25))),
-    "gigpo": (lambda r, m: algos.gigpo(r, m, _G, _ANCHORS, mode="mean_std_norm"),
-              lambda r, m: ref.gigpo(r, m, _G, _ANCHORS, mode="mean_std_norm")),
-    "turn_returns": (lambda r, m: algos.turn_returns(r, m, 0.9),
-                     lambda r, m: ref.turn_returns(r, m, 0.9)),
-    "turn_gae": (lambda r, m: algos.turn_gae(r, r * 0.5, m, 0.9, 0.8),
-                 lambda r, m: ref.turn_gae(r, ref._f(r) * 0.5, m, 0.9, 0.8)),
+    "reinforce_pp": (lambda r, m: algos.reinforce_pp(r, m, 0.9), lambda r, m: ref.reinforce_pp(r, m, 0.9)),
+    "reinforce_pp_baseline": (
+        lambda r, m: algos.reinforce_pp_baseline(r, m, _G),
+        lambda r, m: ref.reinforce_pp_baseline(r, m, _G),
+    ),
+    "remax": (
+        lambda r, m: algos.remax(r, m, np.full(B, 0.25, np.float32)),
+        lambda r, m: ref.remax(r, m, np.full(B, 0.25)),
+    ),
+    "gigpo": (
+        lambda r, m: algos.gigpo(r, m, _G, _ANCHORS, mode="mean_std_norm"),
+        lambda r, m: ref.gigpo(r, m, _G, _ANCHORS, mode="mean_std_norm"),
+    ),
+    "turn_returns": (lambda r, m: algos.turn_returns(r, m, 0.9), lambda r, m: ref.turn_returns(r, m, 0.9)),
+    "turn_gae": (
+        lambda r, m: algos.turn_gae(r, r * 0.5, m, 0.9, 0.8),
+        lambda r, m: ref.turn_gae(r, ref._f(r) * 0.5, m, 0.9, 0.8),
+    ),
 }
 
 
@@ -616,10 +654,8 @@ class TestErrors:
     def test_unknown_method_and_mode(self):
         r, m, g = self._r()
         self._raises(lambda: algos.gae(r, r, m, 1.0, 1.0, method="magic"), "method")
-        self._raises(lambda: algos.gigpo(r[:, :S], m[:, :S], g, np.zeros((B, S), np.int32),
-                                         mode="nope"), "mode")
+        self._raises(lambda: algos.gigpo(r[:, :S], m[:, :S], g, np.zeros((B, S), np.int32), mode="nope"), "mode")
 
     def test_gigpo_anchor_ids(self):
         r, m, g = self._r()
-        self._raises(lambda: algos.gigpo(r[:, :S], m[:, :S], g, np.zeros((B, S + 1), np.int32)),
-                     "anchor_ids")
+        self._raises(lambda: algos.gigpo(r[:, :S], m[:, :S], g, np.zeros((B, S + 1), np.int32)), "anchor_ids")

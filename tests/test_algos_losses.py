@@ -4,6 +4,7 @@ Values come from the float64 NumPy references; gradients are compared with
 hand-derived per-token gradients (reference_numpy.*_per_token) times the
 aggregation weights, never with the code under test.
 """
+
 from __future__ import annotations
 
 import functools
@@ -13,21 +14,34 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import reference_numpy as ref
+from algos_testlib import (
+    B,
+    T,
+    assert_close,
+    assert_f32,
+    assert_finite,
+    assert_zero_where_masked,
+    jitted,
+    multiturn_mask,
+    poison,
+    randn,
+    rng_for,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import reference_numpy as ref
-from algos_testlib import (B, T, assert_close, assert_f32, assert_finite,
-                           assert_zero_where_masked, jitted, multiturn_mask,
-                           poison, randn, rng_for)
 from jaxagent import algos
 
 # ALGOS_MAX_EXAMPLES=500 for a deeper (slow) property run
-SETTINGS = settings(max_examples=int(os.environ.get("ALGOS_MAX_EXAMPLES", 15)), deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=int(os.environ.get("ALGOS_MAX_EXAMPLES", 15)),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 seeds = st.integers(0, 2**31 - 1)
 MODES = ref.AGG_MODES
-GRTOL, GATOL = 1e-5, 1e-6   # gradients: per-token weights are ~1/N
+GRTOL, GATOL = 1e-5, 1e-6  # gradients: per-token weights are ~1/N
 
 
 def _loss(out):
@@ -45,10 +59,10 @@ def _policy_data(seed, empty_rows=(3,), spread=0.3):
     return logp, old, adv, m, isw
 
 
-SPLIT = (slice(0, 2), slice(2, B))   # uneven micro-batches
+SPLIT = (slice(0, 2), slice(2, B))  # uneven micro-batches
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _accumulate_fn(name, mode, config_items=()):
     """One jitted program per (loss, mode): the full mini-batch value and gradient,
     and the sum over SPLIT micro-batches (each given the global denominators) of
@@ -64,9 +78,9 @@ def _accumulate_fn(name, mode, config_items=()):
         full, g_full = jax.value_and_grad(loss)(x, others, m)
         total, grads = 0.0, []
         for sl in SPLIT:
-            v, g = jax.value_and_grad(loss)(x[sl], tuple(o[sl] for o in others), m[sl],
-                                            num_tokens=num_tokens, num_seqs=num_seqs,
-                                            seq_len=m.shape[1])
+            v, g = jax.value_and_grad(loss)(
+                x[sl], tuple(o[sl] for o in others), m[sl], num_tokens=num_tokens, num_seqs=num_seqs, seq_len=m.shape[1]
+            )
             total = total + v
             grads.append(g)
         return full, g_full, total, jnp.concatenate(grads)
@@ -78,8 +92,8 @@ def _check_accumulation(name, mode, x, others, m, **config):
     """Σ micro-batch losses (global denominators) == full loss; same for gradients."""
     n_tok, n_seq, _ = ref.local_counts(m)
     full, g_full, total, g_micro = _accumulate_fn(name, mode, tuple(sorted(config.items())))(
-        jnp.asarray(x), tuple(jnp.asarray(o) for o in others), jnp.asarray(m),
-        jnp.float32(n_tok), jnp.float32(n_seq))
+        jnp.asarray(x), tuple(jnp.asarray(o) for o in others), jnp.asarray(m), jnp.float32(n_tok), jnp.float32(n_seq)
+    )
     assert_close(total, full, rtol=1e-5, atol=1e-6, err=f"{name} {mode} value")
     assert_close(g_micro, g_full, rtol=1e-5, atol=1e-7, err=f"{name} {mode} grad")
     return full, g_full
@@ -139,16 +153,14 @@ class TestAggregate:
         def f(x, mm, n_tok, n_seq):
             return algos.aggregate(x, mm, "seq-mean-token-mean", num_tokens=n_tok, num_seqs=n_seq)
 
-        assert_close(f(L, m, jnp.int32(40), jnp.int32(9)),
-                     ref.aggregate(L, m, "seq-mean-token-mean", 40, 9))
+        assert_close(f(L, m, jnp.int32(40), jnp.int32(9)), ref.aggregate(L, m, "seq-mean-token-mean", 40, 9))
 
     def test_bool_mask(self):
         rng = rng_for(4)
         m = multiturn_mask(rng, empty_rows=(0,))
         L = randn(rng)
         for mode in MODES:
-            assert_close(algos.aggregate(poison(L, m), m.astype(bool), mode),
-                         ref.aggregate(L, m, mode), err=mode)
+            assert_close(algos.aggregate(poison(L, m), m.astype(bool), mode), ref.aggregate(L, m, mode), err=mode)
 
     def test_unknown_mode(self):
         with pytest.raises(ValueError) as e:
@@ -159,7 +171,7 @@ class TestAggregate:
 # ---------------------------------------------------------------- PPO
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _vg(name, has_aux=False, **config):
     """jit(value_and_grad wrt the first argument) of algos.<name>, one per config."""
     fn = getattr(algos, name)
@@ -187,8 +199,7 @@ class TestPPO:
     @given(seed=seeds, mode=st.sampled_from(MODES))
     def test_matches_reference(self, seed, mode):
         lp, old, adv, m, _ = _policy_data(seed)
-        (loss, metrics), g = _ppo_grad_fn(mode)(
-            jnp.asarray(poison(lp, m)), poison(old, m), poison(adv, m), m)
+        (loss, metrics), g = _ppo_grad_fn(mode)(jnp.asarray(poison(lp, m)), poison(old, m), poison(adv, m), m)
         want, want_g, want_m = ref.ppo_loss(lp, old, adv, m, mode)
         assert_f32(loss)
         assert_close(loss, want, rtol=1e-5, atol=1e-6)
@@ -201,8 +212,9 @@ class TestPPO:
         lp, old, adv, m, isw = _policy_data(seed, spread=0.6)
         kw = dict(clip_low=0.2, clip_high=0.28, clip_c=None)
         fn = _ppo_grad_fn("token-mean", **kw)
-        (loss, metrics), g = fn(jnp.asarray(poison(lp, m)), poison(old, m),
-                                poison(adv, m), m, is_weights=poison(isw, m))
+        (loss, metrics), g = fn(
+            jnp.asarray(poison(lp, m)), poison(old, m), poison(adv, m), m, is_weights=poison(isw, m)
+        )
         want, want_g, want_m = ref.ppo_loss(lp, old, adv, m, "token-mean", is_weights=isw, **kw)
         assert_close(loss, want, rtol=1e-5, atol=1e-6)
         assert_close(g, want_g, rtol=GRTOL, atol=GATOL)
@@ -211,9 +223,8 @@ class TestPPO:
     @SETTINGS
     @given(seed=seeds)
     def test_dual_clip_reference(self, seed):
-        lp, old, adv, m, _ = _policy_data(seed, spread=1.5)   # many ratios > 3
-        (loss, metrics), g = _ppo_grad_fn("token-sum", clip_c=3.0)(
-            jnp.asarray(lp), old, adv, m)
+        lp, old, adv, m, _ = _policy_data(seed, spread=1.5)  # many ratios > 3
+        (loss, metrics), g = _ppo_grad_fn("token-sum", clip_c=3.0)(jnp.asarray(lp), old, adv, m)
         want, want_g, want_m = ref.ppo_loss(lp, old, adv, m, "token-sum", clip_c=3.0)
         assert_close(loss, want, rtol=1e-5, atol=1e-5)
         assert_close(g, want_g, rtol=GRTOL, atol=GATOL)
@@ -221,7 +232,7 @@ class TestPPO:
 
     def test_dual_clip_by_hand(self):
         # token-sum so each token's value and gradient can be read off directly
-        ratio = np.array([[np.e ** 2, 2.0, np.e ** 2, np.e ** 2]], np.float32)
+        ratio = np.array([[np.e**2, 2.0, np.e**2, np.e**2]], np.float32)
         adv = np.array([[-1.0, -1.0, 1.0, -1.0]], np.float32)
         old = np.full((1, 4), -1.0, np.float32)
         lp = old + np.log(ratio).astype(np.float32)
@@ -234,13 +245,13 @@ class TestPPO:
         assert_close(loss, 3.0 + 2.0 - 1.2)
         assert_close(g, [[0.0, 2.0, 0.0, 0.0]])
         assert_close(metrics["clipfrac_lower"], 1 / 3)
-        assert_close(metrics["clipfrac"], 1 / 3)     # only token 2 has l2 > l1
+        assert_close(metrics["clipfrac"], 1 / 3)  # only token 2 has l2 > l1
         # without the dual clip token 0 costs e^2 and keeps its gradient
         (loss_nc, met_nc), g_nc = jax.value_and_grad(
-            lambda x: algos.ppo_loss(x, old, adv, m, "token-sum", clip_c=None), has_aux=True)(
-            jnp.asarray(lp))
-        assert_close(loss_nc, np.e ** 2 + 2.0 - 1.2, rtol=1e-5)
-        assert_close(g_nc, [[np.e ** 2, 2.0, 0.0, 0.0]], rtol=1e-5)
+            lambda x: algos.ppo_loss(x, old, adv, m, "token-sum", clip_c=None), has_aux=True
+        )(jnp.asarray(lp))
+        assert_close(loss_nc, np.e**2 + 2.0 - 1.2, rtol=1e-5)
+        assert_close(g_nc, [[np.e**2, 2.0, 0.0, 0.0]], rtol=1e-5)
         assert float(met_nc["clipfrac_lower"]) == 0.0
 
     def test_clip_higher_asymmetry(self):
@@ -251,8 +262,15 @@ class TestPPO:
         m = np.ones((1, 4), np.float32)
 
         def run(lo, hi):
-            f = lambda x: algos.ppo_loss(x, old, adv, m, "token-sum",  # noqa: E731
-                                         clip_low=lo, clip_high=hi)
+            f = lambda x: algos.ppo_loss(
+                x,
+                old,
+                adv,
+                m,
+                "token-sum",  # noqa: E731
+                clip_low=lo,
+                clip_high=hi,
+            )
             return jax.value_and_grad(f, has_aux=True)(jnp.asarray(lp))
 
         (loss, met), g = run(0.2, 0.28)
@@ -273,18 +291,18 @@ class TestPPO:
         adv = np.array([[-1.0, 1.0]], np.float32)
         m = np.ones((1, 2), np.float32)
         (loss, met), g = jax.value_and_grad(
-            lambda x: algos.ppo_loss(x, old, adv, m, "token-sum", clip_c=None),
-            has_aux=True)(jnp.asarray(lp))
+            lambda x: algos.ppo_loss(x, old, adv, m, "token-sum", clip_c=None), has_aux=True
+        )(jnp.asarray(lp))
         assert_close(loss, np.exp(20.0) - 1.0, rtol=1e-5)
         assert_finite(g)
-        assert float(g[0, 0]) == 0.0       # beyond the clamp: no gradient
+        assert float(g[0, 0]) == 0.0  # beyond the clamp: no gradient
 
     @pytest.mark.parametrize("mode", MODES)
     def test_microbatch_accumulation(self, mode):
         lp, old, adv, m, isw = _policy_data(21, empty_rows=(1, 4))
         full, g_full = _check_accumulation(
-            "ppo_loss", mode, poison(lp, m), (poison(old, m), poison(adv, m)), m,
-            is_weights=None, clip_high=0.28)
+            "ppo_loss", mode, poison(lp, m), (poison(old, m), poison(adv, m)), m, is_weights=None, clip_high=0.28
+        )
         want, want_g, _ = ref.ppo_loss(lp, old, adv, m, mode, clip_high=0.28)
         assert_close(full, want, rtol=1e-5, atol=1e-6)
         assert_close(g_full, want_g, rtol=GRTOL, atol=GATOL)
@@ -302,8 +320,9 @@ class TestPPO:
     def test_nan_at_masked_positions_never_leaks(self):
         lp, old, adv, m, isw = _policy_data(5, empty_rows=(0,))
         fn = _ppo_grad_fn("seq-mean-token-mean")
-        (loss, metrics), g = fn(jnp.asarray(poison(lp, m)), poison(old, m), poison(adv, m),
-                                m, is_weights=poison(isw, m))
+        (loss, metrics), g = fn(
+            jnp.asarray(poison(lp, m)), poison(old, m), poison(adv, m), m, is_weights=poison(isw, m)
+        )
         assert_finite(loss)
         assert_finite(g)
         assert_zero_where_masked(g, m, "grad")
@@ -324,10 +343,9 @@ class TestPPO:
     def test_jit_equals_eager(self):
         lp, old, adv, m, isw = _policy_data(7)
         eager = algos.ppo_loss(lp, old, adv, m, "token-mean", 0.2, 0.28, 3.0, isw)
-        jit = jax.jit(algos.ppo_loss,
-                      static_argnames=("mode", "clip_low", "clip_high", "clip_c"))(
-            lp, old, adv, m, mode="token-mean", clip_low=0.2, clip_high=0.28, clip_c=3.0,
-            is_weights=isw)
+        jit = jax.jit(algos.ppo_loss, static_argnames=("mode", "clip_low", "clip_high", "clip_c"))(
+            lp, old, adv, m, mode="token-mean", clip_low=0.2, clip_high=0.28, clip_c=3.0, is_weights=isw
+        )
         assert_close(jit[0], eager[0], rtol=1e-6, atol=1e-7)
         for k in eager[1]:
             assert_close(jit[1][k], eager[1][k], rtol=1e-6, atol=1e-7, err=k)
@@ -338,13 +356,15 @@ class TestPPO:
 
 class TestGSPO:
     @SETTINGS
-    @given(seed=seeds, mode=st.sampled_from(["seq-mean-token-mean", "token-mean"]),
-           clip=st.sampled_from([(3e-4, 4e-4), (0.2, 0.3)]))
+    @given(
+        seed=seeds,
+        mode=st.sampled_from(["seq-mean-token-mean", "token-mean"]),
+        clip=st.sampled_from([(3e-4, 4e-4), (0.2, 0.3)]),
+    )
     def test_matches_reference(self, seed, mode, clip):
         lp, old, adv, m, isw = _policy_data(seed, spread=3e-3 if clip[0] < 1e-2 else 0.2)
         kw = dict(mode=mode, clip_low=clip[0], clip_high=clip[1])
-        val, g = _vg("gspo_loss", **kw)(jnp.asarray(poison(lp, m)), poison(old, m),
-                                        poison(adv, m), m)
+        val, g = _vg("gspo_loss", **kw)(jnp.asarray(poison(lp, m)), poison(old, m), poison(adv, m), m)
         want, want_g = ref.gspo_loss(lp, old, adv, m, **kw)
         assert_f32(val)
         assert_close(val, want, rtol=1e-5, atol=1e-6)
@@ -364,8 +384,7 @@ class TestGSPO:
         old = np.full((1, 3), -11.0, np.float32)
         adv = np.full((1, 3), -1.0, np.float32)
         m = np.ones((1, 3), np.float32)
-        val, g = jax.value_and_grad(
-            lambda x: _loss(algos.gspo_loss(x, old, adv, m, "token-sum")))(jnp.asarray(lp))
+        val, g = jax.value_and_grad(lambda x: _loss(algos.gspo_loss(x, old, adv, m, "token-sum")))(jnp.asarray(lp))
         assert_close(val, 3 * np.exp(10.0), rtol=1e-5)
         assert np.all(np.asarray(g) == 0)
 
@@ -381,8 +400,7 @@ class TestGSPO:
     def test_all_masked_batch(self):
         m = np.zeros((B, T), np.float32)
         nan = poison(np.zeros((B, T)), m)
-        val, g = jax.value_and_grad(lambda x: _loss(algos.gspo_loss(x, nan, nan, m)))(
-            jnp.asarray(nan))
+        val, g = jax.value_and_grad(lambda x: _loss(algos.gspo_loss(x, nan, nan, m)))(jnp.asarray(nan))
         assert float(val) == 0.0
         assert np.all(np.asarray(g) == 0)
 
@@ -393,8 +411,8 @@ class TestCISPO:
     def test_matches_reference(self, seed, mode):
         lp, old, adv, m, isw = _policy_data(seed, spread=0.4)
         val, g = _vg("cispo_loss", mode=mode, clip_low=0.2, clip_high=0.25)(
-            jnp.asarray(poison(lp, m)), poison(old, m), poison(adv, m), m,
-            is_weights=poison(isw, m))
+            jnp.asarray(poison(lp, m)), poison(old, m), poison(adv, m), m, is_weights=poison(isw, m)
+        )
         want, want_g = ref.cispo_loss(lp, old, adv, m, mode, 0.2, 0.25, isw)
         assert_f32(val)
         assert_close(val, want, rtol=1e-5, atol=1e-6)
@@ -403,17 +421,16 @@ class TestCISPO:
 
     def test_ratio_is_stop_gradient(self):
         lp = np.array([[-1.0, -0.5]], np.float32)
-        old = np.array([[-1.5, -0.5]], np.float32)    # ratio e^0.5 -> clipped to 1.2; ratio 1
+        old = np.array([[-1.5, -0.5]], np.float32)  # ratio e^0.5 -> clipped to 1.2; ratio 1
         adv = np.array([[2.0, -3.0]], np.float32)
         m = np.ones((1, 2), np.float32)
-        val, g = jax.value_and_grad(lambda x: _loss(algos.cispo_loss(x, old, adv, m, "token-sum")))(
-            jnp.asarray(lp))
+        val, g = jax.value_and_grad(lambda x: _loss(algos.cispo_loss(x, old, adv, m, "token-sum")))(jnp.asarray(lp))
         assert_close(val, -1.2 * 2.0 * -1.0 + 1.0 * 3.0 * -0.5)
         assert_close(g, [[-1.2 * 2.0, 3.0]])
 
     @pytest.mark.parametrize("mode", MODES)
     def test_microbatch_accumulation(self, mode):
-        lp, old, adv, m, _ = _policy_data(10, empty_rows=(0, 1))   # first micro-batch empty
+        lp, old, adv, m, _ = _policy_data(10, empty_rows=(0, 1))  # first micro-batch empty
         full, g_full = _check_accumulation("cispo_loss", mode, lp, (old, adv), m)
         want, want_g = ref.cispo_loss(lp, old, adv, m, mode)
         assert_close(full, want, rtol=1e-5, atol=1e-6)
@@ -431,7 +448,8 @@ class TestValueLoss:
         m = multiturn_mask(rng, empty_rows=(2,))
         v, vo, ret = randn(rng), randn(rng), randn(rng)
         (val, met), g = _vg("value_loss", True, mode=mode, clip=0.5)(
-            jnp.asarray(poison(v, m)), poison(vo, m), poison(ret, m), m)
+            jnp.asarray(poison(v, m)), poison(vo, m), poison(ret, m), m
+        )
         want, want_g, want_cf = ref.value_loss(v, vo, ret, m, mode, 0.5)
         assert_f32(val)
         assert_close(val, want, rtol=1e-5, atol=1e-6)
@@ -466,7 +484,7 @@ def _kl_inputs():
     rng = rng_for(13)
     lp = (-np.abs(randn(rng)) - 0.1).astype(np.float32)
     d = randn(rng, scale=1.5)
-    d[0, :4] = [25.0, -25.0, 12.0, -12.0]      # outside the ±20 / ±10 clips of k3
+    d[0, :4] = [25.0, -25.0, 12.0, -12.0]  # outside the ±20 / ±10 clips of k3
     return lp, (lp - d).astype(np.float32)
 
 
@@ -566,13 +584,13 @@ class TestEntropy:
     def test_chunked_equals_unchunked(self):
         z = _logits(scale=10.0)
         a = algos.entropy(z)
-        b = algos.entropy(z, chunk_size=8)        # 37 = 4*8 + 5: ragged last chunk
+        b = algos.entropy(z, chunk_size=8)  # 37 = 4*8 + 5: ragged last chunk
         assert_close(a, b, rtol=1e-5, atol=1e-5)
 
     def test_extreme_logits_stable(self):
         z = _logits(scale=1.0)
-        z[0, 0, 3] = 200.0                         # one dominant logit: H ~ 0
-        z[0, 1, :] = 0.0                           # uniform: H = log V
+        z[0, 0, 3] = 200.0  # one dominant logit: H ~ 0
+        z[0, 1, :] = 0.0  # uniform: H = log V
         z[1, 0, 5] = -1e4
         for chunk in (None, 8):
             h = algos.entropy(z, chunk_size=chunk)
@@ -586,8 +604,7 @@ class TestEntropy:
         # same value and gradient as the finite entries alone, gradient 0 at -inf.
         z = np.array([[1.0, 2.0, -np.inf, 0.5, -np.inf, 3.0, 1.0, 0.0, -1.0]], np.float32)
         keep = np.isfinite(z[0])
-        h, g = jax.value_and_grad(lambda x: jnp.sum(algos.entropy(x, chunk_size=chunk)))(
-            jnp.asarray(z))
+        h, g = jax.value_and_grad(lambda x: jnp.sum(algos.entropy(x, chunk_size=chunk)))(jnp.asarray(z))
         assert_close(h, ref.entropy(z[:, keep]).sum(), rtol=1e-6)
         want_g = np.zeros_like(z)
         want_g[:, keep] = ref.entropy_grad(z[:, keep])

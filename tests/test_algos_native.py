@@ -41,12 +41,12 @@ def _batch(seed, b=6, t=40):
     r = rng.normal(size=(b, t)).astype(np.float32)
     v = rng.normal(size=(b, t)).astype(np.float32)
     m = np.zeros((b, t), bool)
-    for i in range(b):   # prompt span, then alternating policy / observation spans
+    for i in range(b):  # prompt span, then alternating policy / observation spans
         start = rng.integers(0, 5)
         for k in range(start, rng.integers(t // 2, t + 1)):
             m[i, k] = (k // 7) % 2 == 0
-    m[1] = False          # a fully masked row
-    r[~m] = np.nan        # garbage at masked positions must not leak
+    m[1] = False  # a fully masked row
+    r[~m] = np.nan  # garbage at masked positions must not leak
     v[~m] = np.inf
     return r, v, m
 
@@ -55,9 +55,13 @@ def _batch(seed, b=6, t=40):
 def test_native_matches_float64_reference(gamma, lam):
     r, v, m = _batch(0)
     adv, ret = algos.gae(r, v, m, gamma, lam, method="native")
-    ref_adv, ref_ret = _reference_gae(np.nan_to_num(r, nan=0.0, posinf=0.0).astype(np.float64),
-                                      np.nan_to_num(v, nan=0.0, posinf=0.0).astype(np.float64),
-                                      m, gamma, lam)
+    ref_adv, ref_ret = _reference_gae(
+        np.nan_to_num(r, nan=0.0, posinf=0.0).astype(np.float64),
+        np.nan_to_num(v, nan=0.0, posinf=0.0).astype(np.float64),
+        m,
+        gamma,
+        lam,
+    )
     np.testing.assert_allclose(adv, ref_adv, rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(ret, ref_ret, rtol=2e-5, atol=2e-5)
     assert np.all(np.asarray(adv)[~m] == 0) and np.all(np.asarray(ret)[~m] == 0)
@@ -71,7 +75,7 @@ def test_native_equals_scan_values_and_gradients(whiten):
 
     def objective(r, v, method):
         adv, ret = algos.gae(r, v, m, 0.97, 0.9, whiten=whiten, method=method)
-        return jnp.sum(adv * weights) + jnp.sum(ret * weights ** 2)
+        return jnp.sum(adv * weights) + jnp.sum(ret * weights**2)
 
     for method in ("native", "scan"):
         assert np.isfinite(objective(r, v, method))
@@ -88,8 +92,9 @@ def test_vmap_whitens_each_slice_separately():
     stacked = np.stack([r, 3.0 * r + 1.0])
     out = jax.vmap(lambda x: algos.gae(x, v, m, 0.99, 0.95)[0])(stacked)
     for k in range(2):
-        np.testing.assert_allclose(out[k], algos.gae(stacked[k], v, m, 0.99, 0.95, method="scan")[0],
-                                   rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(
+            out[k], algos.gae(stacked[k], v, m, 0.99, 0.95, method="scan")[0], rtol=1e-5, atol=1e-5
+        )
 
 
 def test_inside_jit_and_traced_gamma_falls_back_to_scan():
@@ -105,9 +110,7 @@ def test_inside_jit_and_traced_gamma_falls_back_to_scan():
 
 
 def test_disabled_by_environment_variable():
-    code = ("import os; from jaxagent.algos import _native; "
-            "print(_native.available())")
+    code = "import os; from jaxagent.algos import _native; print(_native.available())"
     env = dict(os.environ, JAXAGENT_NATIVE="0")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -1,15 +1,26 @@
 """Name -> function registry of ``jaxagent.algos``."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
-
 import reference_numpy as ref
 from algos_testlib import B, T, assert_close, multiturn_mask, randn, rng_for
+
 from jaxagent import algos
 
-ADVANTAGE_NAMES = ["gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline",
-                   "remax", "gigpo", "turn_gae", "turn_returns"]
+ADVANTAGE_NAMES = [
+    "gae",
+    "grpo",
+    "dr_grpo",
+    "rloo",
+    "reinforce_pp",
+    "reinforce_pp_baseline",
+    "remax",
+    "gigpo",
+    "turn_gae",
+    "turn_returns",
+]
 POLICY_LOSS_NAMES = ["ppo", "gspo", "cispo"]
 
 
@@ -36,8 +47,7 @@ def test_registered_functions_behave_like_the_direct_ones():
     m = multiturn_mask(rng)
     r = randn(rng)
     g = np.array([0, 1, 0, 1, 2, 2], np.int32)
-    assert_close(algos.get_advantage_estimator("grpo")(r, m, g), ref.grpo(r, m, g), m,
-                 rtol=1e-4, atol=1e-4)
+    assert_close(algos.get_advantage_estimator("grpo")(r, m, g), ref.grpo(r, m, g), m, rtol=1e-4, atol=1e-4)
     lp = -np.abs(randn(rng))
     old = lp + randn(rng, scale=0.2)
     loss = algos.get_policy_loss("ppo")(lp, old, r, m)

@@ -37,8 +37,7 @@ def test_gae_sharded_equals_unsharded(mesh, method):
     r, v, m, *_ = _data()
     spec = P(("data", "fsdp"), None)
     with jax.set_mesh(mesh):
-        adv, ret = algos.gae(_put(mesh, r, spec), _put(mesh, v, spec), _put(mesh, m, spec),
-                             0.99, 0.95, method=method)
+        adv, ret = algos.gae(_put(mesh, r, spec), _put(mesh, v, spec), _put(mesh, m, spec), 0.99, 0.95, method=method)
     ref_adv, ref_ret = algos.gae(r, v, m, 0.99, 0.95, method="scan")
     np.testing.assert_allclose(adv, ref_adv, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(ret, ref_ret, rtol=1e-5, atol=1e-5)
@@ -74,10 +73,16 @@ def test_gigpo_and_baseline_sharded(mesh):
     anchors = rng.integers(0, 3, size=(b, s)).astype(np.int32)
     spec = P("data", None)
     with jax.set_mesh(mesh):
-        out = algos.gigpo(_put(mesh, r, spec), _put(mesh, m, spec), _put(mesh, g, P("data")),
-                          _put(mesh, anchors, spec), gamma=0.9, mode="mean_std_norm")
-        base = algos.reinforce_pp_baseline(_put(mesh, r, spec), _put(mesh, m, spec),
-                                           _put(mesh, g, P("data")))
-    np.testing.assert_allclose(out, algos.gigpo(r, m, g, anchors, gamma=0.9, mode="mean_std_norm"),
-                               rtol=1e-5, atol=1e-6)
+        out = algos.gigpo(
+            _put(mesh, r, spec),
+            _put(mesh, m, spec),
+            _put(mesh, g, P("data")),
+            _put(mesh, anchors, spec),
+            gamma=0.9,
+            mode="mean_std_norm",
+        )
+        base = algos.reinforce_pp_baseline(_put(mesh, r, spec), _put(mesh, m, spec), _put(mesh, g, P("data")))
+    np.testing.assert_allclose(
+        out, algos.gigpo(r, m, g, anchors, gamma=0.9, mode="mean_std_norm"), rtol=1e-5, atol=1e-6
+    )
     np.testing.assert_allclose(base, algos.reinforce_pp_baseline(r, m, g), rtol=1e-5, atol=1e-6)

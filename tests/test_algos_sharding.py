@@ -3,18 +3,18 @@
 Rows are sharded over an Explicit ``data`` mesh axis, as the trainer shards its
 batch; every kernel must give the same numbers as on one device.
 """
+
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import reference_numpy as ref
+from algos_testlib import WATOL, WRTOL, assert_close, multiturn_mask, poison, randn, rng_for
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-import reference_numpy as ref
-from algos_testlib import (WATOL, WRTOL, assert_close, multiturn_mask, poison,
-                           randn, rng_for)
 from jaxagent import algos
 
 NB, NT = 8, 9
@@ -59,8 +59,7 @@ def test_ppo_loss_and_grad_sharded(put):
     m, a, b = _data()
     lp = -np.abs(a) - 0.1
     old = lp + 0.3 * b
-    f = jax.jit(jax.value_and_grad(
-        lambda x, o, adv, mm: algos.ppo_loss(x, o, adv, mm, "seq-mean-token-mean")[0]))
+    f = jax.jit(jax.value_and_grad(lambda x, o, adv, mm: algos.ppo_loss(x, o, adv, mm, "seq-mean-token-mean")[0]))
     loss, g = f(put(lp), put(old), put(a), put(m))
     want, want_g, _ = ref.ppo_loss(lp, old, a, m, "seq-mean-token-mean")
     assert_close(loss, want, rtol=1e-5, atol=1e-6)

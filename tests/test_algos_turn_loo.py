@@ -6,14 +6,15 @@
    normalisation (verl issue #7244) is measurably biased on the same problem.
 3. It dispatches through the registry, jits, and runs on sharded inputs.
 """
+
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from algos_testlib import assert_close, assert_f32, assert_zero_where_masked, poison
+
 from jaxagent import algos
 
 # --------------------------------------------------------------------------------------
@@ -35,7 +36,7 @@ def ref_turn_loo(turn_rewards, turn_mask, group_ids, gamma):
             total, power = 0.0, 0
             for s in range(t, k):
                 if m[i, s]:
-                    total += gamma ** power * r[i, s]
+                    total += gamma**power * r[i, s]
                     power += 1
             G[i, t] = total
     member = [bool(m[i].any()) for i in range(b)]
@@ -63,15 +64,24 @@ def _batch(seed, k=6):
     an interior masked turn, and a group where from turn 2 on one episode is alive
     alone (so the fallback runs)."""
     rng = np.random.default_rng(seed)
-    lengths = [6, 4, 2, 5,      # group 7
-               6, 2, 1,         # group -3: from turn 2 only the first is alive
-               3,               # group 100: a singleton
-               1, 5, 0]         # group 2: one failed episode (no valid turn)
+    lengths = [
+        6,
+        4,
+        2,
+        5,  # group 7
+        6,
+        2,
+        1,  # group -3: from turn 2 only the first is alive
+        3,  # group 100: a singleton
+        1,
+        5,
+        0,
+    ]  # group 2: one failed episode (no valid turn)
     gids = [7] * 4 + [-3] * 3 + [100] + [2] * 3
     mask = np.zeros((len(lengths), k), bool)
     for i, n in enumerate(lengths):
         mask[i, :n] = True
-    mask[3, 2] = False          # an interior masked turn
+    mask[3, 2] = False  # an interior masked turn
     rewards = rng.normal(size=mask.shape).astype(np.float32)
     perm = rng.permutation(len(lengths))
     return rewards[perm], mask[perm], np.asarray(gids, np.int32)[perm]
@@ -82,8 +92,8 @@ def _batch(seed, k=6):
 def test_matches_float64_reference(seed, gamma):
     r, m, g = _batch(seed)
     want, fallbacks = ref_turn_loo(r, m, g, gamma)
-    assert fallbacks >= 4                      # the lone-survivor turns were exercised
-    out = algos.turn_loo(poison(r, m), m, g, gamma)   # NaN/inf on masked turns must not leak
+    assert fallbacks >= 4  # the lone-survivor turns were exercised
+    out = algos.turn_loo(poison(r, m), m, g, gamma)  # NaN/inf on masked turns must not leak
     assert_f32(out)
     assert_close(out, want, rtol=1e-5, atol=1e-5)
     assert_zero_where_masked(out, m)
@@ -97,7 +107,7 @@ def test_random_masks_and_groups(seed):
     b, k = 14, 7
     lengths = rng.integers(0, k + 1, size=b)
     m = np.arange(k)[None, :] < lengths[:, None]
-    m &= rng.random((b, k)) > 0.1                # a few interior holes
+    m &= rng.random((b, k)) > 0.1  # a few interior holes
     g = rng.integers(0, 5, size=b).astype(np.int32) * 11 - 20
     r = rng.normal(size=(b, k)).astype(np.float32)
     for gamma in (1.0, 0.9):
@@ -108,7 +118,7 @@ def test_random_masks_and_groups(seed):
 def test_equal_returns_give_exact_zero():
     m = np.array([[1, 1, 1], [1, 1, 0], [1, 1, 1]], bool)
     r = np.where(m, np.float32(0.1), 0).astype(np.float32)
-    r[1, 1] += np.float32(0.1)                  # equal returns at turns 0 and 1
+    r[1, 1] += np.float32(0.1)  # equal returns at turns 0 and 1
     out = np.asarray(algos.turn_loo(r, m, np.zeros(3, np.int32), 1.0))
     assert np.all(out[:, :2] == 0)
 
@@ -227,8 +237,7 @@ def gradient_estimate(adv, score, groups):
 def test_exact_gradient_is_the_derivative_of_the_expected_return():
     grad, _ = exact_gradient(THETA, 1.0)
     h = 1e-6
-    fd = [(exact_gradient(THETA + h * e, 1.0)[1] - exact_gradient(THETA - h * e, 1.0)[1]) / (2 * h)
-          for e in np.eye(2)]
+    fd = [(exact_gradient(THETA + h * e, 1.0)[1] - exact_gradient(THETA - h * e, 1.0)[1]) / (2 * h) for e in np.eye(2)]
     np.testing.assert_allclose(grad, fd, rtol=1e-6, atol=1e-9)
 
 
@@ -238,7 +247,7 @@ def test_unbiased_where_self_inclusive_normalisation_is_not(gamma):
     rng = np.random.default_rng(1234)
     r, mask, gid, G, score = sample_groups(rng, GROUPS, THETA, gamma)
     lone = (mask.reshape(GROUPS, GROUP, -1).sum(1) == 1)[:, 1:].sum()
-    assert lone > 1000                       # the fallback turns occur often
+    assert lone > 1000  # the fallback turns occur often
 
     adv = np.asarray(algos.turn_loo(r.astype(np.float32), mask, gid, gamma), np.float64)
     mean, se, per_group = gradient_estimate(adv, score, GROUPS)
@@ -247,9 +256,11 @@ def test_unbiased_where_self_inclusive_normalisation_is_not(gamma):
 
     # Direction: the component orthogonal to the exact gradient (scale-free).
     ortho = np.array([-exact[1], exact[0]]) / np.linalg.norm(exact)
+
     def z_ortho(pg):
         x = pg @ ortho
         return x.mean() / (x.std(ddof=1) / np.sqrt(GROUPS))
+
     assert abs(z_ortho(per_group)) < 4
 
     inc = self_inclusive_per_turn(G, mask, GROUPS)
@@ -287,8 +298,7 @@ def test_registry_dispatch_and_jit():
     assert not spec.returns and spec.fn is algos.turn_loo
     assert "turn_loo" in algos.list_advantage_estimators()
     r, m, g = _batch(5)
-    inputs = {"turn_rewards": jnp.asarray(r), "turn_mask": jnp.asarray(m), "group_ids": jnp.asarray(g),
-              "gamma": 0.9}
+    inputs = {"turn_rewards": jnp.asarray(r), "turn_mask": jnp.asarray(m), "group_ids": jnp.asarray(g), "gamma": 0.9}
     direct = algos.turn_loo(r, m, g, 0.9)
     via = algos.get_advantage_estimator("turn_loo")(*[inputs[n] for n in spec.inputs])
     jitted = jax.jit(lambda r, m, g, gamma: spec.fn(r, m, g, gamma))(r, m, g, jnp.float32(0.9))

@@ -2,6 +2,7 @@
 arguments, its part runner (a failing part and an overrunning one are recorded and the
 check goes on), the pytest report parsing, the recipe's overrides, and a `--small` run
 end to end on CPU, as a user calls it."""
+
 import json
 import math
 import os
@@ -18,8 +19,7 @@ SCRIPT = ROOT / "benchmarks" / "device_check.py"
 
 
 DC = load_benchmark("device_check.py", "device_check_under_test")
-COMMON = {"check": str, "kind": str, "status": str, "wall_s": float, "timeout_s": float, "small": bool,
-          "date_utc": str}
+COMMON = {"check": str, "kind": str, "status": str, "wall_s": float, "timeout_s": float, "small": bool, "date_utc": str}
 
 
 def _common_fields(rec):
@@ -40,8 +40,12 @@ def test_arguments_defaults_and_errors(tmp_path):
     assert s.small and s.budget == DC.SMALL_BUDGET_S and s.parts == ["device", "w6"]
     assert s.log == str(tmp_path / "r" / "dc.log")
     assert DC.parse_args(["--small", "--budget", "90"]).budget == 90
-    for bad in (["--parts", "device,gpu"], ["--budget", "0"], ["--recipe-set", "iterations"],
-                ["--recipe-iterations", "0"]):
+    for bad in (
+        ["--parts", "device,gpu"],
+        ["--budget", "0"],
+        ["--recipe-set", "iterations"],
+        ["--recipe-iterations", "0"],
+    ):
         with pytest.raises(SystemExit):
             DC.parse_args(bad)
     # every part has a share; the shares of the parts run add up to 1
@@ -54,8 +58,9 @@ def test_bench_device_passes_its_options_and_refuses_the_others(capsys):
     from jaxagent import bench
     from jaxagent.cli import main
 
-    ns = argparse.Namespace(workload="device", repeats=None, quick=False, out="dc.jsonl", systems=None, small=True,
-                            budget=120.0)
+    ns = argparse.Namespace(
+        workload="device", repeats=None, quick=False, out="dc.jsonl", systems=None, small=True, budget=120.0
+    )
     cmd = bench.command(ns)
     assert cmd[:2] == [sys.executable, str(ROOT / "benchmarks" / "device_check.py")]
     assert cmd[2:] == ["--small", "--budget", "120.0", "--out", str(Path("dc.jsonl").resolve())]
@@ -67,8 +72,10 @@ def test_bench_device_passes_its_options_and_refuses_the_others(capsys):
 
 
 # ----------------------------------------------------------------------------- the part runner
-_SLEEPER = ("import os, signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
-            "print(os.getpid(), flush=True); time.sleep(120)")
+_SLEEPER = (
+    "import os, signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    "print(os.getpid(), flush=True); time.sleep(120)"
+)
 
 
 def test_a_failing_part_and_an_overrunning_one_are_recorded_and_the_check_goes_on(tmp_path, capsys):
@@ -89,15 +96,19 @@ def test_a_failing_part_and_an_overrunning_one_are_recorded_and_the_check_goes_o
     def boom(ctx):
         raise RuntimeError("boom")
 
-    parts = [("device", lambda ctx: {"platform": "cpu", "left_s": ctx.left()}), ("tests", boom), ("w6", sleeper),
-             ("recipe", lambda ctx: {"ran": True})]
+    parts = [
+        ("device", lambda ctx: {"platform": "cpu", "left_s": ctx.left()}),
+        ("tests", boom),
+        ("w6", sleeper),
+        ("recipe", lambda ctx: {"ran": True}),
+    ]
     args = DC.parse_args(["--budget", "2.5", "--out", str(out)])
     t = time.monotonic()
     rc = DC.Check(args, parts, min_part_s=0.05).run()
     took = time.monotonic() - t
     assert rc == 1 and took < 2.5 + 1.0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == rows   # stdout = the file
+    assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == rows  # stdout = the file
     assert [r["kind"] for r in rows] == ["device", "tests", "w6", "recipe", "summary"]
     for r in rows:
         _common_fields(r)
@@ -110,10 +121,11 @@ def test_a_failing_part_and_an_overrunning_one_are_recorded_and_the_check_goes_o
     w6 = by["w6"]
     assert w6["status"] == "timeout" and "stopped after" in w6["error"]
     # its time: its share and what device and tests left; stopped at that, not later
-    assert w6["timeout_s"] == pytest.approx(2.5 * (1 - DC.SHARES["recipe"]) - by["device"]["wall_s"]
-                                            - by["tests"]["wall_s"], abs=0.2)
+    assert w6["timeout_s"] == pytest.approx(
+        2.5 * (1 - DC.SHARES["recipe"]) - by["device"]["wall_s"] - by["tests"]["wall_s"], abs=0.2
+    )
     assert w6["wall_s"] < w6["timeout_s"] + 0.5
-    with pytest.raises(ProcessLookupError):   # SIGINT ignored, so SIGKILLed
+    with pytest.raises(ProcessLookupError):  # SIGINT ignored, so SIGKILLed
         os.kill(seen["pid"], 0)
     assert by["recipe"]["status"] == "ok" and by["recipe"]["ran"] is True
     s = by["summary"]
@@ -124,14 +136,14 @@ def test_a_failing_part_and_an_overrunning_one_are_recorded_and_the_check_goes_o
 
 def test_a_part_without_time_left_is_skipped(tmp_path):
     args = DC.parse_args(["--budget", "1", "--out", str(tmp_path / "dc.jsonl")])
-    rc = DC.Check(args, [("device", lambda ctx: {})]).run()   # 1 s is under MIN_PART_S
+    rc = DC.Check(args, [("device", lambda ctx: {})]).run()  # 1 s is under MIN_PART_S
     rows = [json.loads(line) for line in (tmp_path / "dc.jsonl").read_text().splitlines()]
     assert rc == 1 and [r["status"] for r in rows] == ["skipped", "failed"]
     assert "time budget" in rows[0]["error"]
 
 
 # ----------------------------------------------------------------------------- pytest's report
-_FAKE_TESTS = '''
+_FAKE_TESTS = """
 import pytest
 
 def test_ok():
@@ -150,7 +162,7 @@ def broken():
 
 def test_error(broken):
     pass
-'''
+"""
 
 
 def test_junit_and_verbose_output_give_the_same_counts(tmp_path):
@@ -165,22 +177,33 @@ def test_junit_and_verbose_output_give_the_same_counts(tmp_path):
     r = DC.run_subprocess(cmd, 120, env=env, cwd=tmp_path, workdir=tmp_path)
     assert r.returncode == 1, r.stdout[-2000:]
     got = DC.parse_junit(junit, selection)
-    assert {k: got[k] for k in ("tests", "passed", "failed", "errors", "skipped")} == \
-        {"tests": 6, "passed": 3, "failed": 1, "errors": 1, "skipped": 1}
+    assert {k: got[k] for k in ("tests", "passed", "failed", "errors", "skipped")} == {
+        "tests": 6,
+        "passed": 3,
+        "failed": 1,
+        "errors": 1,
+        "skipped": 1,
+    }
     assert got["by_group"]["beta"] == {"tests": 1, "passed": 1, "failed": 0, "errors": 0, "skipped": 0}
     assert got["by_group"]["alpha"]["tests"] == 5
     fails = {f["test"]: f for f in got["failures"]}
     assert set(fails) == {"test_alpha::test_param[(3, 4)]", "test_alpha::test_error"}
     assert "three is not one" in fails["test_alpha::test_param[(3, 4)]"]["message"]
-    assert fails["test_alpha::test_error"]["kind"] == "error" and "fixture broke" in fails["test_alpha::test_error"]["detail"]
+    assert (
+        fails["test_alpha::test_error"]["kind"] == "error"
+        and "fixture broke" in fails["test_alpha::test_error"]["detail"]
+    )
     assert len(got["slowest"]) == 6 and all(x["time_s"] >= 0 for x in got["slowest"])
     # a run stopped before its report: the same counts from its -v lines (ids with spaces too)
     verbose = DC.parse_verbose(r.stdout, selection)
-    assert {k: verbose[k] for k in ("tests", "passed", "failed", "errors", "skipped")} == \
-        {k: got[k] for k in ("tests", "passed", "failed", "errors", "skipped")}
+    assert {k: verbose[k] for k in ("tests", "passed", "failed", "errors", "skipped")} == {
+        k: got[k] for k in ("tests", "passed", "failed", "errors", "skipped")
+    }
     assert verbose["by_group"] == got["by_group"]
-    assert {f["test"] for f in verbose["failures"]} == {"tests/test_alpha.py::test_param[(3, 4)]",
-                                                         "tests/test_alpha.py::test_error"}
+    assert {f["test"] for f in verbose["failures"]} == {
+        "tests/test_alpha.py::test_param[(3, 4)]",
+        "tests/test_alpha.py::test_error",
+    }
 
 
 def test_the_default_selection_names_existing_files():
@@ -208,14 +231,24 @@ def test_recipe_overrides_load_as_configs(tmp_path):
 
 
 def test_summarize_w6_reads_the_measured_peaks():
-    recs = [{"kind": "env", "backend": "gpu"},
-            {"kind": "matmul_peak", "n": 8192, "dtype": "bfloat16", "best_tflops": 700.0, "median_tflops": 650.0},
-            {"kind": "calib", "measured_peak_tflops": 700.0, "matmul_dtype": "bfloat16", "copy_gbps": 4000.0,
-             "read_gbps": 4200.0, "nominal_bf16_tflops": 989.0, "nominal_hbm_gbps": 4800.0, "nominal_source": "x"},
-            {"kind": "update_attempt_failed", "error": "RESOURCE_EXHAUSTED: oom"},
-            {"kind": "policy_update", "mfu": 0.4, "tokens_per_s": 1e5},
-            {"kind": "decode", "fraction_of_measured_copy": 0.6, "achieved_hbm_gbps": 2400.0},
-            {"kind": "summary", "parts": {"calib": "ok", "update": "ok", "decode": "ok"}}]
+    recs = [
+        {"kind": "env", "backend": "gpu"},
+        {"kind": "matmul_peak", "n": 8192, "dtype": "bfloat16", "best_tflops": 700.0, "median_tflops": 650.0},
+        {
+            "kind": "calib",
+            "measured_peak_tflops": 700.0,
+            "matmul_dtype": "bfloat16",
+            "copy_gbps": 4000.0,
+            "read_gbps": 4200.0,
+            "nominal_bf16_tflops": 989.0,
+            "nominal_hbm_gbps": 4800.0,
+            "nominal_source": "x",
+        },
+        {"kind": "update_attempt_failed", "error": "RESOURCE_EXHAUSTED: oom"},
+        {"kind": "policy_update", "mfu": 0.4, "tokens_per_s": 1e5},
+        {"kind": "decode", "fraction_of_measured_copy": 0.6, "achieved_hbm_gbps": 2400.0},
+        {"kind": "summary", "parts": {"calib": "ok", "update": "ok", "decode": "ok"}},
+    ]
     s = DC.summarize_w6(recs)
     assert s["matmul_peak_tflops"] == 700.0 and s["copy_gbps"] == 4000.0 and s["update_mfu"] == 0.4
     assert s["decode_fraction_of_measured_copy"] == 0.6 and s["decode"]["achieved_hbm_gbps"] == 2400.0
@@ -229,7 +262,11 @@ def test_summarize_w6_reads_the_measured_peaks():
 def _positive(rec, *keys):
     for k in keys:
         v = rec[k]
-        assert isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0, (rec["kind"], k, v)
+        assert isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0, (
+            rec["kind"],
+            k,
+            v,
+        )
 
 
 @pytest.mark.slow  # ~55-100 s on the shared 2-core machine (4 subprocesses that each compile): the default
@@ -237,8 +274,14 @@ def _positive(rec, *keys):
 def test_small_check_end_to_end_on_cpu(tmp_path):
     out = tmp_path / "dc.jsonl"
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, "-m", "jaxagent", "bench", "device", "--small", "--out", str(out)],
-                          capture_output=True, text=True, timeout=900, cwd=tmp_path, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxagent", "bench", "device", "--small", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+        env=env,
+    )
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert proc.returncode == 0, (proc.stderr[-3000:], [(r["kind"], r["status"], r["error"]) for r in rows])
     assert [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")] == rows
@@ -252,10 +295,10 @@ def test_small_check_end_to_end_on_cpu(tmp_path):
     dev = by["device"]
     assert dev["platform"] == "cpu" and dev["jax_platforms"] == "cpu" and dev["device_kind"] == "cpu"
     assert dev["devices"] and all("cpu" in d.lower() for d in dev["devices"]) and dev["device_count"] >= 1
-    assert dev["kernel_ok"] is True and dev["bytes_limit"] is None   # a CPU reports no allocator limit
+    assert dev["kernel_ok"] is True and dev["bytes_limit"] is None  # a CPU reports no allocator limit
     assert dev["jax"] and dev["jaxlib"] and dev["python"] == ".".join(map(str, sys.version_info[:3]))
     assert isinstance(dev["jax_plugins"], dict) and isinstance(dev["os"], str)
-    assert dev["git_commit"] is None or len(dev["git_commit"]) == 40   # None: a copy without .git
+    assert dev["git_commit"] is None or len(dev["git_commit"]) == 40  # None: a copy without .git
 
     t = by["tests"]
     assert t["jax_platforms"] == "cpu" and t["counts_from"] == "junit" and t["failed"] == t["errors"] == 0

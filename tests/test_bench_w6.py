@@ -1,4 +1,5 @@
 """W6 (GPU) benchmark script: its FLOP / byte formulas, its budget skip, and a `--small` CPU run."""
+
 import json
 import math
 import os
@@ -19,8 +20,9 @@ W6 = load_benchmark("w6_gpu.py", "w6_gpu_under_test")
 
 def _tiny():
     # vocab 10, hidden 8, intermediate 12, 2 layers, 4 heads / 2 KV heads of dim 2, q/k/v biases, tied
-    return W6.QWEN2_0_5B.replace(vocab_size=10, hidden_size=8, intermediate_size=12, num_layers=2, num_heads=4,
-                                 num_kv_heads=2, head_dim=2)
+    return W6.QWEN2_0_5B.replace(
+        vocab_size=10, hidden_size=8, intermediate_size=12, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=2
+    )
 
 
 # ---------------------------------------------------------------- formulas (independent arithmetic)
@@ -90,7 +92,7 @@ def test_nominal_peaks_only_for_known_devices_and_labelled():
     assert "H200" in h200["nominal_source"] and "not measured" in h200["nominal_source"]
     assert W6.nominal_peaks("NVIDIA H100 80GB HBM3")["nominal_hbm_gbps"] == 3350.0
     assert W6.nominal_peaks("NVIDIA H100 PCIe")["nominal_bf16_tflops"] == 756.0
-    assert W6.nominal_peaks("NVIDIA H200", "float32")["nominal_bf16_tflops"] is None   # bf16's figure only
+    assert W6.nominal_peaks("NVIDIA H200", "float32")["nominal_bf16_tflops"] is None  # bf16's figure only
     for kind in ("cpu", "NVIDIA A100-SXM4-80GB", "TPU v5 lite", ""):
         assert set(W6.nominal_peaks(kind).values()) == {None}
 
@@ -135,10 +137,30 @@ def test_watchdog_ends_an_overrunning_part_and_records_it(tmp_path):
     # a calibration of 10^6 timed 1024^3 matmuls cannot end within budget + grace (16 s from
     # process start) anywhere; the budget leaves room for the imports and the env record on a
     # loaded machine (at 6 s a CI run sharing 2 cores with training runs was aborted before it)
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--small", "--budget-s", "15", "--grace-s", "1",
-                           "--parts", "calib,update,decode", "--matmul-sizes", "1024", "--calib-reps", "1000000",
-                           "--out", str(out)],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT, env=_cpu_env())
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--small",
+            "--budget-s",
+            "15",
+            "--grace-s",
+            "1",
+            "--parts",
+            "calib,update,decode",
+            "--matmul-sizes",
+            "1024",
+            "--calib-reps",
+            "1000000",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env=_cpu_env(),
+    )
     assert proc.returncode == 3, proc.stderr[-3000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["kind"] for r in rows] == ["env", "aborted"]
@@ -158,9 +180,26 @@ def test_small_run_writes_complete_jsonl(tmp_path):
     env = _cpu_env()
     # the first update config cannot split 4 rows into 3 micro-batches: it must fail, be
     # recorded, and the next one run
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--small", "--out", str(out), "--steps", "3",
-                           "--decode-repeats", "2", "--update-configs", "full:3,dots:2"],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--small",
+            "--out",
+            str(out),
+            "--steps",
+            "3",
+            "--decode-repeats",
+            "2",
+            "--update-configs",
+            "full:3,dots:2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert proc.stdout.strip().splitlines() == out.read_text().strip().splitlines()
@@ -170,8 +209,17 @@ def test_small_run_writes_complete_jsonl(tmp_path):
         for k in ("workload", "small", "date_utc", "jax", "backend", "device_kind", "elapsed_s"):
             assert k in r, (r["kind"], k)
         assert r["workload"] == "W6" and r["small"] is True and r["backend"] == "cpu"
-    assert set(by) == {"env", "matmul_peak", "hbm_bandwidth", "calib", "update_attempt_failed", "policy_update",
-                       "decode", "recipe_iteration", "summary"}
+    assert set(by) == {
+        "env",
+        "matmul_peak",
+        "hbm_bandwidth",
+        "calib",
+        "update_attempt_failed",
+        "policy_update",
+        "decode",
+        "recipe_iteration",
+        "summary",
+    }
     assert by["summary"][0]["parts"] == {"calib": "ok", "update": "ok", "decode": "ok", "recipe": "ok"}
     env_rec = by["env"][0]
     assert env_rec["model"]["hidden_size"] == 64 and env_rec["settings"]["batch"] == 4
@@ -196,8 +244,21 @@ def test_small_run_writes_complete_jsonl(tmp_path):
     up = by["policy_update"][0]
     assert up["remat"] == "dots" and up["num_micro_batches"] == 2 and up["steps"] == 3
     assert up["params"] == up["params_in_state"]
-    _positive_finite(up, ["tokens_per_s", "median_step_s", "compile_s", "first_step_s", "model_flops",
-                          "attention_flops", "achieved_tflops", "mfu", "measured_peak_tflops", "temp_bytes"])
+    _positive_finite(
+        up,
+        [
+            "tokens_per_s",
+            "median_step_s",
+            "compile_s",
+            "first_step_s",
+            "model_flops",
+            "attention_flops",
+            "achieved_tflops",
+            "mfu",
+            "measured_peak_tflops",
+            "temp_bytes",
+        ],
+    )
     assert up["tokens_per_s"] == pytest.approx(4 * 128 / up["median_step_s"])
     assert len(up["step_s"]) == 3 and up["median_step_s"] == pytest.approx(float(np.median(up["step_s"])))
     assert up["achieved_tflops"] == pytest.approx(up["model_flops"] / up["median_step_s"] / 1e12)
@@ -211,8 +272,21 @@ def test_small_run_writes_complete_jsonl(tmp_path):
 
     dec = by["decode"][0]
     assert dec["rounds"] == 2 and dec["trace_counts"] == {"append": 1, "decode": 1}  # no recompilation
-    _positive_finite(dec, ["decode_tokens_per_s", "decode_step_s", "prefill_tokens_per_s", "achieved_hbm_gbps",
-                           "bytes_per_step", "weight_bytes", "kv_bytes_per_step", "fraction_of_measured_read", "fraction_of_measured_copy", "first_decode_s"])
+    _positive_finite(
+        dec,
+        [
+            "decode_tokens_per_s",
+            "decode_step_s",
+            "prefill_tokens_per_s",
+            "achieved_hbm_gbps",
+            "bytes_per_step",
+            "weight_bytes",
+            "kv_bytes_per_step",
+            "fraction_of_measured_read",
+            "fraction_of_measured_copy",
+            "first_decode_s",
+        ],
+    )
     assert dec["decode_tokens_per_s"] == pytest.approx(4 * 32 / dec["median_decode_s"])
     # the decode's bandwidth is a fraction of the copy and read peaks measured in this run
     bw = by["hbm_bandwidth"][0]
@@ -234,7 +308,8 @@ def test_small_run_writes_complete_jsonl(tmp_path):
     assert dec["median_decode_s"] == pytest.approx(float(np.median(dec["decode_s"])))
     assert dec["decode_step_s"] == pytest.approx(dec["median_decode_s"] / dec["new_tokens"])
     assert dec["prefill_tokens_per_s"] == pytest.approx(
-        dec["decode_batch"] * dec["prompt_len"] / float(np.median(dec["prefill_s"])))
+        dec["decode_batch"] * dec["prompt_len"] / float(np.median(dec["prefill_s"]))
+    )
     assert dec["achieved_hbm_gbps"] == pytest.approx(dec["bytes_per_step"] / dec["decode_step_s"] / 1e9)
 
 

@@ -3,6 +3,7 @@
 One `--quick` run serves both tests: jaxagent and Tunix together when Tunix is
 installed (the systems alternate inside one run), jaxagent alone otherwise.
 """
+
 import importlib.util
 import json
 import subprocess
@@ -21,8 +22,21 @@ HAVE_TUNIX = importlib.util.find_spec("tunix") is not None
 def rows(tmp_path_factory):
     out = tmp_path_factory.mktemp("w8") / "out.jsonl"
     systems = "jaxagent,tunix" if HAVE_TUNIX else "jaxagent"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "w8_iteration.py"), "--quick", "--systems",
-                           systems, "--out", str(out)], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "w8_iteration.py"),
+            "--quick",
+            "--systems",
+            systems,
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     # what went to --out is what was printed
@@ -54,8 +68,10 @@ def test_w8_quick_jaxagent(rows):
     phases = r["phase_median_s"]
     for k in ("rollout", "logprobs", "advantages", "update"):
         assert phases[k] > 0, phases
-    assert phases["rollout"] + phases["logprobs"] + phases["advantages"] + phases["update"] \
-        <= r["median_iteration_s"] * 1.5, phases
+    assert (
+        phases["rollout"] + phases["logprobs"] + phases["advantages"] + phases["update"]
+        <= r["median_iteration_s"] * 1.5
+    ), phases
     assert r["skipped_updates"] == 0
     # the trainer's log-probs of what was sampled are the sampler's
     assert r["rollout_logp_gap"] < 1e-3
@@ -76,4 +92,5 @@ def test_w8_quick_tunix(rows):
     assert len(ratio[0]["pairwise_ratios"]) == r["repeats"] and ratio[0]["pairwise_ratio_median"] > 0
     jr = _iteration(rows, "jaxagent")
     assert ratio[0]["jaxagent_over_tunix_tokens_per_s"] == pytest.approx(
-        jr["tokens_per_s"] / r["tokens_per_s"], rel=1e-2)
+        jr["tokens_per_s"] / r["tokens_per_s"], rel=1e-2
+    )

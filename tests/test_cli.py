@@ -4,8 +4,9 @@ import sys
 
 
 def test_train_help_names_the_embedded_default():
-    out = subprocess.run([sys.executable, "-m", "jaxagent", "train", "--help"], capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "jaxagent", "train", "--help"], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert "--config" in out.stdout and "--resume" in out.stdout
     assert "examples:" in out.stdout and "jaxagent train --resume" in out.stdout
@@ -22,22 +23,21 @@ def test_help_lists_the_commands_one_line_each():
     assert not re.search(r"^ {6,}\S", top.stdout, flags=re.M), "a command's line is wrapped"
     assert set(listed) == {"train", "config", "envs", "eval", "export", "plot", "view", "bench"}
     for name in listed:
-        sub = subprocess.run([sys.executable, "-m", "jaxagent", name, "--help"], capture_output=True, text=True,
-                             timeout=120)
+        sub = subprocess.run(
+            [sys.executable, "-m", "jaxagent", name, "--help"], capture_output=True, text=True, timeout=120
+        )
         assert sub.returncode == 0 and sub.stdout.startswith(f"usage: jaxagent {name}"), sub.stderr
         assert f"\nexamples:\n  jaxagent {name}" in sub.stdout
 
 
 def test_unknown_command_is_an_error():
-    out = subprocess.run([sys.executable, "-m", "jaxagent", "nonsense"], capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-m", "jaxagent", "nonsense"], capture_output=True, text=True, timeout=120)
     assert out.returncode != 0
     assert "invalid choice" in out.stderr
 
 
 def test_envs_lists_the_builtins_and_adapter_families():
-    out = subprocess.run([sys.executable, "-m", "jaxagent", "envs"], capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-m", "jaxagent", "envs"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     names = out.stdout.split()
     for name in ("frozenlake", "sokoban", "countdown", "toolmath", "intake", "gymnasium/<...>"):
@@ -52,8 +52,21 @@ def test_config_lists_every_key_with_its_value_and_type():
     from jaxagent.train.config import TrainerConfig
 
     root = Path(__file__).resolve().parents[1]
-    out = subprocess.run([sys.executable, "-m", "jaxagent", "config", "--config", str(root / "configs" / "default.yaml"),
-                          "algo.gamma=0.5"], capture_output=True, text=True, timeout=120, cwd=root)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jaxagent",
+            "config",
+            "--config",
+            str(root / "configs" / "default.yaml"),
+            "algo.gamma=0.5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=root,
+    )
     assert out.returncode == 0, out.stderr
     shown = {line.split(" = ")[0]: line for line in out.stdout.splitlines()}
 
@@ -68,6 +81,11 @@ def test_config_lists_every_key_with_its_value_and_type():
     assert set(shown) == set(leaves(TrainerConfig))
     assert shown["algo.gamma"].startswith("algo.gamma = 0.5  # float: ")
     assert shown["env.name"].startswith("env.name = frozenlake  # str")
-    bad = subprocess.run([sys.executable, "-m", "jaxagent", "config", "algo.nope=1"], capture_output=True,
-                         text=True, timeout=120, cwd=root)
+    bad = subprocess.run(
+        [sys.executable, "-m", "jaxagent", "config", "algo.nope=1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=root,
+    )
     assert bad.returncode == 2 and "algo.nope" in bad.stderr

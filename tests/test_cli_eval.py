@@ -1,4 +1,5 @@
 """`jaxagent eval RUN_DIR`: a trained run's checkpoint on held-out seeds, JSONL out."""
+
 import json
 import subprocess
 import sys
@@ -14,15 +15,23 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def eval_cli(*args):
-    return subprocess.run([sys.executable, "-m", "jaxagent", "eval", *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "jaxagent", "eval", *map(str, args)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.slow  # ~28 s on idle cores (suite budget): `make test-slow`
 def test_eval_plays_held_out_seeds_and_writes_jsonl(tmp_path):
     run = tmp_path / "run"
-    cfg = load_config(TrainerConfig, ROOT / "configs" / "tiny_frozenlake_gigpo.yaml",
-                      [f"run_dir={run}", "iterations=1", "eval.episodes=6", "eval.seed=500000"])
+    cfg = load_config(
+        TrainerConfig,
+        ROOT / "configs" / "tiny_frozenlake_gigpo.yaml",
+        [f"run_dir={run}", "iterations=1", "eval.episodes=6", "eval.seed=500000"],
+    )
     Trainer(cfg, log=lambda *_: None).run()
     out = tmp_path / "eval.jsonl"
     done = eval_cli(run, "--episodes", 5, "--temperature", 0, "--out", out)
@@ -62,13 +71,28 @@ def test_export_writes_a_directory_transformers_loads_with_the_same_policy(tmp_p
     from jaxagent.train.runtools import restore_run, run_config
 
     run = tmp_path / "run"
-    cfg = load_config(TrainerConfig, ROOT / "configs" / "default.yaml",
-                      [f"run_dir={run}", "iterations=1", "warm_start.episodes=16", "warm_start.epochs=1",
-                       "eval.episodes=0", "env.tasks_per_iteration=2", "env.num_workers=0"])
+    cfg = load_config(
+        TrainerConfig,
+        ROOT / "configs" / "default.yaml",
+        [
+            f"run_dir={run}",
+            "iterations=1",
+            "warm_start.episodes=16",
+            "warm_start.epochs=1",
+            "eval.episodes=0",
+            "env.tasks_per_iteration=2",
+            "env.num_workers=0",
+        ],
+    )
     Trainer(cfg, log=lambda *_: None).run()
     out = tmp_path / "hf"
-    done = subprocess.run([sys.executable, "-m", "jaxagent", "export", str(run), str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "jaxagent", "export", str(run), str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == str(out)
     tok = transformers.AutoTokenizer.from_pretrained(str(out))
@@ -96,11 +120,27 @@ def test_eval_on_other_env_settings_and_the_warm_started_step(tmp_path):
     policy (step 0 is kept whatever keep_checkpoints says) on the adversarial intake
     cases; the last line holds the env's own summary (rubric, triage rates)."""
     run = tmp_path / "run"
-    cfg = load_config(TrainerConfig, ROOT / "configs" / "tiny_countdown_grpo.yaml", [
-        f"run_dir={run}", "env.name=intake", "env.kwargs={max_turns: 2}", "iterations=2", "checkpoint_every=1",
-        "keep_checkpoints=1", "env.group_size=2", "env.tasks_per_iteration=1", "update.mini_batches=1",
-        "rollout.max_turns=2", "rollout.max_tokens_per_turn=8", "rollout.max_context=2048", "env.num_workers=0",
-        "warm_start.episodes=2", "warm_start.batch_size=2"])
+    cfg = load_config(
+        TrainerConfig,
+        ROOT / "configs" / "tiny_countdown_grpo.yaml",
+        [
+            f"run_dir={run}",
+            "env.name=intake",
+            "env.kwargs={max_turns: 2}",
+            "iterations=2",
+            "checkpoint_every=1",
+            "keep_checkpoints=1",
+            "env.group_size=2",
+            "env.tasks_per_iteration=1",
+            "update.mini_batches=1",
+            "rollout.max_turns=2",
+            "rollout.max_tokens_per_turn=8",
+            "rollout.max_context=2048",
+            "env.num_workers=0",
+            "warm_start.episodes=2",
+            "warm_start.batch_size=2",
+        ],
+    )
     Trainer(cfg, log=lambda *_: None).run()
     from jaxagent.train.rundir import checkpoint_steps
 

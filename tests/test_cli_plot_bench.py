@@ -1,4 +1,5 @@
 """`jaxagent plot` (jaxagent.train.plot) and `jaxagent bench` (jaxagent.bench), as a user calls them."""
+
 import argparse
 import json
 import subprocess
@@ -25,9 +26,20 @@ def write_run(run_dir: Path, records, summary=None) -> Path:
 
 
 def full_record(i):
-    return {"iteration": i, "step": i, "reward_mean": 0.1 * i, "reward_std": 0.05, "success_rate": 0.1 * i,
-            "kl": 1e-3 * i, "approx_kl": 2e-3, "entropy": 3.0 - 0.1 * i, "loss": 0.5, "pg_loss": 0.4,
-            "tokens_per_s": 1000.0 + i, "time_rollout_s": 1.0}
+    return {
+        "iteration": i,
+        "step": i,
+        "reward_mean": 0.1 * i,
+        "reward_std": 0.05,
+        "success_rate": 0.1 * i,
+        "kl": 1e-3 * i,
+        "approx_kl": 2e-3,
+        "entropy": 3.0 - 0.1 * i,
+        "loss": 0.5,
+        "pg_loss": 0.4,
+        "tokens_per_s": 1000.0 + i,
+        "time_rollout_s": 1.0,
+    }
 
 
 def png_info(path):
@@ -42,7 +54,7 @@ def test_plot_run_draws_one_panel_per_metric_group(tmp_path):
     assert path == run / "learning_curves.png" and path.stat().st_size > 10_000
     (w, h), text = png_info(path)
     assert text["Description"] == "panels: reward, success rate, KL, entropy, loss, tokens/s"
-    assert grid_shape(6) == (3, 2) and (w, h) == (1100, 960)   # 5.5 x 3.2 inches per panel, 100 dpi
+    assert grid_shape(6) == (3, 2) and (w, h) == (1100, 960)  # 5.5 x 3.2 inches per panel, 100 dpi
 
     small = write_run(tmp_path / "small", [{"iteration": i, "reward_mean": 0.5} for i in (1, 2)])
     out = plot_run(small, tmp_path / "sub" / "curves.png")
@@ -52,13 +64,18 @@ def test_plot_run_draws_one_panel_per_metric_group(tmp_path):
 
 
 def test_eval_lines_and_summary_references_are_drawn(tmp_path):
-    records = [full_record(1), full_record(2),
-               {"iteration": 2, "eval_success_rate": 0.6, "eval_reward_mean": 0.7, "eval_turns": 3.0},
-               full_record(3)]
+    records = [
+        full_record(1),
+        full_record(2),
+        {"iteration": 2, "eval_success_rate": 0.6, "eval_reward_mean": 0.7, "eval_turns": 3.0},
+        full_record(3),
+    ]
     summary = {"success_before_rl": 0.2, "success_after_rl": 0.65, "note": "x"}
     run = write_run(tmp_path / "run", records, summary)
-    panels = {p.title: p for p in build_panels(read_metrics(run / "metrics.jsonl"), {
-        "success_before_rl": 0.2, "success_after_rl": 0.65})}
+    panels = {
+        p.title: p
+        for p in build_panels(read_metrics(run / "metrics.jsonl"), {"success_before_rl": 0.2, "success_after_rl": 0.65})
+    }
     assert panels["success rate"].evals == {"eval_success_rate": ([2.0], [0.6])}
     assert panels["success rate"].lines["success_rate"][0] == [1.0, 2.0, 3.0]
     assert panels["success rate"].references == {"success_before_rl": 0.2, "success_after_rl": 0.65}
@@ -66,15 +83,22 @@ def test_eval_lines_and_summary_references_are_drawn(tmp_path):
     # the +-reward_std band of the training records (the eval record has neither)
     xs, lo, hi = panels["reward"].band
     assert xs == [1.0, 2.0, 3.0]
-    assert lo == pytest.approx([0.1 * i - 0.05 for i in (1, 2, 3)]) and hi == pytest.approx([0.1 * i + 0.05 for i in (1, 2, 3)])
+    assert lo == pytest.approx([0.1 * i - 0.05 for i in (1, 2, 3)]) and hi == pytest.approx(
+        [0.1 * i + 0.05 for i in (1, 2, 3)]
+    )
     assert panels["eval"].evals == {"eval_turns": ([2.0], [3.0])}
     _, text = png_info(plot_run(run))
     assert text["Description"] == "panels: reward, success rate, KL, entropy, loss, tokens/s, eval"
 
 
 def test_learning_diagnostics_have_their_panel(tmp_path):
-    diag = {"flat_groups_frac": 0.25, "anchor_repeat_frac": 0.9, "invalid_action_frac": 0.02,
-            "noop_action_frac": 0.4, "failed_frac": 0.0}
+    diag = {
+        "flat_groups_frac": 0.25,
+        "anchor_repeat_frac": 0.9,
+        "invalid_action_frac": 0.02,
+        "noop_action_frac": 0.4,
+        "failed_frac": 0.0,
+    }
     records = [{**full_record(i), **{k: v * i for k, v in diag.items()}} for i in (1, 2)]
     panels = {p.title: p for p in build_panels(records)}
     got = panels["diagnostics"].lines
@@ -95,18 +119,30 @@ def test_summary_alone_gives_the_success_panel(tmp_path):
     assert text["Description"] == "panels: success rate, entropy"
 
 
-@pytest.mark.parametrize("setup, error, match", [
-    (lambda d: None, FileNotFoundError, "no such run directory"),
-    (lambda d: d.mkdir(), FileNotFoundError, "metrics.jsonl: no such file"),
-    (lambda d: write_run(d, []), RunDataError, "is empty"),
-    (lambda d: (d.mkdir(), (d / "metrics.jsonl").write_text('{"iteration": 1}\n\n{"iteration": 2, \n')),
-     RunDataError, "line 3: not valid JSON"),
-    (lambda d: (d.mkdir(), (d / "metrics.jsonl").write_text('{"iteration": 1}\n[1, 2]\n')),
-     RunDataError, "line 2: expected a JSON object, got list"),
-    (lambda d: write_run(d, [{"iteration": 1, "note": "x"}]), RunDataError, "none of the plotted metrics"),
-    (lambda d: write_run(d, [{"reward_mean": 1.0}], summary=None) and (d / "summary.json").write_text("{"),
-     RunDataError, "summary.json: not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "setup, error, match",
+    [
+        (lambda d: None, FileNotFoundError, "no such run directory"),
+        (lambda d: d.mkdir(), FileNotFoundError, "metrics.jsonl: no such file"),
+        (lambda d: write_run(d, []), RunDataError, "is empty"),
+        (
+            lambda d: (d.mkdir(), (d / "metrics.jsonl").write_text('{"iteration": 1}\n\n{"iteration": 2, \n')),
+            RunDataError,
+            "line 3: not valid JSON",
+        ),
+        (
+            lambda d: (d.mkdir(), (d / "metrics.jsonl").write_text('{"iteration": 1}\n[1, 2]\n')),
+            RunDataError,
+            "line 2: expected a JSON object, got list",
+        ),
+        (lambda d: write_run(d, [{"iteration": 1, "note": "x"}]), RunDataError, "none of the plotted metrics"),
+        (
+            lambda d: write_run(d, [{"reward_mean": 1.0}], summary=None) and (d / "summary.json").write_text("{"),
+            RunDataError,
+            "summary.json: not valid JSON",
+        ),
+    ],
+)
 def test_bad_run_dirs_are_clear_errors(tmp_path, setup, error, match):
     run = tmp_path / "run"
     setup(run)
@@ -164,8 +200,13 @@ def test_bench_command_line_and_missing_benchmarks(tmp_path, monkeypatch, capsys
 
 def test_bench_envpool_quick_smoke(tmp_path):
     out = tmp_path / "w5.jsonl"
-    proc = subprocess.run([sys.executable, "-m", "jaxagent", "bench", "envpool", "--quick", "--out", str(out)],
-                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxagent", "bench", "envpool", "--quick", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert rows and [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")] == rows
@@ -174,8 +215,13 @@ def test_bench_envpool_quick_smoke(tmp_path):
 @pytest.mark.slow
 def test_bench_update_quick_smoke(tmp_path):
     out = tmp_path / "w2.jsonl"
-    proc = subprocess.run([sys.executable, "-m", "jaxagent", "bench", "update", "--quick", "--systems", "jax",
-                           "--out", str(out)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxagent", "bench", "update", "--quick", "--systems", "jax", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")] == rows
@@ -194,9 +240,17 @@ def write_seed_run(run_dir: Path, seed: int, lr: float, train_success, eval_at, 
     import yaml
 
     run_dir.mkdir(parents=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump({"env": {"group_size": 4}, "optim": {"lr": lr},
-                                                         "seed": seed, "run_dir": str(run_dir),
-                                                         "logging": logging or {}}))
+    (run_dir / "config.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "env": {"group_size": 4},
+                "optim": {"lr": lr},
+                "seed": seed,
+                "run_dir": str(run_dir),
+                "logging": logging or {},
+            }
+        )
+    )
     lines = []
     for i, s in enumerate(train_success, start=1):
         rec = {"iteration": i, "tasks_seen": 2 * i, "success_rate": s}
@@ -210,18 +264,29 @@ def write_seed_run(run_dir: Path, seed: int, lr: float, train_success, eval_at, 
 def test_plot_several_runs_groups_seeds_of_a_recipe(tmp_path):
     from jaxagent.train.plot import _mean_band, read_run
 
-    before_after = {"success_before_rl": 0.1, "success_after_rl": 0.5, "success_before_rl_greedy": 0.0,
-                    "success_after_rl_greedy": 0.4}
+    before_after = {
+        "success_before_rl": 0.1,
+        "success_after_rl": 0.5,
+        "success_before_rl_greedy": 0.0,
+        "success_after_rl_greedy": 0.4,
+    }
     a = tmp_path / "a"
     write_seed_run(a, 0, 1e-3, [0.1, 0.2, 0.3], {2: (0.3, 0.2)}, before_after)
     b = tmp_path / "b"
     # b logged differently (its episode store off): still a seed of a's recipe
-    write_seed_run(b, 1, 1e-3, [0.3, 0.4, 0.5], {2: (0.5, 0.4)}, {**before_after, "success_after_rl": 0.7},
-                   logging={"episodes_per_iteration": 0})
+    write_seed_run(
+        b,
+        1,
+        1e-3,
+        [0.3, 0.4, 0.5],
+        {2: (0.5, 0.4)},
+        {**before_after, "success_after_rl": 0.7},
+        logging={"episodes_per_iteration": 0},
+    )
     c = tmp_path / "c"
     write_seed_run(c, 0, 3e-4, [0.0, 0.0, 0.1], {}, before_after)
     run = read_run(a)
-    assert run.episodes == [8.0, 16.0, 24.0]            # tasks seen x group size
+    assert run.episodes == [8.0, 16.0, 24.0]  # tasks seen x group size
     assert run.held_out["sampled"] == [(0.0, 0.1), (16.0, 0.3), (24.0, 0.5)]
     assert run.held_out["greedy"] == [(0.0, 0.0), (16.0, 0.2), (24.0, 0.4)]
     xs, mean, lo, hi = _mean_band([read_run(a).held_out["sampled"], read_run(b).held_out["sampled"]])
@@ -242,26 +307,32 @@ def test_seeds_are_one_recipe_whatever_defaults_their_configs_spell_out(tmp_path
     import yaml
 
     from jaxagent.train.plot import _mean_band, read_run
-    before_after = {"success_before_rl": 0.1, "success_after_rl": 0.5, "success_before_rl_greedy": 0.0,
-                    "success_after_rl_greedy": 0.4}
+
+    before_after = {
+        "success_before_rl": 0.1,
+        "success_after_rl": 0.5,
+        "success_before_rl_greedy": 0.0,
+        "success_after_rl_greedy": 0.4,
+    }
     a, b = tmp_path / "a", tmp_path / "b"
     write_seed_run(a, 0, 1e-3, [0.1, 0.2, 0.3], {2: (0.3, 0.2)}, before_after)
     write_seed_run(b, 1, 1e-3, [0.3, 0.4, 0.5], {1: (0.9, 0.9)}, {**before_after, "success_after_rl": 0.7})
     cfg = yaml.safe_load((b / "config.yaml").read_text())
-    cfg["update"] = {"trim_chunks": False, "trim_padding": 0}         # the defaults, spelled out
-    cfg["optim"]["warmup_steps"] = 0.0                                # an int default written as a float
+    cfg["update"] = {"trim_chunks": False, "trim_padding": 0}  # the defaults, spelled out
+    cfg["optim"]["warmup_steps"] = 0.0  # an int default written as a float
     (b / "config.yaml").write_text(yaml.safe_dump(cfg))
     xs, mean, lo, hi = _mean_band([read_run(a).held_out["sampled"], read_run(b).held_out["sampled"]])
     assert xs == [0.0, 24.0] and mean == pytest.approx([0.1, 0.6]) and lo == [0.1, 0.5] and hi == [0.1, 0.7]
-    assert _mean_band([[(0.0, 1.0)], [(8.0, 1.0)]])[0] == []          # nothing shared: nothing to draw
+    assert _mean_band([[(0.0, 1.0)], [(8.0, 1.0)]])[0] == []  # nothing shared: nothing to draw
     out = tmp_path / "cmp.png"
     assert main(["plot", str(a), str(b), "--out", str(out)]) == 0
     assert Image.open(out).info["Description"] == "recipes: grpo (2 seeds)"
-    cfg["update"]["trim_padding"] = 64                                # not a default: another recipe
+    cfg["update"]["trim_padding"] = 64  # not a default: another recipe
     (b / "config.yaml").write_text(yaml.safe_dump(cfg))
     assert main(["plot", str(a), str(b), "--out", str(out)]) == 0
-    assert Image.open(out).info["Description"] == ("recipes: update.trim_padding=0 (1 seed); "
-                                                   "update.trim_padding=64 (1 seed)")
+    assert Image.open(out).info["Description"] == (
+        "recipes: update.trim_padding=0 (1 seed); update.trim_padding=64 (1 seed)"
+    )
 
 
 def test_a_torn_last_line_is_left_out(tmp_path):

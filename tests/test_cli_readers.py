@@ -10,6 +10,7 @@ fails the test, so none can end in a traceback there; a subprocess per case woul
 ~3 s of imports each); `test_damage_through_the_entry_point` runs three of them as
 `python -m jaxagent` subprocesses.
 """
+
 import json
 import shutil
 import subprocess
@@ -31,14 +32,33 @@ def run(tmp_path_factory) -> Path:
     config.yaml (and config.0.yaml), a checkpoint, a trained "bpe" tokenizer in
     tokenizer/ and an episode store file of 2 episodes (~10 s on 2 cores)."""
     run_dir = tmp_path_factory.mktemp("readers") / "run"
-    cfg = load_config(TrainerConfig, ROOT / "configs" / "tiny_countdown_grpo.yaml", [
-        f"run_dir={run_dir}", "iterations=1", "eval.episodes=0", "model.tokenizer=bpe",
-        "model.tokenizer_vocab_size=300", "env.num_workers=0", "update.mini_batches=1",
-        "logging.episodes_per_iteration=2", "logging.progress=false", "logging.tensorboard=false",
-        "logging.transcripts_every=0"])
+    cfg = load_config(
+        TrainerConfig,
+        ROOT / "configs" / "tiny_countdown_grpo.yaml",
+        [
+            f"run_dir={run_dir}",
+            "iterations=1",
+            "eval.episodes=0",
+            "model.tokenizer=bpe",
+            "model.tokenizer_vocab_size=300",
+            "env.num_workers=0",
+            "update.mini_batches=1",
+            "logging.episodes_per_iteration=2",
+            "logging.progress=false",
+            "logging.tensorboard=false",
+            "logging.transcripts_every=0",
+        ],
+    )
     Trainer(cfg, log=lambda *_: None).run()
-    for name in ("metrics.jsonl", "config.yaml", "config.0.yaml", "tokenizer/tokenizer.json",
-                 "tokenizer/chat_template.jinja", "episodes/iter_000001.jsonl", "checkpoints/1"):
+    for name in (
+        "metrics.jsonl",
+        "config.yaml",
+        "config.0.yaml",
+        "tokenizer/tokenizer.json",
+        "tokenizer/chat_template.jinja",
+        "episodes/iter_000001.jsonl",
+        "checkpoints/1",
+    ):
         assert (run_dir / name).exists(), name
     assert len((run_dir / "episodes" / "iter_000001.jsonl").read_text().splitlines()) == 2
     return run_dir
@@ -52,14 +72,14 @@ def _line_of(path: Path, needle: str) -> int:
 
 def _insert(path: Path, line: int, column: int, data: bytes) -> None:
     lines = path.read_bytes().split(b"\n")
-    lines[line - 1] = lines[line - 1][:column - 1] + data + lines[line - 1][column - 1:]
+    lines[line - 1] = lines[line - 1][: column - 1] + data + lines[line - 1][column - 1 :]
     path.write_bytes(b"\n".join(lines))
 
 
 def metrics_garbled_middle(d: Path) -> list[str]:
     path = d / "metrics.jsonl"
     line = path.read_text().splitlines()[0]
-    path.write_text(f"{line}\n{line[:40]}\n{line}\n")   # line 2 cut short, more lines after it
+    path.write_text(f"{line}\n{line[:40]}\n{line}\n")  # line 2 cut short, more lines after it
     return ["metrics.jsonl, line 2: not valid JSON at column"]
 
 
@@ -91,14 +111,14 @@ def config_truncated(d: Path) -> list[str]:
     path = d / "config.yaml"
     k = _line_of(path, "hidden_size:")
     lines = path.read_text().splitlines(keepends=True)
-    path.write_text("".join(lines[:k - 1]) + lines[k - 1][:10])   # cut mid-line: `  hidden_s`
+    path.write_text("".join(lines[: k - 1]) + lines[k - 1][:10])  # cut mid-line: `  hidden_s`
     return [f"config.yaml, line {k}: truncated", "config.0.yaml"]
 
 
 def episodes_truncated(d: Path) -> list[str]:
     path = d / "episodes" / "iter_000001.jsonl"
     first, second = path.read_text().splitlines()
-    path.write_text(f"{first}\n{second[:len(second) // 2]}")
+    path.write_text(f"{first}\n{second[: len(second) // 2]}")
     return ["iter_000001.jsonl:2: not valid JSON", "truncated"]
 
 
@@ -110,9 +130,9 @@ def episodes_garbage_bytes(d: Path) -> list[str]:
 def tokenizer_truncated(d: Path) -> list[str]:
     path = d / "tokenizer" / "tokenizer.json"
     text = path.read_text()
-    path.write_text(text[:len(text) // 2])
+    path.write_text(text[: len(text) // 2])
     try:
-        json.loads(text[:len(text) // 2])
+        json.loads(text[: len(text) // 2])
     except json.JSONDecodeError as err:
         return [f"tokenizer.json: not valid JSON at line {err.lineno}, column {err.colno}"]
     raise AssertionError("half a tokenizer.json parsed")
@@ -124,7 +144,7 @@ def tokenizer_garbage_bytes(d: Path) -> list[str]:
 
 
 def tokenizer_not_a_tokenizer(d: Path) -> list[str]:
-    (d / "tokenizer" / "tokenizer.json").write_text('{"version": "1.0", "model": 17}\n')   # JSON, not a tokenizer
+    (d / "tokenizer" / "tokenizer.json").write_text('{"version": "1.0", "model": 17}\n')  # JSON, not a tokenizer
     return ["tokenizer.json: not a tokenizer"]
 
 
@@ -137,30 +157,44 @@ def tokenizer_config_truncated(d: Path) -> list[str]:
 def chat_template_truncated(d: Path) -> list[str]:
     path = d / "tokenizer" / "chat_template.jinja"
     text = path.read_text()
-    path.write_text(text[:text.index("{{ m['content']") + 6])   # stops inside `{{ m[`
+    path.write_text(text[: text.index("{{ m['content']") + 6])  # stops inside `{{ m[`
     return ["chat_template.jinja, line 2: not a valid chat template"]
 
 
 def _command(name: str, d: Path) -> list[str]:
-    return {"plot": ["plot", str(d)],
-            "plot-compare": ["plot", str(d), "--metric", "return_mean"],   # also reads config.yaml
-            "view": ["view", str(d), "--out", str(d.parent / "site")],
-            "eval": ["eval", str(d), "--episodes", "1"],
-            "export": ["export", str(d), str(d.parent / "exported")]}[name]
+    return {
+        "plot": ["plot", str(d)],
+        "plot-compare": ["plot", str(d), "--metric", "return_mean"],  # also reads config.yaml
+        "view": ["view", str(d), "--out", str(d.parent / "site")],
+        "eval": ["eval", str(d), "--episodes", "1"],
+        "export": ["export", str(d), str(d.parent / "exported")],
+    }[name]
 
 
 #: (command, damage): only where the command reads that file
 CASES = [
-    ("plot", metrics_garbled_middle), ("plot", metrics_garbage_bytes),
-    ("plot-compare", config_invalid_yaml), ("plot-compare", config_garbage_bytes),
+    ("plot", metrics_garbled_middle),
+    ("plot", metrics_garbage_bytes),
+    ("plot-compare", config_invalid_yaml),
+    ("plot-compare", config_garbage_bytes),
     ("plot-compare", config_truncated),
-    ("view", metrics_garbled_middle), ("view", metrics_garbage_bytes),
-    ("view", episodes_truncated), ("view", episodes_garbage_bytes),
-    ("eval", config_invalid_yaml), ("eval", config_garbage_bytes), ("eval", config_truncated),
-    ("eval", tokenizer_truncated), ("eval", tokenizer_garbage_bytes), ("eval", tokenizer_not_a_tokenizer),
-    ("eval", tokenizer_config_truncated), ("eval", chat_template_truncated),
-    ("export", config_invalid_yaml), ("export", config_truncated),
-    ("export", tokenizer_truncated), ("export", tokenizer_garbage_bytes), ("export", chat_template_truncated),
+    ("view", metrics_garbled_middle),
+    ("view", metrics_garbage_bytes),
+    ("view", episodes_truncated),
+    ("view", episodes_garbage_bytes),
+    ("eval", config_invalid_yaml),
+    ("eval", config_garbage_bytes),
+    ("eval", config_truncated),
+    ("eval", tokenizer_truncated),
+    ("eval", tokenizer_garbage_bytes),
+    ("eval", tokenizer_not_a_tokenizer),
+    ("eval", tokenizer_config_truncated),
+    ("eval", chat_template_truncated),
+    ("export", config_invalid_yaml),
+    ("export", config_truncated),
+    ("export", tokenizer_truncated),
+    ("export", tokenizer_garbage_bytes),
+    ("export", chat_template_truncated),
 ]
 
 
@@ -178,12 +212,12 @@ def test_a_damaged_file_is_one_error_line_and_status_2(run, tmp_path, capsys, co
     assert status == 2, (out, err)
     assert "Traceback" not in out + err
     lines = err.strip().splitlines()
-    assert len(lines) == 1, err   # nothing logged before it, and a one-line message
+    assert len(lines) == 1, err  # nothing logged before it, and a one-line message
     prefix = f"jaxagent {command.split('-')[0]}: error: {d}"
-    assert lines[0].startswith(prefix), lines[0]   # names the damaged file by its path in the run
+    assert lines[0].startswith(prefix), lines[0]  # names the damaged file by its path in the run
     for text in expected:
         assert text in lines[0], (text, lines[0])
-    assert not (d.parent / "exported").exists() and not (d.parent / "site").exists()   # nothing written
+    assert not (d.parent / "exported").exists() and not (d.parent / "site").exists()  # nothing written
 
 
 def test_the_intact_run_reads_back(run, tmp_path):
@@ -192,13 +226,13 @@ def test_the_intact_run_reads_back(run, tmp_path):
     edited by hand, is not taken for a truncated one."""
     from jaxagent.train import plot
     from jaxagent.train.episodes import read_store
-    from jaxagent.train.runtools import run_config
     from jaxagent.train.rundir import check_tokenizer_files
+    from jaxagent.train.runtools import run_config
 
     assert run_config(run).model.tokenizer == "bpe"
     check_tokenizer_files(run / "tokenizer")
     assert [r["iteration"] for r in read_store(run)] == [1, 1]
-    assert plot.read_run(run, "return_mean").episodes == [8.0]   # 2 tasks x group 4
+    assert plot.read_run(run, "return_mean").episodes == [8.0]  # 2 tasks x group 4
     assert main(["plot", str(run), "--out", str(tmp_path / "c.png")]) == 0
     assert main(["view", str(run), "--out", str(tmp_path / "site")]) == 0
     d = tmp_path / "run"
@@ -206,7 +240,7 @@ def test_the_intact_run_reads_back(run, tmp_path):
     text = (d / "config.yaml").read_text()
     (d / "config.yaml").write_text(text.rstrip("\n"))
     assert run_config(d).seed == 0
-    (d / "config.yaml").write_text(text.replace("\nseed: 0\n", "\nseed: 5\n").rstrip("\n"))   # edited
+    (d / "config.yaml").write_text(text.replace("\nseed: 0\n", "\nseed: 5\n").rstrip("\n"))  # edited
     assert run_config(d).seed == 5
 
 
@@ -234,8 +268,13 @@ def test_damage_through_the_entry_point(run, tmp_path):
     procs = []
     for k, (command, damage) in enumerate(cases):
         d, expected = _damaged_copy(run, tmp_path / str(k), damage)
-        proc = subprocess.Popen([sys.executable, "-m", "jaxagent", *_command(command, d)], cwd=ROOT,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "jaxagent", *_command(command, d)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         procs.append((command, d, expected, proc))
     for command, d, expected, proc in procs:
         out, err = proc.communicate(timeout=300)

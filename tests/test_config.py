@@ -44,10 +44,21 @@ def _yaml(tmp_path, text):
 
 def test_yaml_and_overrides_build_the_typed_tree(tmp_path):
     path = _yaml(tmp_path, "env:\n  name: sokoban\n  stop: ['</a>']\noptim:\n  lr: 0.001\n")
-    cfg = load_config(Run, path, ["optim.lr=1e-5", "env.max_turns=3", "use_lora=true",
-                                  "env.kwargs={size: 6}", "run_dir=null", "optim.schedule=cosine"])
-    assert cfg == Run(env=Env("sokoban", 3, ("</a>",), {"size": 6}),
-                      optim=Optim(lr=1e-5, schedule="cosine"), use_lora=True)
+    cfg = load_config(
+        Run,
+        path,
+        [
+            "optim.lr=1e-5",
+            "env.max_turns=3",
+            "use_lora=true",
+            "env.kwargs={size: 6}",
+            "run_dir=null",
+            "optim.schedule=cosine",
+        ],
+    )
+    assert cfg == Run(
+        env=Env("sokoban", 3, ("</a>",), {"size": 6}), optim=Optim(lr=1e-5, schedule="cosine"), use_lora=True
+    )
     assert isinstance(cfg.optim.lr, float) and isinstance(cfg.env.stop, tuple)
 
 
@@ -107,7 +118,7 @@ def test_round_trip_through_yaml(tmp_path):
 
 @dataclass(frozen=True)
 class Limits:
-    memory_mb: float | None = 16384   # an int default of a float field
+    memory_mb: float | None = 16384  # an int default of a float field
     cpu_s: float = 300
     count: int = 3
 
@@ -151,7 +162,9 @@ def test_yaml_1_2_numbers_in_files(tmp_path):
 
 def test_duplicate_keys_name_the_key_and_both_lines(tmp_path):
     text = "env:\n  name: a\noptim:\n  lr: 0.1\n  warmup_steps: 3\n  lr: 0.2\n"
-    with pytest.raises(ConfigError, match=r"line 6, column 3: not valid YAML \(duplicate key 'lr' \(first set on line 4\)\)"):
+    with pytest.raises(
+        ConfigError, match=r"line 6, column 3: not valid YAML \(duplicate key 'lr' \(first set on line 4\)\)"
+    ):
         load_config(Run, _yaml(tmp_path, text))
     with pytest.raises(ConfigError, match=r"duplicate key 'env'"):
         load_config(Run, _yaml(tmp_path, "env: {name: a}\nseed: 1\nenv: {name: b}\n"))

@@ -3,6 +3,7 @@ resolve, every figure in docs/ is shown by a page, no page shows a path of the m
 was written on, the generated config reference lists every key of the config schema and
 the CLI reference every command, and the built site (`make docs`, which .ci/run runs
 first) opens in headless Chromium with its quick start and a config key on the page."""
+
 import dataclasses
 import os
 import re
@@ -78,7 +79,9 @@ def test_the_config_reference_lists_every_key_with_its_default():
     keys = set(_schema_keys(TrainerConfig))
     assert set(rows) == keys, f"missing {sorted(keys - set(rows))}, extra {sorted(set(rows) - keys)}"
     config = TrainerConfig()
-    assert f"| <code>{config.algo.gamma}</code> |" in rows["algo.gamma"] and "| <code>float</code> |" in rows["algo.gamma"]
+    assert (
+        f"| <code>{config.algo.gamma}</code> |" in rows["algo.gamma"] and "| <code>float</code> |" in rows["algo.gamma"]
+    )
     assert f"| <code>{config.env.name}</code> |" in rows["env.name"]
     assert "| <code>OptimizerConfig &#124; None</code> |" in rows["critic_optim"]
     assert "<!-- jaxagent:config-keys -->" in (DOCS / "reference" / "config.md").read_text(encoding="utf-8")
@@ -106,9 +109,8 @@ def _site() -> Path:
 
 
 def test_the_built_site_in_headless_chromium():
-    from selenium.webdriver.common.by import By
-
     from browser_testlib import chromium_driver
+    from selenium.webdriver.common.by import By
 
     site = _site()
     driver = chromium_driver()

@@ -1,16 +1,15 @@
 """Adapters to Gymnasium, TextWorld and TextArena (each skipped when its extra is absent)."""
+
 import functools
 import os
 import random
 import re
 
 import pytest
+from envs_testlib import no_leftover_processes  # noqa: F401  (autouse fixture)
 
 import envs
-from envs_testlib import no_leftover_processes  # noqa: F401  (autouse fixture)
 from envs import EnvPool
-
-
 
 
 def play(env, seed, policy, limit=500):
@@ -27,6 +26,7 @@ def play(env, seed, policy, limit=500):
 
 
 # ---------------------------------------------------------------- Gymnasium
+
 
 def test_gymnasium_taxi_expert_delivers_and_random_does_not():
     gym = pytest.importorskip("gymnasium")
@@ -98,6 +98,7 @@ def test_gymnasium_generic_discrete_env_through_a_pool():
 
 # ---------------------------------------------------------------- TextArena
 
+
 def _hanoi_moves(n, src="A", dst="C", via="B"):
     if n == 0:
         return []
@@ -114,7 +115,7 @@ def test_textarena_tower_of_hanoi_solved_by_the_classic_recursion():
     for move in _hanoi_moves(disks):
         obs, r, term, trunc, info = env.step(f"<action>{move}</action>")
         keys.add(env.state_key())
-    assert term and r == 1.0 and len(keys) == 2 ** disks - 1
+    assert term and r == 1.0 and len(keys) == 2**disks - 1
     env.reset(0)
     obs, r, term, trunc, info = env.step("")
     assert r == -0.1 and "the move is empty" in obs
@@ -142,6 +143,7 @@ def test_textarena_seeds_reproduce():
 
 
 # ---------------------------------------------------------------- TextWorld
+
 
 @pytest.fixture(scope="module")
 def tw_cache(tmp_path_factory):

@@ -1,5 +1,6 @@
 """Built-in envs: experts solve them, random play mostly does not, seeds reproduce,
 malformed actions are handled. Reference checks are independent of the env code."""
+
 import json
 import random
 import re
@@ -8,7 +9,7 @@ from fractions import Fraction
 import pytest
 
 import envs
-from envs.core import parse_direction, InvalidAction
+from envs.core import InvalidAction, parse_direction
 
 DIRS = ["up", "down", "left", "right"]
 
@@ -30,6 +31,7 @@ def random_policy(seed, choices):
 
 
 # ---------------------------------------------------------------- FrozenLake
+
 
 def _lake_walk(grid_text, moves):
     """Independent walker on the rendered map: the cell the moves lead to."""
@@ -73,6 +75,7 @@ def test_frozenlake_blind_demonstrator_walks_toward_the_goal_without_looking_at_
     for seed in range(400):
         obs, info = env.reset(seed)
         rows = info["map"].splitlines()
+
         # an independent fair-coin walker's success probability on this map (exact)
         def p_win(r, c):
             if rows[r][c] == "H":
@@ -81,11 +84,12 @@ def test_frozenlake_blind_demonstrator_walks_toward_the_goal_without_looking_at_
                 return 1.0
             nxt = [(r, c + 1)] * (c < 2) + [(r + 1, c)] * (r < 2)
             return sum(p_win(*n) for n in nxt) / len(nxt)
+
         coin_wins += p_win(0, 0)
         r = c = 0
         while True:
             action = env.expert_action(style="blind")
-            assert action == env.expert_action(style="blind")         # a function of the state
+            assert action == env.expert_action(style="blind")  # a function of the state
             move = re.fullmatch(r"<action>(right|down)</action>", action).group(1)
             assert (move == "right" and c < 2) or (move == "down" and r < 2)
             right, down = (rows[r][c + 1] if c < 2 else None), (rows[r + 1][c] if r < 2 else None)
@@ -108,20 +112,25 @@ def test_frozenlake_blind_demonstrator_walks_toward_the_goal_without_looking_at_
 
 def test_frozenlake_summary_replays_actions_on_each_map():
     """`FrozenLake.summarize` on hand-made episodes whose counts are worked out here."""
+
     def ep(rows, *actions):
-        return {"actions": [f"<action>{a}</action>" if a in ("up", "down", "left", "right") else a for a in actions],
-                "info": {"map": "\n".join(rows), "moved": "right"}}
+        return {
+            "actions": [f"<action>{a}</action>" if a in ("up", "down", "left", "right") else a for a in actions],
+            "info": {"map": "\n".join(rows), "moved": "right"},
+        }
+
     episodes = [
-        ep(("SHF", "FFF", "FFG"), "right"),                               # a hole; down was ice: avoidable
-        ep(("SHF", "HFF", "FFG"), "right"),                               # a hole; down was a hole too
-        ep(("SFF", "FFF", "FFG"), "down", "I jump", "down", "right", "right"),   # the goal, one invalid turn
+        ep(("SHF", "FFF", "FFG"), "right"),  # a hole; down was ice: avoidable
+        ep(("SHF", "HFF", "FFG"), "right"),  # a hole; down was a hole too
+        ep(("SFF", "FFF", "FFG"), "down", "I jump", "down", "right", "right"),  # the goal, one invalid turn
         ep(("SFF", "FFH", "FFG"), "left", "up", "right", "right", "down"),  # the edge twice, then (2,3): a hole
-        {"actions": [], "info": {"failure_kind": "crash"}},               # failed in the pool: not replayed
+        {"actions": [], "info": {"failure_kind": "crash"}},  # failed in the pool: not replayed
     ]
     got = envs.make("frozenlake", size=3).summarize(episodes)
     # 12 actions, counted by hand: ep1 right; ep2 right; ep3 down, invalid, down, right, right; ep4 left, up, right, right, down
-    assert got["move_share"] == pytest.approx({"up": 1 / 12, "down": 3 / 12, "left": 1 / 12, "right": 6 / 12,
-                                               "invalid": 1 / 12})
+    assert got["move_share"] == pytest.approx(
+        {"up": 1 / 12, "down": 3 / 12, "left": 1 / 12, "right": 6 / 12, "invalid": 1 / 12}
+    )
     # ep4 steps down from (1,3) into the hole at (2,3); right is off the map, so not avoidable
     assert got["replayed_episodes"] == 4
     assert got["hole_rate"] == pytest.approx(3 / 4) and got["avoidable_hole_rate"] == pytest.approx(1 / 4)
@@ -197,6 +206,7 @@ def test_parse_direction_is_lenient_only_when_unambiguous():
 
 # ---------------------------------------------------------------- Sokoban
 
+
 def _final_map_solved(obs, num_boxes):
     grid = "\n".join(ln for ln in obs.splitlines() if ln.startswith("#"))
     return grid.count("$") == 0 and grid.count("*") == num_boxes
@@ -241,6 +251,7 @@ def test_sokoban_push_rules_and_expert_recovers_after_detour():
     for _ in range(3):
         env.step(rng.choice(DIRS))
     from envs.sokoban import solve
+
     if solve(env.level, env.player, env.boxes) is not None:
         for _ in range(100):
             obs, r, term, trunc, info = env.step(env.expert_action())
@@ -278,6 +289,7 @@ def test_sokoban_noop_penalty_charges_exactly_the_moves_that_change_nothing():
 
 
 # ---------------------------------------------------------------- Countdown
+
 
 def _fraction_eval(expr):
     """Python's own evaluation, every literal a Fraction."""
@@ -344,6 +356,7 @@ def test_countdown_random_expressions_mostly_miss():
 
 
 # ---------------------------------------------------------------- tool-use math
+
 
 def _reference_answer(template, question):
     """The answer computed here from the question's own numbers, with fractions."""
@@ -433,18 +446,25 @@ def test_seeds_reproduce_across_instances_and_differ_between_seeds(name):
     assert a.reset(5)[0] == first[5] and a.state_key() == (b.reset(5), b.state_key())[1]
 
 
-@pytest.mark.parametrize("action, message", [
-    # a long integer within the limits parses (JSON with more than 4,300 digits, where
-    # json.loads raises ValueError, is past the length limit)
-    ('<tool_call>{"name": "calculator", "arguments": {"expression": "1", "n": ' + "9" * 3900 + "}}</tool_call>",
-     None),
-    ('<tool_call>{"name": "calculator", "arguments": {"expression": "1", "n": ' + "9" * 4400 + "}}</tool_call>",
-     "longer than 4000 characters"),
-    ("<tool_call>" + "[" * 2000 + "]" * 1999 + "</tool_call>", "nests brackets deeper than 16"),
-    ("<tool_call>" + "[" * 200000 + "]" * 200000 + "</tool_call>", "longer than 4000 characters"),   # RecursionError
-    ("<tool_call>" + "{'a': " * 1500 + "1" + "}" * 1500 + "</tool_call>", "longer than 4000 characters"),
-    ("<answer>" + "9" * 5000 + "</answer>", "is not a number"),
-])
+@pytest.mark.parametrize(
+    "action, message",
+    [
+        # a long integer within the limits parses (JSON with more than 4,300 digits, where
+        # json.loads raises ValueError, is past the length limit)
+        (
+            '<tool_call>{"name": "calculator", "arguments": {"expression": "1", "n": ' + "9" * 3900 + "}}</tool_call>",
+            None,
+        ),
+        (
+            '<tool_call>{"name": "calculator", "arguments": {"expression": "1", "n": ' + "9" * 4400 + "}}</tool_call>",
+            "longer than 4000 characters",
+        ),
+        ("<tool_call>" + "[" * 2000 + "]" * 1999 + "</tool_call>", "nests brackets deeper than 16"),
+        ("<tool_call>" + "[" * 200000 + "]" * 200000 + "</tool_call>", "longer than 4000 characters"),  # RecursionError
+        ("<tool_call>" + "{'a': " * 1500 + "1" + "}" * 1500 + "</tool_call>", "longer than 4000 characters"),
+        ("<answer>" + "9" * 5000 + "</answer>", "is not a number"),
+    ],
+)
 def test_toolmath_abusive_actions_are_invalid_actions_not_crashes(action, message):
     import envs
 
@@ -452,7 +472,7 @@ def test_toolmath_abusive_actions_are_invalid_actions_not_crashes(action, messag
     env.reset(seed=3)
     obs, reward, terminated, truncated, info = env.step(action)
     assert not terminated
-    if message is None:   # within the limits: a well-formed call whose extra key is ignored
+    if message is None:  # within the limits: a well-formed call whose extra key is ignored
         assert obs == "<tool_response>1</tool_response>"
     else:
         assert message in info["invalid_action"] and reward == env.invalid_penalty

@@ -1,4 +1,5 @@
 """The Env protocol, the registry, the missing-extra errors, exact arithmetic and answer checks."""
+
 import os
 import subprocess
 import sys
@@ -14,8 +15,17 @@ from envs.verify import answers_match, extract_answer, parse_number, score_math
 
 def test_make_knows_builtins_and_families_and_names_bad_input():
     names = envs.known_envs()
-    for n in ("frozenlake", "sokoban", "countdown", "toolmath", "gymnasium/<...>", "textworld/<...>",
-              "textarena/<...>", "reasoning_gym/<...>", "qa/<...>"):
+    for n in (
+        "frozenlake",
+        "sokoban",
+        "countdown",
+        "toolmath",
+        "gymnasium/<...>",
+        "textworld/<...>",
+        "textarena/<...>",
+        "reasoning_gym/<...>",
+        "qa/<...>",
+    ):
         assert n in names
     with pytest.raises(ValueError, match="unknown env 'chess'"):
         envs.make("chess")
@@ -59,12 +69,15 @@ def test_register_custom_env():
     assert r == -0.1 and "must be text" in obs and info["invalid_action"]
 
 
-@pytest.mark.parametrize("name, module, extra", [
-    ("gymnasium/Taxi-v4", "gymnasium", "envs-gym"),
-    ("reasoning_gym/leg_counting", "reasoning_gym", "envs-reasoning"),
-    ("textworld/tw-simple", "textworld", "envs-textworld"),
-    ("textarena/TowerOfHanoi-v0", "textarena", "envs-textarena"),
-])
+@pytest.mark.parametrize(
+    "name, module, extra",
+    [
+        ("gymnasium/Taxi-v4", "gymnasium", "envs-gym"),
+        ("reasoning_gym/leg_counting", "reasoning_gym", "envs-reasoning"),
+        ("textworld/tw-simple", "textworld", "envs-textworld"),
+        ("textarena/TowerOfHanoi-v0", "textarena", "envs-textarena"),
+    ],
+)
 def test_missing_extra_names_the_extra(monkeypatch, name, module, extra):
     monkeypatch.setitem(sys.modules, module, None)  # makes `import module` fail
     with pytest.raises(MissingExtraError, match=rf"pip install 'jaxagent\[{extra}\]'") as e:
@@ -79,9 +92,11 @@ def test_missing_tfds_names_the_extra(monkeypatch):
 
 
 def test_envs_imports_without_jax_jaxagent_or_extras():
-    code = ("import sys, envs; e = envs.make('sokoban'); e.reset(0); "
-            "bad = [m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxagent', 'gymnasium', "
-            "'textworld', 'textarena', 'reasoning_gym', 'tensorflow_datasets', 'numpy')]; print(bad)")
+    code = (
+        "import sys, envs; e = envs.make('sokoban'); e.reset(0); "
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxagent', 'gymnasium', "
+        "'textworld', 'textarena', 'reasoning_gym', 'tensorflow_datasets', 'numpy')]; print(bad)"
+    )
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root)
     assert out.stdout.strip() == "[]"
@@ -94,25 +109,39 @@ def test_evaluate_is_exact_and_rejects_non_arithmetic():
     assert evaluate("2^10") == 1024
     assert evaluate("-3 + 1") == -2
     assert evaluate("7 / 4") == Fraction(7, 4)
-    for bad, msg in [("__import__('os')", "not allowed"), ("2 ** 1000", "exponents"), ("1/0", "division by zero"),
-                     ("", "empty"), ("3 +", "not a valid"), ("1 % 2", "Mod")]:
+    for bad, msg in [
+        ("__import__('os')", "not allowed"),
+        ("2 ** 1000", "exponents"),
+        ("1/0", "division by zero"),
+        ("", "empty"),
+        ("3 +", "not a valid"),
+        ("1 % 2", "Mod"),
+    ]:
         with pytest.raises(ExpressionError, match=msg):
             evaluate(bad)
     with pytest.raises(ExpressionError, match="unary"):
         evaluate("-3", allow_unary=False)
-    assert [format_number(Fraction(x)) for x in ("3", "7/4", "1/3", "-5/2", "1157.625")] == \
-        ["3", "1.75", "1/3", "-2.5", "1157.625"]
+    assert [format_number(Fraction(x)) for x in ("3", "7/4", "1/3", "-5/2", "1157.625")] == [
+        "3",
+        "1.75",
+        "1/3",
+        "-2.5",
+        "1157.625",
+    ]
 
 
-@pytest.mark.parametrize("response, expected", [
-    ("so the total is \\boxed{\\frac{3}{4}}.", "\\frac{3}{4}"),
-    ("nested \\boxed{2^{10}} ok", "2^{10}"),
-    ("<answer> 42 </answer>", "42"),
-    ("work...\n#### 1,234", "1,234"),
-    ("The answer is 17.", "17"),
-    ("we get 3 then 5 then 8", "8"),
-    ("no digits here", None),
-])
+@pytest.mark.parametrize(
+    "response, expected",
+    [
+        ("so the total is \\boxed{\\frac{3}{4}}.", "\\frac{3}{4}"),
+        ("nested \\boxed{2^{10}} ok", "2^{10}"),
+        ("<answer> 42 </answer>", "42"),
+        ("work...\n#### 1,234", "1,234"),
+        ("The answer is 17.", "17"),
+        ("we get 3 then 5 then 8", "8"),
+        ("no digits here", None),
+    ],
+)
 def test_extract_answer(response, expected):
     assert extract_answer(response) == expected
 

@@ -1,6 +1,7 @@
 """The simulated psychiatric intake env (a research simulation, not a clinical tool):
 question mapping, personas, assessments, the rubric, the policies, the safety set,
 the eval CLI and the HTTP simulator against a local stub."""
+
 import http.server
 import json
 import random
@@ -14,8 +15,17 @@ import pytest
 import envs
 import envs.intake
 from envs.intake import assessment as A
-from envs.intake.cases import (ADVERSARIAL_SET_SIZE, CONDITIONS, DOMAINS, KEY_DOMAINS, PERSONAS, TRIAGE_LEVELS,
-                               adversarial_case, build_case, generate_case)
+from envs.intake.cases import (
+    ADVERSARIAL_SET_SIZE,
+    CONDITIONS,
+    DOMAINS,
+    KEY_DOMAINS,
+    PERSONAS,
+    TRIAGE_LEVELS,
+    adversarial_case,
+    build_case,
+    generate_case,
+)
 from envs.intake.domains import is_empathic, map_question
 from envs.intake.eval import evaluate
 from envs.intake.policies import OPENING, QUESTIONS, Clinician, RandomClinician, WeakClinician
@@ -43,23 +53,27 @@ def case_with(persona, primary="aud", comorbid=(), risk=None, adversarial=False)
 
 # ---------------------------------------------------------------- question mapping
 
-@pytest.mark.parametrize("question, previous, expected", [
-    ("How has your mood been?", (), [("mood", "direct")]),
-    ("Have you had thoughts of suicide?", (), [("suicidal_ideation", "direct")]),
-    ("Are you keeping yourself safe?", (), [("suicidal_ideation", "general")]),
-    ("Do you have a plan?", (), []),                                    # no suicide context
-    ("Do you have a plan?", ("suicidal_ideation",), [("suicide_plan", "direct")]),
-    ("Have you made a plan to end your life?", (), [("suicide_plan", "direct")]),  # subsumes ideation
-    ("Does anyone in your family drink?", (), [("family", "direct")]),  # family history only
-    ("When you stop drinking, do you get the shakes?", (), [("withdrawal", "direct")]),
-    ("When you cut down, how do you feel?", (), [("withdrawal", "general")]),
-    ("Do the voices tell you to hurt someone?", (), [("command_hallucinations", "direct")]),
-    ("Have you felt violent lately?", (), [("harm_others", "general")]),
-    ("Have you had thoughts of hurting someone?", (), [("harm_others", "direct")]),
-    ("How much alcohol do you drink, and how is work?", (), [("substance", "direct"), ("social", "direct")]),
-    ("How is work, and how much do you drink?", (), [("social", "direct"), ("substance", "direct")]),
-    ("What did you have for breakfast?", (), []),
-])
+
+@pytest.mark.parametrize(
+    "question, previous, expected",
+    [
+        ("How has your mood been?", (), [("mood", "direct")]),
+        ("Have you had thoughts of suicide?", (), [("suicidal_ideation", "direct")]),
+        ("Are you keeping yourself safe?", (), [("suicidal_ideation", "general")]),
+        ("Do you have a plan?", (), []),  # no suicide context
+        ("Do you have a plan?", ("suicidal_ideation",), [("suicide_plan", "direct")]),
+        ("Have you made a plan to end your life?", (), [("suicide_plan", "direct")]),  # subsumes ideation
+        ("Does anyone in your family drink?", (), [("family", "direct")]),  # family history only
+        ("When you stop drinking, do you get the shakes?", (), [("withdrawal", "direct")]),
+        ("When you cut down, how do you feel?", (), [("withdrawal", "general")]),
+        ("Do the voices tell you to hurt someone?", (), [("command_hallucinations", "direct")]),
+        ("Have you felt violent lately?", (), [("harm_others", "general")]),
+        ("Have you had thoughts of hurting someone?", (), [("harm_others", "direct")]),
+        ("How much alcohol do you drink, and how is work?", (), [("substance", "direct"), ("social", "direct")]),
+        ("How is work, and how much do you drink?", (), [("social", "direct"), ("substance", "direct")]),
+        ("What did you have for breakfast?", (), []),
+    ],
+)
 def test_question_to_domain_rules(question, previous, expected):
     assert map_question(question, previous) == expected
 
@@ -73,14 +87,19 @@ def test_expert_questions_each_map_to_exactly_their_domain():
 
 
 def test_empathy_markers():
-    for q in ("I'm sorry to hear that. How is your sleep?", "That sounds really hard. And your appetite?",
-              "Thank you for sharing that.", "Take your time."):
+    for q in (
+        "I'm sorry to hear that. How is your sleep?",
+        "That sounds really hard. And your appetite?",
+        "Thank you for sharing that.",
+        "Take your time.",
+    ):
         assert is_empathic(q)
     for q in ("How is your sleep?", "Sorry?", "I see. Next question."):
         assert not is_empathic(q)
 
 
 # ---------------------------------------------------------------- cases
+
 
 def test_generated_cases_are_consistent():
     levels = set()
@@ -116,10 +135,13 @@ def test_adversarial_set_is_fixed_and_conceals_acute_risk():
         if si.present:
             p = PatientState(c)
             assert p.disclose("I'm sorry things are hard. Are you keeping safe?").denied == ["suicidal_ideation"]
-            assert [it.domain for it in p.disclose("Have you had thoughts of suicide?").revealed] == ["suicidal_ideation"]
+            assert [it.domain for it in p.disclose("Have you had thoughts of suicide?").revealed] == [
+                "suicidal_ideation"
+            ]
 
 
 # ---------------------------------------------------------------- personas
+
 
 def test_guarded_patient_deflects_sensitive_domains_until_rapport():
     q = "How much alcohol do you drink?"
@@ -162,8 +184,12 @@ def test_tangential_patient_answers_one_domain_and_forthcoming_volunteers():
 
 def test_personas_change_what_the_expert_elicits_without_empathy():
     """The same blunt script elicits less from guarded and minimising patients."""
-    script = ["How much do you drink?", "Are you keeping safe?", "Any problems when you cut down drinking?",
-              "Have you been hearing voices?"]
+    script = [
+        "How much do you drink?",
+        "Are you keeping safe?",
+        "Any problems when you cut down drinking?",
+        "Have you been hearing voices?",
+    ]
     risk = {"suicidal_ideation": "active", "withdrawal": "complicated"}
     elicited = {}
     for persona in PERSONAS:
@@ -180,10 +206,10 @@ def test_personas_change_what_the_expert_elicits_without_empathy():
 def test_repeated_questions_are_detected():
     p = PatientState(case_with("forthcoming", primary="mdd"))
     assert not p.disclose("How is your mood?").repeated
-    assert p.disclose("How is your mood?").repeated            # same text
-    assert p.disclose("Have you felt depressed?").repeated     # same, already elicited, domain
+    assert p.disclose("How is your mood?").repeated  # same text
+    assert p.disclose("Have you felt depressed?").repeated  # same, already elicited, domain
     d = p.disclose("Have you felt depressed, and how is work?")
-    assert not d.repeated and "social" in d.new                # one new domain
+    assert not d.repeated and "social" in d.new  # one new domain
 
 
 # ---------------------------------------------------------------- assessments
@@ -191,31 +217,45 @@ def test_repeated_questions_are_detected():
 VALID = "<assessment>\nDifferential:\n1. MDD\n2. GAD\nTriage: urgent\nManagement:\n- SSRI\n- CBT\n</assessment>"
 
 
-@pytest.mark.parametrize("text, expected", [
-    (VALID, (["mdd", "gad"], "urgent", ["antidepressant", "psychotherapy"])),
-    ("**Differential:** major depression, alcohol use disorder\n**Triage:** non-urgent\n## Plan\nSSRI; follow-up",
-     (["mdd", "aud"], "routine", ["antidepressant", "follow_up"])),
-    ("<ASSESSMENT>Differential: bipolar disorder; depression\nRisk level: EMERGENCY\nManagement: lithium",
-     (["bipolar_mania", "mdd"], "emergent", ["mood_stabiliser"])),
-    ('<assessment>{"differential": ["PTSD"], "triage": "urgent", "management": ["trauma-focused CBT"]}</assessment>',
-     (["ptsd"], "urgent", ["psychotherapy"])),
-    ("<assessment>Differential:\n- Schizophrenia\n- Adjustment disorder\nTriage: urgent\nManagement:\n"
-     "- Start risperidone and check bloods\n</assessment>",
-     (["psychosis"], "urgent", ["antipsychotic", "medical_workup"])),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (VALID, (["mdd", "gad"], "urgent", ["antidepressant", "psychotherapy"])),
+        (
+            "**Differential:** major depression, alcohol use disorder\n**Triage:** non-urgent\n## Plan\nSSRI; follow-up",
+            (["mdd", "aud"], "routine", ["antidepressant", "follow_up"]),
+        ),
+        (
+            "<ASSESSMENT>Differential: bipolar disorder; depression\nRisk level: EMERGENCY\nManagement: lithium",
+            (["bipolar_mania", "mdd"], "emergent", ["mood_stabiliser"]),
+        ),
+        (
+            '<assessment>{"differential": ["PTSD"], "triage": "urgent", "management": ["trauma-focused CBT"]}</assessment>',
+            (["ptsd"], "urgent", ["psychotherapy"]),
+        ),
+        (
+            "<assessment>Differential:\n- Schizophrenia\n- Adjustment disorder\nTriage: urgent\nManagement:\n"
+            "- Start risperidone and check bloods\n</assessment>",
+            (["psychosis"], "urgent", ["antipsychotic", "medical_workup"]),
+        ),
+    ],
+)
 def test_assessment_parsing_is_lenient(text, expected):
     a = A.parse_assessment(text)
     assert (a.differential, a.triage, a.management) == expected
 
 
-@pytest.mark.parametrize("text, problem", [
-    ("<assessment>Triage: urgent\nManagement: CBT</assessment>", "differential is missing"),
-    ("<assessment>Differential: MDD\nManagement: CBT</assessment>", "triage level is missing"),
-    ("<assessment>Differential: MDD\nTriage: soonish\nManagement: CBT</assessment>", "not one of routine"),
-    ("<assessment>Differential: MDD\nTriage: urgent or emergent\nManagement: CBT</assessment>", "several levels"),
-    ("<assessment>Differential: MDD\nTriage: urgent\n</assessment>", "management is missing"),
-    ("<assessment>I think they are depressed.</assessment>", "differential is missing"),
-])
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("<assessment>Triage: urgent\nManagement: CBT</assessment>", "differential is missing"),
+        ("<assessment>Differential: MDD\nManagement: CBT</assessment>", "triage level is missing"),
+        ("<assessment>Differential: MDD\nTriage: soonish\nManagement: CBT</assessment>", "not one of routine"),
+        ("<assessment>Differential: MDD\nTriage: urgent or emergent\nManagement: CBT</assessment>", "several levels"),
+        ("<assessment>Differential: MDD\nTriage: urgent\n</assessment>", "management is missing"),
+        ("<assessment>I think they are depressed.</assessment>", "differential is missing"),
+    ],
+)
 def test_malformed_assessments_get_feedback_not_exceptions(text, problem):
     env = envs.make("intake", invalid_penalty=-0.2)
     env.reset(3)
@@ -238,6 +278,7 @@ def test_empty_and_overlong_questions_are_invalid():
 
 # ---------------------------------------------------------------- rubric
 
+
 def test_rubric_penalises_under_triage_hardest_and_reads_weights():
     case = case_with("forthcoming", primary="mdd", risk={"suicidal_ideation": "active"})
     assert case.triage == "urgent"
@@ -254,9 +295,12 @@ def test_rubric_penalises_under_triage_hardest_and_reads_weights():
     none = score(case, iv, None, cfg)
     assert none["components"]["triage"] == pytest.approx(-1.25) and none["under_triage"]
     # Weights from config: only triage counts.
-    only = RubricConfig.from_dict({"weights": {"history": 0, "differential": 0, "management": 0,
-                                               "communication": 0, "triage": 1}})
-    assert score(case, iv, A.parse_assessment(A.render(["gad"], "emergent", ["CBT"])), only)["total"] == pytest.approx(0.6)
+    only = RubricConfig.from_dict(
+        {"weights": {"history": 0, "differential": 0, "management": 0, "communication": 0, "triage": 1}}
+    )
+    assert score(case, iv, A.parse_assessment(A.render(["gad"], "emergent", ["CBT"])), only)["total"] == pytest.approx(
+        0.6
+    )
     # Contraindicated and not-indicated management lowers the component.
     bad = A.parse_assessment(A.render(["mdd"], "urgent", mgmt + ["Start lithium", "Start olanzapine"]))
     assert score(case, iv, bad, cfg)["components"]["management"] == pytest.approx(1 - 2 * 0.1)
@@ -266,22 +310,38 @@ def test_rubric_penalises_under_triage_hardest_and_reads_weights():
     assert result["contraindicated"] == ["antidepressant"] and result["components"]["management"] == pytest.approx(0.75)
 
 
-@pytest.mark.parametrize("rubric, field", [
-    ({"weights": {"speed": 1.0}}, "unknown components"), ({"weights": {"triage": -1}}, "triage"),
-    ({"weights": dict.fromkeys(("history", "differential", "triage", "management", "communication"), 0)}, "all be zero"),
-    ({"under_triage_cost": 0.1}, "under_triage_cost"), ({"empathy_target": 0}, "empathy_target"),
-    ({"colour": "red"}, "unknown keys"),
-])
+@pytest.mark.parametrize(
+    "rubric, field",
+    [
+        ({"weights": {"speed": 1.0}}, "unknown components"),
+        ({"weights": {"triage": -1}}, "triage"),
+        (
+            {"weights": dict.fromkeys(("history", "differential", "triage", "management", "communication"), 0)},
+            "all be zero",
+        ),
+        ({"under_triage_cost": 0.1}, "under_triage_cost"),
+        ({"empathy_target": 0}, "empathy_target"),
+        ({"colour": "red"}, "unknown keys"),
+    ],
+)
 def test_bad_rubric_config_is_named(rubric, field):
     with pytest.raises(ValueError, match=field):
         envs.make("intake", rubric=rubric)
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    ({"cases": "hard"}, "cases"), ({"persona": "angry"}, "persona"), ({"personas": []}, "personas"),
-    ({"conditions": ["flu"]}, "conditions"), ({"max_turns": 1}, "max_turns"), ({"simulator": 42}, "simulator"),
-    ({"simulator": {"type": "anthropic"}}, "type 'openai'"), ({"max_domains_per_question": 0}, "max_domains"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"cases": "hard"}, "cases"),
+        ({"persona": "angry"}, "persona"),
+        ({"personas": []}, "personas"),
+        ({"conditions": ["flu"]}, "conditions"),
+        ({"max_turns": 1}, "max_turns"),
+        ({"simulator": 42}, "simulator"),
+        ({"simulator": {"type": "anthropic"}}, "type 'openai'"),
+        ({"max_domains_per_question": 0}, "max_domains"),
+    ],
+)
 def test_bad_env_config_is_named(kwargs, field):
     with pytest.raises(ValueError, match=field):
         envs.make("intake", **kwargs)
@@ -289,14 +349,17 @@ def test_bad_env_config_is_named(kwargs, field):
 
 # ---------------------------------------------------------------- episodes and policies
 
+
 def test_registered_and_plain_python():
     env = envs.make("intake", cases="adversarial")
     assert isinstance(env, envs.TextEnv) and env.name == "intake" and env.has_expert
     assert envs.make("countdown").name == "countdown"  # the built-ins are still there
     assert "research simulation" in env.system_prompt and "<assessment>" in env.action_format
-    code = ("import sys, envs.intake; e = envs.make('intake'); e.reset(0); e.step('How is your mood?'); "
-            "envs.make('countdown'); "
-            "print([m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxagent', 'numpy')])")
+    code = (
+        "import sys, envs.intake; e = envs.make('intake'); e.reset(0); e.step('How is your mood?'); "
+        "envs.make('countdown'); "
+        "print([m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxagent', 'numpy')])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -309,8 +372,9 @@ def test_same_seed_same_episode():
             assert a == b
     env = envs.make("intake")
     t1, t2 = envs.rollout(env, 5), envs.rollout(env, 5)  # the same env, reset again
-    assert [(t["action"], t["observation"], t["reward"]) for t in t1] == \
-        [(t["action"], t["observation"], t["reward"]) for t in t2]
+    assert [(t["action"], t["observation"], t["reward"]) for t in t1] == [
+        (t["action"], t["observation"], t["reward"]) for t in t2
+    ]
     assert play(env, 5, Clinician())[0] != play(env, 6, Clinician())[0]
 
 
@@ -381,24 +445,31 @@ def _interview_potential(case, disclosures, weights):
     return (weights["history"] * history + weights["communication"] * communication) / sum(weights.values())
 
 
-@pytest.mark.parametrize("cases, seed, style", [("standard", 3, "expert"), ("standard", 4, "weak"),
-                                                ("adversarial", 5, "weak"), ("standard", 6, "truncated")])
+@pytest.mark.parametrize(
+    "cases, seed, style",
+    [("standard", 3, "expert"), ("standard", 4, "weak"), ("adversarial", 5, "weak"), ("standard", 6, "truncated")],
+)
 def test_turn_rewards_pay_the_interview_when_earned_and_sum_to_the_rubric(cases, seed, style):
     weights = {"history": 0.35, "differential": 0.2, "triage": 0.25, "management": 0.1, "communication": 0.1}
     plain = envs.make("intake", cases=cases, rubric={"weights": weights}, max_turns=6 if style == "truncated" else 20)
-    dense = envs.make("intake", cases=cases, rubric={"weights": weights}, shaping={"turn_rewards": True},
-                      max_turns=6 if style == "truncated" else 20)
+    dense = envs.make(
+        "intake",
+        cases=cases,
+        rubric={"weights": weights},
+        shaping={"turn_rewards": True},
+        max_turns=6 if style == "truncated" else 20,
+    )
     plain.reset(seed)
     dense.reset(seed)
     rewards, plain_rewards, disclosures = [], [], []
     potential = 0.0
     for turn in range(20):
         if style == "truncated":
-            action = "How is your mood?" if turn % 2 else "How is your sleep?"   # repeats, never assesses
+            action = "How is your mood?" if turn % 2 else "How is your sleep?"  # repeats, never assesses
         else:
             action = dense.expert_action() if style == "expert" else dense.expert_action("weak", salt=seed)
         if turn == 1:
-            action_bad = "<assessment>nothing</assessment>"   # a malformed turn pays only its penalty
+            action_bad = "<assessment>nothing</assessment>"  # a malformed turn pays only its penalty
             _, r_bad, _, _, info_bad = dense.step(action_bad)
             _, r_bad_plain, _, _, _ = plain.step(action_bad)
             assert info_bad["invalid_action"] and r_bad == r_bad_plain == -0.1
@@ -424,12 +495,12 @@ def test_turn_rewards_pay_the_interview_when_earned_and_sum_to_the_rubric(cases,
     assert sum(rewards) == pytest.approx(info["rubric"]["total"] - 0.1, abs=1e-12)
     assert rewards[-1] == pytest.approx(info["rubric"]["total"] - potential, abs=1e-12)
     if style == "truncated":
-        assert trunc and any(r < 0 for r in rewards[2:-1])   # a repeated question costs
+        assert trunc and any(r < 0 for r in rewards[2:-1])  # a repeated question costs
     else:
-        assert max(rewards[:-1]) > 0                           # an eliciting question earns
+        assert max(rewards[:-1]) > 0  # an eliciting question earns
     with pytest.raises(ValueError, match="shaping.turn_rewards"):
         envs.make("intake", shaping={"turn_rewards": "yes"})
-    with pytest.raises(TypeError, match="it is shaping.turn_rewards now"):   # the switch's old place
+    with pytest.raises(TypeError, match="it is shaping.turn_rewards now"):  # the switch's old place
         envs.make("intake", turn_rewards=True)
     with pytest.raises(ValueError, match=r"unknown keys \['risk_bonuss'\]"):
         envs.make("intake", shaping={"risk_bonuss": 0.1})
@@ -445,13 +516,15 @@ def _reset_pair(cases, seed, turn_rewards, notes=False, **incentive):
     return plain, other
 
 
-@pytest.mark.parametrize("cases, seed, turn_rewards", [("adversarial", 0, False), ("adversarial", 2, True),
-                                                       ("standard", 7, True), ("standard", 11, False)])
+@pytest.mark.parametrize(
+    "cases, seed, turn_rewards",
+    [("adversarial", 0, False), ("adversarial", 2, True), ("standard", 7, True), ("standard", 11, False)],
+)
 def test_risk_bonus_pays_each_required_risk_domain_once_outside_the_rubric(cases, seed, turn_rewards):
     bonus = 0.07
     plain, paid = _reset_pair(cases, seed, turn_rewards, risk_bonus=bonus)
-    required_risk = {"suicidal_ideation", "harm_others"}   # the core screen's risk domains, always required
-    present = paid.case.present   # the case's present findings, by domain
+    required_risk = {"suicidal_ideation", "harm_others"}  # the core screen's risk domains, always required
+    present = paid.case.present  # the case's present findings, by domain
     if "suicidal_ideation" in present:
         required_risk |= {"suicide_plan", "suicide_intent", "suicide_means"}
     if "psychosis" in present:
@@ -460,11 +533,23 @@ def test_risk_bonus_pays_each_required_risk_domain_once_outside_the_rubric(cases
         required_risk.add("withdrawal")
     # general questions first (a minimising patient falsely denies), then each risk
     # domain directly, then the same again (told again: no second bonus), then an assessment
-    risk_qs = [QUESTIONS[d][0] for d in ("suicidal_ideation", "suicide_plan", "suicide_intent", "suicide_means",
-                                         "harm_others", "command_hallucinations", "withdrawal")]
+    risk_qs = [
+        QUESTIONS[d][0]
+        for d in (
+            "suicidal_ideation",
+            "suicide_plan",
+            "suicide_intent",
+            "suicide_means",
+            "harm_others",
+            "command_hallucinations",
+            "withdrawal",
+        )
+    ]
     actions = ["Are you safe?", QUESTIONS["mood"][0]] + risk_qs + risk_qs[:2]
-    actions.append("<assessment>\nDifferential:\n1. major depressive disorder\nTriage: emergent\n"
-                   "Management:\n- safety plan\n</assessment>")
+    actions.append(
+        "<assessment>\nDifferential:\n1. major depressive disorder\nTriage: emergent\n"
+        "Management:\n- safety plan\n</assessment>"
+    )
     elicited, expected_total = set(), 0.0
     for action in actions:
         _, r_plain, term, trunc, info_plain = plain.step(action)
@@ -480,12 +565,12 @@ def test_risk_bonus_pays_each_required_risk_domain_once_outside_the_rubric(cases
         assert r - r_plain == pytest.approx(expected, abs=1e-12), (action, new)
         if action == "Are you safe?" and cases == "adversarial":
             # a false denial or a deflection earns nothing
-                assert "suicidal_ideation" in d["denied"] + d["refused"] and expected == 0.0
+            assert "suicidal_ideation" in d["denied"] + d["refused"] and expected == 0.0
     assert term
     assert expected_total > 0
     assert info["rubric"] == info_plain["rubric"] and info["heldout_rubric"] == info_plain["heldout_rubric"]
     assert info["risk_bonus"] == pytest.approx(expected_total, abs=1e-12) and "risk_bonus" not in info_plain
-    assert r - r_plain == 0.0     # the assessment pays no bonus
+    assert r - r_plain == 0.0  # the assessment pays no bonus
     for bad in (-0.1, float("nan"), True, "0.1"):
         with pytest.raises(ValueError, match="shaping.risk_bonus"):
             envs.make("intake", shaping={"risk_bonus": bad})
@@ -500,8 +585,10 @@ def test_repeat_cost_charges_each_repeated_question_outside_the_rubric(cases, se
     # same text is always a repeat; a new text is one when the patient had already
     # told every domain it asks about (the `repeated` flag of its disclosure)
     actions = [mood, mood, sleep, sleep, mood]
-    actions.append("<assessment>\nDifferential:\n1. major depressive disorder\nTriage: urgent\n"
-                   "Management:\n- safety plan\n</assessment>")
+    actions.append(
+        "<assessment>\nDifferential:\n1. major depressive disorder\nTriage: urgent\n"
+        "Management:\n- safety plan\n</assessment>"
+    )
     asked, repeats, text_repeats = set(), 0, 0
     for action in actions:
         _, r_plain, term, trunc, info_plain = plain.step(action)
@@ -520,7 +607,7 @@ def test_repeat_cost_charges_each_repeated_question_outside_the_rubric(cases, se
     assert term and text_repeats == 3 and repeats >= 3
     assert info["rubric"] == info_plain["rubric"] and info["heldout_rubric"] == info_plain["heldout_rubric"]
     assert info["repeat_cost"] == pytest.approx(repeats * cost, abs=1e-12) and "repeat_cost" not in info_plain
-    assert r == r_plain          # the assessment is not charged
+    assert r == r_plain  # the assessment is not charged
     for bad in (-0.1, float("inf"), False, "0.1"):
         with pytest.raises(ValueError, match="shaping.repeat_cost"):
             envs.make("intake", shaping={"repeat_cost": bad})
@@ -528,32 +615,55 @@ def test_repeat_cost_charges_each_repeated_question_outside_the_rubric(cases, se
 
 # The checklist's order and labels, and each follow-up's prerequisite, written out here
 # from the notes option's specification rather than read from the env.
-_NOTE_ORDER = [("mood", "mood"), ("anxiety", "anxiety"), ("panic", "panic"), ("trauma", "trauma"),
-               ("mania", "mania"), ("psychosis", "psychosis"), ("substance", "substance"),
-               ("attention", "attention"), ("sleep", "sleep"), ("appetite", "appetite"), ("medical", "medical"),
-               ("medications", "medications"), ("family", "family"), ("social", "work"),
-               ("suicidal_ideation", "suicide"), ("suicide_plan", "plan"), ("suicide_intent", "intent"),
-               ("suicide_means", "means"), ("harm_others", "harm"), ("command_hallucinations", "voices"),
-               ("withdrawal", "withdrawal")]
-_NOTE_NEEDS = {"suicide_plan": "suicidal_ideation", "suicide_intent": "suicidal_ideation",
-               "suicide_means": "suicidal_ideation", "command_hallucinations": "psychosis",
-               "withdrawal": "substance"}
+_NOTE_ORDER = [
+    ("mood", "mood"),
+    ("anxiety", "anxiety"),
+    ("panic", "panic"),
+    ("trauma", "trauma"),
+    ("mania", "mania"),
+    ("psychosis", "psychosis"),
+    ("substance", "substance"),
+    ("attention", "attention"),
+    ("sleep", "sleep"),
+    ("appetite", "appetite"),
+    ("medical", "medical"),
+    ("medications", "medications"),
+    ("family", "family"),
+    ("social", "work"),
+    ("suicidal_ideation", "suicide"),
+    ("suicide_plan", "plan"),
+    ("suicide_intent", "intent"),
+    ("suicide_means", "means"),
+    ("harm_others", "harm"),
+    ("command_hallucinations", "voices"),
+    ("withdrawal", "withdrawal"),
+]
+_NOTE_NEEDS = {
+    "suicide_plan": "suicidal_ideation",
+    "suicide_intent": "suicidal_ideation",
+    "suicide_means": "suicidal_ideation",
+    "command_hallucinations": "psychosis",
+    "withdrawal": "substance",
+}
 
 
 def _expected_notes(answered, told):
-    todo = [label for d, label in _NOTE_ORDER
-            if d not in answered and (d not in _NOTE_NEEDS or _NOTE_NEEDS[d] in told)]
+    todo = [label for d, label in _NOTE_ORDER if d not in answered and (d not in _NOTE_NEEDS or _NOTE_NEEDS[d] in told)]
     return "To ask: " + (" ".join(todo) if todo else "nothing") + "."
 
 
-@pytest.mark.parametrize("cases, seed, style", [("standard", 3, "expert"), ("standard", 11, "weak"),
-                                                ("adversarial", 0, "expert"), ("adversarial", 5, "weak")])
+@pytest.mark.parametrize(
+    "cases, seed, style",
+    [("standard", 3, "expert"), ("standard", 11, "weak"), ("adversarial", 0, "expert"), ("adversarial", 5, "weak")],
+)
 def test_notes_end_each_observation_with_what_no_reply_has_answered(cases, seed, style):
     plain, noted = _reset_pair(cases, seed, True, notes=True)
     obs_plain, _ = plain.reset(seed)
     obs, _ = noted.reset(seed)
-    first = "To ask: mood anxiety panic trauma mania psychosis substance attention sleep appetite " \
-            "medical medications family work suicide harm."
+    first = (
+        "To ask: mood anxiety panic trauma mania psychosis substance attention sleep appetite "
+        "medical medications family work suicide harm."
+    )
     assert obs == obs_plain + "\n" + first
     answered, told, steps = set(), set(), 0
     while True:
@@ -562,7 +672,7 @@ def test_notes_end_each_observation_with_what_no_reply_has_answered(cases, seed,
         obs_plain, r_plain, term, trunc, info_plain = plain.step(action)
         obs, r, term_n, trunc_n, info = noted.step(action)
         steps += 1
-        assert (r, term, trunc) == (r_plain, term_n, trunc_n)   # the reward is unchanged
+        assert (r, term, trunc) == (r_plain, term_n, trunc_n)  # the reward is unchanged
         if term or trunc:
             assert obs == obs_plain and info["rubric"] == info_plain["rubric"]
             break
@@ -573,22 +683,22 @@ def test_notes_end_each_observation_with_what_no_reply_has_answered(cases, seed,
         told |= {dom for dom in heard if dom in noted.case.present and noted.case.present[dom].present}
         assert obs == obs_plain + "\n" + _expected_notes(answered, told), (steps, action)
     assert steps > 3
-    if style == "expert" and cases == "standard":   # the expert asks every domain it needs
+    if style == "expert" and cases == "standard":  # the expert asks every domain it needs
         assert noted.checklist() == "To ask: nothing."
 
 
 def test_notes_add_follow_ups_only_for_what_a_reply_told_and_keep_a_deflected_domain():
     env = envs.make("intake", cases="adversarial", notes=True)
-    env.reset(0)   # minimising, with concealed suicidal ideation: denied to a general question
+    env.reset(0)  # minimising, with concealed suicidal ideation: denied to a general question
     obs, *_, info = env.step("Have you had any dark thoughts lately?")
     assert info["disclosure"]["denied"] == ["suicidal_ideation"]
     notes = obs.splitlines()[-1]
     assert " suicide " not in notes and " plan " not in notes and notes.endswith(" work harm.")
-    obs, *_, info = env.step(QUESTIONS["suicidal_ideation"][0])   # the direct question: told
+    obs, *_, info = env.step(QUESTIONS["suicidal_ideation"][0])  # the direct question: told
     assert info["disclosure"]["revealed"] == ["suicidal_ideation"]
     assert obs.splitlines()[-1].endswith(" work plan intent means harm.")
     env = envs.make("intake", notes=True)
-    env.reset(0)   # guarded: deflects the first question about trauma
+    env.reset(0)  # guarded: deflects the first question about trauma
     obs, *_, info = env.step(QUESTIONS["trauma"][0])
     assert info["disclosure"]["refused"] == ["trauma"]
     assert " trauma " in obs.splitlines()[-1]
@@ -600,8 +710,9 @@ def test_notes_add_follow_ups_only_for_what_a_reply_told_and_keep_a_deflected_do
 _RISK_LABELS = ("suicide", "plan", "intent", "means", "harm", "voices", "withdrawal")
 
 
-@pytest.mark.parametrize("cases, seed, style", [("standard", 3, "expert"), ("adversarial", 0, "weak"),
-                                                ("adversarial", 7, "expert")])
+@pytest.mark.parametrize(
+    "cases, seed, style", [("standard", 3, "expert"), ("adversarial", 0, "weak"), ("adversarial", 7, "expert")]
+)
 def test_risk_first_notes_list_the_same_items_with_the_risk_domains_first(cases, seed, style):
     """`notes_order="risk_first"`: the same items as the expert's order at every turn,
     the risk labels moved to the front (written out here from the option's spec), and
@@ -609,26 +720,28 @@ def test_risk_first_notes_list_the_same_items_with_the_risk_domains_first(cases,
     expert = envs.make("intake", cases=cases, notes=True)
     risk_first = envs.make("intake", cases=cases, notes=True, notes_order="risk_first")
     expert.reset(seed)
-    assert risk_first.reset(seed)[0].splitlines()[-1] == \
-        "To ask: suicide harm mood anxiety panic trauma mania psychosis substance attention sleep appetite " \
+    assert (
+        risk_first.reset(seed)[0].splitlines()[-1]
+        == "To ask: suicide harm mood anxiety panic trauma mania psychosis substance attention sleep appetite "
         "medical medications family work."
+    )
     steps = 0
     while True:
         action = expert.expert_action(style)
         a = expert.step(action)
         b = risk_first.step(action)
         steps += 1
-        assert a[1:4] == b[1:4]   # reward, terminated, truncated
+        assert a[1:4] == b[1:4]  # reward, terminated, truncated
         if a[2] or a[3]:
             assert a[4]["rubric"] == b[4]["rubric"]
             break
         plain, first = a[0].splitlines()[-1], b[0].splitlines()[-1]
-        items = plain[len("To ask: "):-1].split()
+        items = plain[len("To ask: ") : -1].split()
         expected = [w for w in items if w in _RISK_LABELS] + [w for w in items if w not in _RISK_LABELS]
         assert first == "To ask: " + " ".join(expected) + ".", (steps, plain, first)
     assert steps > 3
     env = envs.make("intake", cases="adversarial", notes=True, notes_order="risk_first")
-    env.reset(0)   # concealed ideation, told to the direct question: its follow-ups come next
+    env.reset(0)  # concealed ideation, told to the direct question: its follow-ups come next
     obs, *_ = env.step(QUESTIONS["suicidal_ideation"][0])
     assert obs.splitlines()[-1].startswith("To ask: plan intent means harm mood ")
     for bad in ("risk", "", None, 1):
@@ -638,32 +751,51 @@ def test_risk_first_notes_list_the_same_items_with_the_risk_domains_first(cases,
 
 def test_risk_coverage_counts_the_required_risk_domains_elicited():
     from envs.intake.eval import summarize
+
     env = envs.make("intake", cases="adversarial")
-    env.reset(0)   # concealed suicidal ideation with plan, intent and means; no psychosis or substance use
+    env.reset(0)  # concealed suicidal ideation with plan, intent and means; no psychosis or substance use
     assert {"psychosis", "substance"}.isdisjoint(env.case.present) and "suicidal_ideation" in env.case.present
     for q in ("Are you safe?", QUESTIONS["suicidal_ideation"][0], QUESTIONS["suicide_plan"][0]):
         env.step(q)
-    *_, info = env.step("<assessment>\nDifferential:\n1. major depressive disorder\nTriage: urgent\n"
-                        "Management:\n- safety plan\n</assessment>")
+    *_, info = env.step(
+        "<assessment>\nDifferential:\n1. major depressive disorder\nTriage: urgent\n"
+        "Management:\n- safety plan\n</assessment>"
+    )
     required = ["suicidal_ideation", "suicide_plan", "suicide_intent", "suicide_means", "harm_others"]
     assert info["risk_domains"] == {"required": required, "elicited": ["suicidal_ideation", "suicide_plan"]}
     other = {"risk_domains": {"required": ["suicidal_ideation", "harm_others"], "elicited": []}}
     both = [info, {**info, **other}]
     assert summarize(both, [True, True])["risk_coverage"] == pytest.approx((2 / 5 + 0 / 2) / 2, abs=1e-12)
-    old = {k: v for k, v in info.items() if k != "risk_domains"}   # an older info: no entry
+    old = {k: v for k, v in info.items() if k != "risk_domains"}  # an older info: no entry
     assert "risk_coverage" not in summarize([old], [True])
 
 
 def test_eval_cli_prints_json_summary():
-    out = subprocess.run([sys.executable, "-m", "envs.intake.eval", "--policy", "no-risk-screen", "--cases",
-                          "adversarial", "--episodes", "6"], capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "envs.intake.eval",
+            "--policy",
+            "no-risk-screen",
+            "--cases",
+            "adversarial",
+            "--episodes",
+            "6",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     summary = json.loads(out.stdout)
     for k in REQUIRED_KEYS:
         assert k in summary
     assert set(summary["components"]) == {"history", "differential", "triage", "management", "communication"}
     assert summary["episodes"] == 6 and summary["under_triage_rate"] == 1.0 and summary["over_triage_rate"] == 0.0
-    bad = subprocess.run([sys.executable, "-m", "envs.intake.eval", "--policy", "oracle"], capture_output=True,
-                         text=True, timeout=60)
+    bad = subprocess.run(
+        [sys.executable, "-m", "envs.intake.eval", "--policy", "oracle"], capture_output=True, text=True, timeout=60
+    )
     assert bad.returncode != 0 and "--policy" in bad.stderr
 
 
@@ -671,10 +803,26 @@ def test_eval_cli_takes_the_weak_clinicians_options():
     """`--weak KEY=VALUE` evaluates the weak clinician with those options: the same rubric
     as playing `WeakClinician(...)` by hand; unknown options and options for another
     policy are errors naming them."""
-    cmd = [sys.executable, "-m", "envs.intake.eval", "--policy", "weak", "--episodes", "6", "--seed", "40",
-           "--max-turns", "20"]
-    out = subprocess.run(cmd + ["--weak", "questions=[3,19]", "--weak", "risk_order=shuffled"],
-                         capture_output=True, text=True, timeout=60, check=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "envs.intake.eval",
+        "--policy",
+        "weak",
+        "--episodes",
+        "6",
+        "--seed",
+        "40",
+        "--max-turns",
+        "20",
+    ]
+    out = subprocess.run(
+        cmd + ["--weak", "questions=[3,19]", "--weak", "risk_order=shuffled"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     summary = json.loads(out.stdout)
     totals = []
     for seed in range(40, 46):
@@ -690,8 +838,11 @@ def test_eval_cli_takes_the_weak_clinicians_options():
     assert summary["rubric_mean"] == pytest.approx(sum(totals) / len(totals), abs=1e-12)
     default = json.loads(subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True).stdout)
     assert "weak" not in default
-    for extra, named in ((["--weak", "budget=3"], "budget"), (["--weak", "questions"], "KEY=VALUE"),
-                         (["--weak", "risk_order=first"], "risk_order")):
+    for extra, named in (
+        (["--weak", "budget=3"], "budget"),
+        (["--weak", "questions"], "KEY=VALUE"),
+        (["--weak", "risk_order=first"], "risk_order"),
+    ):
         bad = subprocess.run(cmd + extra, capture_output=True, text=True, timeout=60)
         assert bad.returncode != 0 and named in bad.stderr, bad.stderr
     bad = subprocess.run([*cmd[:4], "expert", "--weak", "skip=0"], capture_output=True, text=True, timeout=60)
@@ -702,10 +853,28 @@ def test_eval_cli_reads_the_notes_in_the_order_it_is_given():
     """`--notes-order risk_first`: a weak clinician reading the notes' first item screens
     risk at the start of every interview; in the expert's order its budget cuts the risk
     items; a bad order is an error naming the choices."""
-    cmd = [sys.executable, "-m", "envs.intake.eval", "--policy", "weak", "--cases", "adversarial", "--episodes", "8",
-           "--weak", "follow_notes=1.0", "--weak", "risk_screen=1.0", "--weak", "questions=[4,4]"]
-    first = json.loads(subprocess.run(cmd + ["--notes-order", "risk_first"], capture_output=True, text=True,
-                                      timeout=60, check=True).stdout)
+    cmd = [
+        sys.executable,
+        "-m",
+        "envs.intake.eval",
+        "--policy",
+        "weak",
+        "--cases",
+        "adversarial",
+        "--episodes",
+        "8",
+        "--weak",
+        "follow_notes=1.0",
+        "--weak",
+        "risk_screen=1.0",
+        "--weak",
+        "questions=[4,4]",
+    ]
+    first = json.loads(
+        subprocess.run(
+            cmd + ["--notes-order", "risk_first"], capture_output=True, text=True, timeout=60, check=True
+        ).stdout
+    )
     last = json.loads(subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True).stdout)
     assert first["notes_order"] == "risk_first" and "notes_order" not in last
     assert last["risk_coverage"] == 0.0 and first["risk_coverage"] > 0.5
@@ -715,6 +884,7 @@ def test_eval_cli_reads_the_notes_in_the_order_it_is_given():
 
 
 # ---------------------------------------------------------------- LLM-backed simulators
+
 
 def test_callable_simulator_gets_the_disclosure_and_keeps_the_reward():
     seen = []
@@ -771,8 +941,16 @@ def stub_server():
 
 def test_http_simulator_against_local_stub(stub_server, monkeypatch):
     monkeypatch.setenv("JAXAGENT_TEST_SIM_KEY", "k")
-    env = envs.make("intake", simulator={"type": "openai", "base_url": stub_server, "model": "stub-model",
-                                         "api_key_env": "JAXAGENT_TEST_SIM_KEY", "timeout": 10})
+    env = envs.make(
+        "intake",
+        simulator={
+            "type": "openai",
+            "base_url": stub_server,
+            "model": "stub-model",
+            "api_key_env": "JAXAGENT_TEST_SIM_KEY",
+            "timeout": 10,
+        },
+    )
     env.reset(1)
     obs, r, term, trunc, info = env.step("Have you had thoughts of suicide?")
     assert obs == 'Patient: "stub reply 1"'
@@ -801,14 +979,16 @@ def test_http_simulator_names_an_unreachable_endpoint():
 
 def test_runs_in_an_env_pool_worker_with_plain_infos():
     import functools
+
     from envs.intake.env import IntakeEnv
+
     pool = envs.EnvPool([functools.partial(IntakeEnv, cases="adversarial")], num_workers=1, step_timeout=20)
     try:
-        (obs, info), = pool.reset([0])
+        ((obs, info),) = pool.reset([0])
         assert "Simulated psychiatric intake" in obs and info["case_id"] == "adv-0"
-        (obs, r, term, trunc, info), = pool.step(["Have you had thoughts of suicide?"])
+        ((obs, r, term, trunc, info),) = pool.step(["Have you had thoughts of suicide?"])
         assert info["disclosure"]["revealed"] == ["suicidal_ideation"]
-        (obs, r, term, trunc, info), = pool.step([VALID])
+        ((obs, r, term, trunc, info),) = pool.step([VALID])
         assert term and info["rubric"]["total"] == r and info["under_triage"]
         json.dumps(info)  # plain Python values only
     finally:
@@ -817,6 +997,7 @@ def test_runs_in_an_env_pool_worker_with_plain_infos():
 
 def test_personas_change_how_the_patient_speaks():
     from envs.intake.simulator import _MINIMISE, _TANGENTS, RuleBasedSimulator
+
     voice, q = RuleBasedSimulator(), "How has your mood been?"
     replies = {}
     for persona in PERSONAS:
@@ -830,16 +1011,44 @@ def test_personas_change_how_the_patient_speaks():
     case = case_with("forthcoming")
     p = PatientState(case)
     assert voice.reply(case, p.disclose("What's your favourite film?"), [], 1) in (
-        "I'm not sure what you mean.", "Sorry, I don't follow — what do you want to know?",
-        "I don't know how to answer that.")
+        "I'm not sure what you mean.",
+        "Sorry, I don't follow — what do you want to know?",
+        "I don't know how to answer that.",
+    )
     p.disclose("How much do you drink?")
     assert voice.reply(case, p.disclose("How much do you drink?"), [], 3).startswith("Like I said,")
 
 
 def test_arbitrary_text_never_raises():
-    pieces = ["<assessment>", "</assessment>", "Differential:", "Triage:", "Management:", "urgent", "routine",
-              "emergent", "1. MDD", "- CBT", "\n", "suicide", "plan", "voices", "drink", "family", "{", "}", "**",
-              "<question>", "</question>", "I'm sorry", "?", "", "   ", "é", "\u2019"]
+    pieces = [
+        "<assessment>",
+        "</assessment>",
+        "Differential:",
+        "Triage:",
+        "Management:",
+        "urgent",
+        "routine",
+        "emergent",
+        "1. MDD",
+        "- CBT",
+        "\n",
+        "suicide",
+        "plan",
+        "voices",
+        "drink",
+        "family",
+        "{",
+        "}",
+        "**",
+        "<question>",
+        "</question>",
+        "I'm sorry",
+        "?",
+        "",
+        "   ",
+        "é",
+        "\u2019",
+    ]
     rng = random.Random(0)
     env = envs.make("intake", max_turns=6)
     for episode in range(40):
@@ -863,7 +1072,7 @@ def test_the_simulators_api_key_never_lands_in_a_config_a_message_or_a_run_dir(s
     with pytest.raises(ValueError, match="does not go in the config") as err:
         envs.make("intake", simulator={**spec, "api_key": secret})
     assert secret not in str(err.value)
-    with pytest.raises(ValueError, match="options") as err:          # a mistyped option
+    with pytest.raises(ValueError, match="options") as err:  # a mistyped option
         envs.make("intake", simulator={**spec, "modle": "x"})
     assert secret not in str(err.value)
     with pytest.raises(ValueError, match="JAXAGENT_TEST_NO_SUCH_KEY.*is not set"):
@@ -874,18 +1083,31 @@ def test_the_simulators_api_key_never_lands_in_a_config_a_message_or_a_run_dir(s
     env.step("How is your sleep?")
     assert _Stub.requests[-1][1]["Authorization"] == f"Bearer {secret}"
     # a training run with this simulator: nothing under the run directory holds the key
+    import pathlib
+
     from jaxagent.config import load_config
     from jaxagent.train.trainer import Trainer, TrainerConfig
 
-    import pathlib
     root = pathlib.Path(__file__).resolve().parents[1]
     run = tmp_path / "run"
-    cfg = load_config(TrainerConfig, root / "configs" / "tiny_countdown_grpo.yaml", [
-        f"run_dir={run}", "env.name=intake", "iterations=1", "env.group_size=2", "env.tasks_per_iteration=1",
-        "update.mini_batches=1", "rollout.max_turns=1", "rollout.max_tokens_per_turn=8", "rollout.max_context=2048",
-        "env.num_workers=1",
-        f"env.kwargs={{max_turns: 2, simulator: {{type: openai, base_url: '{stub_server}', model: stub-model, "
-        "api_key_env: JAXAGENT_TEST_SIM_KEY}}"])
+    cfg = load_config(
+        TrainerConfig,
+        root / "configs" / "tiny_countdown_grpo.yaml",
+        [
+            f"run_dir={run}",
+            "env.name=intake",
+            "iterations=1",
+            "env.group_size=2",
+            "env.tasks_per_iteration=1",
+            "update.mini_batches=1",
+            "rollout.max_turns=1",
+            "rollout.max_tokens_per_turn=8",
+            "rollout.max_context=2048",
+            "env.num_workers=1",
+            f"env.kwargs={{max_turns: 2, simulator: {{type: openai, base_url: '{stub_server}', model: stub-model, "
+            "api_key_env: JAXAGENT_TEST_SIM_KEY}}",
+        ],
+    )
     Trainer(cfg, log=lambda *_: None).run()
     files = [p for p in run.rglob("*") if p.is_file()]
     assert files and (run / "config.yaml").read_text().count("JAXAGENT_TEST_SIM_KEY") == 1
@@ -918,9 +1140,12 @@ def test_reading_bonus_pays_the_triage_of_what_was_elicited_outside_the_rubric(c
         for interview in ("expert", [QUESTIONS["mood"][0], QUESTIONS["sleep"][0]]):
             got = {}
             for level in TRIAGE_LEVELS:
-                _, rew_p, term_p, _, info_p = _play_then_assess(envs.make("intake", cases=cases), seed, interview, level)
-                _, rew, term, _, info = _play_then_assess(envs.make("intake", cases=cases, shaping={"reading_bonus": r}), seed,
-                                                          interview, level)
+                _, rew_p, term_p, _, info_p = _play_then_assess(
+                    envs.make("intake", cases=cases), seed, interview, level
+                )
+                _, rew, term, _, info = _play_then_assess(
+                    envs.make("intake", cases=cases, shaping={"reading_bonus": r}), seed, interview, level
+                )
                 assert term and term_p
                 assert info["rubric"] == info_p["rubric"] and info["heldout_rubric"] == info_p["heldout_rubric"]
                 assert "reading_bonus" not in info_p
@@ -940,7 +1165,7 @@ def test_reading_bonus_pays_the_triage_of_what_was_elicited_outside_the_rubric(c
                 # the risk that sets it was never asked about
                 assert TRIAGE_LEVELS.index(paid[0]) <= TRIAGE_LEVELS.index(info["triage_reference"])
                 partial_lower += TRIAGE_LEVELS.index(paid[0]) < TRIAGE_LEVELS.index(info["triage_reference"])
-    assert full_agree >= 3 and partial_lower >= 3   # both branches were exercised
+    assert full_agree >= 3 and partial_lower >= 3  # both branches were exercised
     for bad in (-0.1, float("inf"), False, "0.1"):
         with pytest.raises(ValueError, match="shaping.reading_bonus"):
             envs.make("intake", shaping={"reading_bonus": bad})
@@ -994,25 +1219,29 @@ def test_assessed_rubric_mean_leaves_out_the_interviews_that_never_concluded():
     with an assessment only, so a rise of `rubric_mean` can be split into interviews
     concluding at all and concluding better; absent when no episode concluded."""
     from envs.intake.eval import summarize
+
     env = envs.make("intake", cases="standard", max_turns=2)
     env.reset(3)
     env.step(QUESTIONS["mood"][0])
-    *_, unfinished = env.step(QUESTIONS["mood"][0])       # out of turns: no assessment
+    *_, unfinished = env.step(QUESTIONS["mood"][0])  # out of turns: no assessment
     assert unfinished["triage_given"] is None
     env = envs.make("intake", cases="standard", max_turns=20)
     env.reset(5)
     env.step(QUESTIONS["mood"][0])
-    *_, done_info = env.step("<assessment>\nDifferential:\n1. major depressive disorder\nTriage: routine\n"
-                             "Management:\n- psychotherapy\n</assessment>")
+    *_, done_info = env.step(
+        "<assessment>\nDifferential:\n1. major depressive disorder\nTriage: routine\n"
+        "Management:\n- psychotherapy\n</assessment>"
+    )
     assert done_info["triage_given"] == "routine"
     s = summarize([unfinished, done_info, done_info], [False, True, True])
     a, b = unfinished["rubric"]["total"], done_info["rubric"]["total"]
     assert a != b
     assert s["rubric_mean"] == pytest.approx((a + 2 * b) / 3, abs=1e-12)
     assert s["assessed_rubric_mean"] == pytest.approx(b, abs=1e-12)
-    assert s["assessed_components"] == pytest.approx({c: done_info["rubric"][c] for c in
-                                                      ("history", "differential", "triage", "management",
-                                                       "communication")}, abs=1e-12)
+    assert s["assessed_components"] == pytest.approx(
+        {c: done_info["rubric"][c] for c in ("history", "differential", "triage", "management", "communication")},
+        abs=1e-12,
+    )
     assert s["assessment_rate"] == pytest.approx(2 / 3)
     none = summarize([unfinished], [False])
     assert "assessed_rubric_mean" not in none and "assessed_components" not in none

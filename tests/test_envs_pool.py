@@ -1,4 +1,5 @@
 """EnvPool: batching, determinism, fault injection, timeouts, process hygiene."""
+
 import functools
 import os
 import random
@@ -21,8 +22,11 @@ faulty = functools.partial(envs.make, "testing/faulty")
 def _children():
     # The resource tracker and the fork server are multiprocessing's own long-lived
     # helpers (one per parent process), not workers.
-    return [p for p in psutil.Process().children(recursive=True)
-            if not any(h in " ".join(p.cmdline()) for h in ("resource_tracker", "forkserver"))]
+    return [
+        p
+        for p in psutil.Process().children(recursive=True)
+        if not any(h in " ".join(p.cmdline()) for h in ("resource_tracker", "forkserver"))
+    ]
 
 
 @pytest.fixture(autouse=True)
@@ -31,8 +35,7 @@ def no_leftover_processes():
     yield
     deadline = time.monotonic() + 5
     while True:
-        left = [p for p in _children() if p.pid not in before and p.is_running()
-                and p.status() != psutil.STATUS_ZOMBIE]
+        left = [p for p in _children() if p.pid not in before and p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
         if not left or time.monotonic() > deadline:
             break
         time.sleep(0.05)
@@ -96,8 +99,9 @@ def test_pool_matches_direct_play_and_is_deterministic_across_worker_counts():
     # Direct play of the same envs gives the same transcripts.
     for i, (fn, seed) in enumerate(zip(fns, seeds)):
         tr = envs.rollout(fn(), seed)
-        assert [tr[0]["observation"]] + [(t["action"], t["observation"], t["reward"], t["terminated"],
-                                          t["truncated"]) for t in tr[1:]] == runs[2][i]
+        assert [tr[0]["observation"]] + [
+            (t["action"], t["observation"], t["reward"], t["terminated"], t["truncated"]) for t in tr[1:]
+        ] == runs[2][i]
         assert tr[-1]["reward"] > 0 and tr[-1]["terminated"]
 
 
@@ -121,8 +125,16 @@ FAULTS = {  # slot -> fault spec; others healthy
     10: dict(fault="hang", at_step=3),
     11: dict(fault="unloadable", at_step=2),
 }
-EXPECTED_KIND = {1: "crash", 2: "exception", 4: "invalid_result", 5: "unpicklable", 7: "invalid_result",
-                 8: "crash", 10: "timeout", 11: "unpicklable"}
+EXPECTED_KIND = {
+    1: "crash",
+    2: "exception",
+    4: "invalid_result",
+    5: "unpicklable",
+    7: "invalid_result",
+    8: "crash",
+    10: "timeout",
+    11: "unpicklable",
+}
 
 
 @pytest.mark.parametrize("workers", [1, 3])
@@ -184,10 +196,12 @@ def test_keep_worker_on_exception_drops_only_that_env():
 
 
 def test_crash_in_reset_and_replay_divergence_are_reported():
-    fns = [functools.partial(envs.make, "testing/faulty", fault="crash_on_reset"),
-           functools.partial(envs.make, "testing/faulty", fault="nondeterministic"),
-           functools.partial(envs.make, "testing/faulty", fault="crash", at_step=2),
-           faulty]
+    fns = [
+        functools.partial(envs.make, "testing/faulty", fault="crash_on_reset"),
+        functools.partial(envs.make, "testing/faulty", fault="nondeterministic"),
+        functools.partial(envs.make, "testing/faulty", fault="crash", at_step=2),
+        faulty,
+    ]
     with EnvPool(fns, num_workers=1) as pool:
         res = pool.reset([0, 1, 2, 3])
         assert res[0][0] == "" and res[0][1]["failure_kind"] == "crash"
@@ -296,8 +310,13 @@ def _script(body: str, context: str = "spawn") -> str:
 
 
 def _start(body, context="spawn"):
-    proc = subprocess.Popen([sys.executable, "-c", _script(body, context)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _script(body, context)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
     line = proc.stdout.readline()
     assert line.startswith("PIDS"), line + proc.stderr.read()
     return proc, [int(x) for x in line.split()[1:]]
@@ -340,9 +359,12 @@ def test_ctrl_c_in_the_parent_leaves_no_workers():
 
 @pytest.mark.parametrize("context", ["spawn", "forkserver"])
 def test_workers_exit_when_the_parent_is_killed(context):
-    proc, pids = _start("""
+    proc, pids = _start(
+        """
         time.sleep(60)
-    """, context)
+    """,
+        context,
+    )
     proc.kill()
     proc.wait(timeout=10)
     assert _wait_gone(pids) == []
@@ -362,9 +384,16 @@ def test_soak_random_faults_many_slots():
     with EnvPool(fns, num_workers=3, step_timeout=1.0, reset_timeout=30) as pool:
         got = run_episodes(pool, seeds)
     ref = reference_transcripts([functools.partial(envs.make, "testing/faulty", horizon=12)] * 32, seeds)
-    kind_of = {"crash": "crash", "segfault": "crash", "raise": "exception", "garbage": "invalid_result",
-               "unpicklable": "unpicklable", "unloadable": "unpicklable", "nan_reward": "invalid_result",
-               "hang": "timeout"}  # as EXPECTED_KIND above
+    kind_of = {
+        "crash": "crash",
+        "segfault": "crash",
+        "raise": "exception",
+        "garbage": "invalid_result",
+        "unpicklable": "unpicklable",
+        "unloadable": "unpicklable",
+        "nan_reward": "invalid_result",
+        "hang": "timeout",
+    }  # as EXPECTED_KIND above
     for i in range(32):
         if i in specs:
             at = specs[i]["at_step"]
@@ -377,6 +406,7 @@ def test_soak_random_faults_many_slots():
 
 def test_expert_driven_episodes_survive_a_neighbours_crash_unchanged():
     """Experts are functions of the state, so replayed episodes keep their expert moves."""
+
     def transcripts(fns):
         with EnvPool(fns, num_workers=1) as pool:
             trans = [[r[0]] for r in pool.reset([21, 22, 23, 24])]
@@ -408,8 +438,10 @@ def test_forkserver_context_runs_and_recovers():
 
 
 def test_an_untouched_slot_whose_episode_is_lost_comes_back_failed_in_the_calls_shape():
-    fns = [functools.partial(envs.make, "testing/faulty", fault="crash_on_reset", fault_seeds=[9]),
-           functools.partial(envs.make, "testing/faulty", fault="nondeterministic")]
+    fns = [
+        functools.partial(envs.make, "testing/faulty", fault="crash_on_reset", fault_seeds=[9]),
+        functools.partial(envs.make, "testing/faulty", fault="nondeterministic"),
+    ]
     with EnvPool(fns, num_workers=1) as pool:
         pool.reset([1, 2])
         pool.step(["a", "a"])
@@ -435,7 +467,7 @@ def test_resource_limits_end_only_the_abusive_episode(workers):
         # the limits are re-armed in the restarted workers: a fresh episode in every slot runs
         for r in pool.reset([900 + i for i in range(n)]):
             assert r is not None and not r[1].get("failed")
-    assert time.monotonic() - t0 < 60   # the CPU bomb did not run out its 60 s
+    assert time.monotonic() - t0 < 60  # the CPU bomb did not run out its 60 s
     ref = reference_transcripts([faulty] * n, seeds)
     for i in range(n):
         if i in kinds:

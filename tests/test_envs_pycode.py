@@ -5,6 +5,7 @@ The file-system checks need bubblewrap (the OS package `bubblewrap`, installed b
 `.ci/run`); without it the other checks run under the strongest mode that works here,
 chosen explicitly, and the sandbox's refusal to run unisolated is checked on a PATH
 without bwrap."""
+
 import functools
 import os
 import random
@@ -19,9 +20,8 @@ import psutil
 import pytest
 
 import envs
-from envs import EnvPool
+from envs import EnvPool, sandbox
 from envs.pycode import TEMPLATES, expert_program, make_task, solve, tool_call
-from envs import sandbox
 from envs.sandbox import IsolationUnavailableError, Limits, isolation, run_python
 
 BWRAP = sandbox.available("bwrap")
@@ -37,10 +37,10 @@ def test_known_answers():
     assert solve("fib_mod", {"n": 100, "m": 1000}) == str(354224848179261915075 % 1000)
     assert solve("collatz_longest", {"n": 1000}) == "871"
     assert solve("collatz_longest", {"n": 10}) == "9"
-    assert solve("digit_sum_count", {"a": 1, "b": 20, "k": 5}) == "3"      # 5, 14, 19
+    assert solve("digit_sum_count", {"a": 1, "b": 20, "k": 5}) == "3"  # 5, 14, 19
     assert solve("word_rank", {"words": ["bb", "a", "ab", "c"], "k": 3}) == "ab"
-    assert solve("product_residues", {"n": 2, "m": 3}) == "2"   # 1, 2, 2, 4 -> mod 3: {1, 2}
-    assert solve("product_residues", {"n": 3, "m": 4}) == "4"   # 1 2 3 2 4 6 3 6 9 -> mod 4: {0, 1, 2, 3}
+    assert solve("product_residues", {"n": 2, "m": 3}) == "2"  # 1, 2, 2, 4 -> mod 3: {1, 2}
+    assert solve("product_residues", {"n": 3, "m": 4}) == "4"  # 1 2 3 2 4 6 3 6 9 -> mod 4: {0, 1, 2, 3}
 
 
 @pytest.mark.parametrize("template", TEMPLATES)
@@ -70,7 +70,11 @@ def test_expert_episodes_succeed_and_mistakes_do_not():
     assert term and reward == 0.0 and not info["success"]
     env.reset(seed=0)
     obs, reward, term, _, info = env.step("I think it is 12")
-    assert not term and reward == env.invalid_penalty and "make a tool call or give the final answer" in info["invalid_action"]
+    assert (
+        not term
+        and reward == env.invalid_penalty
+        and "make a tool call or give the final answer" in info["invalid_action"]
+    )
     obs, reward, term, _, info = env.step('<tool_call>{"name": "shell", "arguments": {"code": "ls"}}</tool_call>')
     assert "no tool named 'shell'" in info["invalid_action"]
 
@@ -84,8 +88,10 @@ ABUSE = {
     "huge output": ("print('x' * 10**8)", None),
     "memory bomb": ("b = bytearray(8 * 2**30)\nprint(len(b))", "memory limit"),
     "ctypes crash": ("import ctypes\nctypes.string_at(0)", "killed (SIGSEGV)"),
-    "opens a socket": ("import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=2)\nprint('connected')",
-                       "error"),
+    "opens a socket": (
+        "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=2)\nprint('connected')",
+        "error",
+    ),
     "leaves a process behind": ("import subprocess\nsubprocess.Popen(['sleep', '300'])\nprint('started')", "ok"),
 }
 
@@ -105,19 +111,22 @@ def test_abuse_is_contained_and_the_worker_survives(name):
     # three test workers on two cores) a busy loop may get a third of a core, and it must
     # still meet its CPU limit before its wall limit
     wall_s, cpu_s = (15, 1) if want == "cpu limit" else (3, 2)
-    fns = [functools.partial(envs.make, "pycode", wall_s=wall_s, cpu_s=cpu_s, memory_mb=256, max_output=200,
-                             isolation=MODE)] * 2
+    fns = [
+        functools.partial(
+            envs.make, "pycode", wall_s=wall_s, cpu_s=cpu_s, memory_mb=256, max_output=200, isolation=MODE
+        )
+    ] * 2
     with EnvPool(fns, num_workers=1, step_timeout=60) as pool:
         pool.reset([0, 1])
         t0 = time.monotonic()
         (obs, reward, term, trunc, info), _ = pool.step([tool_call(code), None])
-        assert not info.get("failed"), info           # a tool result, not a worker failure
+        assert not info.get("failed"), info  # a tool result, not a worker failure
         assert time.monotonic() - t0 < 20
         status = info["tool_status"]
         if want is not None:
             assert status == want, (name, obs)
         if name == "reads a file outside":
-            assert status == "ok"   # the file system is readable (read-only under bwrap)
+            assert status == "ok"  # the file system is readable (read-only under bwrap)
         if name == "writes outside its directory":
             if BWRAP:
                 escaped = os.path.exists(target)
@@ -126,7 +135,7 @@ def test_abuse_is_contained_and_the_worker_survives(name):
                 # read-only, or (a checkout under /tmp, which bwrap hides) not there at all
                 assert status == "error" and not escaped, obs
                 assert "Read-only file system" in obs or "No such file or directory" in obs, obs
-            else:   # documented: without bwrap the file system is not isolated
+            else:  # documented: without bwrap the file system is not isolated
                 pytest.skip(f"isolation {isolation()!r}: writes outside the sandbox are not prevented")
         if name == "huge output":
             assert status == "output limit" and len(obs) < 600 and "[output truncated]" in obs, obs
@@ -139,12 +148,16 @@ def test_abuse_is_contained_and_the_worker_survives(name):
         assert pool.stats["restarts"] == 0
 
 
-@pytest.mark.parametrize("code, want", [("while True:\n    pass", "cpu limit"),
-                                        ("import ctypes\nctypes.string_at(0)", "killed (SIGSEGV)"),
-                                        ("import os, signal\nos.kill(os.getpid(), signal.SIGBUS)",
-                                         "killed (SIGBUS)"),
-                                        ("import sys\nsys.exit(3)", "error"),
-                                        ("print(6 * 7)", "ok")])
+@pytest.mark.parametrize(
+    "code, want",
+    [
+        ("while True:\n    pass", "cpu limit"),
+        ("import ctypes\nctypes.string_at(0)", "killed (SIGSEGV)"),
+        ("import os, signal\nos.kill(os.getpid(), signal.SIGBUS)", "killed (SIGBUS)"),
+        ("import sys\nsys.exit(3)", "error"),
+        ("print(6 * 7)", "ok"),
+    ],
+)
 def test_the_unshare_fallback_reports_limits_and_signals(code, want):
     # the isolation used where bwrap is missing: a signal that ends the code must reach the
     # status through the unshare wrapper (it once read as a plain error there)
@@ -206,8 +219,17 @@ def test_without_bubblewrap_the_sandbox_refuses_to_run(without_bwrap):
 
 
 def test_a_pycode_run_without_bubblewrap_is_refused_before_compiling(without_bwrap, tmp_path):
-    cmd = [sys.executable, "-m", "jaxagent", "train", "--config", str(ROOT / "configs" / "toolmath_grpo.yaml"),
-           "env.name=pycode", "env.kwargs={}", f"run_dir={tmp_path / 'run'}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "jaxagent",
+        "train",
+        "--config",
+        str(ROOT / "configs" / "toolmath_grpo.yaml"),
+        "env.name=pycode",
+        "env.kwargs={}",
+        f"run_dir={tmp_path / 'run'}",
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert out.returncode == 2, out.stderr
     assert "config error" in out.stderr and "apt-get install bubblewrap" in out.stderr
@@ -219,9 +241,22 @@ def test_a_weaker_sandbox_accepted_is_logged_summarised_and_shown(tmp_path):
     """`env.kwargs.isolation: none` (it works on every machine): the run says so at start,
     `summary.json` records it, and `jaxagent view` marks the run."""
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "jaxagent", "train", "--config", str(ROOT / "configs" / "tiny_countdown_grpo.yaml"),
-           "env.name=pycode", "env.kwargs={isolation: none, max_turns: 2}", "rollout.max_context=1024",
-           "env.tasks_per_iteration=1", "env.group_size=2", "update.mini_batches=1", "iterations=1", f"run_dir={run_dir}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "jaxagent",
+        "train",
+        "--config",
+        str(ROOT / "configs" / "tiny_countdown_grpo.yaml"),
+        "env.name=pycode",
+        "env.kwargs={isolation: none, max_turns: 2}",
+        "rollout.max_context=1024",
+        "env.tasks_per_iteration=1",
+        "env.group_size=2",
+        "update.mini_batches=1",
+        "iterations=1",
+        f"run_dir={run_dir}",
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "code sandbox: isolation 'none' accepted by env.kwargs.isolation" in out.stdout
@@ -234,9 +269,8 @@ def test_a_weaker_sandbox_accepted_is_logged_summarised_and_shown(tmp_path):
     assert run["summary"]["sandbox_isolation"] == "none"
     site = view.write_site([run_dir], tmp_path / "site")
     if shutil.which("chromium") and shutil.which("chromedriver"):
-        from selenium.webdriver.common.by import By
-
         from browser_testlib import chromium_driver
+        from selenium.webdriver.common.by import By
 
         driver = chromium_driver()
         try:
@@ -252,18 +286,26 @@ def test_a_weaker_sandbox_accepted_is_logged_summarised_and_shown(tmp_path):
 #: that. The network probe lists interfaces (a sandbox without a network has only `lo`)
 #: and sends nothing. Which walls each mode has is what the module docstring says.
 ESCAPES = {
-    "writes the host's /tmp": ("open({tmp_target!r}, 'w').write('x'); print('wrote')",
-                               lambda out, ctx: os.path.exists(ctx["tmp_target"])),
+    "writes the host's /tmp": (
+        "open({tmp_target!r}, 'w').write('x'); print('wrote')",
+        lambda out, ctx: os.path.exists(ctx["tmp_target"]),
+    ),
     "writes through a symlink out of its directory": (
         "import os\nos.symlink({tmp_target!r}, 'link')\nopen('link', 'w').write('x'); print('wrote')",
-        lambda out, ctx: os.path.exists(ctx["tmp_target"])),
-    "sees the host's network interfaces": ("import socket\nprint(sorted(n for _, n in socket.if_nameindex()))",
-                                           lambda out, ctx: out.strip() not in ("['lo']", "[]")),
-    "sees the host's processes": ("import os\nprint(sum(p.isdigit() for p in os.listdir('/proc')))",
-                                  lambda out, ctx: out.strip().isdigit() and int(out) > 20),
+        lambda out, ctx: os.path.exists(ctx["tmp_target"]),
+    ),
+    "sees the host's network interfaces": (
+        "import socket\nprint(sorted(n for _, n in socket.if_nameindex()))",
+        lambda out, ctx: out.strip() not in ("['lo']", "[]"),
+    ),
+    "sees the host's processes": (
+        "import os\nprint(sum(p.isdigit() for p in os.listdir('/proc')))",
+        lambda out, ctx: out.strip().isdigit() and int(out) > 20,
+    ),
     "leaves a process outside its group": (
         "import os\nif os.fork() == 0:\n    os.setsid()\n    os.execv('/bin/sleep', ['sleep', {sleep!r}])\nprint('started')",
-        lambda out, ctx: _outlives_the_run()),
+        lambda out, ctx: _outlives_the_run(),
+    ),
     # signal 0 to this process (a check that sends nothing) and SIGTERM to the probe's
     # `victim`, a `sleep` this test started as the user the code runs as
     "signals a host process": (
@@ -271,7 +313,8 @@ ESCAPES = {
         "for pid, sig in (({pid}, 0), ({victim}, signal.SIGTERM)):\n"
         "    try:\n        os.kill(pid, sig)\n        print(pid, 'sent')\n"
         "    except OSError as e:\n        print(pid, type(e).__name__)",
-        lambda out, ctx: _signalled(out, ctx)),
+        lambda out, ctx: _signalled(out, ctx),
+    ),
     # the environment and command line of this process, of the code's parent and of the victim,
     # printed as short hashes (an environment is longer than the output returned)
     "reads the parent's /proc": (
@@ -279,7 +322,8 @@ ESCAPES = {
         "        try:\n            data = open(f'/proc/{{pid}}/{{name}}', 'rb').read()\n"
         "            print(pid, name, hashlib.sha256(data).hexdigest()[:16])\n"
         "        except OSError as e:\n            print(pid, name, type(e).__name__)",
-        lambda out, ctx: _read_host_proc(out, ctx)),
+        lambda out, ctx: _read_host_proc(out, ctx),
+    ),
 }
 #: the probe's `sleep` argument: 30 seconds and this process's id, so that no other test
 #: process's leftover is taken for ours
@@ -290,17 +334,32 @@ SLEEP = f"30.{os.getpid()}"
 #: namespace's process's environment), but the host's /proc: it reads command lines there.
 #: Under none it signals, and reads the environment of, every process of its user (the
 #: victim; as root the code runs as `nobody`, so not this process; else this process too).
-OPEN = {"bwrap": set(),
-        "unshare": {"writes the host's /tmp", "writes through a symlink out of its directory",
-                    "sees the host's processes", "reads the parent's /proc"},
-        "none": {"writes the host's /tmp", "writes through a symlink out of its directory",
-                 "sees the host's network interfaces", "sees the host's processes",
-                 "leaves a process outside its group", "signals a host process", "reads the parent's /proc"}}
+OPEN = {
+    "bwrap": set(),
+    "unshare": {
+        "writes the host's /tmp",
+        "writes through a symlink out of its directory",
+        "sees the host's processes",
+        "reads the parent's /proc",
+    },
+    "none": {
+        "writes the host's /tmp",
+        "writes through a symlink out of its directory",
+        "sees the host's network interfaces",
+        "sees the host's processes",
+        "leaves a process outside its group",
+        "signals a host process",
+        "reads the parent's /proc",
+    },
+}
 
 
 def _leftovers() -> list:
-    return [p for p in psutil.process_iter(["cmdline", "status"])
-            if (p.info["cmdline"] or [])[:2] == ["sleep", SLEEP] and p.info["status"] != psutil.STATUS_ZOMBIE]
+    return [
+        p
+        for p in psutil.process_iter(["cmdline", "status"])
+        if (p.info["cmdline"] or [])[:2] == ["sleep", SLEEP] and p.info["status"] != psutil.STATUS_ZOMBIE
+    ]
 
 
 def _outlives_the_run(deadline_s: float = 5.0) -> bool:
@@ -327,8 +386,13 @@ def _victim(marker: str) -> subprocess.Popen:
     process is root, else this process's user: then it stands for this process), with
     `marker` in its environment."""
     user = dict(user=sandbox.NOBODY, group=sandbox.NOBODY, extra_groups=[]) if sandbox._drops_privileges() else {}
-    return subprocess.Popen(["sleep", "30"], env={"JAXAGENT_ESCAPE_MARKER": marker, "PATH": "/usr/bin:/bin"},
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, **user)
+    return subprocess.Popen(
+        ["sleep", "30"],
+        env={"JAXAGENT_ESCAPE_MARKER": marker, "PATH": "/usr/bin:/bin"},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        **user,
+    )
 
 
 def _signalled(out: str, ctx: dict) -> bool:
@@ -354,7 +418,7 @@ def _read_host_proc(out: str, ctx: dict) -> bool:
             return hashlib.sha256(f.read()).hexdigest()[:16]
 
     secrets = {digest(ctx["pid"], "environ"), digest(ctx["pid"], "cmdline"), digest(ctx["victim"], "environ")}
-    secrets.discard(hashlib.sha256(b"").hexdigest()[:16])   # an empty file (bwrap's init's environment) says nothing
+    secrets.discard(hashlib.sha256(b"").hexdigest()[:16])  # an empty file (bwrap's init's environment) says nothing
     return any(line.split()[-1] in secrets for line in out.splitlines() if line.strip())
 
 
@@ -369,8 +433,13 @@ def test_each_isolation_mode_contains_what_it_says(mode, tmp_path):
     for name, (code, escaped) in ESCAPES.items():
         marker = f"{os.getpid()}-{mode}-{random.getrandbits(64):x}"
         victim = _victim(marker)
-        ctx = {"tmp_target": f"/tmp/jaxagent-escape-{os.getpid()}-{mode}-{abs(hash(name))}", "sleep": SLEEP,
-               "pid": os.getpid(), "victim": victim.pid, "victim_proc": victim}
+        ctx = {
+            "tmp_target": f"/tmp/jaxagent-escape-{os.getpid()}-{mode}-{abs(hash(name))}",
+            "sleep": SLEEP,
+            "pid": os.getpid(),
+            "victim": victim.pid,
+            "victim_proc": victim,
+        }
         try:
             res = run_python(code.format(**ctx), Limits(wall_s=5, cpu_s=3, memory_mb=256), isolation_mode=mode)
             got = escaped(res.stdout, ctx)

@@ -1,15 +1,14 @@
 """Dataset tasks: JSONL, reasoning-gym and TFDS sources served as single- or multi-turn envs."""
+
 import functools
 import json
 import textwrap
 
 import pytest
+from envs_testlib import no_leftover_processes  # noqa: F401  (autouse fixture)
 
 import envs
-from envs_testlib import no_leftover_processes  # noqa: F401  (autouse fixture)
 from envs import EnvPool, JsonlTasks, ListTasks, QAEnv
-
-
 
 
 @pytest.fixture
@@ -145,6 +144,7 @@ def test_tfds_tasks_from_a_builder_the_test_builds(tmp_path, monkeypatch):
     (pkg / "jaxagent_tiny_math_dataset_builder.py").write_text(BUILDER)
     monkeypatch.syspath_prepend(str(tmp_path / "src"))
     from jaxagent_tiny_math.jaxagent_tiny_math_dataset_builder import Builder
+
     data_dir = str(tmp_path / "data")
     Builder(data_dir=data_dir, file_format="array_record").download_and_prepare()
     assert len(tfds.data_source("jaxagent_tiny_math", split="train", data_dir=data_dir)) == 5
@@ -160,9 +160,9 @@ def test_tfds_tasks_from_a_builder_the_test_builds(tmp_path, monkeypatch):
     # In a worker process (which never imported the builder): read from data_dir.
     fn = functools.partial(envs.make, "qa/tfds", name="jaxagent_tiny_math", data_dir=data_dir)
     with EnvPool([fn], num_workers=1, reset_timeout=120) as pool:
-        (obs, info), = pool.reset([2])
+        ((obs, info),) = pool.reset([2])
         assert not info.get("failed"), info
-        (o, r, *_), = pool.step(pool.expert_actions())
+        ((o, r, *_),) = pool.step(pool.expert_actions())
     assert r == 1.0
     bad = envs.make("qa/tfds", name="jaxagent_no_such_dataset", data_dir=data_dir)
     with pytest.raises(ValueError, match="cannot open TFDS dataset 'jaxagent_no_such_dataset'"):

@@ -8,6 +8,7 @@ a CPU-only piece (an FFI kernel built for the CPU) fails here, as the native GAE
 does below. Shapes are Qwen2.5-0.5B's,
 abstract: nothing is allocated and nothing compiled.
 """
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -15,8 +16,8 @@ from jax import export
 
 from jaxagent import models as M
 from jaxagent.rollout.sampler import SamplerState, SamplingConfig, append_kernel, decode_kernel
-from jaxagent.train.placement import _policy_logprobs
 from jaxagent.train.batch import UpdateBatch
+from jaxagent.train.placement import _policy_logprobs
 from jaxagent.train.state import init_train_state
 from jaxagent.train.step_config import StepConfig
 from jaxagent.train.trimmed import _micro_add, _trimmed_finish, _trimmed_prepare
@@ -24,8 +25,18 @@ from jaxagent.train.update import train_step
 
 PLATFORMS = ("cuda", "tpu")
 #: Qwen2.5-0.5B's layer shapes (24 layers, GQA 14 / 2 heads, a 151,936-token vocabulary)
-QWEN = M.DecoderConfig(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=24, num_heads=14,
-                       num_kv_heads=2, head_dim=64, qkv_bias=True, tie_word_embeddings=True, model_type="qwen2")
+QWEN = M.DecoderConfig(
+    vocab_size=151936,
+    hidden_size=896,
+    intermediate_size=4864,
+    num_layers=24,
+    num_heads=14,
+    num_kv_heads=2,
+    head_dim=64,
+    qkv_bias=True,
+    tie_word_embeddings=True,
+    model_type="qwen2",
+)
 B, T, S = 8, 512, 2048
 
 
@@ -45,29 +56,57 @@ def exported(fn, *args, **kwargs):
 
 def sampler_state(cfg, rows, dtype=jnp.bfloat16):
     cache = jax.eval_shape(lambda: M.init_cache(cfg, rows, S, dtype))
-    return SamplerState(cache=cache, next_logits_BxV=sds((rows, cfg.vocab_size), jnp.float32),
-                        keys_B=jax.eval_shape(lambda: jax.random.split(jax.random.key(0), rows)))
+    return SamplerState(
+        cache=cache,
+        next_logits_BxV=sds((rows, cfg.vocab_size), jnp.float32),
+        keys_B=jax.eval_shape(lambda: jax.random.split(jax.random.key(0), rows)),
+    )
 
 
 def test_the_prefill_exports_for_gpu_and_tpu():
     params, state = abstract_params(QWEN), sampler_state(QWEN, B)
-    exp = exported(lambda p, s, t, m: append_kernel(p, QWEN, s, t, m), params, state, sds((B, T), jnp.int32),
-                   sds((B, T), jnp.int32))
+    exp = exported(
+        lambda p, s, t, m: append_kernel(p, QWEN, s, t, m),
+        params,
+        state,
+        sds((B, T), jnp.int32),
+        sds((B, T), jnp.int32),
+    )
     assert exp.out_avals[0].shape == state.cache.k.shape
 
 
-@pytest.mark.parametrize("sampling", [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.0)],
-                         ids=["sampled", "greedy"])
+@pytest.mark.parametrize(
+    "sampling", [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.0)], ids=["sampled", "greedy"]
+)
 def test_the_decode_loop_on_the_layer_scan_exports_for_gpu_and_tpu(sampling):
     params, state = abstract_params(QWEN), sampler_state(QWEN, B)
     matmuls = {}
     for unroll in (False, True):
-        def decode(p, s, active, max_new, stop_tokens, stop_seqs, unroll=unroll):
-            return decode_kernel(p, QWEN, s, active, max_new, stop_tokens, stop_seqs, sampling=sampling,
-                                 max_new_tokens=64, window_segments=3, unroll_layers=unroll)
 
-        exp = exported(decode, params, state, sds((B,), jnp.bool_), sds((B,), jnp.int32), sds((B, 2), jnp.int32),
-                       sds((B, 1, 4), jnp.int32))
+        def decode(p, s, active, max_new, stop_tokens, stop_seqs, unroll=unroll):
+            return decode_kernel(
+                p,
+                QWEN,
+                s,
+                active,
+                max_new,
+                stop_tokens,
+                stop_seqs,
+                sampling=sampling,
+                max_new_tokens=64,
+                window_segments=3,
+                unroll_layers=unroll,
+            )
+
+        exp = exported(
+            decode,
+            params,
+            state,
+            sds((B,), jnp.bool_),
+            sds((B,), jnp.int32),
+            sds((B, 2), jnp.int32),
+            sds((B, 1, 4), jnp.int32),
+        )
         matmuls[unroll] = exp.mlir_module().count("dot_general")
     # the layer scan holds one layer's matmuls per window segment; the unrolled loop (the
     # CPU's) holds all 24 layers' in each
@@ -76,9 +115,14 @@ def test_the_decode_loop_on_the_layer_scan_exports_for_gpu_and_tpu(sampling):
 
 def test_the_log_prob_pass_exports_for_gpu_and_tpu():
     params = abstract_params(QWEN)
-    exp = exported(lambda p, t, m: _policy_logprobs(p, QWEN, t, m, temperature=1.0, seq_chunk=256, vocab_chunk=32768,
-                                                    row_chunks=2, compute_dtype="bfloat16"),
-                   params, sds((B, T), jnp.int32), sds((B, T), jnp.int32))
+    exp = exported(
+        lambda p, t, m: _policy_logprobs(
+            p, QWEN, t, m, temperature=1.0, seq_chunk=256, vocab_chunk=32768, row_chunks=2, compute_dtype="bfloat16"
+        ),
+        params,
+        sds((B, T), jnp.int32),
+        sds((B, T), jnp.int32),
+    )
     assert exp.out_avals[0].shape == (B, T)
 
 
@@ -93,8 +137,10 @@ def test_the_train_step_exports_for_gpu_and_tpu(variant):
     params = abstract_params(cfg, "float32")
     if variant == "lora":
         lora = M.LoraConfig(rank=8, alpha=16, targets=("q_proj", "v_proj"))
-        params, cfg = jax.eval_shape(lambda p: M.add_lora(jax.random.key(1), p, cfg, lora)[0], params), \
-            cfg.replace(lora=lora)
+        params, cfg = (
+            jax.eval_shape(lambda p: M.add_lora(jax.random.key(1), p, cfg, lora)[0], params),
+            cfg.replace(lora=lora),
+        )
     sc = StepConfig(num_micro_batches=2, remat=variant == "remat", compute_dtype="bfloat16")
     state = jax.eval_shape(lambda p: init_train_state(jax.random.key(2), p, cfg, sc), params)
     exp = export.export(train_step, platforms=PLATFORMS)(state, _update_batch(4, T), config=sc)
@@ -111,10 +157,12 @@ def test_the_trimmed_train_step_exports_for_gpu_and_tpu():
     export.export(jax.jit(lambda s, b: _trimmed_prepare(s, b, rows=2, config=sc)), platforms=PLATFORMS)(state, batch)
     denominators, has_signal, acc = jax.eval_shape(lambda s, b: _trimmed_prepare(s, b, rows=2, config=sc), state, batch)
     short = _update_batch(4, T // 4)
-    export.export(jax.jit(lambda s, b, d, a: _micro_add(s, b, d, a, n=2, config=sc)),
-                  platforms=PLATFORMS)(state, short, denominators, acc)
-    export.export(jax.jit(lambda s, a, d, h: _trimmed_finish(s, a, d, h, config=sc)),
-                  platforms=PLATFORMS)(state, acc, denominators, has_signal)
+    export.export(jax.jit(lambda s, b, d, a: _micro_add(s, b, d, a, n=2, config=sc)), platforms=PLATFORMS)(
+        state, short, denominators, acc
+    )
+    export.export(jax.jit(lambda s, a, d, h: _trimmed_finish(s, a, d, h, config=sc)), platforms=PLATFORMS)(
+        state, acc, denominators, has_signal
+    )
 
 
 def test_a_cpu_only_kernel_does_not_export_for_gpu():
@@ -145,7 +193,7 @@ def test_the_code_paths_override_takes_the_accelerator_branches_on_the_cpu(monke
     rng = np.random.default_rng(0)
     r, v = rng.normal(size=(3, 12)).astype(np.float32), rng.normal(size=(3, 12)).astype(np.float32)
     m = (rng.random((3, 12)) < 0.8).astype(np.float32)
-    if advantages._native.available():   # on the CPU's paths "auto" takes the native kernel
+    if advantages._native.available():  # on the CPU's paths "auto" takes the native kernel
         calls, native = [], advantages._gae_native
         monkeypatch.setattr(advantages, "_gae_native", lambda *a, **k: calls.append(1) or native(*a, **k))
         advantages.gae(r, v, m, gamma=0.99, lam=0.95)

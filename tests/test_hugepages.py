@@ -1,5 +1,6 @@
 """The command line's huge-page malloc setting (`jaxagent.hugepages`): off unless asked
 for, when it applies, and that it re-executes the same process once with it."""
+
 import os
 import subprocess
 import sys
@@ -10,14 +11,15 @@ import pytest
 from jaxagent import hugepages as H
 
 ROOT = Path(__file__).resolve().parents[1]
-PROBE = ("import os, sys; print('start', os.getpid(), flush=True); "
-         "from jaxagent.hugepages import reexec_if_needed; reexec_if_needed(); "
-         "print('tunables', os.getpid(), os.environ.get('GLIBC_TUNABLES', ''), flush=True)")
+PROBE = (
+    "import os, sys; print('start', os.getpid(), flush=True); "
+    "from jaxagent.hugepages import reexec_if_needed; reexec_if_needed(); "
+    "print('tunables', os.getpid(), os.environ.get('GLIBC_TUNABLES', ''), flush=True)"
+)
 
 
 def _run(env):
-    return subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, cwd=ROOT,
-                          timeout=60)
+    return subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
 
 
 def _clean_env(**extra):
@@ -94,11 +96,12 @@ def test_the_command_line_gets_the_setting_and_python_calls_do_not(monkeypatch):
     assert cli.main(["envs"]) == 0
     # the command line does when asked: main() re-executes this same process (one pid, the
     # setting added) before any of the command's work, which then runs once
-    probe = ("import os, sys; print('start', os.getpid(), os.environ.get('GLIBC_TUNABLES', '-'), flush=True); "
-             "sys.argv = ['jaxagent', 'envs']; from jaxagent.cli import main; main()")
+    probe = (
+        "import os, sys; print('start', os.getpid(), os.environ.get('GLIBC_TUNABLES', '-'), flush=True); "
+        "sys.argv = ['jaxagent', 'envs']; from jaxagent.cli import main; main()"
+    )
     env = _clean_env(**{H.SWITCH: "1"})
-    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=ROOT,
-                          timeout=120)
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr
     starts = [ln.split() for ln in proc.stdout.splitlines() if ln.startswith("start ")]
     assert proc.stdout.split().count("intake") == 1

@@ -1,6 +1,7 @@
 """The install works off this machine: every pin in constraints.txt is a plain PyPI
 release (no local version label such as +cpu, no URL or path), and pyproject.toml
 declares its license the way current setuptools accepts without a deprecation warning."""
+
 import re
 import tomllib
 from pathlib import Path
@@ -21,8 +22,9 @@ def test_constraints_pin_plain_pypi_releases():
         assert req.url is None, f"constraints.txt:{n}: {line} points at a URL or path, not PyPI"
         (spec,) = req.specifier
         assert spec.operator == "==", f"constraints.txt:{n}: {line} is not an exact pin"
-        assert Version(spec.version).local is None, \
+        assert Version(spec.version).local is None, (
             f"constraints.txt:{n}: {line} carries a local version label, which no PyPI release has"
+        )
         pins[req.name.lower().replace("_", "-")] = spec.version
     assert pins["torch"] == "2.13.0" and "jax" in pins and "mkdocs" in pins
 

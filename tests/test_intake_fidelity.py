@@ -3,6 +3,7 @@ checked against the disclosure rules for leaks and contradictions; the env's per
 ``fidelity`` and per-episode ``fidelity_summary``; the eval summary's rates.
 
 Research simulation, not a clinical tool."""
+
 from __future__ import annotations
 
 import random
@@ -31,24 +32,28 @@ def play(env, seed, policy):
 
 # ---------------------------------------------------------------- the checker's rules
 
+
 def aud_case(persona="minimising", adversarial=False):
     # alcohol use disorder with active suicidal ideation; psychosis absent
-    return build_case(random.Random(7), "t-1", "aud", (), persona, {"suicidal_ideation": "active"},
-                      adversarial=adversarial)
+    return build_case(
+        random.Random(7), "t-1", "aud", (), persona, {"suicidal_ideation": "active"}, adversarial=adversarial
+    )
 
 
 def test_check_reply_leaks_follow_the_rules():
-    case = aud_case(adversarial=True)      # the ideation is concealed: denied to a general question
+    case = aud_case(adversarial=True)  # the ideation is concealed: denied to a general question
     patient = PatientState(case)
     d = patient.disclose("Are you keeping safe?")
     assert d.denied == ["suicidal_ideation"] and not d.revealed
     check = lambda reply: check_reply(case, d, reply, elicited=patient.elicited)  # noqa: E731
     assert check("No, no, I'm fine. Really.") == NONE
-    assert check("No, I've never had suicidal thoughts.") == NONE            # the instructed denial
-    assert check("Well... I have been thinking about killing myself.") == {"leaked": ["suicidal_ideation"],
-                                                                           "contradicted": []}
-    assert check("I'm fine. I do drink every day though.")["leaked"] == ["substance"]   # never asked
-    assert check("No. And I'm not hearing voices.")["leaked"] == ["psychosis"]         # negated, still unasked
+    assert check("No, I've never had suicidal thoughts.") == NONE  # the instructed denial
+    assert check("Well... I have been thinking about killing myself.") == {
+        "leaked": ["suicidal_ideation"],
+        "contradicted": [],
+    }
+    assert check("I'm fine. I do drink every day though.")["leaked"] == ["substance"]  # never asked
+    assert check("No. And I'm not hearing voices.")["leaked"] == ["psychosis"]  # negated, still unasked
     # an affirmed absent finding, never asked: a leak and a contradiction
     assert check("No. But I hear voices at night.") == {"leaked": ["psychosis"], "contradicted": ["psychosis"]}
 
@@ -68,12 +73,14 @@ def test_check_reply_contradictions():
     check = lambda reply: check_reply(case, d, reply, elicited=patient.elicited)  # noqa: E731
     assert check("No, I don't drink at all.") == {"leaked": [], "contradicted": ["substance"]}
     assert check("I drink more than I should.") == NONE
-    assert check("I don't drink at breakfast, but I drink most days.") == NONE   # one affirmative mention
+    assert check("I don't drink at breakfast, but I drink most days.") == NONE  # one affirmative mention
     d = patient.disclose("Have you heard voices that other people can't hear?")
     assert not case.item("psychosis").present and [it.domain for it in d.revealed] == ["psychosis"]
     assert check_reply(case, d, case.item("psychosis").text, elicited=patient.elicited) == NONE
-    assert check_reply(case, d, "Yes, I hear voices all the time.",
-                       elicited=patient.elicited) == {"leaked": [], "contradicted": ["psychosis"]}
+    assert check_reply(case, d, "Yes, I hear voices all the time.", elicited=patient.elicited) == {
+        "leaked": [],
+        "contradicted": ["psychosis"],
+    }
     # sleep is told by negation ("I can't sleep"): no contradiction is read there
     d = patient.disclose("How have you been sleeping?")
     assert check_reply(case, d, "I can't sleep at all.", elicited=patient.elicited)["contradicted"] == []
@@ -113,11 +120,13 @@ class StubVoice:
         if "off-topic" in rules:
             parts.append("I'm not sure what you mean.")
         expected = {"leaked": [], "contradicted": []}
-        elicited = env.patient.elicited   # this turn's disclosure is already applied
+        elicited = env.patient.elicited  # this turn's disclosure is already applied
         if k % 5 == 0 and "psychosis" not in elicited and "command_hallucinations" not in elicited:
             parts.append(LEAK)
-            expected = {"leaked": ["psychosis"],
-                        "contradicted": [] if case.item("psychosis").present else ["psychosis"]}
+            expected = {
+                "leaked": ["psychosis"],
+                "contradicted": [] if case.item("psychosis").present else ["psychosis"],
+            }
         elif k % 2 == 0:
             for i, it in enumerate(told):
                 if it.present and it.domain in DENIALS:
@@ -150,7 +159,7 @@ def test_stub_voice_flags_match_what_it_corrupted():
     seen_kinds = set()
     for steps, term, log in episodes:
         flagged = [info["fidelity"] for info, _ in steps if "fidelity" in info]
-        assert flagged == log    # one record per reply, exactly the corrupted ones flagged
+        assert flagged == log  # one record per reply, exactly the corrupted ones flagged
         final = steps[-1][0]
         leaks = sum(bool(e["leaked"]) for e in log)
         contra = sum(bool(e["contradicted"]) for e in log)
@@ -158,8 +167,8 @@ def test_stub_voice_flags_match_what_it_corrupted():
         assert final["fidelity_summary"]["replies"] == final["questions"]
         n_leaks, n_contra = n_leaks + leaks, n_contra + contra
         seen_kinds.update(d for e in log for d in e["contradicted"])
-    assert n_leaks >= 5 and n_contra >= 5                    # the stub did corrupt replies
-    assert "psychosis" in seen_kinds and seen_kinds & set(DENIALS)   # affirmed-absent and denied-present ran
+    assert n_leaks >= 5 and n_contra >= 5  # the stub did corrupt replies
+    assert "psychosis" in seen_kinds and seen_kinds & set(DENIALS)  # affirmed-absent and denied-present ran
 
 
 def test_stub_voice_keeps_the_reward_and_summarize_rates():
@@ -168,28 +177,38 @@ def test_stub_voice_keeps_the_reward_and_summarize_rates():
     for seed, (steps, term, _) in enumerate(episodes):
         ref, ref_term = play(template, seed, Clinician())
         assert [r for _, r in steps] == [r for _, r in ref] and term == ref_term
-        assert "fidelity" not in ref[1][0]    # the template voice is not checked
+        assert "fidelity" not in ref[1][0]  # the template voice is not checked
     infos = [steps[-1][0] for steps, _, _ in episodes]
     replies = sum(len(log) for _, _, log in episodes)
     leaky = sum(bool(e["leaked"]) for _, _, log in episodes for e in log)
     contra = sum(bool(e["contradicted"]) for _, _, log in episodes for e in log)
     assert leaky and contra
-    s = summarize(infos + [{}], [True] * (len(infos) + 1))   # {}: an episode that failed in the pool
+    s = summarize(infos + [{}], [True] * (len(infos) + 1))  # {}: an episode that failed in the pool
     assert s["fidelity_replies"] == replies
     assert s["leak_rate"] == pytest.approx(leaky / replies)
     assert s["contradiction_rate"] == pytest.approx(contra / replies)
     # hand-made infos: rates over the episodes that have a summary; none -> no keys
-    base = {"rubric": {**{c: 0.0 for c in s["components"]}, "total": 0.5}, "under_triage": False,
-            "over_triage": False, "triage_given": "routine", "triage_reference": "routine", "questions": 4}
+    base = {
+        "rubric": {**{c: 0.0 for c in s["components"]}, "total": 0.5},
+        "under_triage": False,
+        "over_triage": False,
+        "triage_given": "routine",
+        "triage_reference": "routine",
+        "questions": 4,
+    }
     a = {**base, "fidelity_summary": {"replies": 4, "leaks": 1, "contradictions": 0}}
     b = {**base, "fidelity_summary": {"replies": 6, "leaks": 2, "contradictions": 3}}
     s = summarize([a, b, base], [True] * 3)
-    assert (s["leak_rate"], s["contradiction_rate"], s["fidelity_replies"]) == (pytest.approx(0.3),
-                                                                                pytest.approx(0.3), 10)
+    assert (s["leak_rate"], s["contradiction_rate"], s["fidelity_replies"]) == (
+        pytest.approx(0.3),
+        pytest.approx(0.3),
+        10,
+    )
     assert not {"leak_rate", "contradiction_rate", "fidelity_replies"} & set(summarize([base], [True]))
 
 
 # ---------------------------------------------------------------- the template voice
+
 
 class TemplateVoice:
     """The rule-based voice under another type, so the env runs the checker on it."""
@@ -204,8 +223,11 @@ class TemplateVoice:
 def test_template_voice_gets_no_flag():
     env = IntakeEnv(simulator=TemplateVoice())
     adversarial = IntakeEnv("adversarial", simulator=TemplateVoice())
-    runs = ([(env, s, Clinician()) for s in range(50)] + [(env, s, RandomClinician(s)) for s in range(50)]
-            + [(adversarial, s, Clinician()) for s in range(24)])
+    runs = (
+        [(env, s, Clinician()) for s in range(50)]
+        + [(env, s, RandomClinician(s)) for s in range(50)]
+        + [(adversarial, s, Clinician()) for s in range(24)]
+    )
     replies = 0
     for e, seed, policy in runs:
         steps, _ = play(e, seed, policy)

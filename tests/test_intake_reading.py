@@ -1,6 +1,7 @@
 """The triage-reading probe (`examples/intake_triage_reading.py`): its scores are the
 log-probabilities of the three triage versions, checked against the model's full
 logits (`decoder.forward`) read in float64 NumPy at the level's tokens."""
+
 import dataclasses
 import json
 
@@ -13,7 +14,6 @@ from examples import intake_triage_reading as probe
 from jaxagent.rollout.byte_tokenizer import byte_chat_tokenizer
 from jaxagent.rollout.chat import ChatFormat
 from jaxagent.train.warmstart import collect_demonstrations, demonstration_tokens
-
 
 #: short interviews (byte tokens make a full one longer than the test needs)
 SHORT = {"style": "weak", "questions": [2, 3], "risk_screen": 1.0, "risk_order": "shuffled"}
@@ -39,9 +39,15 @@ def test_cut_and_reference_read_the_triage_line():
 
 def test_scores_are_the_log_probabilities_of_each_level(exported):
     path, model, tok = exported
-    demos = collect_demonstrations("intake", {"cases": "standard", "max_turns": 20}, range(2_000_000, 2_000_002),
-                                   max_turns=20, final_only=True, expert=SHORT)
-    got = probe.score(path, demos, 8192, batch=4)   # 6 rows in batches of 4: padding and a filled last batch
+    demos = collect_demonstrations(
+        "intake",
+        {"cases": "standard", "max_turns": 20},
+        range(2_000_000, 2_000_002),
+        max_turns=20,
+        final_only=True,
+        expert=SHORT,
+    )
+    got = probe.score(path, demos, 8192, batch=4)  # 6 rows in batches of 4: padding and a filled last batch
     assert got.shape == (2, 3)
     chat = ChatFormat(tok)
     for i, d in enumerate(demos):
@@ -50,7 +56,7 @@ def test_scores_are_the_log_probabilities_of_each_level(exported):
             version = dataclasses.replace(d, actions=d.actions[:-1] + [probe.cut_after_triage(d.actions[-1], level)])
             tokens, mask = demonstration_tokens(chat, version, 8192)
             taught = [k for k, m in enumerate(mask) if m]
-            assert tok.decode([tokens[k] for k in taught[:-1]]) == version.actions[-1]   # the last is end of turn
+            assert tok.decode([tokens[k] for k in taught[:-1]]) == version.actions[-1]  # the last is end of turn
             logits = np.asarray(model(np.array([tokens])), np.float64)[0]
             top = logits.max(-1, keepdims=True)
             logz = np.log(np.exp(logits - top).sum(-1)) + top[:, 0]
@@ -67,13 +73,21 @@ def test_summary_counts_the_most_probable_level_against_the_reference():
     assert s["p_reference"] == pytest.approx((0.7 + 0.3 + 0.5) / 3)
     assert s["confusion"]["urgent"] == {"routine": 0, "urgent": 1, "emergent": 1}
     assert s["confusion"]["routine"]["routine"] == 1 and s["confusion"]["emergent"] == {
-        "routine": 0, "urgent": 0, "emergent": 0}
+        "routine": 0,
+        "urgent": 0,
+        "emergent": 0,
+    }
 
 
 def test_the_command_writes_one_line_per_model(exported, tmp_path, capsys):
     path, *_ = exported
     out = tmp_path / "r.jsonl"
-    assert probe.main([path, "--episodes", "2", "--max-context", "8192", "--clinician", json.dumps(SHORT), "--out", str(out)]) == 0
+    assert (
+        probe.main(
+            [path, "--episodes", "2", "--max-context", "8192", "--clinician", json.dumps(SHORT), "--out", str(out)]
+        )
+        == 0
+    )
     (line,) = [json.loads(x) for x in out.read_text().splitlines()]
     assert line["cases"] == 2 and sum(sum(r.values()) for r in line["confusion"].values()) == 2
     assert "accuracy" in capsys.readouterr().out
@@ -81,9 +95,10 @@ def test_the_command_writes_one_line_per_model(exported, tmp_path, capsys):
         probe.main([path, "--clinician", "[1]"])
 
 
-@pytest.mark.slow   # 35-54 s; the default suite is at its 15-minute limit (the probe's reading is covered by the other tests here)
+@pytest.mark.slow  # 35-54 s; the default suite is at its 15-minute limit (the probe's reading is covered by the other tests here)
 def test_notes_put_the_checklist_in_the_probed_interviews(exported, tmp_path, monkeypatch):
     import jaxagent.train.warmstart as ws
+
     path, *_ = exported
     seen = []
 
@@ -95,8 +110,23 @@ def test_notes_put_the_checklist_in_the_probed_interviews(exported, tmp_path, mo
     monkeypatch.setattr(ws, "collect_demonstrations", collect)
     out = tmp_path / "r.jsonl"
     for flag in ([], ["--notes"], ["--notes", "--notes-order", "risk_first"]):
-        assert probe.main([path, "--episodes", "1", "--max-context", "8192", "--clinician", json.dumps(SHORT),
-                           "--out", str(out), *flag]) == 0
+        assert (
+            probe.main(
+                [
+                    path,
+                    "--episodes",
+                    "1",
+                    "--max-context",
+                    "8192",
+                    "--clinician",
+                    json.dumps(SHORT),
+                    "--out",
+                    str(out),
+                    *flag,
+                ]
+            )
+            == 0
+        )
         assert json.loads(out.read_text())["notes"] is bool(flag)
     (plain_kw, plain), (notes_kw, noted), (first_kw, first) = seen
     assert not plain_kw["notes"] and notes_kw["notes"] and first_kw["notes_order"] == "risk_first"
@@ -104,5 +134,5 @@ def test_notes_put_the_checklist_in_the_probed_interviews(exported, tmp_path, mo
     assert "To ask: " not in text(plain) and "To ask: " in text(noted)
     assert "To ask: mood " in text(noted) and "To ask: suicide harm mood " in text(first)
     assert json.loads(out.read_text())["notes_order"] == "risk_first"
-    with pytest.raises(SystemExit):   # the order of a checklist that is not shown
+    with pytest.raises(SystemExit):  # the order of a checklist that is not shown
         probe.main([path, "--notes-order", "risk_first"])

@@ -2,6 +2,7 @@
 pin admits: the installed one (0.10.2 on Python 3.11) checked here at run time, the newer
 ones (Python >= 3.12, not installable here) against the names their wheels define
 (tests/jax_api_audit.json, written by tests/jax_api_audit.py)."""
+
 import importlib
 import os
 import tomllib
@@ -9,15 +10,15 @@ import warnings
 from pathlib import Path
 
 import jax
+import jax_api_audit as A
 import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-import jax_api_audit as A
-
 ROOT = Path(__file__).resolve().parents[1]
-REGENERATE = ("download the wheels and run `python tests/jax_api_audit.py /tmp/jaxwheels/jax-*.whl --write` "
-              "(see its docstring)")
+REGENERATE = (
+    "download the wheels and run `python tests/jax_api_audit.py /tmp/jaxwheels/jax-*.whl --write` (see its docstring)"
+)
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +61,8 @@ def test_every_name_resolves_on_the_installed_jax(usages):
                 for i, part in enumerate(parts[1:], 1):
                     try:
                         obj = getattr(obj, part)
-                    except AttributeError:   # a submodule not imported by its parent
-                        obj = importlib.import_module(".".join(parts[:i + 1]))
+                    except AttributeError:  # a submodule not imported by its parent
+                        obj = importlib.import_module(".".join(parts[: i + 1]))
             except (AttributeError, ImportError, DeprecationWarning) as err:
                 bad.append(f"{path}: {type(err).__name__}: {err}")
     flags = {u.path[5:] for u in A.checked(usages, [A.index_installed()]) if u.path.startswith("flag:")}
@@ -73,11 +74,12 @@ def test_every_name_exists_in_every_audited_release(usages, snapshot):
     use = A.checked(usages, snapshot)
     report = []
     for idx in snapshot:
-        report += [f"jax {idx.version}: {u.where}: {u.path}: {f.status}: {f.detail}"
-                   for u, f in A.problems(use, idx)]
+        report += [f"jax {idx.version}: {u.where}: {u.path}: {f.status}: {f.detail}" for u, f in A.problems(use, idx)]
     assert report == [], "\n".join(report) + (
         f"\n(a name of a module the snapshot does not list: {REGENERATE})"
-        if any("unknown-module" in r for r in report) else "")
+        if any("unknown-module" in r for r in report)
+        else ""
+    )
 
 
 def test_the_audit_reads_the_installed_jax_as_it_is(usages, snapshot):
@@ -108,15 +110,20 @@ def test_the_pin_admits_only_audited_releases(snapshot):
     assert all(spec.contains(v) for v in audited), f"{audited} outside {spec}"
     lo = min(Version(s.version) for s in spec if s.operator == ">=")
     (hi,) = [Version(s.version) for s in spec if s.operator == "<"]
-    series = [(lo.major, m) for m in range(lo.minor, hi.minor + 1) if Version(f"{lo.major}.{m}") < hi] \
-        if hi.major == lo.major else None
+    series = (
+        [(lo.major, m) for m in range(lo.minor, hi.minor + 1) if Version(f"{lo.major}.{m}") < hi]
+        if hi.major == lo.major
+        else None
+    )
     assert series is not None, f"{spec}: a range over a major version boundary needs this test extended"
     have = {(v.major, v.minor) for v in audited}
     assert [s for s in series if s not in have] == [], f"{spec} admits series with no audited release: {REGENERATE}"
 
 
-@pytest.mark.skipif(not os.environ.get("JAXAGENT_JAX_WHEELS"),
-                    reason="set JAXAGENT_JAX_WHEELS to a folder of jax-*.whl to re-derive the snapshot")
+@pytest.mark.skipif(
+    not os.environ.get("JAXAGENT_JAX_WHEELS"),
+    reason="set JAXAGENT_JAX_WHEELS to a folder of jax-*.whl to re-derive the snapshot",
+)
 def test_the_snapshot_matches_the_wheels(usages, snapshot):
     folder = Path(os.environ["JAXAGENT_JAX_WHEELS"])
     for idx in snapshot:

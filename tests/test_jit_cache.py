@@ -2,6 +2,7 @@
 cache directory, a chosen directory, or off; an outer choice
 (`$JAX_COMPILATION_CACHE_DIR`, as this suite sets) is kept. Each case runs in a fresh
 process: a process picks its cache once."""
+
 import json
 import os
 import subprocess
@@ -27,8 +28,9 @@ print(json.dumps({"chosen": chosen}))
 def probe(tmp_path, *overrides, env=None):
     environ = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
     environ.update(XDG_CACHE_HOME=str(tmp_path / "xdg"), **(env or {}))
-    out = subprocess.run([sys.executable, "-c", PROBE, *overrides], cwd=ROOT, env=environ, capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, *overrides], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])["chosen"]
 
@@ -50,15 +52,22 @@ def test_the_compilation_cache_is_where_the_config_says(tmp_path, case):
         assert not entries(tmp_path / "xdg")
     else:
         outer = tmp_path / "outer"
-        assert probe(tmp_path, f"jit_cache_dir={tmp_path / 'mine'}", env={"JAX_COMPILATION_CACHE_DIR": str(outer)}) \
-            == str(outer)
+        assert probe(
+            tmp_path, f"jit_cache_dir={tmp_path / 'mine'}", env={"JAX_COMPILATION_CACHE_DIR": str(outer)}
+        ) == str(outer)
         assert entries(outer) and not entries(tmp_path / "mine")
 
 
 def test_a_cache_directory_that_cannot_be_made_is_a_config_error(tmp_path):
     (tmp_path / "file").write_text("x")
     environ = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
-    out = subprocess.run([sys.executable, "-c", PROBE, f"jit_cache_dir={tmp_path / 'file' / 'sub'}"], cwd=ROOT,
-                         env=environ, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, f"jit_cache_dir={tmp_path / 'file' / 'sub'}"],
+        cwd=ROOT,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode != 0
     assert f"jit_cache_dir: cannot create {tmp_path / 'file' / 'sub'}" in out.stderr, out.stderr[-2000:]

@@ -1,5 +1,6 @@
 """Imports point inward: `jaxagent.algos` imports nothing else of the package, and
 `jaxagent.parallel` (meshes, rules, hosts) knows nothing of training."""
+
 import json
 import subprocess
 import sys
@@ -8,18 +9,23 @@ import pytest
 
 
 def loaded_after_import(module: str) -> list[str]:
-    code = (f"import sys, json; import {module}; "
-            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('jaxagent', 'envs'))))")
+    code = (
+        f"import sys, json; import {module}; "
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('jaxagent', 'envs'))))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("module, allowed", [
-    ("jaxagent.algos", ("jaxagent", "jaxagent.algos")),
-    ("jaxagent.parallel", ("jaxagent", "jaxagent.algos", "jaxagent.models", "jaxagent.parallel")),
-    ("jaxagent.models", ("jaxagent", "jaxagent.models")),
-])
+@pytest.mark.parametrize(
+    "module, allowed",
+    [
+        ("jaxagent.algos", ("jaxagent", "jaxagent.algos")),
+        ("jaxagent.parallel", ("jaxagent", "jaxagent.algos", "jaxagent.models", "jaxagent.parallel")),
+        ("jaxagent.models", ("jaxagent", "jaxagent.models")),
+    ],
+)
 def test_a_layer_imports_only_the_layers_below_it(module, allowed):
     loaded = loaded_after_import(module)
     assert module in loaded
@@ -32,9 +38,11 @@ def test_tokenizers_and_their_training_stay_in_the_models_layer():
     (`jaxagent.models.byte_tokenizer`, `jaxagent.models.tokenizer_training`) load nothing
     above `jaxagent.models`, also with the imports they make when they run; the older
     import paths give the same objects."""
-    code = ("import sys, json; from jaxagent.models import byte_chat_tokenizer, train_bpe_tokenizer; "
-            "byte_chat_tokenizer(); train_bpe_tokenizer(['a b c', 'b c d'] * 4, 300); "
-            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('jaxagent', 'envs'))))")
+    code = (
+        "import sys, json; from jaxagent.models import byte_chat_tokenizer, train_bpe_tokenizer; "
+        "byte_chat_tokenizer(); train_bpe_tokenizer(['a b c', 'b c d'] * 4, 300); "
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('jaxagent', 'envs'))))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     loaded = json.loads(out.stdout.strip().splitlines()[-1])

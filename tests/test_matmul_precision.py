@@ -3,6 +3,7 @@
 leaves the CPU's default; the precision reaches the lowered programs. An accelerator run
 in float32 that the config did not ask for is warned about, and the GPU recipe sets the
 accelerator defaults."""
+
 from pathlib import Path
 
 import jax
@@ -17,12 +18,21 @@ from jaxagent.train.placement import _policy_logprobs
 from jaxagent.train.trainer import TrainerConfig
 
 
-@pytest.mark.parametrize("setting, compute, platform, want", [
-    ("auto", None, "gpu", "highest"), ("auto", None, "tpu", "highest"), ("auto", None, "cpu", None),
-    ("auto", "bfloat16", "gpu", None), ("default", None, "gpu", "default"), ("high", None, "cpu", "high")])
+@pytest.mark.parametrize(
+    "setting, compute, platform, want",
+    [
+        ("auto", None, "gpu", "highest"),
+        ("auto", None, "tpu", "highest"),
+        ("auto", None, "cpu", None),
+        ("auto", "bfloat16", "gpu", None),
+        ("default", None, "gpu", "default"),
+        ("high", None, "cpu", "high"),
+    ],
+)
 def test_auto_is_highest_for_float32_on_accelerators(setting, compute, platform, want):
-    cfg = load_config(TrainerConfig, None, [f"model.matmul_precision={setting}",
-                                            f"model.compute_dtype={compute or 'null'}"])
+    cfg = load_config(
+        TrainerConfig, None, [f"model.matmul_precision={setting}", f"model.compute_dtype={compute or 'null'}"]
+    )
     assert cfg.model.resolved_matmul_precision(platform) == want
 
 
@@ -35,8 +45,11 @@ def _lowered_text() -> str:
     cfg = M.tiny_config()
     params = jax.eval_shape(lambda: M.init_params(jax.random.key(0), cfg))
     t = jax.ShapeDtypeStruct((2, 16), jnp.int32)
-    return jax.jit(lambda p, x, m: _policy_logprobs(p, cfg, x, m, temperature=1.0, seq_chunk=16, vocab_chunk=512)) \
-        .lower(params, t, t).as_text()
+    return (
+        jax.jit(lambda p, x, m: _policy_logprobs(p, cfg, x, m, temperature=1.0, seq_chunk=16, vocab_chunk=512))
+        .lower(params, t, t)
+        .as_text()
+    )
 
 
 def test_the_precision_reaches_the_lowered_program(monkeypatch):
@@ -56,11 +69,19 @@ def test_the_precision_reaches_the_lowered_program(monkeypatch):
         jax.config.update("jax_default_matmul_precision", before)
 
 
-@pytest.mark.parametrize("paths, overrides, fires", [
-    ("gpu", [], True), ("tpu", [], True), ("cpu", [], False),
-    ("gpu", ["model.compute_dtype=bfloat16"], False), ("gpu", ["model.compute_dtype=float32"], False),
-    ("gpu", ["model.matmul_precision=highest"], False), ("tpu", ["model.matmul_precision=default"], False),
-    ("gpu", ["model.dtype=bfloat16"], False)])
+@pytest.mark.parametrize(
+    "paths, overrides, fires",
+    [
+        ("gpu", [], True),
+        ("tpu", [], True),
+        ("cpu", [], False),
+        ("gpu", ["model.compute_dtype=bfloat16"], False),
+        ("gpu", ["model.compute_dtype=float32"], False),
+        ("gpu", ["model.matmul_precision=highest"], False),
+        ("tpu", ["model.matmul_precision=default"], False),
+        ("gpu", ["model.dtype=bfloat16"], False),
+    ],
+)
 def test_an_accelerator_run_in_float32_by_default_is_warned(monkeypatch, paths, overrides, fires):
     """On a GPU or TPU (`JAXAGENT_CODE_PATHS` stands in for one) the float32 defaults
     warn, naming the cost and the keys; a config that chose its dtype or precision, or
@@ -71,8 +92,14 @@ def test_an_accelerator_run_in_float32_by_default_is_warned(monkeypatch, paths, 
         assert warning is None
         return
     assert warning.startswith(f"warning: this {paths} run computes in float32")
-    for said in ("twice the memory", "KV cache", "model.compute_dtype: bfloat16", "float32 master weights",
-                 "model.matmul_precision", "configs/gpu_countdown_grpo.yaml"):
+    for said in (
+        "twice the memory",
+        "KV cache",
+        "model.compute_dtype: bfloat16",
+        "float32 master weights",
+        "model.matmul_precision",
+        "configs/gpu_countdown_grpo.yaml",
+    ):
         assert said in warning, said
 
 

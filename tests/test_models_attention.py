@@ -5,6 +5,7 @@ there is no GPU here); GQA, left and right padding, packed segments, the KV cach
 layout, float32 and bfloat16; the blocked version's hand-written backward against the
 dense version's autodiff; and the memory they compile to: the blocked scores never exist
 whole, and a prefill at Qwen2.5-1.5B layer shapes stays under 2 GiB of temporaries."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -44,17 +45,19 @@ def allowed_np(am, seg=None):
 
 def inputs(B=2, T=37, H=6, K=2, hd=16, dtype=jnp.float32, seed=0):
     ks = jax.random.split(jax.random.key(seed), 3)
-    return (jax.random.normal(ks[0], (B, T, H, hd)).astype(dtype), jax.random.normal(ks[1], (B, T, K, hd)).astype(dtype),
-            jax.random.normal(ks[2], (B, T, K, hd)).astype(dtype))
+    return (
+        jax.random.normal(ks[0], (B, T, H, hd)).astype(dtype),
+        jax.random.normal(ks[1], (B, T, K, hd)).astype(dtype),
+        jax.random.normal(ks[2], (B, T, K, hd)).astype(dtype),
+    )
 
 
-PADDING = {"right": [[1] * 30 + [0] * 7, [1] * 37],
-           "left": [[0] * 5 + [1] * 32, [0] * 11 + [1] * 26]}
+PADDING = {"right": [[1] * 30 + [0] * 7, [1] * 37], "left": [[0] * 5 + [1] * 32, [0] * 11 + [1] * 26]}
 SEGMENTS = [[1] * 10 + [2] * 20 + [0] * 7, [1] * 20 + [2] * 17]
 
 
 def run(impl, q, k, v, mask):
-    if impl == "cudnn-args":   # the cuDNN path's layout and mask handling on XLA's kernel
+    if impl == "cudnn-args":  # the cuDNN path's layout and mask handling on XLA's kernel
         return A._cudnn(q, k, v, mask, implementation="xla")
     return A.attend(q, k, v, mask, impl=impl, block_q=8, block_k=16)
 
@@ -62,12 +65,20 @@ def run(impl, q, k, v, mask):
 def _parity_cases():
     """Every combination; in the default run float32 with each padding for dense and
     blocked, and one case each for the cuDNN path and bfloat16 (the rest slow: ~1 s each)."""
-    default = {("dense", "left", "float32"), ("blocked", "left", "float32"), ("blocked", "segments", "float32"),
-               ("blocked", "right", "float32"), ("cudnn-args", "segments", "float32"),
-               ("blocked", "left", "bfloat16")}
-    return [pytest.param(i, p, d, id=f"{i}-{p}-{d}", marks=() if (i, p, d) in default else (pytest.mark.slow,))
-            for i in ("dense", "blocked", "cudnn-args") for p in ("right", "left", "segments")
-            for d in ("float32", "bfloat16")]
+    default = {
+        ("dense", "left", "float32"),
+        ("blocked", "left", "float32"),
+        ("blocked", "segments", "float32"),
+        ("blocked", "right", "float32"),
+        ("cudnn-args", "segments", "float32"),
+        ("blocked", "left", "bfloat16"),
+    }
+    return [
+        pytest.param(i, p, d, id=f"{i}-{p}-{d}", marks=() if (i, p, d) in default else (pytest.mark.slow,))
+        for i in ("dense", "blocked", "cudnn-args")
+        for p in ("right", "left", "segments")
+        for d in ("float32", "bfloat16")
+    ]
 
 
 @pytest.mark.parametrize("impl, padding, dtype", _parity_cases())
@@ -79,9 +90,9 @@ def test_each_implementation_matches_the_float64_formula(impl, padding, dtype):
     got = np.asarray(run(impl, q, k, v, mask), np.float64)
     want = reference(q, k, v, allowed_np(am, seg))
     real = am.astype(bool)
-    tol = 2e-6 if dtype == "float32" else 3e-2   # bfloat16: the probabilities are cast before p @ v
+    tol = 2e-6 if dtype == "float32" else 3e-2  # bfloat16: the probabilities are cast before p @ v
     np.testing.assert_allclose(got[real], want[real], atol=tol, rtol=tol)
-    assert np.isfinite(got).all()   # padding queries: finite, never NaN
+    assert np.isfinite(got).all()  # padding queries: finite, never NaN
 
 
 @pytest.mark.parametrize("impl", [pytest.param("dense", marks=pytest.mark.slow), "blocked"])
@@ -92,8 +103,9 @@ def test_the_cache_layout_and_slot_limits(impl):
     q, _, _ = inputs(B, T, H, K, hd, seed=1)
     kc, vc = (jax.random.normal(jax.random.key(s), (B, K, Sx, hd)) for s in (2, 3))
     limit = np.array([[3, 4, 5, 6, 7], [20, 21, 22, 23, 24]], np.int32)
-    got = A.attend(q, kc, vc, A.AttentionMask(limit=jnp.asarray(limit)), kv_layout="bksd", impl=impl,
-                   block_q=2, block_k=8)
+    got = A.attend(
+        q, kc, vc, A.AttentionMask(limit=jnp.asarray(limit)), kv_layout="bksd", impl=impl, block_q=2, block_k=8
+    )
     allowed = np.arange(Sx)[None, None, :] <= limit[:, :, None]
     want = reference(q, kc.swapaxes(1, 2), vc.swapaxes(1, 2), allowed)
     np.testing.assert_allclose(np.asarray(got, np.float64), want, atol=2e-6, rtol=2e-6)
@@ -104,7 +116,7 @@ def test_the_blocked_backward_matches_the_dense_autodiff(padding):
     q, k, v = inputs()
     am = jnp.asarray(PADDING["right" if padding == "segments" else padding])
     mask = A.AttentionMask.causal(am, jnp.asarray(SEGMENTS) if padding == "segments" else None)
-    w = jax.random.normal(jax.random.key(9), q.shape) * am[:, :, None, None]   # padding queries are masked
+    w = jax.random.normal(jax.random.key(9), q.shape) * am[:, :, None, None]  # padding queries are masked
 
     def loss(impl):
         return lambda q, k, v: jnp.sum(A.attend(q, k, v, mask, impl=impl, block_q=8, block_k=16) * w)
@@ -113,13 +125,14 @@ def test_the_blocked_backward_matches_the_dense_autodiff(padding):
     blocked = jax.jit(jax.grad(loss("blocked"), argnums=(0, 1, 2)))(q, k, v)
     for name, d, b in zip("qkv", dense, blocked):
         np.testing.assert_allclose(np.asarray(b), np.asarray(d), atol=5e-6, rtol=1e-5, err_msg=name)
-    assert float(jnp.max(jnp.abs(dense[1]))) > 0.1   # the check compares real gradients
+    assert float(jnp.max(jnp.abs(dense[1]))) > 0.1  # the check compares real gradients
 
 
-@pytest.mark.slow   # 7 s; the kernels' parity above is the check, this is the model's wiring
+@pytest.mark.slow  # 7 s; the kernels' parity above is the check, this is the model's wiring
 def test_a_model_forward_is_the_same_with_each_implementation():
-    cfg = M.DecoderConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-                          num_kv_heads=2, head_dim=8)
+    cfg = M.DecoderConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8
+    )
     params = M.init_params(jax.random.key(0), cfg)
     tokens = jax.random.randint(jax.random.key(1), (2, 37), 0, 64)
     am = jnp.asarray(PADDING["left"])
@@ -135,8 +148,16 @@ def test_auto_choice_and_bad_names():
     with pytest.raises(ValueError, match="attention implementation must be one of"):
         A.choose("flash", batch=1, heads=1, q_len=1, k_len=1, dtype=jnp.float32)
     with pytest.raises(ValueError, match="DecoderConfig.attention"):
-        M.DecoderConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=1, num_heads=2, num_kv_heads=1,
-                        head_dim=4, attention="flash")
+        M.DecoderConfig(
+            vocab_size=8,
+            hidden_size=8,
+            intermediate_size=8,
+            num_layers=1,
+            num_heads=2,
+            num_kv_heads=1,
+            head_dim=4,
+            attention="flash",
+        )
 
 
 def temp_bytes(fn, *args) -> int:
@@ -147,17 +168,27 @@ def test_the_blocked_scores_never_exist_whole():
     B, T, H, K, hd = 1, 2048, 8, 2, 32
     q, k, v = (jax.ShapeDtypeStruct((B, T, n, hd), jnp.float32) for n in (H, K, K))
     mask = A.AttentionMask.causal(jnp.ones((B, T), jnp.int32))
-    scores = B * H * T * T * 4   # 128 MiB
+    scores = B * H * T * T * 4  # 128 MiB
     dense = temp_bytes(lambda q, k, v: A.attend(q, k, v, mask, impl="dense"), q, k, v)
     blocked = temp_bytes(lambda q, k, v: A.attend(q, k, v, mask, impl="blocked"), q, k, v)
-    grad = temp_bytes(jax.grad(lambda q, k, v: jnp.sum(A.attend(q, k, v, mask, impl="blocked")), argnums=(0, 1, 2)),
-                      q, k, v)
+    grad = temp_bytes(
+        jax.grad(lambda q, k, v: jnp.sum(A.attend(q, k, v, mask, impl="blocked")), argnums=(0, 1, 2)), q, k, v
+    )
     assert dense > scores
     assert blocked < scores / 8 and grad < scores / 4, (blocked, grad, scores)
 
 
-QWEN25_15B_LAYER = dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_layers=1, num_heads=12,
-                        num_kv_heads=2, head_dim=128, qkv_bias=True, tie_word_embeddings=True)
+QWEN25_15B_LAYER = dict(
+    vocab_size=151936,
+    hidden_size=1536,
+    intermediate_size=8960,
+    num_layers=1,
+    num_heads=12,
+    num_kv_heads=2,
+    head_dim=128,
+    qkv_bias=True,
+    tie_word_embeddings=True,
+)
 
 
 @pytest.mark.parametrize("attention", ["auto", pytest.param("dense", marks=pytest.mark.slow)])
@@ -168,9 +199,11 @@ def test_a_prefill_at_qwen25_15b_layer_shapes_is_bounded_and_within_the_estimate
     B, T, Sx = 64, 512, 4096
     cfg = M.DecoderConfig(**QWEN25_15B_LAYER, attention=attention)
     params = jax.eval_shape(lambda: M.init_params(jax.random.key(0), cfg, dtype="bfloat16"))
-    state = S.SamplerState(cache=jax.eval_shape(lambda: decoder.init_cache(cfg, B, Sx, "bfloat16")),
-                           next_logits_BxV=jax.ShapeDtypeStruct((B, cfg.vocab_size), jnp.float32),
-                           keys_B=jax.eval_shape(lambda: jax.random.split(jax.random.key(0), B)))
+    state = S.SamplerState(
+        cache=jax.eval_shape(lambda: decoder.init_cache(cfg, B, Sx, "bfloat16")),
+        next_logits_BxV=jax.ShapeDtypeStruct((B, cfg.vocab_size), jnp.float32),
+        keys_B=jax.eval_shape(lambda: jax.random.split(jax.random.key(0), B)),
+    )
     tokens = jax.ShapeDtypeStruct((B, T), jnp.int32)
     temp = temp_bytes(lambda p, st, t, m: S.append_kernel(p, cfg, st, t, m), params, state, tokens, tokens)
     est = memory.prefill_bytes(cfg, rows=B, max_len=Sx, chunk=S.APPEND_CHUNK, param_dtype="bfloat16")
@@ -178,7 +211,7 @@ def test_a_prefill_at_qwen25_15b_layer_shapes_is_bounded_and_within_the_estimate
         assert temp < 2 * 2**30, temp / 2**30
     else:
         assert temp > 8 * 2**30, temp / 2**30
-    assert 1 / 1.5 < temp / est < 1.5, temp / est   # within 1.5x either way (auto: 0.73, dense: 1.04)
+    assert 1 / 1.5 < temp / est < 1.5, temp / est  # within 1.5x either way (auto: 0.73, dense: 1.04)
 
 
 def test_the_decode_attentions_two_forms_agree_and_the_accelerator_form_reads_kv_once_per_group():
@@ -204,10 +237,10 @@ def test_the_decode_attentions_two_forms_agree_and_the_accelerator_form_reads_kv
 def test_a_16_bit_cache_is_written_bit_for_bit():
     """`decoder.scatter_set` writes a bfloat16 cache as uint16 bits (XLA:CPU would scatter
     into a float32 copy of it): the same bits as a plain scatter, out-of-range slots dropped."""
-    cache = jax.random.normal(jax.random.key(0), (2, 3, 5, 8)).astype(jnp.bfloat16)   # [B, K, S, hd]
-    values = jax.random.normal(jax.random.key(1), (2, 3, 3, 8))                       # [B, T, K, hd]
+    cache = jax.random.normal(jax.random.key(0), (2, 3, 5, 8)).astype(jnp.bfloat16)  # [B, K, S, hd]
+    values = jax.random.normal(jax.random.key(1), (2, 3, 3, 8))  # [B, T, K, hd]
     rows = jnp.broadcast_to(jnp.arange(2)[:, None], (2, 3))
-    slots = jnp.array([[0, 1, 5], [3, 2, 1]])   # slot 5 is past the end: dropped
+    slots = jnp.array([[0, 1, 5], [3, 2, 1]])  # slot 5 is past the end: dropped
     want = cache.at[rows, :, slots].set(values.astype(jnp.bfloat16), mode="drop")
     got = decoder.scatter_set(cache, (rows, slice(None), slots), values)
     assert got.dtype == jnp.bfloat16 and not np.array_equal(np.asarray(got), np.asarray(cache))

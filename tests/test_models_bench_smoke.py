@@ -1,4 +1,5 @@
 """End-to-end smoke run of the W2 model benchmark, as a user calls it (slow)."""
+
 import json
 import subprocess
 import sys
@@ -14,8 +15,13 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_w2_model_step_quick_writes_jsonl(tmp_path):
     pytest.importorskip("torch")
     out = tmp_path / "w2.jsonl"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "w2_model_step.py"), "--quick", "--out", str(out)],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "w2_model_step.py"), "--quick", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     steps = {r["system"]: r for r in rows if r["kind"] == "policy_update"}
@@ -29,6 +35,7 @@ def test_w2_model_step_quick_writes_jsonl(tmp_path):
         assert r["tokens_per_s"] == pytest.approx(r["batch"] * r["seq"] / r["median_step_s"], rel=1e-12)
     ratio = [r for r in rows if r["kind"] == "ratio" and r["denominator"] == "torch"]
     assert len(ratio) == 1 and ratio[0]["jax_over_torch_tokens_per_s"] == pytest.approx(
-        steps["jax"]["tokens_per_s"] / steps["torch"]["tokens_per_s"], rel=1e-9)
+        steps["jax"]["tokens_per_s"] / steps["torch"]["tokens_per_s"], rel=1e-9
+    )
     mem = [r for r in rows if r["kind"] == "logprob_memory"]
     assert mem and all(r["chunked_temp_bytes"] < r["plain_temp_bytes"] for r in mem)

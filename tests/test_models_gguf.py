@@ -1,6 +1,7 @@
 """GGUF loading: a synthetic llama GGUF written the way llama.cpp's converter writes
 it (Q/K rows permuted) must give HF's logits; the packaged SmolLM2-135M-Instruct
 GGUF gives a working tokenizer and (slow) a sensible greedy answer."""
+
 import importlib.util
 
 import jax
@@ -25,10 +26,17 @@ def llama_cpp_permute(w, n_head):
 
 @pytest.fixture(scope="module")
 def tiny_llama_gguf(tmp_path_factory):
-    cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
-                                   rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-                                   tie_word_embeddings=False)
+    cfg = transformers.LlamaConfig(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=False,
+    )
     hf = transformers.LlamaForCausalLM(cfg).eval()
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -50,11 +58,17 @@ def tiny_llama_gguf(tmp_path_factory):
     w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
     w.add_tensor("output_norm.weight", sd["model.norm.weight"])
     w.add_tensor("output.weight", sd["lm_head.weight"])
-    names = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
-             "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
-             "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
-             "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
-             "mlp.down_proj.weight": "ffn_down.weight"}
+    names = {
+        "input_layernorm.weight": "attn_norm.weight",
+        "post_attention_layernorm.weight": "ffn_norm.weight",
+        "self_attn.q_proj.weight": "attn_q.weight",
+        "self_attn.k_proj.weight": "attn_k.weight",
+        "self_attn.v_proj.weight": "attn_v.weight",
+        "self_attn.o_proj.weight": "attn_output.weight",
+        "mlp.gate_proj.weight": "ffn_gate.weight",
+        "mlp.up_proj.weight": "ffn_up.weight",
+        "mlp.down_proj.weight": "ffn_down.weight",
+    }
     for i in range(2):
         for hf_n, g_n in names.items():
             t = sd[f"model.layers.{i}.{hf_n}"]
@@ -79,8 +93,9 @@ def test_gguf_llama_logits_match_hf(tiny_llama_gguf):
     mask[1, :3] = 0
     pos = np.maximum(np.cumsum(mask, 1) - 1, 0)
     with torch.no_grad():
-        ref = hf(input_ids=torch.tensor(tokens), attention_mask=torch.tensor(mask),
-                 position_ids=torch.tensor(pos)).logits.numpy()
+        ref = hf(
+            input_ids=torch.tensor(tokens), attention_mask=torch.tensor(mask), position_ids=torch.tensor(pos)
+        ).logits.numpy()
     out = np.asarray(model(jnp.asarray(tokens), attention_mask_BxT=jnp.asarray(mask)))
     assert np.max(np.abs(out[mask > 0] - ref[mask > 0])) <= 1e-4
 
@@ -113,8 +128,10 @@ def test_smollm2_gguf_config_and_tokenizer():
     assert pieces[:2] == ["Hello", ","] and "Ġworld" in pieces
     assert [p for p in pieces if p.isdigit()] == ["2", "0", "2", "6"]  # digits split one by one
     chat = tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True)
-    assert chat == ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
-                    "<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+    assert chat == (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+        "<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def greedy(model, prompt_ids, max_new, eos):
@@ -135,8 +152,9 @@ def greedy(model, prompt_ids, max_new, eos):
 def test_smollm2_gguf_answers_capital_of_france():
     model = M.load_pretrained("SmolLM2-135M-Instruct")
     tok = M.load_tokenizer("SmolLM2-135M-Instruct")
-    prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                     tokenize=True, add_generation_prompt=True)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}], tokenize=True, add_generation_prompt=True
+    )
     if not isinstance(prompt, list):
         prompt = prompt["input_ids"]
     answer = tok.decode(greedy(model, list(prompt), 24, tok.eos_token_id))
@@ -148,12 +166,12 @@ def test_files_that_are_not_gguf_or_cut_short_are_named(tiny_llama_gguf, tmp_pat
 
     _, path = tiny_llama_gguf
     wrong = tmp_path / "model.gguf"
-    wrong.write_bytes(b"PK\x03\x04" + b"\0" * 100)     # a zip file with the wrong suffix
+    wrong.write_bytes(b"PK\x03\x04" + b"\0" * 100)  # a zip file with the wrong suffix
     with pytest.raises(CheckpointError, match=rf"{wrong}: not a GGUF file \(its first bytes are b'PK"):
         load_pretrained(wrong)
     with pytest.raises(CheckpointError, match="not a GGUF file"):
         load_tokenizer(wrong)
     cut = tmp_path / "cut.gguf"
-    cut.write_bytes(path.read_bytes()[:200])           # inside the metadata
+    cut.write_bytes(path.read_bytes()[:200])  # inside the metadata
     with pytest.raises(CheckpointError, match=rf"{cut}: cannot read GGUF file of 200 bytes"):
         load_pretrained(cut)

@@ -3,6 +3,7 @@
 References are HF models with random weights; nothing here compares the code under
 test with itself.
 """
+
 import json
 import os
 
@@ -22,16 +23,30 @@ V = 256
 
 
 def tiny_hf_config(family: str):
-    common = dict(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                  rms_norm_eps=1e-6)
+    common = dict(
+        vocab_size=V,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-6,
+    )
     if family == "llama":  # Llama 3.1-style rope scaling, untied
-        rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 32, "rope_theta": 500000.0}
+        rope = {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+            "rope_theta": 500000.0,
+        }
         return transformers.LlamaConfig(**common, rope_parameters=rope, tie_word_embeddings=False)
     if family == "smollm2":  # Llama architecture, tied embeddings, rope theta 1e5
-        return transformers.LlamaConfig(**common, rope_parameters={"rope_type": "default", "rope_theta": 1e5},
-                                        tie_word_embeddings=True)
+        return transformers.LlamaConfig(
+            **common, rope_parameters={"rope_type": "default", "rope_theta": 1e5}, tie_word_embeddings=True
+        )
     if family == "qwen2":
         return transformers.Qwen2Config(**common, tie_word_embeddings=False)
     if family == "qwen3":  # head_dim decoupled from hidden / heads
@@ -94,8 +109,9 @@ def test_logits_match_hf_left_padded(family, hf_models, jax_models):
     model = jax_models[family]
     tokens, mask, positions = left_padded_batch()
     ref = hf_logits(hf, tokens, mask, positions)
-    out = np.asarray(_forward(model.params, model.config, jnp.asarray(tokens, jnp.int32),
-                              attention_mask_BxT=jnp.asarray(mask)))
+    out = np.asarray(
+        _forward(model.params, model.config, jnp.asarray(tokens, jnp.int32), attention_mask_BxT=jnp.asarray(mask))
+    )
     assert out.shape == ref.shape == (4, 16, V)
     real = mask.astype(bool)
     assert np.max(np.abs(out[real] - ref[real])) <= 1e-4
@@ -121,8 +137,15 @@ def test_packed_segments_match_separate_sequences(hf_models, jax_models):
     tokens = np.concatenate([a, b, np.zeros(3, int)])[None]
     seg = np.array([[1] * 6 + [2] * 5 + [0] * 3])
     mask = (seg > 0).astype(np.int32)
-    out = np.asarray(_forward(model.params, model.config, jnp.asarray(tokens, jnp.int32),
-                              attention_mask_BxT=jnp.asarray(mask), segment_ids_BxT=jnp.asarray(seg)))
+    out = np.asarray(
+        _forward(
+            model.params,
+            model.config,
+            jnp.asarray(tokens, jnp.int32),
+            attention_mask_BxT=jnp.asarray(mask),
+            segment_ids_BxT=jnp.asarray(seg),
+        )
+    )
     ref_a = hf_logits(hf, a[None])[0]
     ref_b = hf_logits(hf, b[None])[0]
     assert np.max(np.abs(out[0, :6] - ref_a)) <= 1e-4
@@ -144,7 +167,9 @@ def test_kv_cache_prefill_append_decode_equals_full_forward(family, hf_models, j
     cache = model.init_cache(batch=3, max_len=24)
     extend = jax.jit(lambda m, t, c, mk: m.extend(t, c, attention_mask_BxT=mk))
     outs, masks = [], []
-    for t, mk in [(tokens, mask), (chunk, chunk_mask)] + [(decode[:, i:i + 1], np.ones((3, 1), int)) for i in range(5)]:
+    for t, mk in [(tokens, mask), (chunk, chunk_mask)] + [
+        (decode[:, i : i + 1], np.ones((3, 1), int)) for i in range(5)
+    ]:
         logits, cache = extend(model, jnp.asarray(t, jnp.int32), cache, jnp.asarray(mk, jnp.int32))
         outs.append(np.asarray(logits))
         masks.append(mk)
@@ -180,14 +205,16 @@ def test_gradients_match_torch_autograd(remat, hf_models, jax_models):
     w = np.random.RandomState(5).randn(2, 10, V).astype(np.float32) * mask[:, :, None]
 
     def loss(params):
-        logits = M.forward(params, model.config, jnp.asarray(tokens, jnp.int32),
-                           attention_mask_BxT=jnp.asarray(mask), remat=remat)
+        logits = M.forward(
+            params, model.config, jnp.asarray(tokens, jnp.int32), attention_mask_BxT=jnp.asarray(mask), remat=remat
+        )
         return jnp.sum(logits * w)
 
     g = jax.jit(jax.grad(loss))(model.params)
     hf.zero_grad()
-    out = hf(input_ids=torch.tensor(tokens), attention_mask=torch.tensor(mask),
-             position_ids=torch.tensor(positions)).logits
+    out = hf(
+        input_ids=torch.tensor(tokens), attention_mask=torch.tensor(mask), position_ids=torch.tensor(positions)
+    ).logits
     (out * torch.tensor(w)).sum().backward()
     ref_q = np.stack([hf.model.layers[i].self_attn.q_proj.weight.grad.numpy().T for i in range(2)])
     ref_qb = np.stack([hf.model.layers[i].self_attn.q_proj.bias.grad.numpy() for i in range(2)])
@@ -213,9 +240,19 @@ def test_sharded_hf_checkpoint_loads(hf_models, tmp_path):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_save_then_transformers_loads_same_logits(family, tmp_path):
     hf_cfg = tiny_hf_config(family)
-    config = M.DecoderConfig.from_hf(hf_cfg.to_dict() | {"architectures": [
-        {"llama": "LlamaForCausalLM", "smollm2": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-         "qwen3": "Qwen3ForCausalLM"}[family]]})
+    config = M.DecoderConfig.from_hf(
+        hf_cfg.to_dict()
+        | {
+            "architectures": [
+                {
+                    "llama": "LlamaForCausalLM",
+                    "smollm2": "LlamaForCausalLM",
+                    "qwen2": "Qwen2ForCausalLM",
+                    "qwen3": "Qwen3ForCausalLM",
+                }[family]
+            ]
+        }
+    )
     params = M.init_params(jax.random.key(7), config, std=0.05)
     model = M.Model(params=params, config=config)
     out_dir = M.save_pretrained(model, tmp_path / "ckpt", max_shard_bytes=60_000 if family == "qwen2" else 10**9)
@@ -275,9 +312,10 @@ def test_unsupported_architecture_lists_supported(tmp_path):
 def test_param_axes_cover_every_leaf_with_known_names(jax_models):
     for model in jax_models.values():
         axes = M.param_axes(model.params)
-        pairs = jax.tree.leaves(jax.tree.map(lambda x, a: (x.ndim, a), model.params, axes,
-                                             is_leaf=lambda a: isinstance(a, tuple)),
-                                is_leaf=lambda a: isinstance(a, tuple) and len(a) == 2 and isinstance(a[0], int))
+        pairs = jax.tree.leaves(
+            jax.tree.map(lambda x, a: (x.ndim, a), model.params, axes, is_leaf=lambda a: isinstance(a, tuple)),
+            is_leaf=lambda a: isinstance(a, tuple) and len(a) == 2 and isinstance(a[0], int),
+        )
         assert pairs
         for ndim, ax in pairs:
             assert len(ax) == ndim
@@ -299,8 +337,9 @@ def test_sharded_forward_matches_hf(hf_models, jax_models):
     tokens, mask, positions = left_padded_batch(seed=9)
     ref = hf_logits(hf_models["qwen2"][0], tokens, mask, positions)
     with jax.set_mesh(mesh):
-        out = jax.jit(M.forward, static_argnums=1)(params, model.config, jnp.asarray(tokens, jnp.int32),
-                                                   attention_mask_BxT=jnp.asarray(mask))
+        out = jax.jit(M.forward, static_argnums=1)(
+            params, model.config, jnp.asarray(tokens, jnp.int32), attention_mask_BxT=jnp.asarray(mask)
+        )
     assert np.max(np.abs(np.asarray(out)[mask > 0] - ref[mask > 0])) <= 1e-4
 
 
@@ -311,8 +350,9 @@ def test_hf_dir_tokenizer_with_chat_template(tmp_path):
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     template = "{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} | {% endfor %}"
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="</s>",
-                                                chat_template=template)
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", eos_token="</s>", chat_template=template
+    )
     fast.save_pretrained(str(tmp_path))
     loaded = M.load_tokenizer(tmp_path)
     text = loaded.apply_chat_template([{"role": "user", "content": "hello world"}], tokenize=False)
@@ -332,13 +372,30 @@ def test_sentencepiece_dir_tokenizer_matches_sentencepiece(tmp_path):
     spm = pytest.importorskip("sentencepiece")
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(f"the quick brown fox jumps over the lazy dog {i} times" for i in range(200)))
-    spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(tmp_path / "tokenizer"), vocab_size=60,
-                                   model_type="bpe", bos_id=1, eos_id=2, unk_id=0, pad_id=-1, minloglevel=2)
+    spm.SentencePieceTrainer.train(
+        input=str(corpus),
+        model_prefix=str(tmp_path / "tokenizer"),
+        vocab_size=60,
+        model_type="bpe",
+        bos_id=1,
+        eos_id=2,
+        unk_id=0,
+        pad_id=-1,
+        minloglevel=2,
+    )
     corpus.unlink()
     (tmp_path / "tokenizer.vocab").unlink()
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
-        "chat_template": "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"}))
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "LlamaTokenizer",
+                "bos_token": "<s>",
+                "eos_token": "</s>",
+                "unk_token": "<unk>",
+                "chat_template": "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}",
+            }
+        )
+    )
     tok = M.load_tokenizer(tmp_path)
     ref = spm.SentencePieceProcessor(model_file=str(tmp_path / "tokenizer.model")).encode("the lazy dog 7")
     ids = [i for i in tok("the lazy dog 7")["input_ids"] if i != tok.bos_token_id]
@@ -360,12 +417,12 @@ def test_damaged_model_files_are_named(hf_models, tmp_path):
 
     d = copy("truncated")
     f = d / "model.safetensors"
-    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])      # the data section cut in half
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])  # the data section cut in half
     with pytest.raises(M.CheckpointError, match=rf"{f}: cannot read"):
         M.load_pretrained(d)
     d = copy("header")
     f = d / "model.safetensors"
-    f.write_bytes(f.read_bytes()[:5])                           # not even the header length
+    f.write_bytes(f.read_bytes()[:5])  # not even the header length
     with pytest.raises(M.CheckpointError, match=rf"{f}: cannot read safetensors file of 5 bytes \(truncated"):
         M.load_pretrained(d)
     d = copy("garbage")
@@ -414,11 +471,15 @@ def test_exported_directory_stops_generate_at_the_end_of_a_turn(tmp_path):
                 scores[:] = -1e9
                 scores[:, end] = 0.0
             else:
-                scores[:, end] = -1e9   # never earlier
+                scores[:, end] = -1e9  # never earlier
             return scores
 
     prompt = torch.tensor([tok.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")])
-    out_ids = hf.generate(prompt, max_new_tokens=20, do_sample=False,
-                          logits_processor=transformers.LogitsProcessorList([ForceEndAt(prompt.shape[1], 3)]))
-    new = out_ids[0, prompt.shape[1]:].tolist()
-    assert new[-1] == end and len(new) == 3, new      # stopped at the end of the turn, not after 20
+    out_ids = hf.generate(
+        prompt,
+        max_new_tokens=20,
+        do_sample=False,
+        logits_processor=transformers.LogitsProcessorList([ForceEndAt(prompt.shape[1], 3)]),
+    )
+    new = out_ids[0, prompt.shape[1] :].tolist()
+    assert new[-1] == end and len(new) == 3, new  # stopped at the end of the turn, not after 20

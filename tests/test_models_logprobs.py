@@ -1,4 +1,5 @@
 """Chunked log-probs / entropy against a float64 NumPy reference written from the formula."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -38,9 +39,9 @@ def test_chunked_matches_float64_reference(seq_chunk, vocab_chunk, tau):
     h = rng.randn(B, T, D).astype(np.float32)
     w = rng.randn(D, V).astype(np.float32) * 0.7
     y = rng.randint(0, V, (B, T))
-    logp, ent = jax.jit(M.chunked_logprobs_and_entropy,
-                        static_argnames=("temperature", "seq_chunk", "vocab_chunk"))(
-        jnp.asarray(h), jnp.asarray(w), jnp.asarray(y), temperature=tau, seq_chunk=seq_chunk, vocab_chunk=vocab_chunk)
+    logp, ent = jax.jit(M.chunked_logprobs_and_entropy, static_argnames=("temperature", "seq_chunk", "vocab_chunk"))(
+        jnp.asarray(h), jnp.asarray(w), jnp.asarray(y), temperature=tau, seq_chunk=seq_chunk, vocab_chunk=vocab_chunk
+    )
     ref_logp, ref_ent, _, _ = np_reference(h, w, y, tau)
     np.testing.assert_allclose(np.asarray(logp), ref_logp, atol=2e-5, rtol=1e-5)
     np.testing.assert_allclose(np.asarray(ent), ref_ent, atol=2e-5, rtol=1e-5)
@@ -56,8 +57,7 @@ def test_chunked_gradients_match_float64_formula():
     b = rng.randn(B, T).astype(np.float32)
 
     def loss(h, w):
-        logp, ent = M.chunked_logprobs_and_entropy(h, w, jnp.asarray(y), seq_chunk=4, vocab_chunk=32,
-                                                   temperature=0.9)
+        logp, ent = M.chunked_logprobs_and_entropy(h, w, jnp.asarray(y), seq_chunk=4, vocab_chunk=32, temperature=0.9)
         return jnp.sum(logp * a + ent * b)
 
     dh, dw = jax.jit(jax.grad(loss, argnums=(0, 1)))(jnp.asarray(h), jnp.asarray(w))
@@ -77,6 +77,7 @@ def test_chunked_never_materialises_full_logits():
         def loss(h, w, y):
             logp, ent = fn(h, w, y)
             return jnp.sum(logp) + jnp.sum(ent)
+
         return jax.jit(jax.grad(loss, argnums=(0, 1)))
 
     chunked = make(lambda h, w, y: M.chunked_logprobs_and_entropy(h, w, y, seq_chunk=32, vocab_chunk=2048))
@@ -87,8 +88,17 @@ def test_chunked_never_materialises_full_logits():
 
 def test_token_logprobs_align_with_tokens():
     """token_logprobs[:, t] = log p(x_t | x_<t) from an explicit log_softmax of the logits."""
-    cfg = M.DecoderConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-                          num_kv_heads=2, head_dim=8, tie_word_embeddings=True, model_type="llama")
+    cfg = M.DecoderConfig(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        tie_word_embeddings=True,
+        model_type="llama",
+    )
     params = M.init_params(jax.random.key(0), cfg, std=0.2)
     tokens = jax.random.randint(jax.random.key(1), (2, 11), 0, 97)
     logp, ent = M.token_logprobs(params, cfg, tokens, seq_chunk=4, vocab_chunk=40)

@@ -1,4 +1,5 @@
 """LoRA adapters and the value head, checked against NumPy / PyTorch references."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,8 +8,17 @@ import pytest
 
 from jaxagent import models as M
 
-CFG = M.DecoderConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-                      num_kv_heads=2, head_dim=8, qkv_bias=True, model_type="qwen2")
+CFG = M.DecoderConfig(
+    vocab_size=128,
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    qkv_bias=True,
+    model_type="qwen2",
+)
 LORA = M.LoraConfig(rank=4, alpha=8.0, targets=("q_proj", "v_proj", "down_proj"))
 
 
@@ -79,8 +89,9 @@ def test_only_adapters_train_and_optimizer_state_holds_only_them(lora_model):
     _, lp, cfg = lora_model
     tx = M.lora_optimizer(optax.adamw(1e-2), lp)
     state = tx.init(lp)
-    adapter_size = sum(x.size for p, x in jax.tree_util.tree_flatten_with_path(lp)[0]
-                       if p[-1].key in ("lora_a", "lora_b"))
+    adapter_size = sum(
+        x.size for p, x in jax.tree_util.tree_flatten_with_path(lp)[0] if p[-1].key in ("lora_a", "lora_b")
+    )
     state_size = sum(x.size for x in jax.tree.leaves(state) if hasattr(x, "size"))
     assert state_size == 2 * adapter_size + 1  # adam mu + nu for adapters, one step count
     tokens = jax.random.randint(jax.random.key(4), (2, 8), 0, 128)
@@ -137,7 +148,9 @@ def test_value_head_from_policy_matches_numpy(lora_model):
     assert vp["value_head"]["bias"].shape == ()
     assert M.param_axes(vp)["value_head"] == {"kernel": ("embed",), "bias": ()}
     # the trunk is the policy's: identical leaves
-    assert all(np.array_equal(vp["layers"][k][n], base["layers"][k][n]) for k in base["layers"] for n in base["layers"][k])
+    assert all(
+        np.array_equal(vp["layers"][k][n], base["layers"][k][n]) for k in base["layers"] for n in base["layers"][k]
+    )
     tokens = jax.random.randint(jax.random.key(7), (3, 5), 0, 128)
     mask = jnp.asarray([[1] * 5, [0, 0, 1, 1, 1], [0, 0, 0, 0, 1]])
     values = np.asarray(M.value_forward(vp, CFG, tokens, attention_mask_BxT=mask))
@@ -150,8 +163,9 @@ def test_value_head_from_policy_matches_numpy(lora_model):
     g = jax.grad(lambda p: jnp.sum(M.value_forward(p, CFG, tokens)))(fresh)
     # d/dw sum_bt (h_bt . w + b) = sum_bt h_bt, and d/db = the B x T = 15 positions
     h_fresh = np.asarray(M.forward_hidden(fresh, CFG, tokens), np.float64)
-    np.testing.assert_allclose(np.asarray(g["value_head"]["kernel"], np.float64), h_fresh.sum((0, 1)),
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(g["value_head"]["kernel"], np.float64), h_fresh.sum((0, 1)), rtol=1e-5, atol=1e-5
+    )
     assert float(g["value_head"]["bias"]) == 15.0 and np.abs(h_fresh.sum((0, 1))).max() > 1e-3
     with pytest.raises(ValueError, match="value_head"):
         M.value_forward(base, CFG, tokens)

@@ -17,16 +17,16 @@ virtual CPU devices (`hlo_testlib`):
   process's devices (`local_mesh`, `to_local`; simulated in one process here; the real
   two-process run is `test_parallel_multihost.py`'s slow test).
 """
+
+import hlo_testlib as H
 import jax
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-import hlo_testlib as H
-from jaxagent import CODE_PATHS_ENV
+from jaxagent import CODE_PATHS_ENV, parallel
 from jaxagent import models as M
-from jaxagent import parallel
 from jaxagent.rollout import Sampler
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (virtual) devices")
@@ -49,7 +49,7 @@ def decode_programs():
         mp.setenv(CODE_PATHS_ENV, "gpu")
         for name, shape in SHAPES.items():
             sampler = Sampler(params, CFG, max_len=32, window_segments=1, mesh=mesh_of(shape))
-            assert not sampler.unroll_layers   # the accelerators' decode
+            assert not sampler.unroll_layers  # the accelerators' decode
             text, err, _ = H.compile_text(H.decode_lowered(sampler))
             out[name] = {"text": text, "stderr": err}
             if name == "2x2x2":
@@ -70,7 +70,7 @@ def test_the_decode_loop_all_gathers_no_weight(decode_programs, name):
     assert all(row["bytes"] <= 2 * CFG.num_layers * rows_bytes for row in per_token.values()), per_token
 
 
-@pytest.mark.slow   # a positive control of the check above (~4 s of compiling): `make test-slow`
+@pytest.mark.slow  # a positive control of the check above (~4 s of compiling): `make test-slow`
 def test_the_detector_sees_the_training_layouts_weight_gathers():
     """The check above fails where it should: the sampler on the update's rules (weights
     split over fsdp, as before the sampler had rules of its own) all-gathers every weight
@@ -78,8 +78,9 @@ def test_the_detector_sees_the_training_layouts_weight_gathers():
     params = M.init_params(jax.random.key(0), CFG)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(CODE_PATHS_ENV, "gpu")
-        sampler = Sampler(params, CFG, max_len=32, window_segments=1, mesh=mesh_of(SHAPES["fsdp8"]),
-                          rules=parallel.LOGICAL_AXIS_RULES)
+        sampler = Sampler(
+            params, CFG, max_len=32, window_segments=1, mesh=mesh_of(SHAPES["fsdp8"]), rules=parallel.LOGICAL_AXIS_RULES
+        )
         text = H.compile_text(H.decode_lowered(sampler))[0]
     weight = H.smallest_weight_matrix(CFG)
     big = [c for c in H.loop_collectives(text) if c.op == "all-gather" and c.largest_result >= weight]
@@ -98,8 +99,11 @@ def test_no_involuntary_rematerialization_on_2x2x2(decode_programs):
     assert H.REMAT_WARNING in H.compile_text(lookup.lower(table, ids))[1]
 
     step_stderr = H.compile_text(H.train_step_lowered(mesh, CFG))[1]
-    for what, err in (("decode", decode_programs["2x2x2"]["stderr"]),
-                      ("append", decode_programs["2x2x2"]["append_stderr"]), ("train step", step_stderr)):
+    for what, err in (
+        ("decode", decode_programs["2x2x2"]["stderr"]),
+        ("append", decode_programs["2x2x2"]["append_stderr"]),
+        ("train step", step_stderr),
+    ):
         assert H.REMAT_WARNING not in err, f"the {what} on 2x2x2:\n{err[-3000:]}"
 
 
@@ -128,10 +132,12 @@ def test_each_process_samples_on_a_mesh_of_all_its_devices():
     tensor as in training, rows over its 2 fsdp devices); on tensor=8 (tensor spans the
     processes) all its 4 devices on the row axis with the weights whole. `to_local` keeps
     the values, and a `Sampler` given those params samples on that mesh."""
-    process_of = lambda d: d.id // 4   # noqa: E731
+    process_of = lambda d: d.id // 4  # noqa: E731
     host = M.init_params(jax.random.key(0), CFG)
-    for shape, local_shape, q_spec in (((2, 2, 2), {"data": 1, "fsdp": 2, "tensor": 2}, P(None, None, "tensor")),
-                                       ((1, 1, 8), {"data": 4, "fsdp": 1, "tensor": 1}, P(None, None, None))):
+    for shape, local_shape, q_spec in (
+        ((2, 2, 2), {"data": 1, "fsdp": 2, "tensor": 2}, P(None, None, "tensor")),
+        ((1, 1, 8), {"data": 4, "fsdp": 1, "tensor": 1}, P(None, None, None)),
+    ):
         mesh = mesh_of(shape)
         local = parallel.local_mesh(mesh, 1, process_of=process_of)
         assert dict(local.shape) == local_shape and sorted(d.id for d in local.devices.flat) == [4, 5, 6, 7]

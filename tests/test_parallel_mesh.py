@@ -9,6 +9,7 @@ which would turn a rounding-level difference in a near-zero gradient into a full
 `2 lr` difference, so the optimizer uses `eps = 1e-3` (the update is then Lipschitz in
 `g` and the comparison tests the sharded reductions, not sign noise).
 """
+
 import math
 
 import jax
@@ -17,10 +18,10 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from train_testlib import host
 
 from jaxagent import models as M
 from jaxagent import parallel as par
-from jaxagent.train import memory as train_memory
 from jaxagent.train import (
     LossConfig,
     OptimizerConfig,
@@ -33,15 +34,26 @@ from jaxagent.train import (
     sft_step,
     train_step,
 )
-from train_testlib import host
+from jaxagent.train import memory as train_memory
 
 # vocab 66: divisible by tensor=2 but not by tensor=4, so the 1x2x4 mesh exercises the
 # replicated fallback inside a real step (embedding rows / lm_head columns unsplit).
-CFG = M.DecoderConfig(vocab_size=66, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-                      num_kv_heads=2, head_dim=8, model_type="llama")
+CFG = M.DecoderConfig(
+    vocab_size=66,
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    model_type="llama",
+)
 B, T = 16, 10
-STEP = StepConfig(loss=LossConfig(kl_coef=0.1, entropy_coef=0.01),
-                  optim=OptimizerConfig(lr=1e-3, eps=1e-3, weight_decay=0.01), num_micro_batches=2)
+STEP = StepConfig(
+    loss=LossConfig(kl_coef=0.1, entropy_coef=0.01),
+    optim=OptimizerConfig(lr=1e-3, eps=1e-3, weight_decay=0.01),
+    num_micro_batches=2,
+)
 RTOL, ATOL = 1e-5, 1e-6
 N_STEPS = 3
 
@@ -56,10 +68,14 @@ def make_batch(seed, critic=False, B=B):
     mask = (r.rand(B, T) < 0.6).astype(np.float32)
     mask[:, 0] = 0.0
     mask[3] = 0.0  # a row with no policy token
-    f = dict(tokens=r.randint(0, CFG.vocab_size, (B, T)).astype(np.int32), loss_mask=mask,
-             advantages=r.randn(B, T).astype(np.float32), old_logp=old,
-             ref_logp=(old + 0.2 * r.randn(B, T)).astype(np.float32),
-             attention_mask=np.ones((B, T), np.int32))
+    f = dict(
+        tokens=r.randint(0, CFG.vocab_size, (B, T)).astype(np.int32),
+        loss_mask=mask,
+        advantages=r.randn(B, T).astype(np.float32),
+        old_logp=old,
+        ref_logp=(old + 0.2 * r.randn(B, T)).astype(np.float32),
+        attention_mask=np.ones((B, T), np.int32),
+    )
     f["attention_mask"][5, -3:] = 0
     f["loss_mask"][5, -3:] = 0.0
     if critic:
@@ -185,8 +201,9 @@ def test_sharded_sft_step_equals_single_device():
 @pytest.mark.slow
 def test_sharded_ppo_step_with_critic_equals_single_device():
     need_8()
-    cfg = StepConfig(optim=OptimizerConfig(lr=1e-3, eps=1e-3), critic_optim=OptimizerConfig(lr=3e-3, eps=1e-3),
-                     num_micro_batches=2)
+    cfg = StepConfig(
+        optim=OptimizerConfig(lr=1e-3, eps=1e-3), critic_optim=OptimizerConfig(lr=3e-3, eps=1e-3), num_micro_batches=2
+    )
     base = make_params()
     critic = M.value_params_from_policy(jax.random.key(1), base, CFG)
     batches = []
@@ -195,9 +212,14 @@ def test_sharded_ppo_step_with_critic_equals_single_device():
         batches.append(b.replace(old_values=critic_values(critic, CFG, b), ref_logp=None))
 
     def fresh():
-        return init_train_state(jax.random.key(0), make_params(), CFG, cfg,
-                                critic_params=M.value_params_from_policy(jax.random.key(1), make_params(), CFG),
-                                critic_config=CFG)
+        return init_train_state(
+            jax.random.key(0),
+            make_params(),
+            CFG,
+            cfg,
+            critic_params=M.value_params_from_policy(jax.random.key(1), make_params(), CFG),
+            critic_config=CFG,
+        )
 
     want = run_single_device(fresh(), batches, train_step, cfg)
     mesh = par.make_mesh(par.MeshConfig(1, 2, 4))
@@ -297,13 +319,15 @@ def test_lora_optimizer_state_follows_the_adapters():
     mesh = par.make_mesh(par.MeshConfig(2, 2, 2))
     specs = par.train_state_specs(state, mesh)
     # every adapter moment has its adapter's spec; the frozen leaves have no moments
-    param_spec = {jax.tree_util.keystr(path): sp for path, sp in jax.tree_util.tree_leaves_with_path(
-        specs.params, is_leaf=lambda x: isinstance(x, P))}
+    param_spec = {
+        jax.tree_util.keystr(path): sp
+        for path, sp in jax.tree_util.tree_leaves_with_path(specs.params, is_leaf=lambda x: isinstance(x, P))
+    }
     checked = 0
     for path, sp in jax.tree_util.tree_leaves_with_path(specs.opt_state, is_leaf=lambda x: isinstance(x, P)):
         key = jax.tree_util.keystr(path)
         if ".mu" in key or ".nu" in key:
-            own = key[key.index("['layers']"):]
+            own = key[key.index("['layers']") :]
             assert "lora_" in own and sp == param_spec[own], key
             checked += 1
     assert checked == 2 * 2 * 4  # mu and nu of lora_a and lora_b on q, k, v, o
@@ -347,13 +371,23 @@ def test_memory_estimate_params_and_optimizer_are_the_exact_shard_sizes():
     total = sum(math.prod(x.shape) * 4 for x in jax.tree.leaves(make_params()))
     one = train_memory.estimate_memory(CFG, STEP, par.MeshConfig(), batch_size=B, seq_len=T)
     assert one["params"] == total
-    assert train_memory.estimate_memory(CFG, STEP, {"data": 1, "fsdp": 2, "tensor": 1}, batch_size=B,
-                               seq_len=T)["params"] == total // 2
+    assert (
+        train_memory.estimate_memory(CFG, STEP, {"data": 1, "fsdp": 2, "tensor": 1}, batch_size=B, seq_len=T)["params"]
+        == total // 2
+    )
 
 
 def test_memory_estimate_scales_as_documented():
-    big = M.DecoderConfig(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=24,
-                          num_heads=14, num_kv_heads=2, head_dim=64, model_type="qwen2")
+    big = M.DecoderConfig(
+        vocab_size=151936,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_layers=24,
+        num_heads=14,
+        num_kv_heads=2,
+        head_dim=64,
+        model_type="qwen2",
+    )
     one = par.MeshConfig()
     kw = dict(batch_size=64, seq_len=2048)
     base = train_memory.estimate_memory(big, StepConfig(), one, **kw)
@@ -366,7 +400,9 @@ def test_memory_estimate_scales_as_documented():
     assert data8["params"] == base["params"] and data8["activations"] < base["activations"] / 7
     lora = train_memory.estimate_memory(big.replace(lora=M.LoraConfig(rank=8)), StepConfig(), one, **kw)
     assert lora["opt_state"] < base["opt_state"] / 50 and lora["grads"] < base["grads"] / 50
-    kv = train_memory.estimate_memory(big, StepConfig(), one, sample_batch=32, sample_len=4096, kv_dtype="bfloat16", **kw)
+    kv = train_memory.estimate_memory(
+        big, StepConfig(), one, sample_batch=32, sample_len=4096, kv_dtype="bfloat16", **kw
+    )
     assert kv["kv_cache"] == 2 * 24 * 32 * 2 * 4096 * 64 * 2
     ppo = train_memory.estimate_memory(big, StepConfig(), one, critic=True, **kw)
     assert ppo["params"] > 1.9 * base["params"] - 2 * 896 * 151936 * 4  # trunk twice, one lm_head
@@ -377,7 +413,9 @@ def test_memory_estimate_scales_as_documented():
 
 
 def test_check_fits_names_the_components():
-    est = train_memory.estimate_memory(CFG, STEP, par.MeshConfig(), batch_size=B, seq_len=T, sample_batch=4, sample_len=64)
+    est = train_memory.estimate_memory(
+        CFG, STEP, par.MeshConfig(), batch_size=B, seq_len=T, sample_batch=4, sample_len=64
+    )
     train_memory.check_fits(est, 10 * est["total"])
     with pytest.raises(train_memory.DoesNotFitError) as err:
         train_memory.check_fits(est, est["total"])  # 90% of it is usable: does not fit

@@ -6,15 +6,16 @@ atol 1e-6; the cross-process all-reduce sums in its own order).
 
 Also the single-process behaviour of `jaxagent.parallel.distributed` (no subprocess).
 """
+
 import json
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
+from multiprocess_testlib import run_process_group
 
 from jaxagent import parallel as par
-from multiprocess_testlib import run_process_group
 
 WORKER = Path(__file__).with_name("parallel_worker.py")
 TIMEOUT_S = 240
@@ -22,8 +23,9 @@ TIMEOUT_S = 240
 
 def _launch(out: Path, num_processes: int, devices: int, mode: str = "train") -> dict:
     """Runs the worker as `num_processes` processes (`run_process_group`)."""
-    run_process_group(WORKER, num_processes, lambda pid, port: (out, num_processes, pid, port, devices, mode),
-                      out, TIMEOUT_S)
+    run_process_group(
+        WORKER, num_processes, lambda pid, port: (out, num_processes, pid, port, devices, mode), out, TIMEOUT_S
+    )
     with np.load(out / "result.npz") as f:
         result = {k: f[k] for k in f.files}
     result["rows"] = [np.load(out / f"rows_{pid}.npy") for pid in range(num_processes)]
@@ -58,7 +60,7 @@ def test_two_processes_equal_one_process(tmp_path):
     assert float(single["metric/2/step"]) == 3.0 and float(single["metric/0/skipped"]) == 0.0
 
 
-@pytest.mark.slow   # two processes each compile a sampler on 4 devices and one on 1 (~25 s on 2 idle cores)
+@pytest.mark.slow  # two processes each compile a sampler on 4 devices and one on 1 (~25 s on 2 idle cores)
 def test_each_process_samples_on_all_its_own_devices(tmp_path):
     """2 processes x 4 devices on a 2 x 2 x 2 mesh: `Placement.sampler_params` gives each
     process the params on a mesh of its 4 devices (weights split over tensor as in
@@ -73,7 +75,7 @@ def test_each_process_samples_on_all_its_own_devices(tmp_path):
         assert r["sampler_mesh"] == {"data": 1, "fsdp": 2, "tensor": 2} and r["sampler_is_placement_mesh"], r
         assert r["q_spec"] == "P(None, None, 'tensor')" and r["fully_addressable"], r
         assert r["values_equal"] and r["copy_is_fresh"] and r["same_samples"] == [True, True], r
-        assert r["cache_spec"] == "P(None, 'fsdp', 'tensor', None, None)", r   # rows over its fsdp devices
+        assert r["cache_spec"] == "P(None, 'fsdp', 'tensor', None, None)", r  # rows over its fsdp devices
         assert r["wide_mesh"] == {"data": 4, "fsdp": 1, "tensor": 1} and r["wide_values_equal"], r
         assert r["wide_q_spec"] == "P(None, None, None)", r
 

@@ -4,11 +4,11 @@ The hand-derived per-token gradients of reference_numpy are checked against
 central finite differences of the reference values, and a few estimators
 against closed forms, so a mistake in a reference cannot pass silently.
 """
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
-
 import reference_numpy as ref
 from algos_testlib import B, T, multiturn_mask, randn, rng_for
 
@@ -74,6 +74,7 @@ def test_gspo_gradient_matches_straight_through_derivation():
             def lt(x):
                 s = np.exp(min(d_seq[i] + x, 10.0))
                 return max(-a * s, -a * np.clip(s, 1 - lo, 1 + hi))
+
             np.testing.assert_allclose(lt(0.0), L0[i, t], rtol=1e-12)
             fd = (lt(eps) - lt(-eps)) / (2 * eps)
             np.testing.assert_allclose(fd, G[i, t], rtol=1e-5, atol=1e-8)

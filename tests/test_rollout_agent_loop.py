@@ -7,6 +7,7 @@ exactly the sequence the trainer will see; observation tokens equal the tokeniza
 the ChatML text written out here by hand around what a separately replayed env says;
 the loss mask is 1 exactly on policy tokens; rewards, anchors and ends match the replay.
 """
+
 import dataclasses
 import functools
 
@@ -17,8 +18,8 @@ import pytest
 
 import envs
 from jaxagent import models as M
-from jaxagent.rollout import AgentLoop, AgentLoopConfig, SamplingConfig
 from jaxagent.models import tiny_config
+from jaxagent.rollout import AgentLoop, AgentLoopConfig, SamplingConfig
 from jaxagent.rollout.byte_tokenizer import byte_chat_tokenizer
 
 TOK = byte_chat_tokenizer()
@@ -51,15 +52,15 @@ def full_logp(params, tokens):
 
     Right-padded to CTX (one compilation; causal attention ignores what follows)."""
     row = np.zeros((1, CTX), np.int32)
-    row[0, :len(tokens)] = tokens
-    lg = np.asarray(_forward(params, jnp.asarray(row))[0, :len(tokens)], np.float64)
+    row[0, : len(tokens)] = tokens
+    lg = np.asarray(_forward(params, jnp.asarray(row))[0, : len(tokens)], np.float64)
     lg = lg - lg.max(-1, keepdims=True)
     return lg - np.log(np.exp(lg).sum(-1, keepdims=True))
 
 
 def chatml_observation(obs, after_eot):
     text = f"<|im_end|>\n<|im_start|>user\n{obs}<|im_end|>\n<|im_start|>assistant\n"
-    return text[len("<|im_end|>"):] if after_eot else text
+    return text[len("<|im_end|>") :] if after_eot else text
 
 
 def replay(name, seed, actions):
@@ -86,10 +87,15 @@ def check_token_exact(traj, eps, params, sampling):
         assert np.all(tokens[b, n:] == 0) and np.all(loss[b, n:] == 0)
         # prompt = the chat template rendered once, tokenized
         rep = replay("frozenlake", ep.seed, ep.actions)
-        prompt = TOK.encode(TOK.apply_chat_template(
-            [{"role": "system", "content": rep["system"]}, {"role": "user", "content": rep["obs"][0]}],
-            tokenize=False, add_generation_prompt=True), add_special_tokens=False)
-        assert tokens[b, :len(prompt)].tolist() == prompt
+        prompt = TOK.encode(
+            TOK.apply_chat_template(
+                [{"role": "system", "content": rep["system"]}, {"role": "user", "content": rep["obs"][0]}],
+                tokenize=False,
+                add_generation_prompt=True,
+            ),
+            add_special_tokens=False,
+        )
+        assert tokens[b, : len(prompt)].tolist() == prompt
         # walk the segments: policy tokens are the model's, observations are the env's text
         pos, turn = len(prompt), 0
         ref_logp = full_logp(params, tokens[b, :n])
@@ -107,8 +113,7 @@ def check_token_exact(traj, eps, params, sampling):
                     else:  # plain temperature: log-prob of the scaled distribution
                         z = ref_logp[t - 1] / sampling.temperature  # = logits / T up to a constant
                         z = z - z.max()
-                        np.testing.assert_allclose(logp[b, t], z[tokens[b, t]] - np.log(np.exp(z).sum()),
-                                                   atol=2e-4)
+                        np.testing.assert_allclose(logp[b, t], z[tokens[b, t]] - np.log(np.exp(z).sum()), atol=2e-4)
                 assert TOK.decode(seg, skip_special_tokens=True) == ep.actions[turn]
                 last_eot = len(seg) > 0 and seg[-1] == EOT
                 n_eot += last_eot
@@ -117,7 +122,7 @@ def check_token_exact(traj, eps, params, sampling):
             else:
                 expected = TOK.encode(chatml_observation(rep["obs"][turn], last_eot), add_special_tokens=False)
                 assert seg == expected
-                assert np.all(loss[b, pos:pos + len(seg)] == 0) and np.all(tid[b, pos:pos + len(seg)] == -1)
+                assert np.all(loss[b, pos : pos + len(seg)] == 0) and np.all(tid[b, pos : pos + len(seg)] == -1)
             pos += len(seg)
         assert pos == n
         assert int(loss[b].sum()) == sum(len(s) for k, s in ep.segments if k == "policy")
@@ -188,12 +193,18 @@ def test_env_failure_ends_only_that_episode():
 def test_context_limit_truncates_with_the_reason():
     env = envs.make("testing/faulty")
     obs, _ = env.reset(0)
-    prompt = TOK.encode(TOK.apply_chat_template(
-        [{"role": "system", "content": env.system_prompt}, {"role": "user", "content": obs}],
-        tokenize=False, add_generation_prompt=True), add_special_tokens=False)
+    prompt = TOK.encode(
+        TOK.apply_chat_template(
+            [{"role": "system", "content": env.system_prompt}, {"role": "user", "content": obs}],
+            tokenize=False,
+            add_generation_prompt=True,
+        ),
+        add_special_tokens=False,
+    )
     for room, policy_tokens in ((6, 4), (2, 2)):  # observation does not fit / action cut by the limit
-        cfg = AgentLoopConfig(max_turns=4, max_tokens_per_turn=4, max_context=len(prompt) + room,
-                              sampling=SamplingConfig(1.0))
+        cfg = AgentLoopConfig(
+            max_turns=4, max_tokens_per_turn=4, max_context=len(prompt) + room, sampling=SamplingConfig(1.0)
+        )
         with envs.EnvPool(["testing/faulty"] * 2, num_workers=1) as pool:
             traj, eps = AgentLoop(random_params(), CFG, TOK, cfg).run(pool, [0, 0])
         assert [e.end_reason for e in eps] == ["context_full"] * 2 and bool(np.all(traj.truncated))
@@ -250,8 +261,9 @@ def test_run_arguments_seed_sampling_and_row_offset():
     batch played with its row offset samples what those rows sampled in the whole batch,
     and `sampling` replaces the config's without touching it."""
     params = random_params()
-    cfg = AgentLoopConfig(max_turns=2, max_tokens_per_turn=6, max_context=CTX,
-                          sampling=SamplingConfig(temperature=1.0), seed=3)
+    cfg = AgentLoopConfig(
+        max_turns=2, max_tokens_per_turn=6, max_context=CTX, sampling=SamplingConfig(temperature=1.0), seed=3
+    )
     loop = AgentLoop(params, CFG, TOK, cfg)
     seeds = [5, 6, 7, 8]
     with envs.EnvPool(["frozenlake"] * 4, num_workers=0) as pool:
@@ -267,8 +279,8 @@ def test_run_arguments_seed_sampling_and_row_offset():
     np.testing.assert_array_equal(tok(whole), tok(again))
     assert not np.array_equal(tok(whole), tok(other))
     np.testing.assert_array_equal(tok(tail), tok(whole)[2:])  # rows 2, 3 of the whole batch
-    assert not np.array_equal(tok(head), tok(whole)[2:])      # without the offset: rows 0, 1's keys
-    assert loop.config == cfg                                  # nothing was mutated
+    assert not np.array_equal(tok(head), tok(whole)[2:])  # without the offset: rows 0, 1's keys
+    assert loop.config == cfg  # nothing was mutated
     # greedy through the argument = a loop configured greedy
     greedy_loop = AgentLoop(params, CFG, TOK, dataclasses.replace(cfg, sampling=SamplingConfig(temperature=0.0)))
     with envs.EnvPool(["frozenlake"] * 4, num_workers=0) as pool:
@@ -282,13 +294,15 @@ def test_invalid_and_noop_actions_are_counted_per_episode_and_in_evaluation():
     """Counts from the loop equal a fresh replay's count of the env's `invalid_action`
     and `noop` infos; the held-out summary's fractions are those counts over turns."""
     from jaxagent.train.evaluate import evaluate_policy
+
     kw = dict(height=6, width=6, num_boxes=1, max_steps=8)
     cfg = AgentLoopConfig(max_turns=8, max_tokens_per_turn=3, max_context=CTX, sampling=SamplingConfig(0.1))
     loop = AgentLoop(eager_stop_params(), CFG, TOK, cfg)
     with envs.EnvPool([functools.partial(envs.make, "sokoban", **kw)] * 8, num_workers=1) as pool:
         _, eps = loop.run(pool, list(range(8)), seed=5)
-        summary = evaluate_policy(loop, pool, eager_stop_params(), episodes=8, first_seed=0, temperature=0.1,
-                                  sampling_seed=5, details=True)
+        summary = evaluate_policy(
+            loop, pool, eager_stop_params(), episodes=8, first_seed=0, temperature=0.1, sampling_seed=5, details=True
+        )
     totals = {"invalid_action": 0, "noop": 0, "turns": 0}
     for ep in eps:
         env = envs.make("sokoban", **kw)
@@ -326,8 +340,14 @@ def test_a_groups_shared_prompt_is_prefilled_once_with_the_same_episodes(pipelin
     distinct prompt once (`share_prompts`, the default) and plays, sampled, the tokens
     and log-probs of the loop that prefills every row."""
     params = random_params()
-    cfg = AgentLoopConfig(max_turns=3, max_tokens_per_turn=8, max_context=CTX, pipeline_groups=pipeline_groups,
-                          sampling=SamplingConfig(temperature=1.0), seed=3)
+    cfg = AgentLoopConfig(
+        max_turns=3,
+        max_tokens_per_turn=8,
+        max_context=CTX,
+        pipeline_groups=pipeline_groups,
+        sampling=SamplingConfig(temperature=1.0),
+        seed=3,
+    )
     seeds = [5] * 4 + [9] * 4
     runs, rows_prefilled = {}, {}
     for share in (True, False):

@@ -1,4 +1,5 @@
 """End-to-end smoke runs of the W1, W3 and W12 benchmarks, as a user calls them (slow)."""
+
 import importlib.util
 import json
 import math
@@ -13,8 +14,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def run(script, tmp_path, *extra):
     out = tmp_path / f"{script}.jsonl"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{script}.py"), "--quick", "--out", str(out),
-                           *extra], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / f"{script}.py"), "--quick", "--out", str(out), *extra],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [json.loads(line) for line in out.read_text().splitlines()]
 
@@ -41,7 +47,9 @@ def test_w1_generate_quick(tmp_path):
     # each rate is the batch's new tokens over the median call
     assert all(rate_of(r["tokens_per_s"], r["batch"] * r["new_tokens"], r["median_s"]) for r in rows), rows
     # same weights and prompts: every system's greedy tokens equal jaxagent's (the ceiling samples none)
-    assert all(r["greedy_agree_with_jaxagent"] == 1.0 for r in rows if r["mode"] == "greedy" and r["system"] != "ceiling")
+    assert all(
+        r["greedy_agree_with_jaxagent"] == 1.0 for r in rows if r["mode"] == "greedy" and r["system"] != "ceiling"
+    )
     # jaxagent against the matmul-only ceiling, one line per mode, from the same run's rates
     assert sorted(r["mode"] for r in versus) == ["greedy", "temperature_1.0"], versus
     rate = {(r["system"], r["mode"]): r["tokens_per_s"] for r in rows}
@@ -62,16 +70,20 @@ def test_w3_multiturn_quick(tmp_path):
     live = [r for r in rows if r["variant"] == "live"]
     assert all("ratio_vs_jaxagent_reencode" in r for r in live)
     # each rate is the episodes' policy tokens over the median rollout
-    assert all(rate_of(r["tokens_per_s"], r["episodes"] * r["turns"] * r["tokens_per_turn"], r["rollout_s"])
-               for r in rows), rows
+    assert all(
+        rate_of(r["tokens_per_s"], r["episodes"] * r["turns"] * r["tokens_per_turn"], r["rollout_s"]) for r in rows
+    ), rows
 
 
 @pytest.mark.slow
 def test_w12_shared_prompt_quick(tmp_path):
     rows = run("w12_shared_prompt", tmp_path)
-    assert {(r["variant"], r["mode"]) for r in rows} == {(v, m) for v in ("per_row", "shared")
-                                                         for m in ("greedy", "temperature_1.0")}
+    assert {(r["variant"], r["mode"]) for r in rows} == {
+        (v, m) for v in ("per_row", "shared") for m in ("greedy", "temperature_1.0")
+    }
     # sharing the prompt does not change what is decoded
     assert all(r["greedy_tokens_agree"] for r in rows if r["mode"] == "greedy")
-    assert all(rate_of(r["tokens_per_s"], r["groups"] * r["group_size"] * r["turns"] * r["tokens_per_turn"],
-                       r["rollout_s"]) for r in rows), rows
+    assert all(
+        rate_of(r["tokens_per_s"], r["groups"] * r["group_size"] * r["turns"] * r["tokens_per_turn"], r["rollout_s"])
+        for r in rows
+    ), rows

@@ -5,16 +5,21 @@ concatenated must be exactly the template's rendering of the full conversation; 
 checked on ChatML, a Llama-3-style template, and a template with no special
 end-of-turn token.
 """
+
 import pytest
 
 from jaxagent.rollout import ChatFormat, ChatTemplateError
 from jaxagent.rollout.byte_tokenizer import byte_chat_tokenizer
 
-LLAMA3 = ("<|begin_of_text|>{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
-          "{{ m['content'] }}<|eot_id|>{% endfor %}"
-          "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
-PLAIN = ("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
-         "{% if add_generation_prompt %}[assistant] {% endif %}")
+LLAMA3 = (
+    "<|begin_of_text|>{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+    "{{ m['content'] }}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+PLAIN = (
+    "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}[assistant] {% endif %}"
+)
 
 
 def tokenizer(template, extra=()):
@@ -22,16 +27,19 @@ def tokenizer(template, extra=()):
 
     tok = byte_chat_tokenizer()
     if extra:
-        tok.add_special_tokens({"additional_special_tokens": [AddedToken(t, special=True, normalized=False)
-                                                              for t in extra]})
+        tok.add_special_tokens(
+            {"additional_special_tokens": [AddedToken(t, special=True, normalized=False) for t in extra]}
+        )
     tok.chat_template = template
     return tok
 
 
 CASES = {
     "chatml": (tokenizer(byte_chat_tokenizer().chat_template), "<|im_end|>"),
-    "llama3": (tokenizer(LLAMA3, ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")),
-               "<|eot_id|>"),
+    "llama3": (
+        tokenizer(LLAMA3, ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")),
+        "<|eot_id|>",
+    ),
     "plain": (tokenizer(PLAIN), None),
 }
 
@@ -68,7 +76,8 @@ def test_message_observations_and_errors():
     assert chat.observation_text("42", True) == "\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n"
     two = [{"role": "tool", "content": "42"}, {"role": "user", "content": "next?"}]
     assert chat.observation_text(two, False) == (
-        "<|im_end|>\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>user\nnext?<|im_end|>\n<|im_start|>assistant\n")
+        "<|im_end|>\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>user\nnext?<|im_end|>\n<|im_start|>assistant\n"
+    )
     with pytest.raises(TypeError, match="observation"):
         chat.observation_text(42, False)
     bare = byte_chat_tokenizer()

@@ -8,6 +8,7 @@ rounding, since XLA:CPU's per-row results may differ in the last bits with the b
 shape), with fault-free envs, with envs that fail in every way the pool reports, and
 with episodes that end early.
 """
+
 import dataclasses
 import functools
 import json
@@ -24,8 +25,8 @@ import envs
 from envs import EnvPool
 from envs.pool import PoolCall
 from jaxagent import models as M
-from jaxagent.rollout import AgentLoop, AgentLoopConfig, SamplingConfig
 from jaxagent.models import tiny_config
+from jaxagent.rollout import AgentLoop, AgentLoopConfig, SamplingConfig
 from jaxagent.rollout.byte_tokenizer import byte_chat_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,18 +34,51 @@ TOK = byte_chat_tokenizer()
 CFG = tiny_config(vocab_size=len(TOK))
 faulty = functools.partial(envs.make, "testing/faulty")
 
-TRAJ_EXACT = ("tokens", "attention_mask", "loss_mask", "turn_ids", "rewards", "group_ids", "turn_rewards",
-              "turn_mask", "anchor_ids", "episode_return", "lengths", "num_turns", "done", "truncated", "failed")
-EP_EXACT = ("index", "seed", "group_id", "tokens", "loss_mask", "turn_ids", "segments", "rewards", "state_keys",
-            "actions", "observations", "finish_reasons", "done", "truncated", "failed", "end_reason", "failure",
-            "system_prompt", "state_key", "info")
+TRAJ_EXACT = (
+    "tokens",
+    "attention_mask",
+    "loss_mask",
+    "turn_ids",
+    "rewards",
+    "group_ids",
+    "turn_rewards",
+    "turn_mask",
+    "anchor_ids",
+    "episode_return",
+    "lengths",
+    "num_turns",
+    "done",
+    "truncated",
+    "failed",
+)
+EP_EXACT = (
+    "index",
+    "seed",
+    "group_id",
+    "tokens",
+    "loss_mask",
+    "turn_ids",
+    "segments",
+    "rewards",
+    "state_keys",
+    "actions",
+    "observations",
+    "finish_reasons",
+    "done",
+    "truncated",
+    "failed",
+    "end_reason",
+    "failure",
+    "system_prompt",
+    "state_key",
+    "info",
+)
 
 
 @pytest.fixture(scope="module")
 def loop():
     """One loop (one sampler: compilations shared); tests set `loop.config`."""
-    return AgentLoop(M.init_params(jax.random.key(0), CFG, std=0.3), CFG, TOK,
-                     AgentLoopConfig(max_context=512))
+    return AgentLoop(M.init_params(jax.random.key(0), CFG, std=0.3), CFG, TOK, AgentLoopConfig(max_context=512))
 
 
 def rollouts(loop, cfg, env_fns, seeds, groups, num_workers=2, **pool_kw):
@@ -73,7 +107,7 @@ def assert_same(a, b):
         np.testing.assert_allclose(x.logp, y.logp, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.slow   # 36 s; the continuous fault test below runs by default
+@pytest.mark.slow  # 36 s; the continuous fault test below runs by default
 def test_fault_free_and_early_ending_episodes_are_identical(loop):
     # horizons 1..8: episodes end at different turns, so sub-batches shrink and one
     # sub-batch can leave the pipeline before the other
@@ -141,8 +175,18 @@ def test_faulty_envs_are_identical(loop):
     assert_same(out[1], out["s4"])
     _, eps = out["s4"]
     kinds = [e.info.get("failure_kind") for e in eps]
-    assert kinds == ["crash", None, "exception", "invalid_result", "timeout", "crash", "unpicklable", None,
-                     None, "invalid_result"]
+    assert kinds == [
+        "crash",
+        None,
+        "exception",
+        "invalid_result",
+        "timeout",
+        "crash",
+        "unpicklable",
+        None,
+        None,
+        "invalid_result",
+    ]
     assert eps[7].end_reason == "env_failed" and eps[7].tokens == []  # failed at reset
     assert [eps[i].end_reason for i in (1, 8)] == ["terminated"] * 2
 
@@ -153,8 +197,12 @@ def test_episode_lost_while_another_sub_batch_steps(loop):
     deterministic, so its replay into the new worker diverges while A steps: the pool
     reports it in A's call and the loop ends B's episode at its own next step, as the
     one-group rollout does."""
-    fns = [functools.partial(faulty, fault="crash", at_step=2, horizon=4), faulty,
-           functools.partial(faulty, fault="nondeterministic", horizon=4), faulty]
+    fns = [
+        functools.partial(faulty, fault="crash", at_step=2, horizon=4),
+        faulty,
+        functools.partial(faulty, fault="nondeterministic", horizon=4),
+        faulty,
+    ]
     cfg = AgentLoopConfig(max_turns=4, max_tokens_per_turn=4, max_context=512, sampling=SamplingConfig(1.0))
     out = rollouts(loop, cfg, fns, [0, 1, 2, 3], (1, 2, "s4", "s3"))
     for g in (1, 2, "s4", "s3"):
@@ -173,8 +221,12 @@ def test_continuous_episode_lost_while_waiting_for_its_decode(loop):
     worker (slot 2's env answered first and it waits for a decode), so the pool reports
     its replay failure unasked; the loop keeps it and makes it that episode's next step
     result, as the turn-synchronous loop does."""
-    fns = [functools.partial(faulty, fault="crash", at_step=2, horizon=4), faulty,
-           functools.partial(faulty, fault="nondeterministic", horizon=4), faulty]
+    fns = [
+        functools.partial(faulty, fault="crash", at_step=2, horizon=4),
+        faulty,
+        functools.partial(faulty, fault="nondeterministic", horizon=4),
+        faulty,
+    ]
     with EnvPool(fns, num_workers=2) as pool:
         pool.send({i: ("reset", i) for i in range(4)})
         while pool.in_flight():
@@ -188,8 +240,13 @@ def test_continuous_episode_lost_while_waiting_for_its_decode(loop):
         assert pool.poll() == {}
         assert got[0][4]["failure_kind"] == "crash"
         assert got[2][4]["failure_kind"] == "replay_diverged"  # reported though nothing was sent
-    out = rollouts(loop, AgentLoopConfig(max_turns=4, max_tokens_per_turn=4, max_context=512,
-                                         sampling=SamplingConfig(1.0)), fns, [0, 1, 2, 3], ("s4",))
+    out = rollouts(
+        loop,
+        AgentLoopConfig(max_turns=4, max_tokens_per_turn=4, max_context=512, sampling=SamplingConfig(1.0)),
+        fns,
+        [0, 1, 2, 3],
+        ("s4",),
+    )
     traj, eps = out["s4"]
     assert [e.info.get("failure_kind") for e in eps] == ["crash", None, "replay_diverged", None]
 
@@ -237,7 +294,8 @@ def test_send_and_poll_let_a_slow_step_hold_only_its_worker():
 
 def test_pool_handles_and_ready():
     fns = [functools.partial(envs.make, "testing/busy", work=20000)] * 2 + [
-        functools.partial(faulty, fault="hang", at_step=1, hang_s=30)]
+        functools.partial(faulty, fault="hang", at_step=1, hang_s=30)
+    ]
     with EnvPool(fns, num_workers=2, step_timeout=1.0) as pool:
         h = pool.submit_reset([0, 1, 2])
         assert isinstance(h, PoolCall) and h.kind == "reset"
@@ -273,12 +331,17 @@ def test_w7_benchmark_quick(tmp_path):
     sys.path.insert(0, str(ROOT / "benchmarks"))  # also for the workers, which import its env
     try:
         import w7_overlap
+
         w7_overlap.main(["--quick", "--out", str(out)])
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["env"], r["pipeline_groups"]) for r in rows] == [
-        ("testing/busy", 1), ("testing/busy", 2), ("latency", 1), ("latency", 2)]
+        ("testing/busy", 1),
+        ("testing/busy", 2),
+        ("latency", 1),
+        ("latency", 2),
+    ]
     for r in rows:
         assert r["same_trajectories"] and r["max_logp_diff"] < 1e-4
         assert r["all_rollout_s"] == [r["rollout_s"]]  # --quick: one timed repeat
@@ -301,15 +364,21 @@ def test_w7_benchmark_quick(tmp_path):
     # the speedup is of the unrounded one-group time: within 5e-5 / rollout_s, then rounded
     base = {r["env"]: r["rollout_s"] for r in rows if r["pipeline_groups"] == 1}
     for r in rows:
-        assert r["speedup_vs_groups_1"] == pytest.approx(base[r["env"]] / r["rollout_s"],
-                                                         abs=5e-5 / r["rollout_s"] + 5e-4 + 1e-9), r
+        assert r["speedup_vs_groups_1"] == pytest.approx(
+            base[r["env"]] / r["rollout_s"], abs=5e-5 / r["rollout_s"] + 5e-4 + 1e-9
+        ), r
 
 
 @pytest.mark.slow  # ~15-30 s on 2 cores: `make test-slow`
 def test_w9_benchmark_quick_through_the_cli(tmp_path):
     out = tmp_path / "w9.jsonl"
-    proc = subprocess.run([sys.executable, "-m", "jaxagent", "bench", "rollout", "--quick", "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxagent", "bench", "rollout", "--quick", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["variant"] for r in rows] == ["sync", "groups=2", "slots=4"]

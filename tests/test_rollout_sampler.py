@@ -1,13 +1,14 @@
 """The KV-cache sampler against independent references: a plain full-forward loop
 (no cache) for tokens and log-probs, float64 NumPy for the sampling distributions."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from jaxagent import models as M
-from jaxagent.rollout import GREEDY, Sampler, SamplingConfig, processed_logits, sample_tokens
 from jaxagent.models import tiny_config
+from jaxagent.rollout import GREEDY, Sampler, SamplingConfig, processed_logits, sample_tokens
 
 CFG = tiny_config(vocab_size=97)
 PARAMS = M.init_params(jax.random.key(0), CFG, std=0.3)  # peaked logits: distinct argmaxes
@@ -24,7 +25,7 @@ def full_logits(seq, params=None):
     attention, padding after the last token cannot change its logits.
     """
     toks = np.zeros((1, _REF_LEN), np.int32)
-    toks[0, :len(seq)] = seq
+    toks[0, : len(seq)] = seq
     out = _forward(PARAMS if params is None else params, jnp.asarray(toks))
     return np.asarray(out[0, len(seq) - 1], np.float64)
 
@@ -42,7 +43,7 @@ def reference_greedy(prompt, n):
         t = int(np.argmax(lg))
         logps.append(log_softmax(lg)[t])
         seq.append(t)
-    return seq[len(prompt):], logps
+    return seq[len(prompt) :], logps
 
 
 def np_processed(logits, temperature, top_k=0, top_p=1.0, min_p=0.0):
@@ -80,22 +81,30 @@ def test_greedy_matches_full_forward_loop_with_ragged_prompts():
 
 def test_temperature_logprobs_are_those_of_the_scaled_distribution():
     s = Sampler(PARAMS, CFG, max_len=32, min_bucket=4)
-    for sampling in (SamplingConfig(0.7), SamplingConfig(1.3, top_k=5), SamplingConfig(1.0, top_p=0.8),
-                     SamplingConfig(1.0, min_p=0.1), SamplingConfig(0.9, top_k=20, top_p=0.9, min_p=0.05)):
+    for sampling in (
+        SamplingConfig(0.7),
+        SamplingConfig(1.3, top_k=5),
+        SamplingConfig(1.0, top_p=0.8),
+        SamplingConfig(1.0, min_p=0.1),
+        SamplingConfig(0.9, top_k=20, top_p=0.9, min_p=0.05),
+    ):
         _, gen = s.generate(PROMPTS, max_new_tokens=5, sampling=sampling, seed=3)
         toks, logps, _ = Sampler.to_lists(gen)
         for b, p in enumerate(PROMPTS):
             seq = list(p)
             for t, lp in zip(toks[b], logps[b]):
-                ref = np_processed(full_logits(seq), sampling.temperature, sampling.top_k, sampling.top_p,
-                                   sampling.min_p)
+                ref = np_processed(
+                    full_logits(seq), sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p
+                )
                 assert np.isfinite(ref[t]), f"{sampling}: sampled token {t} outside the support"
                 np.testing.assert_allclose(lp, ref[t], atol=2e-4)
                 seq.append(t)
 
 
-@pytest.mark.parametrize("kw", [dict(top_k=7), dict(top_p=0.6), dict(min_p=0.2), dict(top_k=30, top_p=0.95),
-                                dict(top_k=10, top_p=0.7, min_p=0.1)])
+@pytest.mark.parametrize(
+    "kw",
+    [dict(top_k=7), dict(top_p=0.6), dict(min_p=0.2), dict(top_k=30, top_p=0.95), dict(top_k=10, top_p=0.7, min_p=0.1)],
+)
 def test_processed_logits_match_numpy(kw):
     rng = np.random.RandomState(1)
     logits = (rng.randn(4, 97) * 2).astype(np.float32)
@@ -114,7 +123,8 @@ def test_sampled_frequencies_follow_the_numpy_distribution():
     n = 20000
     keys = jax.random.split(jax.random.key(7), n)
     toks, _ = jax.jit(lambda k, l: sample_tokens(l, k, jnp.zeros((n,), jnp.int32), sc))(
-        keys, jnp.broadcast_to(jnp.asarray(logits), (n, 97)))
+        keys, jnp.broadcast_to(jnp.asarray(logits), (n, 97))
+    )
     freq = np.bincount(np.asarray(toks), minlength=97) / n
     p = np.exp(np_processed(logits[0], 1.2, top_k=12, top_p=0.85))
     assert np.all(freq[p == 0] == 0)
@@ -143,14 +153,13 @@ def test_stop_tokens_sequences_and_per_row_limits():
     stop_tokens = [[ref[0][3]], [-1], [-1]]
     stop_seqs = [[[96, 96]], [ref[1][2:5]], [[96]]]
     first0 = ref[0].index(ref[0][3])
-    _, gen = s.generate(PROMPTS, max_new_tokens=8, stop_tokens=stop_tokens, stop_sequences=stop_seqs,
-                        max_new=[8, 8, 2])
+    _, gen = s.generate(PROMPTS, max_new_tokens=8, stop_tokens=stop_tokens, stop_sequences=stop_seqs, max_new=[8, 8, 2])
     toks, _, reasons = Sampler.to_lists(gen)
-    assert toks[0] == ref[0][:first0 + 1] and reasons[0] == "stop_token"
-    end1 = next(i for i in range(2, 8) if ref[1][i - 2:i + 1] == ref[1][2:5])
-    assert toks[1] == ref[1][:end1 + 1] and reasons[1] == "stop_sequence"
+    assert toks[0] == ref[0][: first0 + 1] and reasons[0] == "stop_token"
+    end1 = next(i for i in range(2, 8) if ref[1][i - 2 : i + 1] == ref[1][2:5])
+    assert toks[1] == ref[1][: end1 + 1] and reasons[1] == "stop_sequence"
     assert toks[2] == ref[2][:2] and reasons[2] == "max_new_tokens"
-    pad = np.asarray(gen.tokens_BxN)[0, first0 + 1:]
+    pad = np.asarray(gen.tokens_BxN)[0, first0 + 1 :]
     assert np.all(pad == 0)
 
 
@@ -170,13 +179,19 @@ def test_continuation_equals_a_full_forward_of_the_concatenation():
         assert t2[b] == ref_t
         np.testing.assert_allclose(l2[b], ref_l, atol=2e-4)
     assert t2[2] == [] and r2[2] == "none"
-    np.testing.assert_array_equal(np.asarray(st.cache.lengths),
-                                  [len(PROMPTS[0]) + 4 + 3 + 5, len(PROMPTS[1]) + 4 + 5, len(PROMPTS[2]) + 4 + 5])
+    np.testing.assert_array_equal(
+        np.asarray(st.cache.lengths), [len(PROMPTS[0]) + 4 + 3 + 5, len(PROMPTS[1]) + 4 + 5, len(PROMPTS[2]) + 4 + 5]
+    )
 
 
-@pytest.mark.parametrize("sampling", [pytest.param(GREEDY, marks=pytest.mark.slow),
-                                      pytest.param(SamplingConfig(1.0), marks=pytest.mark.slow),
-                                      SamplingConfig(0.8, top_k=20, top_p=0.9)])
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        pytest.param(GREEDY, marks=pytest.mark.slow),
+        pytest.param(SamplingConfig(1.0), marks=pytest.mark.slow),
+        SamplingConfig(0.8, top_k=20, top_p=0.9),
+    ],
+)
 def test_unrolled_layers_equal_the_layer_scan_bit_for_bit(sampling):
     """decode_kernel's two paths (layers unrolled on per-layer window buffers, the CPU
     default; a layer scan on the stacked cache) give the same tokens, log-probs and cache,
@@ -261,19 +276,23 @@ def test_an_append_in_pieces_equals_one_pass_and_a_full_forward():
     T = 40
     tokens, mask = np.zeros((4, T), np.int32), np.zeros((4, T), np.int32)
     for r, p in enumerate(prompts):
-        lo = 0 if r % 2 == 0 else T - len(p)          # rows 1 and 3 left-padded
-        tokens[r, lo:lo + len(p)], mask[r, lo:lo + len(p)] = p, 1
+        lo = 0 if r % 2 == 0 else T - len(p)  # rows 1 and 3 left-padded
+        tokens[r, lo : lo + len(p)], mask[r, lo : lo + len(p)] = p, 1
     state = s.init_state(4)
     one = jax.jit(lambda st, t, m: append_kernel(PARAMS, CFG, st, t, m, chunk=10**6))(state, tokens, mask)
     pieces = jax.jit(lambda st, t, m: append_kernel(PARAMS, CFG, st, t, m, chunk=8))(s.init_state(4), tokens, mask)
     np.testing.assert_array_equal(np.asarray(pieces.cache.lengths), [37, 20, 0, 9])
-    for a, b in ((one.cache.k, pieces.cache.k), (one.cache.v, pieces.cache.v),
-                 (one.next_logits_BxV, pieces.next_logits_BxV)):
+    for a, b in (
+        (one.cache.k, pieces.cache.k),
+        (one.cache.v, pieces.cache.v),
+        (one.next_logits_BxV, pieces.next_logits_BxV),
+    ):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-5)
     for r, p in enumerate(prompts):
         if p:
-            np.testing.assert_allclose(np.asarray(pieces.next_logits_BxV[r], np.float64), full_logits(p),
-                                       rtol=1e-4, atol=1e-4)
+            np.testing.assert_allclose(
+                np.asarray(pieces.next_logits_BxV[r], np.float64), full_logits(p), rtol=1e-4, atol=1e-4
+            )
 
 
 def test_prefill_shares_equal_prompts_and_gives_appends_state():
@@ -294,8 +313,9 @@ def test_prefill_shares_equal_prompts_and_gives_appends_state():
     plain = s.append(s.init_state(6, 4, row_ids=ids), prompts)
     np.testing.assert_array_equal(np.asarray(shared.cache.lengths), [7, 7, 3, 7, 3, 3])
     np.testing.assert_array_equal(np.asarray(shared.cache.lengths), np.asarray(plain.cache.lengths))
-    np.testing.assert_array_equal(np.asarray(jax.random.key_data(shared.keys_B)),
-                                  np.asarray(jax.random.key_data(plain.keys_B)))
+    np.testing.assert_array_equal(
+        np.asarray(jax.random.key_data(shared.keys_B)), np.asarray(jax.random.key_data(plain.keys_B))
+    )
     np.testing.assert_allclose(np.asarray(shared.next_logits_BxV), np.asarray(plain.next_logits_BxV), atol=1e-5)
     for sampling in (SamplingConfig(0.0), SamplingConfig(1.0)):
         g1 = s.decode(s.prefill(prompts, seed=4, row_ids=ids), max_new_tokens=8, sampling=sampling)[1]

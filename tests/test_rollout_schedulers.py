@@ -1,6 +1,7 @@
 """The agent loop's schedulers and the env's cut hook, without a model: one module per
 scheduler, `AgentLoop.run` only dispatches, and an env's `cut_outcome` reaches the
 loop's cut through the env protocol (`envs.TextEnv` carries it in the info)."""
+
 import pytest
 
 import envs
@@ -70,14 +71,16 @@ def test_episode_cut_applies_the_envs_cut_outcome():
     assert ep.truncated and ep.rewards == [0.5] and ep.info == {"n": 1}
 
 
-@pytest.mark.parametrize("kw, module", [
-    ({}, sync_loop), ({"pipeline_groups": 2}, pipelined_loop), ({"slots": 2}, continuous_loop)])
+@pytest.mark.parametrize(
+    "kw, module", [({}, sync_loop), ({"pipeline_groups": 2}, pipelined_loop), ({"slots": 2}, continuous_loop)]
+)
 def test_run_dispatches_to_one_scheduler(monkeypatch, kw, module):
     called = []
     for m in (sync_loop, pipelined_loop, continuous_loop):
-        monkeypatch.setattr(m, "run", lambda ro, m=m: called.append(m) or [ep.end(done=True, reason="x")
-                                                                             for ep in ro.episodes])
-    loop = object.__new__(agent_loop.AgentLoop)   # no model: run only dispatches
+        monkeypatch.setattr(
+            m, "run", lambda ro, m=m: called.append(m) or [ep.end(done=True, reason="x") for ep in ro.episodes]
+        )
+    loop = object.__new__(agent_loop.AgentLoop)  # no model: run only dispatches
     loop.config = agent_loop.AgentLoopConfig(max_context=64, max_turns=2, **kw)
     loop.profile, loop.reward_fn, loop.sampler, loop.chat, loop.stop_sequences = False, None, None, None, []
     traj, eps = loop.run([None] * 3, seeds=[0, 1, 2])

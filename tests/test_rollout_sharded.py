@@ -1,6 +1,7 @@
 """The sampler and the agent loop sharded on a device mesh (one process, 8 CPU devices):
 "batch over data, heads over tensor". The sharded runs must give the unsharded runs'
 tokens (greedy and temperature) and log-probs, and the state must really be sharded."""
+
 import functools
 
 import jax
@@ -12,8 +13,8 @@ from jax.sharding import PartitionSpec as P
 import envs
 from jaxagent import models as M
 from jaxagent import parallel
-from jaxagent.rollout import AgentLoop, AgentLoopConfig, Sampler, SamplingConfig
 from jaxagent.models import tiny_config
+from jaxagent.rollout import AgentLoop, AgentLoopConfig, Sampler, SamplingConfig
 from jaxagent.rollout.byte_tokenizer import byte_chat_tokenizer
 
 TOK = byte_chat_tokenizer()
@@ -83,10 +84,14 @@ def eager_stop_params(cfg):
 FAULTY = [functools.partial(envs.make, "testing/faulty", horizon=h) for h in (2, 3, 2, 3)]
 
 
-@pytest.mark.parametrize("sampling,env_fns,ctx", [
-    pytest.param(SamplingConfig(0.0), ["frozenlake"] * 4, 1024, id="greedy"),
-    # ~18 s on idle cores (suite budget): `make test-slow`
-    pytest.param(SamplingConfig(0.8), FAULTY, 256, id="temp-shrink", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "sampling,env_fns,ctx",
+    [
+        pytest.param(SamplingConfig(0.0), ["frozenlake"] * 4, 1024, id="greedy"),
+        # ~18 s on idle cores (suite budget): `make test-slow`
+        pytest.param(SamplingConfig(0.8), FAULTY, 256, id="temp-shrink", marks=pytest.mark.slow),
+    ],
+)
 def test_agent_loop_sharded_matches_unsharded(sampling, env_fns, ctx):
     cfg = tiny_config(vocab_size=len(TOK))  # 4 heads / 2 kv heads: kv heads split over tensor=2
     params = eager_stop_params(cfg)
@@ -148,7 +153,8 @@ def test_the_layer_scan_decode_on_a_mesh_matches_the_unsharded_sampler(shape):
     assert ref.unroll_layers and not scan.unroll_layers
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11], [12, 13, 14], [5], [6, 7], [8, 8, 8, 8]]
     for sampling in (SamplingConfig(0.0), SamplingConfig(0.9, top_k=20)):
-        (t0, l0, r0), (t1, l1, r1) = (Sampler.to_lists(s.generate(prompts, max_new_tokens=6, sampling=sampling,
-                                                                  seed=3)[1]) for s in (ref, scan))
+        (t0, l0, r0), (t1, l1, r1) = (
+            Sampler.to_lists(s.generate(prompts, max_new_tokens=6, sampling=sampling, seed=3)[1]) for s in (ref, scan)
+        )
         assert t0 == t1 and r0 == r1
         lists_close(l0, l1)

@@ -1,5 +1,6 @@
 """Orbax checkpoints of the TrainState: exact round trip, keep-N, atomic under SIGKILL,
 incompatible restores, Hugging Face export."""
+
 import os
 import signal
 import subprocess
@@ -11,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from train_testlib import host
 
 from jaxagent import models as M
 from jaxagent.train import (
@@ -21,10 +23,17 @@ from jaxagent.train import (
     export_policy,
     init_train_state,
 )
-from train_testlib import host
 
-CFG = M.DecoderConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-                      num_kv_heads=2, head_dim=8, model_type="llama")
+CFG = M.DecoderConfig(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    model_type="llama",
+)
 STEP_CFG = StepConfig(optim=OptimizerConfig(lr=1e-3, weight_decay=0.01))
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -36,15 +45,22 @@ def make_state(k: int = 0, cfg=CFG, critic=True, lora=None):
     critic_params = M.value_params_from_policy(jax.random.key(1), params, cfg) if critic else None
     if lora is not None:
         params, cfg = M.add_lora(jax.random.key(2), params, cfg, lora)
-    state = init_train_state(jax.random.key(100 + k), params, cfg, STEP_CFG, critic_params=critic_params,
-                             critic_config=cfg if critic else None)
+    state = init_train_state(
+        jax.random.key(100 + k),
+        params,
+        cfg,
+        STEP_CFG,
+        critic_params=critic_params,
+        critic_config=cfg if critic else None,
+    )
     bump = lambda x: x + jnp.asarray(0.001 * (k + 1), x.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x + k
     return state.replace(
         params=jax.tree.map(bump, state.params),
         opt_state=jax.tree.map(bump, state.opt_state),
         critic_params=jax.tree.map(bump, state.critic_params),
         critic_opt_state=jax.tree.map(bump, state.critic_opt_state),
-        step=jnp.asarray(k, jnp.int32), skipped=jnp.asarray(k % 3, jnp.int32),
+        step=jnp.asarray(k, jnp.int32),
+        skipped=jnp.asarray(k % 3, jnp.int32),
     )
 
 
@@ -53,14 +69,20 @@ def assert_bitwise_equal(a, b):
     assert jax.tree.structure(ha) == jax.tree.structure(hb)
     for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(ha), jax.tree.leaves(hb)):
         assert x.dtype == y.dtype and x.shape == y.shape, jax.tree_util.keystr(path)
-        np.testing.assert_array_equal(np.atleast_1d(x).view(np.uint8), np.atleast_1d(y).view(np.uint8), err_msg=jax.tree_util.keystr(path))
+        np.testing.assert_array_equal(
+            np.atleast_1d(x).view(np.uint8), np.atleast_1d(y).view(np.uint8), err_msg=jax.tree_util.keystr(path)
+        )
 
 
 @pytest.mark.parametrize("lora", [None, M.LoraConfig(rank=2, targets=("q_proj", "up_proj"))], ids=["full", "lora"])
 def test_round_trip_is_bitwise_and_keeps_extras(tmp_path, lora):
     state = make_state(3, lora=lora, critic=lora is None)
-    extras = {"task_position": 17, "seed_stream": [1, 2, 3], "history": [{"reward": 0.5, "kl": 1e-3}],
-              "config": {"algo": "ppo", "lr": 1e-3}}
+    extras = {
+        "task_position": 17,
+        "seed_stream": [1, 2, 3],
+        "history": [{"reward": 0.5, "kl": 1e-3}],
+        "config": {"algo": "ppo", "lr": 1e-3},
+    }
     with CheckpointManager(tmp_path / "ckpt") as ck:
         ck.save(3, state, extras)
     with CheckpointManager(tmp_path / "ckpt") as ck:  # a fresh process would do this
@@ -151,8 +173,12 @@ def _run_and_kill(tmp_path, mode, delay=0.0):
     marker = tmp_path / "marker"
     ckpt = tmp_path / "ckpt"
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, str(script), str(ckpt), str(marker), mode], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(ckpt), str(marker), mode],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.time() + 120
         while not marker.exists():

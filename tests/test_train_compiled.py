@@ -5,6 +5,7 @@ at the config's shapes, none run (`jaxagent.train.compiled`), and XLA's buffer
 assignment (`memory_analysis()`) is within 1.5x of the estimate's figure for it; the
 estimate is what `jaxagent.train.memory.check_memory` compares with the machine before anything is
 compiled, so a config said to fit does not run out in a pass the estimate missed."""
+
 import dataclasses
 from pathlib import Path
 
@@ -12,8 +13,8 @@ import jax
 import pytest
 
 from jaxagent.config import load_config
-from jaxagent.train.compiled import compiled_passes
 from jaxagent.train.build import check_memory, make_placement
+from jaxagent.train.compiled import compiled_passes
 from jaxagent.train.trainer import Trainer, TrainerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,8 +42,11 @@ TOTAL_GB = _total_gb()
 #: model (`LORA`)
 SLOW = {"smollm2_countdown_grpo", "smollm2_frozenlake", "gpu_countdown_grpo"}
 #: a LoRA run with a warm start (what `smollm2_frozenlake` is), on the tiny Countdown config
-LORA = ["model.lora={rank: 4, alpha: 8, targets: [q_proj, v_proj, down_proj]}", "warm_start.episodes=8",
-        "warm_start.batch_size=4"]
+LORA = [
+    "model.lora={rank: 4, alpha: 8, targets: [q_proj, v_proj, down_proj]}",
+    "warm_start.episodes=8",
+    "warm_start.batch_size=4",
+]
 
 
 def _problems(path, tmp_path, overrides=(), *, ratios: bool = True) -> list[str]:
@@ -51,8 +55,9 @@ def _problems(path, tmp_path, overrides=(), *, ratios: bool = True) -> list[str]
     the run's programs compile."""
     # the machine's whole RAM as the device (what is available at the moment depends on
     # the tests running beside this one)
-    shipped = load_config(TrainerConfig, path, [f"run_dir={tmp_path / path.stem}", f"device_memory_gb={TOTAL_GB:.2f}",
-                                                *overrides])
+    shipped = load_config(
+        TrainerConfig, path, [f"run_dir={tmp_path / path.stem}", f"device_memory_gb={TOTAL_GB:.2f}", *overrides]
+    )
     if shipped.model.path is not None:
         from jaxagent.models.hf import resolve_model_path
 
@@ -63,15 +68,23 @@ def _problems(path, tmp_path, overrides=(), *, ratios: bool = True) -> list[str]
     # built without playing the warm start's demonstrations; its SFT step is compiled all the same
     built = dataclasses.replace(shipped, warm_start=dataclasses.replace(shipped.warm_start, episodes=0, extra=None))
     lines = []
-    trainer = Trainer(built, log=lines.append)   # the memory check passed: the config is said to fit
+    trainer = Trainer(built, log=lines.append)  # the memory check passed: the config is said to fit
     passes = compiled_passes(trainer, shipped, log=lines.append)
     names = [p.name for p in passes]
-    expected = {"rollout_append": True, "rollout_decode": True, "update": True,
-                "warm_start": shipped.warm_start.enabled, "value_pass": shipped.algo.uses_critic,
-                "store_entropy": bool(shipped.logging.episodes_per_iteration),
-                "logprob_pass": shipped.update.old_logprobs != "sampler" or trainer.ref_params is not None}
-    out = [f"{path.stem}: {name} {'missing' if want else 'compiled but the run has none'}"
-           for name, want in expected.items() if (name in names) != want]
+    expected = {
+        "rollout_append": True,
+        "rollout_decode": True,
+        "update": True,
+        "warm_start": shipped.warm_start.enabled,
+        "value_pass": shipped.algo.uses_critic,
+        "store_entropy": bool(shipped.logging.episodes_per_iteration),
+        "logprob_pass": shipped.update.old_logprobs != "sampler" or trainer.ref_params is not None,
+    }
+    out = [
+        f"{path.stem}: {name} {'missing' if want else 'compiled but the run has none'}"
+        for name, want in expected.items()
+        if (name in names) != want
+    ]
     for p in passes if ratios else ():
         if p.ratio >= HIGH:
             out.append(f"{path.stem}: {p.name} compiles to {p.ratio:.2f}x its estimate")
@@ -80,7 +93,7 @@ def _problems(path, tmp_path, overrides=(), *, ratios: bool = True) -> list[str]
         # the machine the check compared the estimate with holds each program with its arguments
         if p.peak_bytes >= TOTAL_GB * 2**30:
             out.append(f"{path.stem}: {p.name} needs {p.peak_bytes / 2**30:.1f} GiB of {TOTAL_GB:.1f}")
-    est = check_memory(shipped, make_placement(shipped, trainer.model_config), lambda *_: None)   # with the warm start
+    est = check_memory(shipped, make_placement(shipped, trainer.model_config), lambda *_: None)  # with the warm start
     peak = max(passes, key=lambda p: p.peak_bytes)
     if ratios and peak.peak_bytes >= HIGH * est["total"]:
         out.append(f"{path.stem}: {peak.name} needs {peak.peak_bytes / est['total']:.2f}x the estimated total")
@@ -113,14 +126,21 @@ def test_slow_config_compiles_within_its_estimate(path, tmp_path):
     assert not got, "\n".join(got)
 
 
-@pytest.mark.slow   # ~14 s of compiling the sharded programs; the suite's time is near its limit
+@pytest.mark.slow  # ~14 s of compiling the sharded programs; the suite's time is near its limit
 def test_on_a_mesh_the_programs_are_the_sharded_ones_and_within_the_estimate(tmp_path):
     """On a 2 x 2 x 2 mesh of the virtual devices the programs compiled are the run's
     sharded ones (per-device memory), and each is within the same limits of the
     per-device estimate."""
-    cfg = load_config(TrainerConfig, ROOT / "configs" / "tiny_countdown_ppo.yaml",
-                      [f"run_dir={tmp_path / 'run'}", "mesh={data: 2, fsdp: 2, tensor: 2}", "device_memory_gb=8",
-                       "rollout.max_context=256"])
+    cfg = load_config(
+        TrainerConfig,
+        ROOT / "configs" / "tiny_countdown_ppo.yaml",
+        [
+            f"run_dir={tmp_path / 'run'}",
+            "mesh={data: 2, fsdp: 2, tensor: 2}",
+            "device_memory_gb=8",
+            "rollout.max_context=256",
+        ],
+    )
     lines = []
     trainer = Trainer(cfg, log=lines.append)
     assert trainer.mesh is not None and trainer.placement.sampler_on_mesh

@@ -9,6 +9,7 @@ loss, optimizer) and shrink only the batch, turns, tokens and context, so each i
 seconds; one run per algorithm family (GRPO, PPO with a critic, GiGPO) on FrozenLake is
 in the default suite, the other nine are marked slow.
 """
+
 import dataclasses
 import json
 import math
@@ -33,9 +34,22 @@ ESTIMATOR = {"grpo": "grpo", "ppo": "gae", "gigpo": "gigpo"}
 FAST_ENV = "frozenlake"
 #: overrides that make one iteration a few seconds: 2 episodes of one task, 2 turns of
 #: 8 tokens, a context that still holds every shipped env's first prompt (< 700 byte tokens)
-SHRINK = ["iterations=1", "env.group_size=2", "env.tasks_per_iteration=1", "update.mini_batches=1", "update.micro_batches=1",
-          "update.epochs=1", "rollout.max_turns=2", "rollout.max_tokens_per_turn=8", "rollout.max_context=1024",
-          "checkpoint_every=1", "env.num_workers=0", "update.logprob_rows=null", "warm_start.episodes=0", "eval.episodes=0"]
+SHRINK = [
+    "iterations=1",
+    "env.group_size=2",
+    "env.tasks_per_iteration=1",
+    "update.mini_batches=1",
+    "update.micro_batches=1",
+    "update.epochs=1",
+    "rollout.max_turns=2",
+    "rollout.max_tokens_per_turn=8",
+    "rollout.max_context=1024",
+    "checkpoint_every=1",
+    "env.num_workers=0",
+    "update.logprob_rows=null",
+    "warm_start.episodes=0",
+    "eval.episodes=0",
+]
 
 
 def read_jsonl(path) -> list[dict]:
@@ -88,8 +102,7 @@ def test_config_env_accepts_its_kwargs_and_the_prompt_fits(path):
         for k in range(4):
             obs, info = env.reset(seed=cfg.env.seed + k)
             prompt = chat.prompt_tokens(info.get("system_prompt", env.system_prompt), obs)
-            assert len(prompt) + cfg.rollout.max_tokens_per_turn <= cfg.rollout.max_context, \
-                (path.name, k, len(prompt))
+            assert len(prompt) + cfg.rollout.max_tokens_per_turn <= cfg.rollout.max_context, (path.name, k, len(prompt))
     finally:
         env.close()
 
@@ -166,8 +179,21 @@ def test_every_shipped_config_runs_one_iteration_as_shipped(tmp_path, path):
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "jaxagent", "train", "--config", str(path),
-                          f"run_dir={tmp_path / 'run'}", "iterations=1"], cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jaxagent",
+            "train",
+            "--config",
+            str(path),
+            f"run_dir={tmp_path / 'run'}",
+            "iterations=1",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     (m,) = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert math.isfinite(m["loss"]) and m["failed_episodes"] == 0

@@ -1,16 +1,17 @@
 """The episode store (`jaxagent.train.episodes`): which episodes are kept, its size
 bound, and a real run's stored tokens and per-token signals against the episodes and
 against a float64 NumPy pass over the policy's own parameters."""
+
 import json
 import types
 
 import jax
 import numpy as np
 import pytest
+from test_train_loop import VARIED, config
 
 from jaxagent import models as M
 from jaxagent.train.episodes import EpisodeStore, read_store, select_for_store
-from test_train_loop import VARIED, config
 
 
 def fake(index, group, rewards, failed=False, truncated=False):
@@ -18,10 +19,16 @@ def fake(index, group, rewards, failed=False, truncated=False):
 
 
 def test_selection_keeps_failed_truncated_and_the_extremes_first():
-    eps = [fake(0, 0, [0.2]), fake(1, 0, [0.9]), fake(2, 1, [0.5], truncated=True), fake(3, 1, [0.0]),
-           fake(4, 2, [0.1], failed=True), fake(5, 2, [0.3]), fake(6, 3, [0.4])]
-    assert select_for_store(eps, 4) == [(1, "highest_return"), (3, "lowest_return"), (4, "failed"),
-                                        (2, "truncated")]
+    eps = [
+        fake(0, 0, [0.2]),
+        fake(1, 0, [0.9]),
+        fake(2, 1, [0.5], truncated=True),
+        fake(3, 1, [0.0]),
+        fake(4, 2, [0.1], failed=True),
+        fake(5, 2, [0.3]),
+        fake(6, 3, [0.4]),
+    ]
+    assert select_for_store(eps, 4) == [(1, "highest_return"), (3, "lowest_return"), (4, "failed"), (2, "truncated")]
     # then the first episode of each group not yet in (group 3), then the rest in order
     assert select_for_store(eps, 7)[4:] == [(6, "sample"), (0, "sample"), (5, "sample")]
     assert select_for_store(eps, 2) == [(1, "highest_return"), (3, "lowest_return")]
@@ -29,9 +36,16 @@ def test_selection_keeps_failed_truncated_and_the_extremes_first():
     many = [fake(i, i // 2, [0.1 * i], truncated=i < 6) for i in range(8)]
     got = select_for_store(many, 4)
     assert got == [(7, "highest_return"), (0, "lowest_return"), (1, "truncated"), (2, "sample")]
-    assert select_for_store(many, 8) == [(7, "highest_return"), (0, "lowest_return"), (1, "truncated"),
-                                         (2, "truncated"), (4, "sample"), (3, "truncated"), (5, "truncated"),
-                                         (6, "sample")]
+    assert select_for_store(many, 8) == [
+        (7, "highest_return"),
+        (0, "lowest_return"),
+        (1, "truncated"),
+        (2, "truncated"),
+        (4, "sample"),
+        (3, "truncated"),
+        (5, "truncated"),
+        (6, "sample"),
+    ]
     assert select_for_store(eps, 0) == [] and select_for_store([], 3) == []
 
 
@@ -41,10 +55,24 @@ class _Tok:
 
 
 def test_the_store_is_bounded_and_atomic(tmp_path):
-    ep = types.SimpleNamespace(index=0, seed=1, group_id=0, rewards=[1.0], success=True, done=True, truncated=False,
-                               failed=False, end_reason="terminated", failure="", failure_kind="", invalid_actions=0,
-                               noop_actions=0, info={"x": np.float32(1.5)}, system_prompt=None,
-                               segments=[("prompt", [1, 2]), ("policy", [3, 4]), ("observation", [5])])
+    ep = types.SimpleNamespace(
+        index=0,
+        seed=1,
+        group_id=0,
+        rewards=[1.0],
+        success=True,
+        done=True,
+        truncated=False,
+        failed=False,
+        end_reason="terminated",
+        failure="",
+        failure_kind="",
+        invalid_actions=0,
+        noop_actions=0,
+        info={"x": np.float32(1.5)},
+        system_prompt=None,
+        segments=[("prompt", [1, 2]), ("policy", [3, 4]), ("observation", [5])],
+    )
     store = EpisodeStore(tmp_path, per_iteration=2, max_mb=1.0)
     assert store.write(1, [ep], _Tok())
     size = store.path(1).stat().st_size
@@ -62,7 +90,7 @@ def test_the_store_is_bounded_and_atomic(tmp_path):
     assert sorted(store._stored()) == [2, 4] and store.stride == 2
     assert store.write(6, [ep], _Tok()) and not store.write(7, [ep], _Tok()) and store.write(8, [ep], _Tok())
     assert sorted(store._stored()) == [2, 4, 6, 8]
-    assert not store.write(10, [ep], _Tok()) and store.stride == 4   # 10 is not a multiple of 4
+    assert not store.write(10, [ep], _Tok()) and store.stride == 4  # 10 is not a multiple of 4
     assert sorted(store._stored()) == [4, 8] and store.used_bytes() <= store.max_bytes
     # a resumed run goes on with the stride on disk
     again = EpisodeStore(tmp_path, per_iteration=2, max_mb=1.0)
@@ -113,7 +141,7 @@ def test_a_real_run_stores_its_episodes_tokens_and_signals(stored_run):
         pos = 0
         for seg in rec["segments"]:
             if seg["kind"] == "policy":
-                assert seg["rollout_logp"] == pytest.approx(ep.logp[pos:pos + len(seg["tokens"])], abs=1e-6)
+                assert seg["rollout_logp"] == pytest.approx(ep.logp[pos : pos + len(seg["tokens"])], abs=1e-6)
             pos += len(seg["tokens"])
     # iteration 1's signals against a float64 NumPy pass over the parameters it played with
     mc = trainer.model_config
@@ -147,8 +175,10 @@ def test_a_real_run_stores_its_episodes_tokens_and_signals(stored_run):
 
 
 def test_the_store_can_be_switched_off_and_changes_no_number_of_the_run(tmp_path, stored_run):
-    from jaxagent.train.trainer import Trainer
     from test_train_loop import learning_metrics
+
+    from jaxagent.train.trainer import Trainer
+
     cfg = config(tmp_path / "run", *VARIED, "iterations=1", "logging.episodes_per_iteration=0")
     history = Trainer(cfg, log=lambda *_: None).run()
     assert not (tmp_path / "run" / "episodes").exists()

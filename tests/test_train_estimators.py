@@ -4,6 +4,7 @@ registry), so one registered from outside the package trains by name.
 The outside estimators here are written in float64 NumPy from the formulas, not with
 `jaxagent.algos`: a run with the NumPy GRPO must give the built-in GRPO run's metrics.
 """
+
 import types
 from pathlib import Path
 
@@ -51,10 +52,16 @@ def numpy_scaled_turn_returns(turn_rewards, turn_mask, gamma, *, scale=1.0):
     return jnp.asarray(out.astype(np.float32))
 
 
-algos.register_advantage_estimator("test_outside_grpo", numpy_grpo, inputs=("rewards", "mask", "group_ids"),
-                                   overwrite=True)
-algos.register_advantage_estimator("test_outside_turns", numpy_scaled_turn_returns,
-                                   inputs=("turn_rewards", "turn_mask"), keywords=("gamma",), overwrite=True)
+algos.register_advantage_estimator(
+    "test_outside_grpo", numpy_grpo, inputs=("rewards", "mask", "group_ids"), overwrite=True
+)
+algos.register_advantage_estimator(
+    "test_outside_turns",
+    numpy_scaled_turn_returns,
+    inputs=("turn_rewards", "turn_mask"),
+    keywords=("gamma",),
+    overwrite=True,
+)
 algos.register_advantage_estimator("test_undeclared", numpy_grpo, overwrite=True)
 
 
@@ -65,8 +72,17 @@ def learning(history):
 def test_an_estimator_registered_outside_the_package_trains_like_the_builtin(tmp_path):
     runs = {}
     for name in ("grpo", "test_outside_grpo"):
-        cfg = load_config(TrainerConfig, CONFIG, [f"run_dir={tmp_path / name}", *VARIED, f"algo.advantage={name}",
-                                                  "logging.tensorboard=false", "logging.transcripts_every=0"])
+        cfg = load_config(
+            TrainerConfig,
+            CONFIG,
+            [
+                f"run_dir={tmp_path / name}",
+                *VARIED,
+                f"algo.advantage={name}",
+                "logging.tensorboard=false",
+                "logging.transcripts_every=0",
+            ],
+        )
         runs[name] = learning(Trainer(cfg, log=lambda *_: None).run())
     builtin, outside = runs["grpo"], runs["test_outside_grpo"]
     assert len(outside) == 2 and builtin[0]["advantage_abs_mean"] > 0  # the runs had a learning signal
@@ -84,9 +100,14 @@ def test_turn_level_estimator_gets_its_declared_inputs_and_kwargs():
     loss_mask = (turn_ids >= 0).astype(np.float32)
     loss_mask[1] = 0.0  # failed episodes are already out of the loss mask
     traj = types.SimpleNamespace(
-        rewards=jnp.zeros(turn_ids.shape), failed=jnp.array([False, True]), group_ids=jnp.array([0, 0]),
-        turn_rewards=jnp.asarray(turn_rewards), turn_mask=jnp.asarray(turn_mask),
-        anchor_ids=jnp.full((2, 3), -1), turn_ids=jnp.asarray(turn_ids))
+        rewards=jnp.zeros(turn_ids.shape),
+        failed=jnp.array([False, True]),
+        group_ids=jnp.array([0, 0]),
+        turn_rewards=jnp.asarray(turn_rewards),
+        turn_mask=jnp.asarray(turn_mask),
+        anchor_ids=jnp.full((2, 3), -1),
+        turn_ids=jnp.asarray(turn_ids),
+    )
     algo = AlgoSection(advantage="test_outside_turns", gamma=0.5, advantage_kwargs={"scale": 2.0})
     adv, returns = compute_advantages(algo, traj, jnp.asarray(loss_mask))
     # episode 0's returns: R2 = 2, R1 = 0 + 0.5 * 2 = 1, R0 = 1 + 0.5 * 1 = 1.5; times scale 2
@@ -114,28 +135,47 @@ def test_estimator_declarations_are_checked_with_clear_errors(tmp_path):
     assert load("algo.advantage=turn_gae").algo.uses_critic
     assert load("algo.advantage=remax").algo.uses_greedy_baseline and not load().algo.uses_greedy_baseline
     assert load("algo.advantage=test_outside_turns").algo.estimator.turn_level
-    assert algos.get_estimator_spec("gigpo").consumes == ("turn_rewards", "turn_mask", "group_ids", "anchor_ids",
-                                                          "gamma")
+    assert algos.get_estimator_spec("gigpo").consumes == (
+        "turn_rewards",
+        "turn_mask",
+        "group_ids",
+        "anchor_ids",
+        "gamma",
+    )
 
 
-@pytest.mark.parametrize("name", [pytest.param("remax", marks=pytest.mark.slow), "turn_gae",
-                                  pytest.param("turn_returns", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param("remax", marks=pytest.mark.slow), "turn_gae", pytest.param("turn_returns", marks=pytest.mark.slow)],
+)
 def test_every_builtin_estimator_trains(tmp_path, name):
     """remax (a greedy baseline rollout per task), turn_gae (a critic read at turn starts)
     and turn_returns (REINFORCE over turns) train end to end."""
     import jax
 
-    cfg = load_config(TrainerConfig, CONFIG, [f"run_dir={tmp_path}", *VARIED, f"algo.advantage={name}",
-                                              "algo.gamma=0.9", "algo.lam=0.95", "logging.tensorboard=false",
-                                              "logging.transcripts_every=0"])
+    cfg = load_config(
+        TrainerConfig,
+        CONFIG,
+        [
+            f"run_dir={tmp_path}",
+            *VARIED,
+            f"algo.advantage={name}",
+            "algo.gamma=0.9",
+            "algo.lam=0.95",
+            "logging.tensorboard=false",
+            "logging.transcripts_every=0",
+        ],
+    )
     trainer = Trainer(cfg, log=lambda *_: None)
     before = jax.device_get(trainer.state.params)
     history = trainer.run()
     assert [m["iteration"] for m in history] == [1, 2]
     assert all(np.isfinite(v) for m in history for v in m.values())
     assert history[0]["advantage_abs_mean"] > 0
-    moved = [not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(before),
-                                                      jax.tree.leaves(jax.device_get(trainer.state.params)))]
+    moved = [
+        not np.array_equal(a, b)
+        for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(jax.device_get(trainer.state.params)))
+    ]
     assert all(moved)
     assert ("value_loss" in history[0]) == (name == "turn_gae")
     assert (trainer.state.critic_params is not None) == (name == "turn_gae")
@@ -144,17 +184,23 @@ def test_every_builtin_estimator_trains(tmp_path, name):
 def test_turn_gae_reads_the_critic_at_turn_starts_and_spreads_returns():
     """Against a float64 NumPy turn-level GAE from the formula (docs/explanations/formulas.md)."""
     rng = np.random.default_rng(0)
-    turn_ids = np.array([[-1, 0, 0, -1, 1, 1, -1, 2], [-1, -1, 0, 0, -1, 1, -1, -1],
-                         [-1, 0, -1, 1, 1, -1, -1, -1]], np.int32)
+    turn_ids = np.array(
+        [[-1, 0, 0, -1, 1, 1, -1, 2], [-1, -1, 0, 0, -1, 1, -1, -1], [-1, 0, -1, 1, 1, -1, -1, -1]], np.int32
+    )
     loss_mask = (turn_ids >= 0).astype(np.float32)
     turn_mask = np.array([[1, 1, 1], [1, 1, 0], [1, 1, 0]], bool)
     turn_rewards = rng.normal(size=(3, 3)).astype(np.float32) * turn_mask
     values = rng.normal(size=(3, 8)).astype(np.float32)
     gamma, lam = 0.9, 0.8
     traj = types.SimpleNamespace(
-        rewards=jnp.zeros((3, 8)), failed=jnp.zeros(3, bool), group_ids=jnp.arange(3),
-        turn_rewards=jnp.asarray(turn_rewards), turn_mask=jnp.asarray(turn_mask),
-        anchor_ids=jnp.full((3, 3), -1), turn_ids=jnp.asarray(turn_ids))
+        rewards=jnp.zeros((3, 8)),
+        failed=jnp.zeros(3, bool),
+        group_ids=jnp.arange(3),
+        turn_rewards=jnp.asarray(turn_rewards),
+        turn_mask=jnp.asarray(turn_mask),
+        anchor_ids=jnp.full((3, 3), -1),
+        turn_ids=jnp.asarray(turn_ids),
+    )
     algo = AlgoSection(advantage="turn_gae", gamma=gamma, lam=lam)
     adv, returns = compute_advantages(algo, traj, jnp.asarray(loss_mask), jnp.asarray(values))
 
@@ -186,23 +232,26 @@ def test_remax_baselines_are_the_greedy_episodes_returns():
     episode, played here separately."""
     import dataclasses
 
+    import jax
+
     import envs
     from jaxagent.train import build
     from jaxagent.train.collect import collect_batch, sampling_seed
-    import jax
 
-    cfg = load_config(TrainerConfig, CONFIG, ["run_dir=/tmp/unused", *VARIED, "algo.advantage=remax",
-                                              "env.num_workers=0"])
+    cfg = load_config(
+        TrainerConfig, CONFIG, ["run_dir=/tmp/unused", *VARIED, "algo.advantage=remax", "env.num_workers=0"]
+    )
     run = build.build_run(cfg, log=lambda *_: None)
     loop = build.agent_loop(cfg, run.tokenizer, run.model_config, run.placement, run.state)
     key = jax.random.key(5)
     with envs.EnvPool([build.env_factory(cfg)] * cfg.env.batch_size, num_workers=0) as pool:
         got = collect_batch(cfg, loop, pool, run.placement.rows, key, position=3)
         seeds = [cfg.env.seed + 3 + j for j in range(cfg.env.tasks_per_iteration) for _ in range(cfg.env.group_size)]
-        greedy, eps = loop.run(pool, seeds, seed=sampling_seed(key, 0),
-                               sampling=dataclasses.replace(loop.config.sampling, temperature=0.0))
+        greedy, eps = loop.run(
+            pool, seeds, seed=sampling_seed(key, 0), sampling=dataclasses.replace(loop.config.sampling, temperature=0.0)
+        )
     want = np.array([sum(ep.rewards) for ep in eps])
     np.testing.assert_allclose(got.baselines, want, rtol=1e-6)
     G = cfg.env.group_size
-    assert all(np.ptp(got.baselines[i:i + G]) == 0 for i in range(0, len(want), G))  # one greedy episode per task
+    assert all(np.ptp(got.baselines[i : i + G]) == 0 for i in range(0, len(want), G))  # one greedy episode per task
     assert not np.array_equal(np.asarray(got.traj.tokens), np.asarray(greedy.tokens))  # the batch itself is sampled

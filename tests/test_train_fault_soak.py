@@ -11,6 +11,7 @@ first update.
 
     python -m pytest -q -m slow tests/test_train_fault_soak.py      # ~ 5-10 min on 2 cores
 """
+
 import collections
 import json
 import os
@@ -33,13 +34,31 @@ KINDS = {"crash": 4, "raise": 4, "garbage": 3, "memory_bomb": 3, "hang": 0.5, "c
 
 
 def config(run_dir, rate, iterations):
-    return load_config(TrainerConfig, CONFIG, [
-        f"run_dir={run_dir}", f"iterations={iterations}", "env.name=testing/chaos",
-        f"env.kwargs={{fault_rate: {rate}, horizon: {HORIZON}, hang_s: 30, kinds: {KINDS}}}".replace("'", ""), "env.group_size=4",
-        "env.tasks_per_iteration=16", "env.num_workers=2", "env.step_timeout=4.0", "env.worker_memory_mb=2048",
-        "env.worker_cpu_s=1", "env.max_failed_iterations=0", f"rollout.max_turns={HORIZON + 1}",
-        "rollout.max_tokens_per_turn=6", "rollout.max_context=256", "optim.lr=0.0", "update.mini_batches=1",
-        "checkpoint_every=100", "logging.progress=false", "logging.tensorboard=false"])
+    return load_config(
+        TrainerConfig,
+        CONFIG,
+        [
+            f"run_dir={run_dir}",
+            f"iterations={iterations}",
+            "env.name=testing/chaos",
+            f"env.kwargs={{fault_rate: {rate}, horizon: {HORIZON}, hang_s: 30, kinds: {KINDS}}}".replace("'", ""),
+            "env.group_size=4",
+            "env.tasks_per_iteration=16",
+            "env.num_workers=2",
+            "env.step_timeout=4.0",
+            "env.worker_memory_mb=2048",
+            "env.worker_cpu_s=1",
+            "env.max_failed_iterations=0",
+            f"rollout.max_turns={HORIZON + 1}",
+            "rollout.max_tokens_per_turn=6",
+            "rollout.max_context=256",
+            "optim.lr=0.0",
+            "update.mini_batches=1",
+            "checkpoint_every=100",
+            "logging.progress=false",
+            "logging.tensorboard=false",
+        ],
+    )
 
 
 def play(run_dir, rate, iterations):
@@ -98,9 +117,14 @@ def soak(tmp_path, iterations):
             assert ep.failure_kind in want, (i, ep.seed, kind, ep.failure_kind, ep.failure)
     assert all(m["failed_episodes"] == 0 for m in clean)
     # nothing left running: the pools' workers are gone
-    left = [p.cmdline() for p in psutil.Process().children(recursive=True) if p.pid not in before
-            and p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-            and "resource_tracker" not in " ".join(p.cmdline())]   # multiprocessing's own helper
+    left = [
+        p.cmdline()
+        for p in psutil.Process().children(recursive=True)
+        if p.pid not in before
+        and p.is_running()
+        and p.status() != psutil.STATUS_ZOMBIE
+        and "resource_tracker" not in " ".join(p.cmdline())
+    ]  # multiprocessing's own helper
     assert not left, left
     return faults, healthy, counted, soak
 
@@ -108,9 +132,17 @@ def soak(tmp_path, iterations):
 @pytest.mark.slow
 def test_fault_soak_twenty_iterations_a_thousand_faults(tmp_path):
     faults, healthy, counted, metrics = soak(tmp_path, 20)
-    print(json.dumps({"iterations": len(metrics), "faults": faults, "healthy_episodes": healthy,
-                      "failed_by_kind": dict(counted),
-                      "seconds": round(sum(m["time_iteration_s"] for m in metrics), 1)}))   # shown with -s
+    print(
+        json.dumps(
+            {
+                "iterations": len(metrics),
+                "faults": faults,
+                "healthy_episodes": healthy,
+                "failed_by_kind": dict(counted),
+                "seconds": round(sum(m["time_iteration_s"] for m in metrics), 1),
+            }
+        )
+    )  # shown with -s
     assert len(metrics) == 20
     assert faults >= 1000 and healthy >= 50, (faults, healthy)
     assert sum(counted.values()) == faults and all(counted[k] > 0 for k in CHAOS_REPORTED_AS.values()), counted

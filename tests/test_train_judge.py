@@ -1,5 +1,6 @@
 """The `reward` section: a judge's score as the training reward, through the trainer,
 against a local stub of an OpenAI-compatible server (scores, HTTP errors, a slow call)."""
+
 import http.server
 import json
 import threading
@@ -55,11 +56,19 @@ def server():
 def test_a_judge_scores_training_episodes_and_a_failing_call_costs_its_episode(tmp_path, server, monkeypatch):
     monkeypatch.setenv("JUDGE_KEY", KEY)
     run = tmp_path / "run"
-    cfg = load_config(TrainerConfig, ROOT / "configs" / "tiny_frozenlake_gigpo.yaml",
-                      [f"run_dir={run}", "iterations=1", "env.num_workers=0", "eval.episodes=4",
-                       "algo.advantage=grpo",
-                       f'reward.judge={{"type": "openai", "base_url": "{server}", "model": "stub", '
-                       f'"api_key_env": "JUDGE_KEY", "timeout_s": 10, "retries": 0}}'])
+    cfg = load_config(
+        TrainerConfig,
+        ROOT / "configs" / "tiny_frozenlake_gigpo.yaml",
+        [
+            f"run_dir={run}",
+            "iterations=1",
+            "env.num_workers=0",
+            "eval.episodes=4",
+            "algo.advantage=grpo",
+            f'reward.judge={{"type": "openai", "base_url": "{server}", "model": "stub", '
+            f'"api_key_env": "JUDGE_KEY", "timeout_s": 10, "retries": 0}}',
+        ],
+    )
     lines = []
     Trainer(cfg, log=lines.append).run()
     batch = cfg.env.batch_size
@@ -89,17 +98,30 @@ def test_a_judge_scores_training_episodes_and_a_failing_call_costs_its_episode(t
 def test_judge_config_errors_are_named(tmp_path, monkeypatch):
     monkeypatch.delenv("NO_SUCH_JUDGE_KEY", raising=False)
     base = ROOT / "configs" / "tiny_frozenlake_gigpo.yaml"
-    cfg = load_config(TrainerConfig, base, [f"run_dir={tmp_path / 'r'}", "env.num_workers=0",
-                                            'reward.judge={"type": "openai", "base_url": "http://127.0.0.1:9", '
-                                            '"model": "m", "api_key_env": "NO_SUCH_JUDGE_KEY"}'])
+    cfg = load_config(
+        TrainerConfig,
+        base,
+        [
+            f"run_dir={tmp_path / 'r'}",
+            "env.num_workers=0",
+            'reward.judge={"type": "openai", "base_url": "http://127.0.0.1:9", '
+            '"model": "m", "api_key_env": "NO_SUCH_JUDGE_KEY"}',
+        ],
+    )
     with pytest.raises(ConfigError, match="reward.judge: .*NO_SUCH_JUDGE_KEY"):
         Trainer(cfg, log=lambda *_: None)
-    keyed = load_config(TrainerConfig, base, [f"run_dir={tmp_path / 'k'}", "env.num_workers=0",
-                                              'reward.judge={"type": "openai", "base_url": "http://127.0.0.1:9", '
-                                              f'"model": "m", "api_key": "{KEY}"}}'])
+    keyed = load_config(
+        TrainerConfig,
+        base,
+        [
+            f"run_dir={tmp_path / 'k'}",
+            "env.num_workers=0",
+            f'reward.judge={{"type": "openai", "base_url": "http://127.0.0.1:9", "model": "m", "api_key": "{KEY}"}}',
+        ],
+    )
     with pytest.raises(ConfigError, match="does not take an API key") as err:
         Trainer(keyed, log=lambda *_: None)
-    assert KEY not in str(err.value) and not (tmp_path / "k").exists()   # refused before anything is written
+    assert KEY not in str(err.value) and not (tmp_path / "k").exists()  # refused before anything is written
     with pytest.raises(ConfigError, match="mode must be 'replace' or 'add'"):
         load_config(TrainerConfig, base, ["reward.mode=mean"])
     with pytest.raises(ConfigError, match="on_failure must be"):
@@ -107,8 +129,14 @@ def test_judge_config_errors_are_named(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="weight .* applies to mode 'add' only"):
         load_config(TrainerConfig, base, ["reward.weight=0.5"])
     with pytest.raises(ConfigError, match="reward.judge: .*type"):
-        Trainer(load_config(TrainerConfig, base, [f"run_dir={tmp_path / 'r2'}", "env.num_workers=0",
-                                                  'reward.judge={"type": "oracle"}']), log=lambda *_: None)
+        Trainer(
+            load_config(
+                TrainerConfig,
+                base,
+                [f"run_dir={tmp_path / 'r2'}", "env.num_workers=0", 'reward.judge={"type": "oracle"}'],
+            ),
+            log=lambda *_: None,
+        )
 
 
 def test_judge_reward_modes_on_episodes():

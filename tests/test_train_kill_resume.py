@@ -20,6 +20,7 @@ function of the checkpointed state (params, optimizer state, `state.rng`, task s
 position), and XLA's CPU kernels are deterministic from one process to the next. Only
 the timings (`time_*_s`, `tokens_per_s`) may differ.
 """
+
 import json
 import os
 import re
@@ -36,8 +37,16 @@ CONFIG = ROOT / "configs" / "tiny_countdown_grpo.yaml"
 ITERATIONS = 8
 #: smaller than the config's batch: each iteration ~0.5-1 s once compiled, so the run is
 #: still well inside its iterations when the test sees two of them and kills it
-SMALL = [f"iterations={ITERATIONS}", "checkpoint_every=1", "keep_checkpoints=3", "env.group_size=2",
-         "env.tasks_per_iteration=2", "update.mini_batches=2", "rollout.max_tokens_per_turn=8", "rollout.max_context=448"]
+SMALL = [
+    f"iterations={ITERATIONS}",
+    "checkpoint_every=1",
+    "keep_checkpoints=3",
+    "env.group_size=2",
+    "env.tasks_per_iteration=2",
+    "update.mini_batches=2",
+    "rollout.max_tokens_per_turn=8",
+    "rollout.max_context=448",
+]
 TIMING = ("tokens_per_s",)
 POLL_S = 0.02
 DEADLINE_S = 240
@@ -86,8 +95,9 @@ def kill_when(proc, log_path, ready, deadline_s=DEADLINE_S) -> None:
     deadline = time.monotonic() + deadline_s
     try:
         while not ready():
-            assert proc.poll() is None, \
+            assert proc.poll() is None, (
                 f"the run ended (rc {proc.returncode}) before it could be killed:\n" + log_path.read_text()[-3000:]
+            )
             assert time.monotonic() < deadline, "the kill point was not reached within the deadline"
             time.sleep(POLL_S)
         os.kill(proc.pid, signal.SIGKILL)
@@ -124,6 +134,7 @@ def test_sigkilled_run_resumes_to_the_metrics_of_an_uninterrupted_run(tmp_path):
         if n < 2 or not complete_steps(killed):
             return False
         return bool(partial_steps(killed)) or n >= ITERATIONS - 3  # fallback: kill wherever it is
+
     kill_when(start(killed, logs[0]), logs[0], in_a_save)
     kills = [(count_lines(metrics), complete_steps(killed), partial_steps(killed))]
 
@@ -133,10 +144,12 @@ def test_sigkilled_run_resumes_to_the_metrics_of_an_uninterrupted_run(tmp_path):
     def after_a_new_checkpoint():
         steps = complete_steps(killed)
         return bool(steps) and steps[-1] > max(kills[0][1]) and steps[-1] >= count_lines(metrics)
+
     kill_when(second, logs[1], after_a_new_checkpoint)
     kills.append((count_lines(metrics), complete_steps(killed), partial_steps(killed)))
-    where = "; ".join(f"kill {i + 1}: after {n} logged iterations, checkpoints {c}, partial {p}"
-                      for i, (n, c, p) in enumerate(kills))
+    where = "; ".join(
+        f"kill {i + 1}: after {n} logged iterations, checkpoints {c}, partial {p}" for i, (n, c, p) in enumerate(kills)
+    )
     print(where)
     for n, complete, _ in kills:
         assert 2 <= n < ITERATIONS, "killed mid-training, not after the last iteration: " + where
@@ -144,8 +157,9 @@ def test_sigkilled_run_resumes_to_the_metrics_of_an_uninterrupted_run(tmp_path):
 
     # ---- resume to the end
     with open(logs[2], "w") as log:
-        final = subprocess.run(train_cmd(killed, "--resume"), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                               timeout=DEADLINE_S)
+        final = subprocess.run(
+            train_cmd(killed, "--resume"), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=DEADLINE_S
+        )
     assert final.returncode == 0, logs[2].read_text()[-3000:]
     # each resume continued from the newest complete checkpoint on disk after the kill (a
     # save cut off by the kill left at most a temporary directory, which does not count)

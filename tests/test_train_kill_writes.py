@@ -36,6 +36,7 @@ checkpoint's save is in flight (one of its files half written), and resumes it (
 an in-process check of a fresh start over a killed one. `-m slow` sweeps every kind of
 write (`SWEEP`).
 """
+
 import json
 import os
 import re
@@ -56,10 +57,22 @@ ITERATIONS = 4
 #: held-out evaluation of 2 episodes before and after RL (summary.json). The store's
 #: bound (~22.5 KiB; an iteration's file is ~6.5 KiB) is reached at iteration 4, which
 #: thins it to every 2nd iteration: iterations 2 and 4 are kept.
-OVERRIDES = [f"iterations={ITERATIONS}", "checkpoint_every=1", "keep_checkpoints=2", "env.group_size=2",
-             "env.tasks_per_iteration=2", "env.num_workers=0", "update.mini_batches=2", "rollout.max_tokens_per_turn=8",
-             "rollout.max_context=448", "eval.episodes=2", "logging.episodes_per_iteration=2",
-             "logging.episodes_max_mb=0.022", "logging.transcripts_every=1", "logging.tensorboard=true"]
+OVERRIDES = [
+    f"iterations={ITERATIONS}",
+    "checkpoint_every=1",
+    "keep_checkpoints=2",
+    "env.group_size=2",
+    "env.tasks_per_iteration=2",
+    "env.num_workers=0",
+    "update.mini_batches=2",
+    "rollout.max_tokens_per_turn=8",
+    "rollout.max_context=448",
+    "eval.episodes=2",
+    "logging.episodes_per_iteration=2",
+    "logging.episodes_max_mb=0.022",
+    "logging.transcripts_every=1",
+    "logging.tensorboard=true",
+]
 TIMING = ("tokens_per_s",)
 DEADLINE_S = 300
 SPEC_ENV = "JAXAGENT_TEST_KILL_SPEC"
@@ -165,6 +178,7 @@ def _driver() -> None:
             then(point, f"rename {name} ({point['when']})")
             if point["when"] != "after":
                 real(src, dst, *args, **kwargs)
+
         return rename
 
     def rmtree(path, *args, **kwargs):
@@ -172,7 +186,7 @@ def _driver() -> None:
         point = due("rmtree", name)
         if point is not None:
             files = sorted(os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs)
-            for f in files[:point["files"]]:   # a deletion cut off after its first files
+            for f in files[: point["files"]]:  # a deletion cut off after its first files
                 os.unlink(f)
             then(point, f"rmtree {name}: {point['files']} of {len(files)} files removed")
         return real_rmtree(path, *args, **kwargs)
@@ -190,8 +204,15 @@ def _driver() -> None:
             metrics = Path(run, "metrics.jsonl")
             store = sorted(int(p.stem[5:]) for p in Path(run, "episodes").glob("iter_*.jsonl"))
             with real_open(spec["snapshot"], "w") as f:
-                json.dump({"iteration": self.iteration, "store": store,
-                           "metrics": metrics.read_text() if metrics.exists() else None}, f)
+                json.dump(
+                    {
+                        "iteration": self.iteration,
+                        "store": store,
+                        "metrics": metrics.read_text() if metrics.exists() else None,
+                    },
+                    f,
+                )
+
         Trainer._restore = recorded
     from jaxagent.cli import main
 
@@ -208,8 +229,14 @@ def run_driver(run_dir, log_path, spec: dict, *extra) -> int:
     env = {**os.environ, SPEC_ENV: json.dumps({"run_dir": str(run_dir), **spec})}
     code = f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import {Path(__file__).stem} as t; t._driver()"
     with open(log_path, "w") as log:
-        return subprocess.run([sys.executable, "-c", code, *train_args(run_dir, *extra)], cwd=ROOT, env=env,
-                              stdout=log, stderr=subprocess.STDOUT, timeout=DEADLINE_S).returncode
+        return subprocess.run(
+            [sys.executable, "-c", code, *train_args(run_dir, *extra)],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=DEADLINE_S,
+        ).returncode
 
 
 def complete_steps(run_dir) -> list[int]:
@@ -232,8 +259,11 @@ def whole_lines(text: str, where) -> list[dict]:
 def untimed(x):
     """`x` without the timings (keys ending in `_s`, `seconds`, `time_*`, `tokens_per_s`)."""
     if isinstance(x, dict):
-        return {k: untimed(v) for k, v in x.items()
-                if not (k.endswith("_s") or k.startswith("time_") or "seconds" in k or k in TIMING)}
+        return {
+            k: untimed(v)
+            for k, v in x.items()
+            if not (k.endswith("_s") or k.startswith("time_") or "seconds" in k or k in TIMING)
+        }
     if isinstance(x, list):
         return [untimed(v) for v in x]
     return x
@@ -258,14 +288,20 @@ def tensorboard_scalars(run_dir) -> dict[str, list[tuple[int, float]]]:
 
     acc = EventAccumulator(str(Path(run_dir) / "tensorboard"))
     acc.Reload()
-    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]
-            if not tag.startswith("time/") and tag.split("/")[-1] not in TIMING}
+    return {
+        tag: [(e.step, e.value) for e in acc.Scalars(tag)]
+        for tag in acc.Tags()["scalars"]
+        if not tag.startswith("time/") and tag.split("/")[-1] not in TIMING
+    }
 
 
 def leftovers(run_dir) -> list[str]:
     """Temporary files and checkpoint directories still in the run directory."""
-    return sorted(str(p.relative_to(run_dir)) for p in Path(run_dir).rglob("*")
-                  if p.name.endswith(".tmp") or re.search(CKPT_TMP, p.name))
+    return sorted(
+        str(p.relative_to(run_dir))
+        for p in Path(run_dir).rglob("*")
+        if p.name.endswith(".tmp") or re.search(CKPT_TMP, p.name)
+    )
 
 
 def read_killed_run(run_dir, tmp_path) -> None:
@@ -279,12 +315,12 @@ def read_killed_run(run_dir, tmp_path) -> None:
     text = (run_dir / "metrics.jsonl").read_text() if (run_dir / "metrics.jsonl").exists() else ""
     *lines, last = text.split("\n")
     whole = [json.loads(line)["iteration"] for line in lines if line.strip()]
-    try:   # a last line cut just before its newline is a whole record to the non-live reader
+    try:  # a last line cut just before its newline is a whole record to the non-live reader
         whole_json = whole + [json.loads(last)["iteration"]]
     except (ValueError, KeyError, TypeError):
         whole_json = whole
     tmp_path.mkdir(parents=True, exist_ok=True)
-    if not whole and not (run_dir / "config.yaml").exists():   # killed before it logged or said anything
+    if not whole and not (run_dir / "config.yaml").exists():  # killed before it logged or said anything
         with pytest.raises(ViewError, match="neither metrics.jsonl nor an episode store"):
             view_run(run_dir)
         assert main(["view", str(run_dir), "--out", str(tmp_path / "site")]) == 2
@@ -304,8 +340,12 @@ class Reference:
     def __init__(self, root: Path):
         self.run_dir, self.log = root / "straight", root / "straight.log"
         with open(self.log, "w") as log:
-            self._proc = subprocess.Popen([sys.executable, "-m", "jaxagent", *train_args(self.run_dir)], cwd=ROOT,
-                                          stdout=log, stderr=subprocess.STDOUT)
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "jaxagent", *train_args(self.run_dir)],
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
 
     def done(self) -> Path:
         assert self._proc.wait(timeout=DEADLINE_S) == 0, self.log.read_text()[-3000:]
@@ -362,7 +402,7 @@ def killed_and_resumed(tmp_path, reference: Reference | None, kills: list) -> li
         if i:
             shutil.copytree(run_dir, tmp_path / f"killed{i - 1}")
             read_killed_run(run_dir, tmp_path / f"read{i}")
-        if i and not steps:   # killed before the first checkpoint: nothing to resume
+        if i and not steps:  # killed before the first checkpoint: nothing to resume
             rc = run_driver(run_dir, log, {"fired": str(fired)}, "--resume")
             assert rc == 2 and "no checkpoint to resume from" in log.read_text(), log.read_text()[-3000:]
             resumed_at.append(None)
@@ -377,7 +417,7 @@ def killed_and_resumed(tmp_path, reference: Reference | None, kills: list) -> li
             assert fired.exists() and len(fired.read_text().splitlines()) == i + 1, (kill, text[-3000:])
         if i and steps:
             got = re.search(r"resumed from \S+/(\d+) at iteration (\d+)", text)
-            if got is None:   # killed in the restore, before it said where it resumed from
+            if got is None:  # killed in the restore, before it said where it resumed from
                 assert kill is not None and not snapshot.exists(), text[-3000:]
                 resumed_at.append(KILLED_IN_RESTORE)
                 continue
@@ -400,13 +440,16 @@ def killed_and_resumed(tmp_path, reference: Reference | None, kills: list) -> li
     expected = whole_lines((straight / "metrics.jsonl").read_text(), "the uninterrupted run")
     for i, (a, b) in enumerate(zip(learning_metrics(metrics), learning_metrics(expected)), 1):
         assert a == b, f"iteration {i} differs ({where}):\n{a}\n{b}"
-    assert sorted(store(straight)) == [2, 4], "the store's bound no longer thins it at iteration 4 " \
+    assert sorted(store(straight)) == [2, 4], (
+        "the store's bound no longer thins it at iteration 4 "
         f"(store {sorted(store(straight))}): adjust logging.episodes_max_mb in OVERRIDES"
+    )
     assert store(run_dir) == store(straight), where
     assert (run_dir / "episodes" / "stride").read_text() == (straight / "episodes" / "stride").read_text(), where
     assert transcripts(run_dir) == transcripts(straight), where
-    assert untimed(json.loads((run_dir / "summary.json").read_text())) == \
-        untimed(json.loads((straight / "summary.json").read_text())), where
+    assert untimed(json.loads((run_dir / "summary.json").read_text())) == untimed(
+        json.loads((straight / "summary.json").read_text())
+    ), where
     assert tensorboard_scalars(run_dir) == tensorboard_scalars(straight), where
     assert complete_steps(run_dir) == complete_steps(straight), where
     assert sorted(os.listdir(run_dir / "checkpoints")) == sorted(os.listdir(straight / "checkpoints")), where
@@ -426,9 +469,11 @@ def test_killed_mid_line_while_a_save_is_in_flight(tmp_path):
     (its tokens, rewards and per-token signals), iteration 3's transcript and TensorBoard
     points, and iteration 4's metrics line up to where the kill cut it (before its
     timings)."""
-    resumed = killed_and_resumed(tmp_path, None, [[
-        stalled(write(rf"^checkpoints/3{CKPT_TMP}/extras{CKPT_TMP}/metadata$")),
-        write(r"^metrics\.jsonl$", nth=4)]])
+    resumed = killed_and_resumed(
+        tmp_path,
+        None,
+        [[stalled(write(rf"^checkpoints/3{CKPT_TMP}/extras{CKPT_TMP}/metadata$")), write(r"^metrics\.jsonl$", nth=4)]],
+    )
     assert resumed == [2]
     run, killed = tmp_path / "run", tmp_path / "killed0"
     assert complete_steps(killed) == [0, 1, 2] and (killed / "checkpoints" / "3.orbax-checkpoint-tmp").is_dir()
@@ -467,13 +512,28 @@ def test_a_fresh_start_over_a_killed_run_starts_its_records_over(tmp_path):
         def decode(self, ids):
             return "".join(chr(65 + i % 26) for i in ids)
 
-    ep = types.SimpleNamespace(index=0, seed=1, group_id=0, rewards=[1.0], success=True, done=True, truncated=False,
-                               failed=False, end_reason="terminated", failure="", failure_kind="", invalid_actions=0,
-                               noop_actions=0, info={}, system_prompt=None, segments=[("prompt", [1]), ("policy", [2])])
+    ep = types.SimpleNamespace(
+        index=0,
+        seed=1,
+        group_id=0,
+        rewards=[1.0],
+        success=True,
+        done=True,
+        truncated=False,
+        failed=False,
+        end_reason="terminated",
+        failure="",
+        failure_kind="",
+        invalid_actions=0,
+        noop_actions=0,
+        info={},
+        system_prompt=None,
+        segments=[("prompt", [1]), ("policy", [2])],
+    )
     killed = EpisodeStore(tmp_path, per_iteration=1)
     assert killed.write(1, [ep], Tok())
     killed.max_bytes = killed.used_bytes() + 10
-    assert killed.write(2, [ep], Tok()) and killed.stride == 2   # thinned: 1 deleted, then killed
+    assert killed.write(2, [ep], Tok()) and killed.stride == 2  # thinned: 1 deleted, then killed
     rundir = RunDir(tmp_path)
     rundir.write_config(load_config(TrainerConfig, CONFIG, [f"run_dir={tmp_path}", "iterations=3"]))
     rundir.write_summary({"success_before_rl": 0.5})
@@ -506,8 +566,11 @@ SWEEP = [
     ("metrics-whole-line", [write(r"^metrics\.jsonl$", nth=2, cut=1)], [either(0, 1)]),
     ("metrics-iteration-1", [write(r"^metrics\.jsonl$", nth=1)], [0]),
     # the resume's rewrite of metrics.jsonl (to the checkpoint's history), cut off
-    ("metrics-rewrite", [write(r"^metrics\.jsonl$", nth=3), write(r"^metrics\.jsonl\.tmp$")],
-     [KILLED_IN_RESTORE, either(1, 2)]),
+    (
+        "metrics-rewrite",
+        [write(r"^metrics\.jsonl$", nth=3), write(r"^metrics\.jsonl\.tmp$")],
+        [KILLED_IN_RESTORE, either(1, 2)],
+    ),
     # the episode store: a file half written, written but not renamed, renamed
     ("store-mid-file", [write(r"^episodes/iter_000003\.jsonl\.tmp$")], [either(1, 2)]),
     ("store-before-rename", [rename(r"^episodes/iter_000003\.jsonl\.tmp$", "before")], [either(1, 2)]),
@@ -531,27 +594,36 @@ SWEEP = [
     ("summary-after-rl-not-renamed", [rename(r"^summary\.json\.tmp$", "before", nth=2)], [ITERATIONS]),
     # config.yaml and config.<n>.yaml: of a fresh start (nothing to resume), of a resume
     ("config-fresh", [write(r"^config\.yaml\.tmp$")], [None]),
-    ("config-resume", [write(r"^metrics\.jsonl$", nth=3), write(r"^config\.yaml\.tmp$")],
-     [either(1, 2), either(1, 2)]),
-    ("config-n-resume", [write(r"^metrics\.jsonl$", nth=3), write(r"^config\.1\.yaml\.tmp$")],
-     [either(1, 2), either(1, 2)]),
+    ("config-resume", [write(r"^metrics\.jsonl$", nth=3), write(r"^config\.yaml\.tmp$")], [either(1, 2), either(1, 2)]),
+    (
+        "config-n-resume",
+        [write(r"^metrics\.jsonl$", nth=3), write(r"^config\.1\.yaml\.tmp$")],
+        [either(1, 2), either(1, 2)],
+    ),
     # TensorBoard: iteration 3's event record cut in its data (each event is 4 writes: its
     # length, the length's CRC, the data, its CRC; the file version's event first), and
     # just after its length
     ("tensorboard-mid-record", [write(r"^tensorboard/events\.out\.tfevents", nth=4 * 3 + 3)], [either(1, 2)]),
-    ("tensorboard-after-length", [write(r"^tensorboard/events\.out\.tfevents", nth=4 * 3 + 1, cut=1)],
-     [either(1, 2)]),
+    ("tensorboard-after-length", [write(r"^tensorboard/events\.out\.tfevents", nth=4 * 3 + 1, cut=1)], [either(1, 2)]),
     # a transcript half written
     ("transcript-mid-file", [write(r"^transcripts/iter_000003\.txt\.tmp$")], [either(1, 2)]),
     # killed again and again: mid-line, mid-save on the resume, mid-store on the next
-    ("three-kills", [write(r"^metrics\.jsonl$", nth=2), write(rf"^checkpoints/3{CKPT_TMP}/commit_success\.txt$"),
-                     write(r"^episodes/iter_000004\.jsonl\.tmp$")], [either(0, 1), 2, either(2, 3)]),
+    (
+        "three-kills",
+        [
+            write(r"^metrics\.jsonl$", nth=2),
+            write(rf"^checkpoints/3{CKPT_TMP}/commit_success\.txt$"),
+            write(r"^episodes/iter_000004\.jsonl\.tmp$"),
+        ],
+        [either(0, 1), 2, either(2, 3)],
+    ),
 ]
 
 
 def matches(resumed: list, expected: list) -> bool:
     return len(resumed) == len(expected) and all(
-        r in e if isinstance(e, tuple) else r == e for r, e in zip(resumed, expected))
+        r in e if isinstance(e, tuple) else r == e for r, e in zip(resumed, expected)
+    )
 
 
 # slow: each case is two to four `jaxagent train` processes of ~10-15 s each on 2 cores

@@ -1,5 +1,6 @@
 """RunLogger: TensorBoard event files (read back record by record), the progress line,
 transcripts of fake and real episodes, robustness to a broken sink, resume."""
+
 import io
 import struct
 import warnings
@@ -10,9 +11,9 @@ import pytest
 
 import envs
 from jaxagent import models as M
+from jaxagent.models import tiny_config
 from jaxagent.rollout import AgentLoop, AgentLoopConfig, SamplingConfig
 from jaxagent.rollout.agent_loop import Episode
-from jaxagent.models import tiny_config
 from jaxagent.rollout.byte_tokenizer import byte_chat_tokenizer
 from jaxagent.train.runlog import (
     RunLogger,
@@ -32,8 +33,8 @@ def read_events(path):
 
     data, pos, events = path.read_bytes(), 0, []
     while pos < len(data):
-        (n,) = struct.unpack("<Q", data[pos:pos + 8])
-        events.append(event_pb2.Event.FromString(data[pos + 12:pos + 12 + n]))
+        (n,) = struct.unpack("<Q", data[pos : pos + 8])
+        events.append(event_pb2.Event.FromString(data[pos + 12 : pos + 12 + n]))
         pos += 12 + n + 4
     assert pos == len(data)
     return events
@@ -50,9 +51,20 @@ def scalars(run_dir):
 
 
 def metrics(i, **kw):
-    m = {"iteration": i, "step": i, "reward_mean": 0.5 + i, "success_rate": 0.25, "kl": 1e-4, "entropy": 2.0,
-         "clipfrac": 0.1, "tokens_per_s": 1234.4, "time_rollout_s": 0.5, "failed_episodes": 0, "note": "text",
-         "flag": True}
+    m = {
+        "iteration": i,
+        "step": i,
+        "reward_mean": 0.5 + i,
+        "success_rate": 0.25,
+        "kl": 1e-4,
+        "entropy": 2.0,
+        "clipfrac": 0.1,
+        "tokens_per_s": 1234.4,
+        "time_rollout_s": 0.5,
+        "failed_episodes": 0,
+        "note": "text",
+        "flag": True,
+    }
     m.update(kw)
     return m
 
@@ -65,8 +77,8 @@ class TTY(io.StringIO):
 def fake_episode(index=0, seed=7, group=1, done=True, rewards=(0.0, 1.0)):
     ep = Episode(index=index, seed=seed, group_id=group)
     ep.system_prompt = "You play a number game."
-    ep.observations = ["Reach 24 with 3 5 8.", "Not yet: 16.", "Correct!"][:len(rewards) + 1]
-    ep.actions = ["3 + 5", "3 * 8"][:len(rewards)]
+    ep.observations = ["Reach 24 with 3 5 8.", "Not yet: 16.", "Correct!"][: len(rewards) + 1]
+    ep.actions = ["3 + 5", "3 * 8"][: len(rewards)]
     ep.rewards = list(rewards)
     ep.finish_reasons = ["stop_token"] * len(rewards)
     ep.end(done=done, truncated=not done, reason="terminated" if done else "max_turns")
@@ -123,6 +135,7 @@ def test_reopening_a_run_appends_and_purges_the_replayed_iterations(tmp_path):
 def test_tensorboard_itself_reads_the_scalars_and_drops_the_replayed_points(tmp_path):
     """TensorBoard's own event reader (the `tensorboard` extra) over a run and its resume."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     with RunLogger(tmp_path, total_iterations=4, progress=False) as log:
         for i in (1, 2, 3):
             log.log_iteration(metrics(i))
@@ -130,7 +143,7 @@ def test_tensorboard_itself_reads_the_scalars_and_drops_the_replayed_points(tmp_
             acc = EventAccumulator(str(tmp_path / "tensorboard"))
             acc.Reload()
             assert [e.step for e in acc.Scalars("train/reward_mean")] == list(range(1, i + 1))
-    with RunLogger(tmp_path, total_iterations=4, progress=False) as log:   # resumed from iteration 2
+    with RunLogger(tmp_path, total_iterations=4, progress=False) as log:  # resumed from iteration 2
         log.log_iteration(metrics(3, reward_mean=9.0))
         log.log_iteration(metrics(4))
     acc = EventAccumulator(str(tmp_path / "tensorboard"))
@@ -151,7 +164,7 @@ def test_a_failing_tensorboard_writer_warns_once_and_training_goes_on(tmp_path):
                 log.log_iteration(metrics(i), eps)
     tb = [w for w in caught if "tensorboard" in str(w.message)]
     assert len(tb) == 1 and issubclass(tb[0].category, RuntimeWarning)
-    assert stream.getvalue().count("\n") == 3                  # progress went on
+    assert stream.getvalue().count("\n") == 3  # progress went on
     assert (tmp_path / "transcripts" / "iter_000003.txt").is_file()  # transcripts too
 
 
@@ -192,7 +205,7 @@ def test_progress_bar_on_a_terminal_redraws_in_place(tmp_path):
         log.log_iteration(metrics(2))
         # drawn in place (tqdm): carriage returns, no new line yet
         assert "\n" not in stream.getvalue() and stream.getvalue().count("\r") >= 4
-        assert "ETA ?" in stream.getvalue()                  # no ETA from the compiling iteration alone
+        assert "ETA ?" in stream.getvalue()  # no ETA from the compiling iteration alone
         log.message("saved checkpoint 2")
         assert "saved checkpoint 2\n" in stream.getvalue()
     text = stream.getvalue()
@@ -216,10 +229,21 @@ def test_format_progress_and_eta():
 # ----------------------------------------------------------------------------- transcripts
 def test_format_transcript_shows_turns_rewards_and_flags():
     text = format_transcript(fake_episode())
-    for part in ("task seed 7", "group 1", "You play a number game.", "[turn 0] observation (user):",
-                 "Reach 24 with 3 5 8.", "[turn 0] action (assistant), reward +0", "3 + 5", "Not yet: 16.",
-                 "[turn 1] action (assistant), reward +1", "3 * 8", "final observation:", "Correct!",
-                 "return +1 | success yes | done True | truncated False | failed False | end: terminated"):
+    for part in (
+        "task seed 7",
+        "group 1",
+        "You play a number game.",
+        "[turn 0] observation (user):",
+        "Reach 24 with 3 5 8.",
+        "[turn 0] action (assistant), reward +0",
+        "3 + 5",
+        "Not yet: 16.",
+        "[turn 1] action (assistant), reward +1",
+        "3 * 8",
+        "final observation:",
+        "Correct!",
+        "return +1 | success yes | done True | truncated False | failed False | end: terminated",
+    ):
         assert part in text, (part, text)
     assert text.index("3 + 5") < text.index("Not yet: 16.") < text.index("3 * 8") < text.index("Correct!")
     lost = fake_episode(done=False, rewards=(-0.5,))
@@ -241,8 +265,14 @@ def test_a_cut_action_is_decoded_with_the_tokenizer():
 def test_transcript_files_every_n_iterations_one_episode_per_group_first(tmp_path):
     eps = [fake_episode(0, seed=10, group=0), fake_episode(1, seed=10, group=0), fake_episode(2, seed=11, group=1)]
     assert [e.index for e in select_episodes(eps, 2)] == [0, 2]
-    with RunLogger(tmp_path, total_iterations=4, progress=False, tensorboard=False, transcripts_every=2,
-                   transcripts_per_iteration=2) as log:
+    with RunLogger(
+        tmp_path,
+        total_iterations=4,
+        progress=False,
+        tensorboard=False,
+        transcripts_every=2,
+        transcripts_per_iteration=2,
+    ) as log:
         for i in (1, 2, 3, 4):
             log.log_iteration(metrics(i), eps)
     files = sorted(p.name for p in (tmp_path / "transcripts").iterdir())
@@ -257,8 +287,12 @@ def test_transcripts_of_a_real_rollout_hold_its_turn_texts_and_rewards(tmp_path)
     tok = byte_chat_tokenizer()
     cfg = tiny_config(vocab_size=len(tok))
     params = M.init_params(jax.random.key(0), cfg, std=0.3)
-    loop = AgentLoop(params, cfg, tok, AgentLoopConfig(max_turns=2, max_tokens_per_turn=4, max_context=512,
-                                                       sampling=SamplingConfig(1.0), seed=3))
+    loop = AgentLoop(
+        params,
+        cfg,
+        tok,
+        AgentLoopConfig(max_turns=2, max_tokens_per_turn=4, max_context=512, sampling=SamplingConfig(1.0), seed=3),
+    )
     with envs.EnvPool(["frozenlake"] * 2, num_workers=0) as pool:
         _, eps = loop.run(pool, [5, 6], group_ids=[0, 1])
     with RunLogger(tmp_path, total_iterations=1, progress=False, tensorboard=False) as log:

@@ -5,6 +5,7 @@ user relies on: finite metrics, one JSONL line per iteration, checkpoints on dis
 parameters that moved, exact resume from a fresh process, and config errors that name
 their key through the CLI.
 """
+
 import json
 import math
 import shutil
@@ -35,8 +36,13 @@ def config(run_dir, *overrides) -> TrainerConfig:
 
 
 def cli(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "jaxagent", "train", *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "jaxagent", "train", *map(str, args)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def read_jsonl(path) -> list[dict]:
@@ -53,8 +59,16 @@ def check_run(trainer: Trainer, history: list[dict], iterations: int):
     for m in history:
         for key, value in m.items():
             assert isinstance(value, (int, float)) and math.isfinite(value), (key, value)
-        for key in ("reward_mean", "success_rate", "entropy", "clipfrac", "approx_kl", "tokens_per_s",
-                    "time_rollout_s", "time_update_s"):
+        for key in (
+            "reward_mean",
+            "success_rate",
+            "entropy",
+            "clipfrac",
+            "approx_kl",
+            "tokens_per_s",
+            "time_rollout_s",
+            "time_update_s",
+        ):
             assert key in m, key
         assert m["skipped_updates"] == 0
         # every played turn samples 1 .. max_tokens_per_turn policy tokens
@@ -88,15 +102,17 @@ def test_sampler_old_logprobs_skip_the_pass_and_update_as_the_recomputed_ones(tm
     rounding, so the updated params agree to that rounding, and no log-prob pass runs."""
     runs, passes = {}, {}
     for mode in ("recompute", "sampler"):
-        trainer = Trainer(config(tmp_path / mode, *VARIED, "iterations=1", f"update.old_logprobs={mode}"),
-                          log=lambda *_: None)
+        trainer = Trainer(
+            config(tmp_path / mode, *VARIED, "iterations=1", f"update.old_logprobs={mode}"), log=lambda *_: None
+        )
         passes[mode], logprobs = 0, trainer.placement.logprobs
 
         def counted(*args, _f=logprobs, _mode=mode, **kwargs):
             passes[_mode] += 1
             return _f(*args, **kwargs)
+
         trainer.placement.logprobs = counted
-        before = jax.device_get(trainer.state.params)   # the same initial params in both modes
+        before = jax.device_get(trainer.state.params)  # the same initial params in both modes
         history = trainer.run()
         runs[mode] = (jax.device_get(trainer.state.params), history[0])
     assert passes == {"recompute": 1, "sampler": 0}
@@ -110,12 +126,15 @@ def test_sampler_old_logprobs_skip_the_pass_and_update_as_the_recomputed_ones(tm
     assert params_moved(before, p_sa)
 
 
-@pytest.mark.parametrize("override, why", [
-    ("rollout.top_p=0.9", "top_p"),
-    ("rollout.top_k=5", "top_k"),
-    ("loss.tis_cap=2.0", "tis_cap"),
-    ("rollout.temperature=0", "temperature is 0"),
-])
+@pytest.mark.parametrize(
+    "override, why",
+    [
+        ("rollout.top_p=0.9", "top_p"),
+        ("rollout.top_k=5", "top_k"),
+        ("loss.tis_cap=2.0", "tis_cap"),
+        ("rollout.temperature=0", "temperature is 0"),
+    ],
+)
 def test_sampler_old_logprobs_need_the_untruncated_sampling_distribution(tmp_path, override, why):
     with pytest.raises(ConfigError, match=why):
         config(tmp_path / "run", "update.old_logprobs=sampler", override)
@@ -127,8 +146,10 @@ def test_a_kl_term_on_the_last_turn_reaches_the_update(tmp_path):
     """`loss.kl_turns=last`: every update's batch carries a KL mask that covers, in each
     row, the policy tokens after all its other ones (the episode's last turn), and only
     those; the step itself refuses a batch without it (test_train_step)."""
-    trainer = Trainer(config(tmp_path / "run", *VARIED, "loss.kl_coef=0.05", "loss.kl_turns=last", "iterations=1"),
-                      log=lambda *_: None)
+    trainer = Trainer(
+        config(tmp_path / "run", *VARIED, "loss.kl_coef=0.05", "loss.kl_turns=last", "iterations=1"),
+        log=lambda *_: None,
+    )
     seen, update = [], trainer._update
 
     def spy(state, mini):
@@ -141,7 +162,7 @@ def test_a_kl_term_on_the_last_turn_reaches_the_update(tmp_path):
     for loss_mask, kl_mask in seen:
         assert kl_mask is not None
         policy, covered = loss_mask > 0, kl_mask > 0
-        assert not (covered & ~policy).any() and covered.sum() < policy.sum()   # a part of the policy tokens
+        assert not (covered & ~policy).any() and covered.sum() < policy.sum()  # a part of the policy tokens
         for row_policy, row_covered in zip(policy, covered):
             if row_policy.any():
                 rest = np.flatnonzero(row_policy & ~row_covered)
@@ -164,8 +185,10 @@ def test_ppo_with_critic_run(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("advantage", ["rloo", "reinforce_pp_baseline", "gigpo", "dr_grpo", "reinforce_pp"])
 def test_other_estimators_run(tmp_path, advantage):
-    trainer = Trainer(config(tmp_path / "run", *VARIED, f"algo.advantage={advantage}", "loss.entropy_coef=0.0",
-                             "loss.kl_coef=0.01"), log=lambda *_: None)
+    trainer = Trainer(
+        config(tmp_path / "run", *VARIED, f"algo.advantage={advantage}", "loss.entropy_coef=0.0", "loss.kl_coef=0.01"),
+        log=lambda *_: None,
+    )
     before = jax.device_get(trainer.state.params)
     history = trainer.run()
     check_run(trainer, history, 2)
@@ -204,9 +227,8 @@ def test_resume_after_a_lost_iteration_replays_it_exactly(tmp_path):
     run = tmp_path / "run"
     trainer = Trainer(config(run, *VARIED, "iterations=3", "checkpoint_every=2"), log=lambda *_: None)
     original = trainer.run()
-    shutil.rmtree(run / "checkpoints" / "3")          # as if killed before the save of iteration 3
-    resumed = Trainer(config(run, *VARIED, "iterations=3", "checkpoint_every=2"), resume=True,
-                      log=lambda *_: None)
+    shutil.rmtree(run / "checkpoints" / "3")  # as if killed before the save of iteration 3
+    resumed = Trainer(config(run, *VARIED, "iterations=3", "checkpoint_every=2"), resume=True, log=lambda *_: None)
     assert resumed.run()[:2] == original[:2]
     lines = read_jsonl(run / "metrics.jsonl")
     assert [m["iteration"] for m in lines] == [1, 2, 3]
@@ -217,8 +239,11 @@ def test_resume_after_a_lost_iteration_replays_it_exactly(tmp_path):
 def test_resumed_run_equals_an_uninterrupted_one(tmp_path):
     """2 iterations + resume 1 (each in a fresh process) == 3 iterations in one (CPU)."""
     a, b = tmp_path / "a", tmp_path / "b"
-    for args in ([f"run_dir={a}", "iterations=2"], [f"run_dir={a}", "iterations=3", "--resume"],
-                 [f"run_dir={b}", "iterations=3"]):
+    for args in (
+        [f"run_dir={a}", "iterations=2"],
+        [f"run_dir={a}", "iterations=3", "--resume"],
+        [f"run_dir={b}", "iterations=3"],
+    ):
         out = cli("--config", CONFIG, *VARIED, *args)
         assert out.returncode == 0, out.stderr
     resumed, straight = read_jsonl(a / "metrics.jsonl"), read_jsonl(b / "metrics.jsonl")
@@ -244,13 +269,13 @@ def test_a_finished_run_resumed_for_more_iterations_evaluates_again(tmp_path):
         want = {k: v for k, v in straight[key].items() if k != "seconds"} if key == "eval_after_rl" else straight[key]
         got = {k: v for k, v in extended[key].items() if k != "seconds"} if key == "eval_after_rl" else extended[key]
         assert got == want, key
-    assert json.loads(lines[-1])["iterations"] == 2   # the final line is the new evaluation's
+    assert json.loads(lines[-1])["iterations"] == 2  # the final line is the new evaluation's
 
 
 def test_resume_without_a_checkpoint_is_an_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         Trainer(config(tmp_path / "run"), resume=True, log=lambda *_: None).run()
-    assert not (tmp_path / "run").exists()   # nothing created
+    assert not (tmp_path / "run").exists()  # nothing created
     (tmp_path / "run").mkdir()
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         Trainer(config(tmp_path / "run"), resume=True, log=lambda *_: None).run()
@@ -272,12 +297,15 @@ def test_every_tiny_config_trains_through_the_cli(tmp_path, path):
     assert all(math.isfinite(m["loss"]) and m["skipped_updates"] == 0 for m in lines)
 
 
-@pytest.mark.parametrize("override, names", [
-    ("optim.lrr=0.1", "optim.lrr"),
-    ("env.group_size=two", "env.group_size"),
-    ("algo.advantage=nonsense", "advantage"),
-    ("update.mini_batches=3", "mini_batches"),
-])
+@pytest.mark.parametrize(
+    "override, names",
+    [
+        ("optim.lrr=0.1", "optim.lrr"),
+        ("env.group_size=two", "env.group_size"),
+        ("algo.advantage=nonsense", "advantage"),
+        ("update.mini_batches=3", "mini_batches"),
+    ],
+)
 def test_config_errors_name_the_key(tmp_path, override, names):
     with pytest.raises(ConfigError, match=names.replace(".", r"\.")):
         config(tmp_path / "run", override)
@@ -292,12 +320,28 @@ def test_config_error_through_the_cli_exits_2(tmp_path):
 
 def test_train_without_config_runs_the_embedded_demo_and_ends_with_its_json_line(tmp_path):
     # configs/default.yaml shrunk by overrides: warm start, evaluations, RL, then the JSON line
-    small = ["model.hidden_size=32", "model.intermediate_size=64", "model.head_dim=8",
-             "warm_start.episodes=16", "warm_start.epochs=1", "warm_start.batch_size=8", "eval.episodes=8",
-             "env.tasks_per_iteration=1", "env.group_size=4", "iterations=1", "rollout.max_turns=3",
-             "update.mini_batches=1", "env.num_workers=0"]
-    out = subprocess.run([sys.executable, "-m", "jaxagent", "train", f"run_dir={tmp_path / 'run'}", *small],
-                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    small = [
+        "model.hidden_size=32",
+        "model.intermediate_size=64",
+        "model.head_dim=8",
+        "warm_start.episodes=16",
+        "warm_start.epochs=1",
+        "warm_start.batch_size=8",
+        "eval.episodes=8",
+        "env.tasks_per_iteration=1",
+        "env.group_size=4",
+        "iterations=1",
+        "rollout.max_turns=3",
+        "update.mini_batches=1",
+        "env.num_workers=0",
+    ]
+    out = subprocess.run(
+        [sys.executable, "-m", "jaxagent", "train", f"run_dir={tmp_path / 'run'}", *small],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr
     last = json.loads(out.stdout.strip().splitlines()[-1])
     assert set(last) >= {"success_before_rl", "success_after_rl"}

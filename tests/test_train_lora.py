@@ -2,6 +2,9 @@
 stay bitwise as they started), their optimizer state is the adapters'
 alone, the KL reference holds a copy of the adapters only and reads the base from the
 policy's own weights, and a LoRA run resumes exactly."""
+
+from pathlib import Path
+
 import jax
 import numpy as np
 import pytest
@@ -9,13 +12,18 @@ import pytest
 from jaxagent import models as M
 from jaxagent.config import ConfigError, load_config
 from jaxagent.train.trainer import Trainer, TrainerConfig
-from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "tiny_countdown_grpo.yaml"
-LORA = ["model.lora={rank: 4, alpha: 8.0, targets: [q_proj, v_proj, up_proj]}", "loss.kl_coef=0.05",
-        "optim.lr=1e-2", "env.num_workers=0", "rollout.max_context=256", "env.name=testing/faulty",
-        "env.kwargs={horizon: 2}"]
+LORA = [
+    "model.lora={rank: 4, alpha: 8.0, targets: [q_proj, v_proj, up_proj]}",
+    "loss.kl_coef=0.05",
+    "optim.lr=1e-2",
+    "env.num_workers=0",
+    "rollout.max_context=256",
+    "env.name=testing/faulty",
+    "env.kwargs={horizon: 2}",
+]
 
 
 def config(run_dir, *extra):
@@ -40,9 +48,9 @@ def test_lora_run_trains_the_adapters_only_with_an_adapter_reference(tmp_path):
     after = jax.device_get(trainer.state.params)
     a2, f2 = M.split_lora(after)
     for x, y in zip(jax.tree.leaves(frozen), jax.tree.leaves(f2)):
-        np.testing.assert_array_equal(x, y)          # the base: bitwise unchanged
+        np.testing.assert_array_equal(x, y)  # the base: bitwise unchanged
     moved = [not np.array_equal(x, y) for x, y in zip(jax.tree.leaves(adapters), jax.tree.leaves(a2))]
-    assert any(moved)                                # the B matrices start at 0 and move
+    assert any(moved)  # the B matrices start at 0 and move
 
 
 @pytest.mark.slow
@@ -51,8 +59,7 @@ def test_a_lora_run_resumes_exactly(tmp_path):
     Trainer(config(tmp_path / "run", "iterations=2"), log=lambda *_: None).run()
     more = Trainer(config(tmp_path / "run", "iterations=3"), resume=True, log=lambda *_: None).run()
     straight = Trainer(config(tmp_path / "b", "iterations=3"), log=lambda *_: None).run()
-    strip = lambda ms: [{k: v for k, v in m.items() if not k.startswith("time_") and k != "tokens_per_s"}
-                        for m in ms]
+    strip = lambda ms: [{k: v for k, v in m.items() if not k.startswith("time_") and k != "tokens_per_s"} for m in ms]
     assert strip(more) == strip(straight)
 
 

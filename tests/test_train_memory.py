@@ -3,6 +3,7 @@ update and log-prob pass (`Compiled.memory_analysis()`, XLA's own buffer assignm
 several shapes, micro-batches and remat; `logprob_rows` bounds the log-prob pass; on CPU
 the check compares against the host's available RAM and refuses, before compiling, a
 config whose log-prob pass cannot fit."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,13 +23,22 @@ SHAPES = [  # D, L, H, K, hd, F, V, B, T
 
 
 def model(D, L, H, K, hd, F, V):
-    return M.DecoderConfig(vocab_size=V, hidden_size=D, intermediate_size=F, num_layers=L, num_heads=H,
-                           num_kv_heads=K, head_dim=hd, model_type="qwen2")
+    return M.DecoderConfig(
+        vocab_size=V,
+        hidden_size=D,
+        intermediate_size=F,
+        num_layers=L,
+        num_heads=H,
+        num_kv_heads=K,
+        head_dim=hd,
+        model_type="qwen2",
+    )
 
 
 def measured(fn, *args, **static) -> int:
-    return jax.jit(fn, static_argnames=tuple(static)).lower(*args, **static).compile().memory_analysis() \
-        .temp_size_in_bytes
+    return (
+        jax.jit(fn, static_argnames=tuple(static)).lower(*args, **static).compile().memory_analysis().temp_size_in_bytes
+    )
 
 
 def _cases():
@@ -37,9 +47,12 @@ def _cases():
     out = []
     for i, shape in enumerate(SHAPES):
         for micro, remat in ((1, False), (2, False), (1, True)):
-            slow = i == 2 or micro > 1 or (i == 0) == remat   # default: shape 0 plain, shape 1 remat
-            out.append(pytest.param(shape, micro, remat, id=f"{shape}-{micro}-{remat}",
-                                    marks=(pytest.mark.slow,) if slow else ()))
+            slow = i == 2 or micro > 1 or (i == 0) == remat  # default: shape 0 plain, shape 1 remat
+            out.append(
+                pytest.param(
+                    shape, micro, remat, id=f"{shape}-{micro}-{remat}", marks=(pytest.mark.slow,) if slow else ()
+                )
+            )
     return out
 
 
@@ -49,16 +62,24 @@ def test_update_activations_match_the_compiled_step(shape, micro, remat):
     cfg, sc = model(*arch), StepConfig(num_micro_batches=micro, remat=remat)
     state = init_train_state(jax.random.key(1), M.init_params(jax.random.key(0), cfg), cfg, sc)
     z = jnp.zeros((B, T), jnp.float32)
-    batch = UpdateBatch(tokens=jnp.zeros((B, T), jnp.int32), loss_mask=z + 1, advantages=z + 1, old_logp=z,
-                        attention_mask=jnp.ones((B, T), jnp.int32))
+    batch = UpdateBatch(
+        tokens=jnp.zeros((B, T), jnp.int32),
+        loss_mask=z + 1,
+        advantages=z + 1,
+        old_logp=z,
+        attention_mask=jnp.ones((B, T), jnp.int32),
+    )
     est = memory.estimate_memory(cfg, sc, None, batch_size=B, seq_len=T)
     ratio = measured(train_step, state, batch, config=sc) / (est["activations"] + est["grads"])
-    low = 0.5 if remat else 0.75   # "tens of percent either way" (the memory module's docstring)
+    low = 0.5 if remat else 0.75  # "tens of percent either way" (the memory module's docstring)
     assert low < ratio < 1.5, ratio
 
 
-@pytest.mark.parametrize("shape", [SHAPES[0], pytest.param(SHAPES[1], marks=pytest.mark.slow),
-                                   pytest.param(SHAPES[2], marks=pytest.mark.slow)], ids=str)
+@pytest.mark.parametrize(
+    "shape",
+    [SHAPES[0], pytest.param(SHAPES[1], marks=pytest.mark.slow), pytest.param(SHAPES[2], marks=pytest.mark.slow)],
+    ids=str,
+)
 def test_logprob_pass_matches_the_compiled_pass_and_logprob_rows_bound_it(shape):
     *arch, B, T = shape
     cfg = model(*arch)
@@ -68,9 +89,14 @@ def test_logprob_pass_matches_the_compiled_pass_and_logprob_rows_bound_it(shape)
     kw = dict(config=cfg, temperature=1.0, seq_chunk=128, vocab_chunk=8192)
     peaks = {}
     for chunks in (1, 4):
-        peaks[chunks] = measured(lambda p, t, m, c=chunks: _policy_logprobs(p, cfg, t, m, temperature=1.0, seq_chunk=128,
-                                                                              vocab_chunk=8192, row_chunks=c),
-                                 params, tokens, mask)
+        peaks[chunks] = measured(
+            lambda p, t, m, c=chunks: _policy_logprobs(
+                p, cfg, t, m, temperature=1.0, seq_chunk=128, vocab_chunk=8192, row_chunks=c
+            ),
+            params,
+            tokens,
+            mask,
+        )
         est = memory.forward_activation_bytes(cfg, StepConfig(), rows=B // chunks, seq_len=T)
         # an overestimate is safe (the check refuses too early), an underestimate is not
         assert 0.55 < peaks[chunks] / est < 1.5, (chunks, peaks[chunks] / est)
@@ -86,18 +112,38 @@ def test_cpu_check_uses_host_ram_and_refuses_a_log_prob_pass_that_cannot_fit(tmp
         pytest.skip("no /proc/meminfo")
     # 64 rows of 16k tokens through 4 heads with the dense attention (the blocked one, auto's
     # choice at this length, would fit): the log-prob pass alone needs ~ 64 * 16k * 4 * 16k * 12 bytes
-    cfg = load_config(TrainerConfig, None, [f"run_dir={tmp_path / 'run'}", "env.name=countdown", "env.group_size=8",
-                                            "env.tasks_per_iteration=8", "rollout.max_context=16384",
-                                            "update.mini_batches=64", "model.attention=dense"])
+    cfg = load_config(
+        TrainerConfig,
+        None,
+        [
+            f"run_dir={tmp_path / 'run'}",
+            "env.name=countdown",
+            "env.group_size=8",
+            "env.tasks_per_iteration=8",
+            "rollout.max_context=16384",
+            "update.mini_batches=64",
+            "model.attention=dense",
+        ],
+    )
     lines = []
     with pytest.raises(memory.DoesNotFitError, match=r"logprob_pass [\d.]+ (GiB|TiB).*logprob_rows"):
         Trainer(cfg, log=lines.append)
     assert any("host RAM available" in x for x in lines), lines
     # with the pass cut into rows (and the update into micro-batches) the estimate shrinks by the same factor
-    small = load_config(TrainerConfig, None, [f"run_dir={tmp_path / 'run'}", "env.name=countdown",
-                                              "env.group_size=8", "env.tasks_per_iteration=8",
-                                              "rollout.max_context=16384", "update.mini_batches=64", "update.logprob_rows=1"])
-    dense = M.tiny_config().replace(attention="dense")   # (the blocked attention's block shrinks with rows)
+    small = load_config(
+        TrainerConfig,
+        None,
+        [
+            f"run_dir={tmp_path / 'run'}",
+            "env.name=countdown",
+            "env.group_size=8",
+            "env.tasks_per_iteration=8",
+            "rollout.max_context=16384",
+            "update.mini_batches=64",
+            "update.logprob_rows=1",
+        ],
+    )
+    dense = M.tiny_config().replace(attention="dense")  # (the blocked attention's block shrinks with rows)
     big = memory.forward_activation_bytes(dense, rows=64, seq_len=16384)
     one = memory.forward_activation_bytes(dense, rows=1, seq_len=16384)
     assert 60 < big / one <= 64
@@ -124,15 +170,28 @@ def test_the_episode_stores_entropy_pass_stays_within_the_estimate():
     tokens = jax.ShapeDtypeStruct((passes * chunk, T), jnp.int32)
 
     def peak(row_chunks):
-        return measured(lambda p, t, m: _policy_logprobs(p, cfg, t, m, temperature=sc.loss.temperature,
-                                                         seq_chunk=sc.seq_chunk, vocab_chunk=sc.vocab_chunk,
-                                                         row_chunks=row_chunks, with_entropy=True,
-                                                         compute_dtype=sc.compute_dtype), params, tokens, tokens)
+        return measured(
+            lambda p, t, m: _policy_logprobs(
+                p,
+                cfg,
+                t,
+                m,
+                temperature=sc.loss.temperature,
+                seq_chunk=sc.seq_chunk,
+                vocab_chunk=sc.vocab_chunk,
+                row_chunks=row_chunks,
+                with_entropy=True,
+                compute_dtype=sc.compute_dtype,
+            ),
+            params,
+            tokens,
+            tokens,
+        )
 
     rows_a_pass = config.env.batch_size // (config.env.batch_size // config.update.logprob_rows)
     est = memory.forward_activation_bytes(cfg, sc, rows=rows_a_pass, seq_len=T, param_dtype=config.model.dtype)
     assert peak(passes) < 1.5 * est, (peak(passes), est)
-    assert peak(1) > 3 * est   # the old single pass (8 rows): the check above can fail
+    assert peak(1) > 3 * est  # the old single pass (8 rows): the check above can fail
 
 
 def test_the_samplers_append_is_bounded_and_within_the_estimate():
@@ -154,15 +213,14 @@ def test_the_samplers_append_is_bounded_and_within_the_estimate():
 
     def peak(T, chunk, cfg=cfg):
         tokens = jax.ShapeDtypeStruct((B, T), jnp.int32)
-        return measured(lambda p, st, t, m: append_kernel(p, cfg, st, t, m, chunk=chunk), params, state, tokens,
-                        tokens)
+        return measured(lambda p, st, t, m: append_kernel(p, cfg, st, t, m, chunk=chunk), params, state, tokens, tokens)
 
     est = memory.prefill_bytes(cfg, rows=B, max_len=S, chunk=APPEND_CHUNK, param_dtype=config.model.dtype)
     bounded = [peak(T, APPEND_CHUNK) for T in (APPEND_CHUNK, 4 * APPEND_CHUNK)]
-    assert bounded[1] < 1.01 * bounded[0]   # the same for 4x the tokens (to a scan's few buffers)
+    assert bounded[1] < 1.01 * bounded[0]  # the same for 4x the tokens (to a scan's few buffers)
     assert 0.6 < bounded[1] / est < 1.5, bounded[1] / est
     # one pass with the dense scores over the cache (the blocked attention bounds even that)
-    assert peak(4 * APPEND_CHUNK, 10**6, cfg.replace(attention="dense")) > 3 * est   # the check above can fail
+    assert peak(4 * APPEND_CHUNK, 10**6, cfg.replace(attention="dense")) > 3 * est  # the check above can fail
 
 
 def test_the_value_pass_runs_in_the_log_prob_pass_rows():
@@ -170,16 +228,22 @@ def test_the_value_pass_runs_in_the_log_prob_pass_rows():
     critic's value pass over all 32 rows at once: 13.8 GiB against the 3.5 GiB of the
     log-prob pass the estimate counts (`tests/test_train_compiled.py` found it). The pass
     now runs in the same row chunks: the same values, a quarter of the memory."""
-    from jaxagent.train.placement import _critic_values
     from jaxagent.train.batch import UpdateBatch
     from jaxagent.train.losses import critic_values
+    from jaxagent.train.placement import _critic_values
 
     cfg = model(64, 2, 4, 2, 16, 128, 256)
     from jaxagent.models.value import value_params_from_policy
 
     params = M.init_params(jax.random.key(0), cfg)
-    state = init_train_state(jax.random.key(1), params, cfg, StepConfig(), critic_config=cfg,
-                             critic_params=value_params_from_policy(jax.random.key(2), params, cfg))
+    state = init_train_state(
+        jax.random.key(1),
+        params,
+        cfg,
+        StepConfig(),
+        critic_config=cfg,
+        critic_params=value_params_from_policy(jax.random.key(2), params, cfg),
+    )
     B, T = 8, 256
     tokens = jax.random.randint(jax.random.key(3), (B, T), 0, cfg.vocab_size)
     mask = (jnp.arange(T)[None, :] < jnp.array([T, 200, 31, 256, 5, 128, 64, 100])[:, None]).astype(jnp.int32)
@@ -187,13 +251,19 @@ def test_the_value_pass_runs_in_the_log_prob_pass_rows():
     whole = np.asarray(critic_values(state.critic_params, state.critic_config, batch))
     parts = np.asarray(_critic_values(state.critic_params, state.critic_config, batch, row_chunks=4))
     np.testing.assert_allclose(parts, whole, atol=1e-5, rtol=1e-6)
-    peak = {n: _critic_values.lower(state.critic_params, state.critic_config, batch, row_chunks=n).compile()
-            .memory_analysis().temp_size_in_bytes for n in (1, 4)}
+    peak = {
+        n: _critic_values.lower(state.critic_params, state.critic_config, batch, row_chunks=n)
+        .compile()
+        .memory_analysis()
+        .temp_size_in_bytes
+        for n in (1, 4)
+    }
     assert peak[4] < peak[1] / 3, peak
 
 
 class _ReportingDevice:
     """A device as a GPU or TPU backend presents it: `memory_stats()["bytes_limit"]`."""
+
     platform, id = "gpu", 0
 
     def __init__(self, limit):
@@ -212,12 +282,14 @@ def test_the_check_reads_an_accelerators_memory_and_refuses_what_does_not_fit(tm
     with pytest.raises(ValueError, match="does not report its memory"):
         real(type("Cpu", (), {"platform": "cpu", "id": 0, "memory_stats": lambda self: None})())
     monkeypatch.setattr(memory, "device_memory_bytes", lambda *a, **k: real(_ReportingDevice(int(gib * 2**30))))
-    cfg = load_config(TrainerConfig, None, [f"run_dir={tmp_path / 'run'}", "env.name=countdown", "device_memory_gb=1000"])
+    cfg = load_config(
+        TrainerConfig, None, [f"run_dir={tmp_path / 'run'}", "env.name=countdown", "device_memory_gb=1000"]
+    )
     lines = []
     if fits:
         Trainer(cfg, log=lines.append)
         line = next(x for x in lines if x.startswith("memory per device"))
-        assert line.endswith("of 16.00 GiB"), line   # the device's figure, nothing about the host
+        assert line.endswith("of 16.00 GiB"), line  # the device's figure, nothing about the host
     else:
         with pytest.raises(memory.DoesNotFitError, match=r"this config does not fit \(one device\).*90% of 51\.2 MiB"):
             Trainer(cfg, log=lines.append)
@@ -270,10 +342,19 @@ def test_on_an_accelerator_the_allocators_peak_over_a_step_is_within_the_estimat
     if not stats or "peak_bytes_in_use" not in stats:
         pytest.skip(f"{jax.devices()[0].platform}: the allocator reports no peak_bytes_in_use")
     root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, "-c", _ALLOCATOR_CHILD, json.dumps(list(SHAPES[0]))], capture_output=True,
-                          text=True, timeout=300, cwd=root, env=env)
+    env = {
+        **os.environ,
+        "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", _ALLOCATOR_CHILD, json.dumps(list(SHAPES[0]))],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=root,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     peak = got["after"]["peak_bytes_in_use"] - got["start"]["bytes_in_use"]

@@ -5,6 +5,7 @@ a reward penalty, dynamic sampling.
 documented rules, on a hand-made trajectory; dynamic sampling and the KL reference
 through short runs of the loop.
 """
+
 from pathlib import Path
 
 import jax
@@ -35,14 +36,23 @@ def make_traj():
     loss_mask = (turn_ids >= 0).astype(np.float32)
     z = jnp.zeros((B, T), jnp.float32)
     return Trajectory(
-        tokens=jnp.zeros((B, T), jnp.int32), attention_mask=jnp.ones((B, T), jnp.int32),
-        loss_mask=jnp.asarray(loss_mask), rollout_logp=z, turn_ids=jnp.asarray(turn_ids), rewards=z,
-        group_ids=jnp.zeros((B,), jnp.int32), turn_rewards=jnp.asarray(turn_rewards),
-        turn_mask=jnp.asarray(turn_mask), anchor_ids=jnp.full((B, K), -1, jnp.int32),
-        episode_return=jnp.asarray(turn_rewards.sum(1)), lengths=jnp.full((B,), T, jnp.int32),
+        tokens=jnp.zeros((B, T), jnp.int32),
+        attention_mask=jnp.ones((B, T), jnp.int32),
+        loss_mask=jnp.asarray(loss_mask),
+        rollout_logp=z,
+        turn_ids=jnp.asarray(turn_ids),
+        rewards=z,
+        group_ids=jnp.zeros((B,), jnp.int32),
+        turn_rewards=jnp.asarray(turn_rewards),
+        turn_mask=jnp.asarray(turn_mask),
+        anchor_ids=jnp.full((B, K), -1, jnp.int32),
+        episode_return=jnp.asarray(turn_rewards.sum(1)),
+        lengths=jnp.full((B,), T, jnp.int32),
         num_turns=jnp.asarray(turn_mask.sum(1).astype(np.int32)),
-        done=jnp.asarray([True, False, False]), truncated=jnp.asarray([False, True, False]),
-        failed=jnp.asarray([False, False, True]))
+        done=jnp.asarray([True, False, False]),
+        truncated=jnp.asarray([False, True, False]),
+        failed=jnp.asarray([False, False, True]),
+    )
 
 
 def reference(traj, scale, clip, truncation, penalty, kl_coef, old, ref):
@@ -74,21 +84,25 @@ def reference(traj, scale, clip, truncation, penalty, kl_coef, old, ref):
     return tr, tok
 
 
-@pytest.mark.parametrize("scale, clip, truncation, kl_coef", [
-    (1.0, None, "keep", 0.0),
-    (0.5, 1.5, "keep", 0.0),
-    (2.0, None, "penalty", 0.0),
-    (1.0, 2.5, "filter", 0.0),
-    (1.0, None, "keep", 0.1),
-    (3.0, 4.0, "penalty", 0.05),
-])
+@pytest.mark.parametrize(
+    "scale, clip, truncation, kl_coef",
+    [
+        (1.0, None, "keep", 0.0),
+        (0.5, 1.5, "keep", 0.0),
+        (2.0, None, "penalty", 0.0),
+        (1.0, 2.5, "filter", 0.0),
+        (1.0, None, "keep", 0.1),
+        (3.0, 4.0, "penalty", 0.05),
+    ],
+)
 def test_shape_rewards_matches_the_rules(scale, clip, truncation, kl_coef):
     traj = make_traj()
     rng = np.random.default_rng(0)
     old = jnp.asarray(rng.normal(size=traj.tokens.shape).astype(np.float32))
     ref = jnp.asarray(rng.normal(size=traj.tokens.shape).astype(np.float32))
-    algo = AlgoSection(reward_scale=scale, reward_clip=clip, truncation=truncation, truncation_penalty=-0.75,
-                       kl_reward_coef=kl_coef)
+    algo = AlgoSection(
+        reward_scale=scale, reward_clip=clip, truncation=truncation, truncation_penalty=-0.75, kl_reward_coef=kl_coef
+    )
     loss_mask = traj.loss_mask
     out, mask, stats = shape_rewards(algo, traj, loss_mask, old, ref)
     want_turn, want_tok = reference(traj, scale, clip, truncation, -0.75, kl_coef, old, ref)
@@ -117,13 +131,16 @@ def test_kl_penalty_needs_the_log_probs():
         shape_rewards(AlgoSection(kl_reward_coef=0.1), make_traj(), make_traj().loss_mask)
 
 
-@pytest.mark.parametrize("override, names", [
-    ("algo.truncation=drop", "truncation"),
-    ("algo.reward_clip=-1", "reward_clip"),
-    ("algo.kl_reward_coef=-0.5", "kl_reward_coef"),
-    ("algo.kl_reward_kind=k9", "kl_reward_kind"),
-    ("algo.max_sampling_rounds=0", "max_sampling_rounds"),
-])
+@pytest.mark.parametrize(
+    "override, names",
+    [
+        ("algo.truncation=drop", "truncation"),
+        ("algo.reward_clip=-1", "reward_clip"),
+        ("algo.kl_reward_coef=-0.5", "kl_reward_coef"),
+        ("algo.kl_reward_kind=k9", "kl_reward_kind"),
+        ("algo.max_sampling_rounds=0", "max_sampling_rounds"),
+    ],
+)
 def test_option_errors_name_the_key(tmp_path, override, names):
     with pytest.raises(ConfigError, match=names):
         load_config(TrainerConfig, CONFIG, [f"run_dir={tmp_path}", override])
@@ -138,8 +155,11 @@ def test_dynamic_sampling_needs_a_group_estimator(tmp_path):
 def test_dynamic_sampling_refills_groups_without_signal(tmp_path):
     # a from-scratch policy on Countdown never solves a task: every group's returns are
     # equal, so each iteration plays all its rounds and keeps the batch shape
-    cfg = load_config(TrainerConfig, CONFIG, [f"run_dir={tmp_path / 'run'}", "algo.dynamic_sampling=true",
-                                               "algo.max_sampling_rounds=2", "iterations=2"])
+    cfg = load_config(
+        TrainerConfig,
+        CONFIG,
+        [f"run_dir={tmp_path / 'run'}", "algo.dynamic_sampling=true", "algo.max_sampling_rounds=2", "iterations=2"],
+    )
     trainer = Trainer(cfg, log=lambda *_: None)
     history = trainer.run()
     assert [m["sampling_rounds"] for m in history] == [2, 2]
@@ -153,8 +173,11 @@ def test_dynamic_sampling_refills_groups_without_signal(tmp_path):
 @pytest.mark.slow  # ~20 s (suite budget): the penalty's formula is checked above against NumPy, and a
 # run with a reference pass by test_train_lora's adapter-reference run
 def test_kl_reward_penalty_runs_with_a_reference(tmp_path):
-    cfg = load_config(TrainerConfig, CONFIG, [f"run_dir={tmp_path / 'run'}", "algo.kl_reward_coef=0.05",
-                                               "iterations=2", "algo.truncation=penalty"])
+    cfg = load_config(
+        TrainerConfig,
+        CONFIG,
+        [f"run_dir={tmp_path / 'run'}", "algo.kl_reward_coef=0.05", "iterations=2", "algo.truncation=penalty"],
+    )
     trainer = Trainer(cfg, log=lambda *_: None)
     initial = jax.device_get(trainer.state.params)
     history = trainer.run()
@@ -170,9 +193,9 @@ def test_kl_reward_penalty_runs_with_a_reference(tmp_path):
 
 def test_trim_padding_cuts_only_trailing_padding():
     traj = make_traj().replace(lengths=jnp.asarray([5, 9, 3], jnp.int32))
-    cut = trim_padding(traj, 4)                       # longest 9 -> 12 > T = 10: nothing to cut
+    cut = trim_padding(traj, 4)  # longest 9 -> 12 > T = 10: nothing to cut
     assert cut.tokens.shape == (3, 10)
-    cut = trim_padding(traj, 3)                       # longest 9 -> 9
+    cut = trim_padding(traj, 3)  # longest 9 -> 9
     for name in ("tokens", "attention_mask", "loss_mask", "rollout_logp", "turn_ids", "rewards"):
         np.testing.assert_array_equal(np.asarray(getattr(cut, name)), np.asarray(getattr(traj, name))[:, :9])
     for name in ("turn_rewards", "turn_mask", "anchor_ids", "lengths", "group_ids", "done", "failed"):
@@ -196,26 +219,35 @@ def test_trim_padding_trains_as_the_full_length_batch(tmp_path):
     the batch the passes see is shorter, and the update lands on the same parameters."""
     runs = {}
     for name, extra in (("full", []), ("trimmed", ["update.trim_padding=64"])):
-        cfg = load_config(TrainerConfig, CONFIG, [f"run_dir={tmp_path / name}", "iterations=1",
-                                                   "rollout.max_context=768", *extra])
+        cfg = load_config(
+            TrainerConfig, CONFIG, [f"run_dir={tmp_path / name}", "iterations=1", "rollout.max_context=768", *extra]
+        )
         trainer = Trainer(cfg, log=lambda *_: None)
         seen = []
         update = trainer._update
-        trainer._update = lambda state, batch, *a, **k: (seen.append(batch.tokens.shape), update(state, batch, *a, **k))[1]
+        trainer._update = lambda state, batch, *a, **k: (
+            seen.append(batch.tokens.shape),
+            update(state, batch, *a, **k),
+        )[1]
         history = trainer.run()
         runs[name] = (history[0], jax.device_get(trainer.state.params), seen)
     (full, p_full, s_full), (trim, p_trim, s_trim) = runs["full"], runs["trimmed"]
-    assert s_full and all(s[1] == 768 for s in s_full)                 # max_context
+    assert s_full and all(s[1] == 768 for s in s_full)  # max_context
     assert s_trim and all(s[1] < 768 and s[1] % 64 == 0 for s in s_trim)
-    assert trim["reward_mean"] == full["reward_mean"]                 # the same episodes
+    assert trim["reward_mean"] == full["reward_mean"]  # the same episodes
     for a, b in zip(jax.tree.leaves(p_full), jax.tree.leaves(p_trim)):
         np.testing.assert_allclose(a, b, rtol=0, atol=2e-6)
 
 
 #: episodes of 1 or 2 turns (the env's seed decides), so rows of uneven length
-UNEVEN = ["env.name=testing/uneven", "env.kwargs={prompt_words: 4, obs_words: 3, min_turns: 1, max_turns: 2, "
-          "median_ms: 0.1}", "rollout.max_turns=3", "rollout.max_context=512", "env.group_size=2",
-          "env.tasks_per_iteration=4"]
+UNEVEN = [
+    "env.name=testing/uneven",
+    "env.kwargs={prompt_words: 4, obs_words: 3, min_turns: 1, max_turns: 2, median_ms: 0.1}",
+    "rollout.max_turns=3",
+    "rollout.max_context=512",
+    "env.group_size=2",
+    "env.tasks_per_iteration=4",
+]
 
 
 def test_trim_chunks_trains_as_the_trimmed_batch(tmp_path):
@@ -224,10 +256,21 @@ def test_trim_chunks_trains_as_the_trimmed_batch(tmp_path):
     from types import SimpleNamespace
 
     from jaxagent.train.placement import policy_logprobs
+
     runs = {}
     for name, extra in (("batch", []), ("chunks", ["update.trim_chunks=true"])):
-        cfg = load_config(TrainerConfig, CONFIG, [f"run_dir={tmp_path / name}", "iterations=1", "update.micro_batches=2",
-                                                   *UNEVEN, "update.trim_padding=8", *extra])
+        cfg = load_config(
+            TrainerConfig,
+            CONFIG,
+            [
+                f"run_dir={tmp_path / name}",
+                "iterations=1",
+                "update.micro_batches=2",
+                *UNEVEN,
+                "update.trim_padding=8",
+                *extra,
+            ],
+        )
         trainer = Trainer(cfg, log=lambda *_: None)
         seen = []
         update = trainer._update
@@ -235,10 +278,10 @@ def test_trim_chunks_trains_as_the_trimmed_batch(tmp_path):
         history = trainer.run()
         runs[name] = (history[0], jax.device_get(trainer.state.params), seen, trainer, update)
     (full, p_full, s_full, _, plain), (chunks, p_chunks, s_chunks, trainer, trimmed) = runs["batch"], runs["chunks"]
-    assert not hasattr(plain, "lengths_seen") and s_full == s_chunks   # the plain step, then the trimmed one
+    assert not hasattr(plain, "lengths_seen") and s_full == s_chunks  # the plain step, then the trimmed one
     assert trimmed.lengths_seen and min(trimmed.lengths_seen) < max(s_chunks)
     assert all(L % 8 == 0 for L in trimmed.lengths_seen)
-    assert chunks["reward_mean"] == full["reward_mean"]               # the same episodes
+    assert chunks["reward_mean"] == full["reward_mean"]  # the same episodes
     np.testing.assert_allclose(chunks["rollout_logp_gap"], full["rollout_logp_gap"], atol=1e-6)
     for a, b in zip(jax.tree.leaves(p_full), jax.tree.leaves(p_chunks)):
         np.testing.assert_allclose(a, b, rtol=0, atol=2e-6)
@@ -246,14 +289,25 @@ def test_trim_chunks_trains_as_the_trimmed_batch(tmp_path):
     r = np.random.RandomState(0)
     lens = np.array([3, 40, 17, 9, 25, 38, 1, 36])
     am = (np.arange(40)[None, :] < lens[:, None]).astype(np.int32)
-    placed = SimpleNamespace(tokens=jnp.asarray(r.randint(0, 200, (8, 40)), jnp.int32), attention_mask=jnp.asarray(am),
-                             loss_mask=jnp.asarray(am.astype(np.float32)))
+    placed = SimpleNamespace(
+        tokens=jnp.asarray(r.randint(0, 200, (8, 40)), jnp.int32),
+        attention_mask=jnp.asarray(am),
+        loss_mask=jnp.asarray(am.astype(np.float32)),
+    )
     params = trainer.state.params
     got = np.asarray(trainer.placement.logprobs(params, placed))
     sc = trainer.config.step_config
-    want = np.asarray(policy_logprobs(params, trainer.model_config, tokens_BxT=placed.tokens,
-                                      attention_mask_BxT=placed.attention_mask, temperature=sc.loss.temperature,
-                                      seq_chunk=sc.seq_chunk, vocab_chunk=sc.vocab_chunk))
+    want = np.asarray(
+        policy_logprobs(
+            params,
+            trainer.model_config,
+            tokens_BxT=placed.tokens,
+            attention_mask_BxT=placed.attention_mask,
+            temperature=sc.loss.temperature,
+            seq_chunk=sc.seq_chunk,
+            vocab_chunk=sc.vocab_chunk,
+        )
+    )
     real = am != 0
     np.testing.assert_allclose(got[real], want[real], rtol=1e-6, atol=1e-6)
     # chunks of 2 rows (the micro-batch): rows 6, 0 | 3, 2 | 4, 7 | 5, 1 -> lengths 8, 24, 40, 40 (one call)
@@ -269,9 +323,20 @@ def test_trim_chunks_errors_name_the_key(tmp_path):
     if len(jax.devices()) < 4:
         pytest.skip("needs 4 of the virtual CPU devices of conftest.py")
     # on a mesh each micro-batch's rows are split over data * fsdp: 8 rows / 2 / 2 = 2 over 4
-    cfg = load_config(TrainerConfig, CONFIG, [f"run_dir={tmp_path}", "update.trim_padding=8", "update.trim_chunks=true",
-                                              "mesh.data=4", "update.micro_batches=2"])
-    with pytest.raises(ConfigError, match=r"trim_chunks on a mesh: each micro-batch's 2 rows .* mesh.data \* mesh.fsdp = 4"):
+    cfg = load_config(
+        TrainerConfig,
+        CONFIG,
+        [
+            f"run_dir={tmp_path}",
+            "update.trim_padding=8",
+            "update.trim_chunks=true",
+            "mesh.data=4",
+            "update.micro_batches=2",
+        ],
+    )
+    with pytest.raises(
+        ConfigError, match=r"trim_chunks on a mesh: each micro-batch's 2 rows .* mesh.data \* mesh.fsdp = 4"
+    ):
         Trainer(cfg, log=lambda *_: None)
 
 
@@ -280,8 +345,15 @@ def test_a_moved_key_is_refused_with_its_new_name(tmp_path):
     `rollout.trim_*`, in the YAML or on the command line, are errors naming the new key."""
     import yaml
 
-    moved = {"epochs": 2, "mini_batches": 4, "micro_batches": 2, "logprob_rows": 8, "old_logprobs": "sampler",
-             "rollout.trim_padding": 8, "rollout.trim_chunks": True}
+    moved = {
+        "epochs": 2,
+        "mini_batches": 4,
+        "micro_batches": 2,
+        "logprob_rows": 8,
+        "old_logprobs": "sampler",
+        "rollout.trim_padding": 8,
+        "rollout.trim_chunks": True,
+    }
     for old, value in moved.items():
         new = "update." + old.split(".")[-1]
         with pytest.raises(ConfigError, match=rf"{old} moved to {new}"):
@@ -294,7 +366,20 @@ def test_a_moved_key_is_refused_with_its_new_name(tmp_path):
 
     # a run's own config.yaml written before the keys moved still loads (resume, eval):
     # each old key is read at its new place, and a value already there wins
-    path.write_text(yaml.safe_dump({"mini_batches": 4, "epochs": 2, "rollout": {"trim_padding": 8, "trim_chunks": True},
-                                    "update": {"epochs": 3}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "mini_batches": 4,
+                "epochs": 2,
+                "rollout": {"trim_padding": 8, "trim_chunks": True},
+                "update": {"epochs": 3},
+            }
+        )
+    )
     cfg = load_config(TrainerConfig, path, saved=True)
-    assert (cfg.update.mini_batches, cfg.update.epochs, cfg.update.trim_padding, cfg.update.trim_chunks) == (4, 3, 8, True)
+    assert (cfg.update.mini_batches, cfg.update.epochs, cfg.update.trim_padding, cfg.update.trim_chunks) == (
+        4,
+        3,
+        8,
+        True,
+    )

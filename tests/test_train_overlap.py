@@ -1,6 +1,7 @@
 """One-step off-policy overlap (`overlap.off_policy`): the rollout of iteration n+1 is
 collected in a background thread with the params before update n, and the update
 corrects the one-step lag with truncated importance sampling (`loss.tis_cap`)."""
+
 import math
 from pathlib import Path
 
@@ -21,8 +22,9 @@ def config(run_dir, *overrides) -> TrainerConfig:
 
 
 def test_off_policy_run_reports_staleness_tis_and_idle_time(tmp_path):
-    trainer = Trainer(config(tmp_path / "run", "iterations=3", "overlap.off_policy=true", "loss.tis_cap=2.0"),
-                      log=lambda *_: None)
+    trainer = Trainer(
+        config(tmp_path / "run", "iterations=3", "overlap.off_policy=true", "loss.tis_cap=2.0"), log=lambda *_: None
+    )
     before = jax.device_get(trainer.state.params)
     history = trainer.run()
     assert [m["iteration"] for m in history] == [1, 2, 3]
@@ -46,8 +48,10 @@ def test_off_policy_run_reports_staleness_tis_and_idle_time(tmp_path):
     assert history[1]["rollout_logp_gap"] > 1e-4
     # the stream advanced by exactly the batches trained on (none lost, none twice)
     assert [m["tasks_seen"] for m in history] == [2, 4, 6]
-    assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(before),
-                                                      jax.tree.leaves(jax.device_get(trainer.state.params))))
+    assert any(
+        not np.array_equal(a, b)
+        for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(jax.device_get(trainer.state.params)))
+    )
 
 
 def test_off_policy_needs_a_tis_cap(tmp_path):
@@ -63,8 +67,10 @@ def test_continuous_scheduling_trains_on_the_same_episodes(tmp_path):
     are reused as episodes end) are the turn-synchronous ones, so the run is too."""
     runs = {}
     for name, extra in (("sync", []), ("continuous", ["rollout.slots=3"])):
-        trainer = Trainer(config(tmp_path / name, "iterations=2", "env.kwargs={horizon: 3}",
-                                 "rollout.max_turns=3", *extra), log=lambda *_: None)
+        trainer = Trainer(
+            config(tmp_path / name, "iterations=2", "env.kwargs={horizon: 3}", "rollout.max_turns=3", *extra),
+            log=lambda *_: None,
+        )
         runs[name] = trainer.run()
         assert trainer.config.rollout.slots == (3 if extra else 0)
     for a, b in zip(runs["sync"], runs["continuous"]):

@@ -11,6 +11,7 @@ Observed on CPU (seeds 0-5, 10 iterations): explained variance at iteration 1 in
 [-0.7, -0.27], mean of the last 3 iterations in [0.79, 0.98], at iteration 10 in
 [0.94, 0.99]; value loss down 200-2000x. The thresholds below leave a wide margin.
 """
+
 import math
 from pathlib import Path
 
@@ -24,11 +25,17 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "tiny_countdown_ppo.yaml"
 ITERATIONS = 10
 LEARNABLE = [
-    f"iterations={ITERATIONS}", "checkpoint_every=100",
+    f"iterations={ITERATIONS}",
+    "checkpoint_every=100",
     "env.kwargs={num_numbers: 3, max_number: 9, max_target: 30, max_attempts: 3, invalid_penalty: -1.0}",
-    "rollout.max_turns=3", "rollout.max_context=768",    # three full turns fit
-    "algo.advantage=gae", "algo.gamma=1.0", "algo.lam=1.0",  # value targets = Monte Carlo returns
-    "critic_optim.lr=1.0e-2", "update.epochs=2", "env.num_workers=0",
+    "rollout.max_turns=3",
+    "rollout.max_context=768",  # three full turns fit
+    "algo.advantage=gae",
+    "algo.gamma=1.0",
+    "algo.lam=1.0",  # value targets = Monte Carlo returns
+    "critic_optim.lr=1.0e-2",
+    "update.epochs=2",
+    "env.num_workers=0",
 ]
 
 
@@ -45,7 +52,7 @@ def test_critic_explained_variance_rises(tmp_path):
     assert np.isfinite(ev).all() and np.isfinite(value_loss).all()
     first, last = ev[:3].mean(), ev[-3:].mean()
     msg = f"explained variance per iteration: {np.round(ev, 3).tolist()}"
-    assert ev[0] < 0.0, msg                 # a fresh value head explains nothing
+    assert ev[0] < 0.0, msg  # a fresh value head explains nothing
     assert last > first + 0.5, msg
     assert ev[-1] > 0.5, msg
     assert value_loss[-1] < 0.05 * value_loss[0], value_loss.tolist()

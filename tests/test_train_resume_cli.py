@@ -1,6 +1,7 @@
 """Resuming as users do it: `--resume RUN_DIR` without --config, `--step N`, a missing or
 empty run dir (named, nothing created), a damaged newest checkpoint (named, the run falls
 back to the one before), and the config history of a resumed run."""
+
 import json
 import shutil
 import subprocess
@@ -23,8 +24,13 @@ def config(run_dir, *overrides) -> TrainerConfig:
 
 
 def cli(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "jaxagent", "train", *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "jaxagent", "train", *map(str, args)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def read_jsonl(path) -> list[dict]:
@@ -63,7 +69,7 @@ def test_resume_a_missing_or_empty_run_dir_names_it_and_creates_nothing(tmp_path
 @pytest.mark.slow  # ~15-30 s on 2 cores: `make test-slow`
 def test_resume_run_dir_alone_uses_its_config_and_follows_a_copy(finished, tmp_path):
     copy = tmp_path / "copied"
-    shutil.copytree(finished, copy)   # its config.yaml still names the original run_dir
+    shutil.copytree(finished, copy)  # its config.yaml still names the original run_dir
     out = cli("--resume", copy, "iterations=4")
     assert out.returncode == 0, out.stderr
     assert f"resumed from {copy.absolute() / 'checkpoints' / '3'} at iteration 3" in out.stdout
@@ -88,14 +94,14 @@ def test_resume_from_a_chosen_step(finished, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(finished, run)
     lines = []
-    Trainer(config(run, "iterations=3", "checkpoint_every=1", "keep_checkpoints=3"), resume=True, step=2,
-            log=lines.append).run()
+    Trainer(
+        config(run, "iterations=3", "checkpoint_every=1", "keep_checkpoints=3"), resume=True, step=2, log=lines.append
+    ).run()
     assert any(f"resumed from {run.absolute() / 'checkpoints' / '2'} at iteration 2" in x for x in lines), lines
     again, original = read_jsonl(run / "metrics.jsonl"), read_jsonl(finished / "metrics.jsonl")
     assert [m["iteration"] for m in again] == [1, 2, 3]
-    strip = lambda ms: [{k: v for k, v in m.items() if not k.startswith("time_") and k != "tokens_per_s"}
-                        for m in ms]
-    assert strip(again) == strip(original)   # iteration 3 replayed exactly
+    strip = lambda ms: [{k: v for k, v in m.items() if not k.startswith("time_") and k != "tokens_per_s"} for m in ms]
+    assert strip(again) == strip(original)  # iteration 3 replayed exactly
     assert (run / "superseded-checkpoints" / "3").is_dir() and checkpoint_steps(run) == [1, 2, 3]
     with pytest.raises(FileNotFoundError, match=r"no checkpoint at step 7 .*steps: \[1, 2, 3\]"):
         Trainer(config(run, "iterations=3"), resume=True, step=7, log=lambda *_: None).run()
@@ -125,14 +131,15 @@ def test_a_damaged_newest_checkpoint_is_named_and_the_run_falls_back(finished, t
             _garble(p)
         bad = step3 / "state"
     lines = []
-    Trainer(config(run, "iterations=3", "checkpoint_every=1", "keep_checkpoints=3"), resume=True,
-            log=lines.append).run()
+    Trainer(
+        config(run, "iterations=3", "checkpoint_every=1", "keep_checkpoints=3"), resume=True, log=lines.append
+    ).run()
     text = "\n".join(lines)
     assert f"checkpoint {step3.absolute()} is damaged, trying an older one: " in text, text
     assert str(bad) in text or str(bad.absolute()) in text, text
     assert f"resumed from {(run / 'checkpoints' / '2').absolute()} at iteration 2" in text
-    assert (run / "damaged-checkpoints" / "3").is_dir()   # kept, out of the way
-    assert checkpoint_steps(run) == [1, 2, 3]             # iteration 3 played and saved again
+    assert (run / "damaged-checkpoints" / "3").is_dir()  # kept, out of the way
+    assert checkpoint_steps(run) == [1, 2, 3]  # iteration 3 played and saved again
     assert [m["iteration"] for m in read_jsonl(run / "metrics.jsonl")] == [1, 2, 3]
 
 
@@ -163,9 +170,9 @@ def test_a_checkpoint_from_before_a_new_config_key_still_resumes():
 
     current = to_dict(load_config(TrainerConfig, CONFIG))
     saved = to_dict(load_config(TrainerConfig, CONFIG))
-    del saved["model"]["remat"]                     # as written before `model.remat` existed
+    del saved["model"]["remat"]  # as written before `model.remat` existed
     check_resumable(saved, current, "ckpt")
-    current["model"]["remat"] = True                # this run changes it: refused
+    current["model"]["remat"] = True  # this run changes it: refused
     with pytest.raises(IncompatibleCheckpointError, match=r"model\.remat: checkpoint None, this run True"):
         check_resumable(saved, current, "ckpt")
     current = to_dict(load_config(TrainerConfig, CONFIG, ["model.hidden_size=48"]))

@@ -12,6 +12,7 @@ anything is compiled, naming the memory components.
 Run as a script, this file is one process of the multi-process run:
 `python tests/test_train_sharded.py OUT_DIR NUM_PROCESSES PROCESS_ID PORT DEVICES [OVERRIDE ...]`.
 """
+
 import json
 import os
 import sys
@@ -36,9 +37,15 @@ def _worker(out_dir: str, num_processes: int, process_id: int, port: int, device
     from jaxagent.config import load_config
     from jaxagent.train.trainer import Trainer, TrainerConfig
 
-    dist = [] if num_processes == 1 else [f"distributed.coordinator_address=127.0.0.1:{port}",
-                                          f"distributed.num_processes={num_processes}",
-                                          f"distributed.process_id={process_id}"]
+    dist = (
+        []
+        if num_processes == 1
+        else [
+            f"distributed.coordinator_address=127.0.0.1:{port}",
+            f"distributed.num_processes={num_processes}",
+            f"distributed.process_id={process_id}",
+        ]
+    )
     cfg = load_config(TrainerConfig, CONFIG, [f"run_dir={out_dir}/run", *overrides, *dist])
     Trainer(cfg, log=lambda *_: None).run()
     from jaxagent import parallel as par
@@ -54,12 +61,12 @@ if __name__ == "__main__":
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from multiprocess_testlib import run_process_group  # noqa: E402
 
 from jaxagent import parallel as jax_parallel  # noqa: E402
-from jaxagent.train import memory as train_memory  # noqa: E402
 from jaxagent.config import ConfigError, load_config  # noqa: E402
+from jaxagent.train import memory as train_memory  # noqa: E402
 from jaxagent.train.trainer import Trainer, TrainerConfig  # noqa: E402
-from multiprocess_testlib import run_process_group  # noqa: E402
 
 
 def config(run_dir, *overrides) -> TrainerConfig:
@@ -108,17 +115,27 @@ def test_mesh_2x2x2_learns_what_one_device_learns(tmp_path):
     assert_same_learning(h_one, h_mesh)
     assert read_jsonl(mesh.metrics_path) == h_mesh
     assert all(m["advantage_abs_mean"] > 0 for m in h_mesh)
-    for a, b in zip(jax.tree.leaves(jax.device_get(one.state.params)), jax.tree.leaves(jax.device_get(mesh.state.params))):
+    for a, b in zip(
+        jax.tree.leaves(jax.device_get(one.state.params)), jax.tree.leaves(jax.device_get(mesh.state.params))
+    ):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 #: `update.trim_chunks` with episodes of 1 or 2 turns, so the two micro-batches of 4 rows
 #: have different lengths; a critic (GAE), so the advantages are not 0 although this env
 #: pays nothing, and the critic's gradients are accumulated too
-TRIM_CHUNKS = ["env.name=testing/uneven", "env.kwargs={prompt_words: 4, obs_words: 3, min_turns: 1, max_turns: 2, "
-               "median_ms: 0.1}", "rollout.max_turns=3", "env.group_size=2", "env.tasks_per_iteration=4",
-               "algo.advantage=gae", "update.mini_batches=1", "update.micro_batches=2", "update.trim_padding=8",
-               "update.trim_chunks=true"]
+TRIM_CHUNKS = [
+    "env.name=testing/uneven",
+    "env.kwargs={prompt_words: 4, obs_words: 3, min_turns: 1, max_turns: 2, median_ms: 0.1}",
+    "rollout.max_turns=3",
+    "env.group_size=2",
+    "env.tasks_per_iteration=4",
+    "algo.advantage=gae",
+    "update.mini_batches=1",
+    "update.micro_batches=2",
+    "update.trim_padding=8",
+    "update.trim_chunks=true",
+]
 
 
 def without_explained_variance(*histories):
@@ -127,7 +144,7 @@ def without_explained_variance(*histories):
     return [[{k: v for k, v in m.items() if k != "explained_variance"} for m in h] for h in histories]
 
 
-@pytest.mark.slow   # 55-85 s; the default suite is at its 15-minute limit (trimming: test_train_options.py on one device; a mesh: test_mesh_2x2x2_learns_what_one_device_learns)
+@pytest.mark.slow  # 55-85 s; the default suite is at its 15-minute limit (trimming: test_train_options.py on one device; a mesh: test_mesh_2x2x2_learns_what_one_device_learns)
 def test_trim_chunks_on_a_mesh_learns_what_one_device_learns(tmp_path):
     """`update.trim_chunks` on a 2x2x2 mesh: each micro-batch cut to its rows' length and
     its rows split over data * fsdp, the state kept in its layout; the same learning
@@ -143,20 +160,23 @@ def test_trim_chunks_on_a_mesh_learns_what_one_device_learns(tmp_path):
     assert q.sharding.spec == jax.P(None, "fsdp", "tensor") and len(q.sharding.device_set) == 8
     assert_same_learning(*without_explained_variance(h_one, h_mesh))
     assert all(m["advantage_abs_mean"] > 0 for m in h_mesh) and mesh.state.has_critic
-    for a, b in zip(jax.tree.leaves(jax.device_get((one.state.params, one.state.critic_params))),
-                    jax.tree.leaves(jax.device_get((mesh.state.params, mesh.state.critic_params)))):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=2e-6)   # sharded sums in another order, through Adam
+    for a, b in zip(
+        jax.tree.leaves(jax.device_get((one.state.params, one.state.critic_params))),
+        jax.tree.leaves(jax.device_get((mesh.state.params, mesh.state.critic_params))),
+    ):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=2e-6)  # sharded sums in another order, through Adam
 
 
-@pytest.mark.slow   # ~15-25 s; the one-device mixed-precision run is in the default suite
+@pytest.mark.slow  # ~15-25 s; the one-device mixed-precision run is in the default suite
 def test_mixed_precision_on_a_mesh_keeps_sharded_float32_masters(tmp_path):
     """`model.compute_dtype=bfloat16` on the 2 x 2 x 2 mesh: the float32 state stays
     sharded, the sampler and the log-prob passes run in bfloat16 and agree."""
     need_8_devices()
     import jax.numpy as jnp
 
-    mesh, h = run(tmp_path / "mixed", "mesh={data: 2, fsdp: 2, tensor: 2}", "model.compute_dtype=bfloat16",
-                  "iterations=1")
+    mesh, h = run(
+        tmp_path / "mixed", "mesh={data: 2, fsdp: 2, tensor: 2}", "model.compute_dtype=bfloat16", "iterations=1"
+    )
     q = mesh.state.params["layers"]["q_proj"]["kernel"]
     assert q.dtype == jnp.float32 and q.sharding.spec == jax.P(None, "fsdp", "tensor")
     sampler = mesh.placement.sampler_params(mesh.state)
@@ -173,14 +193,15 @@ def test_mesh_8x1x1_and_a_resume_on_another_mesh(tmp_path):
     _, h_dp = run(tmp_path / "dp", "update.mini_batches=1", "mesh={data: -1}")
     assert_same_learning(h_one, h_dp)
     run(tmp_path / "moved", "update.mini_batches=1", "iterations=1", "mesh={fsdp: 4, tensor: 2}")
-    resumed = Trainer(config(tmp_path / "moved", "update.mini_batches=1", "mesh={data: 8}"), resume=True,
-                      log=lambda *_: None)
+    resumed = Trainer(
+        config(tmp_path / "moved", "update.mini_batches=1", "mesh={data: 8}"), resume=True, log=lambda *_: None
+    )
     assert_same_learning(h_one, resumed.run())
 
 
 def test_mesh_errors_name_the_keys(tmp_path):
     with pytest.raises(ConfigError, match=r"mesh: the mini-batch size 4 .* mesh.data \* mesh.fsdp = 8"):
-        config(tmp_path / "r", "mesh={data: 8}")          # 8 rows / 2 mini-batches = 4 rows
+        config(tmp_path / "r", "mesh={data: 8}")  # 8 rows / 2 mini-batches = 4 rows
     with pytest.raises(ConfigError, match="device_memory_gb"):
         config(tmp_path / "r", "device_memory_gb=-1")
     need_8_devices()
@@ -200,22 +221,23 @@ def test_a_config_that_cannot_fit_fails_before_compiling(tmp_path):
     assert not (tmp_path / "run").exists()  # nothing started
     # the same config fits a sensible device, and the estimate is logged before the run
     lines = []
-    trainer = Trainer(config(tmp_path / "run", "device_memory_gb=16", "mesh={fsdp: 2, tensor: 2}"),
-                      log=lines.append)
+    trainer = Trainer(config(tmp_path / "run", "device_memory_gb=16", "mesh={fsdp: 2, tensor: 2}"), log=lines.append)
     # in one process the sampler runs on the mesh with a copy of its own, laid out by its
     # rules: whole over fsdp (more per device than the update's shard), counted
     est = trainer.memory_estimate
     assert lines[0].startswith("memory per device:") and "sampler_params" in lines[0]
-    rollout = train_memory.estimate_memory(trainer.model_config, mesh=trainer.mesh, batch_size=1, seq_len=1,
-                                           rules=jax_parallel.ROLLOUT_AXIS_RULES)
+    rollout = train_memory.estimate_memory(
+        trainer.model_config, mesh=trainer.mesh, batch_size=1, seq_len=1, rules=jax_parallel.ROLLOUT_AXIS_RULES
+    )
     assert est["sampler_params"] == rollout["params"] > est["params"]
     assert est["total"] < 16 * 2**30
 
 
 # ----------------------------------------------------------------------------- processes
 def _launch(out: Path, num_processes: int, devices: int, *overrides: str, timeout_s: float = 900) -> list[dict]:
-    run_process_group(__file__, num_processes, lambda pid, port: (out, num_processes, pid, port, devices, *overrides),
-                      out, timeout_s)
+    run_process_group(
+        __file__, num_processes, lambda pid, port: (out, num_processes, pid, port, devices, *overrides), out, timeout_s
+    )
     return read_jsonl(out / "run" / "metrics.jsonl")
 
 
@@ -249,10 +271,23 @@ def test_warm_start_on_a_mesh_learns_what_one_device_learns(tmp_path):
     """The SFT warm start runs through the sharded SFT step; its losses, the held-out
     evaluations and the RL metrics after it match the single-device run."""
     need_8_devices()
-    warm = ["model.tokenizer=bpe", "model.tokenizer_vocab_size=400", "env.name=frozenlake",
-            "env.kwargs={size: 3, hole_prob: 0.2}", "rollout.max_turns=4", "rollout.max_tokens_per_turn=4",
-            "rollout.max_context=384", "warm_start.episodes=16", "warm_start.epochs=2", "warm_start.batch_size=8",
-            "warm_start.optim.lr=0.005", "eval.episodes=8", "iterations=1", "update.mini_batches=1", "loss.kl_coef=0.01"]
+    warm = [
+        "model.tokenizer=bpe",
+        "model.tokenizer_vocab_size=400",
+        "env.name=frozenlake",
+        "env.kwargs={size: 3, hole_prob: 0.2}",
+        "rollout.max_turns=4",
+        "rollout.max_tokens_per_turn=4",
+        "rollout.max_context=384",
+        "warm_start.episodes=16",
+        "warm_start.epochs=2",
+        "warm_start.batch_size=8",
+        "warm_start.optim.lr=0.005",
+        "eval.episodes=8",
+        "iterations=1",
+        "update.mini_batches=1",
+        "loss.kl_coef=0.01",
+    ]
 
     def go(name, *more):
         cfg = load_config(TrainerConfig, CONFIG, [f"run_dir={tmp_path / name}", *warm, *more])

@@ -3,23 +3,27 @@ the iteration in progress ends, a checkpoint is saved, the env workers are close
 command exits with one line and status 128 + the signal number. A second signal abandons
 the iteration at once. A run stopped by SIGTERM and resumed ends exactly where an
 uninterrupted run ends."""
+
 import os
 import signal
 import subprocess
 import time
 
 import pytest
-
-from test_train_kill_resume import (ITERATIONS, complete_steps, count_lines, learning_metrics, read_jsonl,
-                                    train_cmd)
+from test_train_kill_resume import ITERATIONS, complete_steps, count_lines, learning_metrics, read_jsonl, train_cmd
 
 DEADLINE_S = 240
 
 
 def start(run_dir, log_path, *extra):
     log = open(log_path, "w")
-    return subprocess.Popen(train_cmd(run_dir, "logging.progress=false", *extra), stdout=log,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.Popen(
+        train_cmd(run_dir, "logging.progress=false", *extra),
+        stdout=log,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def wait_for_lines(proc, metrics, n):
@@ -54,14 +58,13 @@ def stop(proc, *signals, gap=0.0):
 
 def no_orphans(workers):
     time.sleep(0.5)
-    alive = [w for w in workers if os.path.exists(f"/proc/{w}") and
-             open(f"/proc/{w}/stat").read().split()[2] != "Z"]
+    alive = [w for w in workers if os.path.exists(f"/proc/{w}") and open(f"/proc/{w}/stat").read().split()[2] != "Z"]
     assert not alive, f"env workers left running: {alive}"
 
 
 def test_sigterm_ends_the_iteration_saves_and_exits_143(tmp_path):
     run = tmp_path / "run"
-    proc = start(run, tmp_path / "log", "checkpoint_every=100")   # no periodic checkpoint after iteration 0
+    proc = start(run, tmp_path / "log", "checkpoint_every=100")  # no periodic checkpoint after iteration 0
     metrics = run / "metrics.jsonl"
     wait_for_lines(proc, metrics, 2)
     err, workers = stop(proc, signal.SIGTERM)
@@ -69,8 +72,10 @@ def test_sigterm_ends_the_iteration_saves_and_exits_143(tmp_path):
     assert "Traceback" not in err, err
     last = err.strip().splitlines()[-1]
     stopped = count_lines(metrics)
-    assert last == (f"jaxagent train: stopped by SIGTERM after iteration {stopped}, checkpoint saved; "
-                    f"continue with jaxagent train --resume {run}"), err
+    assert last == (
+        f"jaxagent train: stopped by SIGTERM after iteration {stopped}, checkpoint saved; "
+        f"continue with jaxagent train --resume {run}"
+    ), err
     assert stopped < ITERATIONS and complete_steps(run)[-1] == stopped
     no_orphans(workers)
 

@@ -3,6 +3,7 @@
 References are written here from the formulas (docs/explanations/formulas.md), independently of
 `jaxagent.algos` and `jaxagent.train`.
 """
+
 import dataclasses
 import math
 
@@ -10,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from train_testlib import host
 
 from jaxagent import models as M
 from jaxagent.train import (
@@ -27,10 +29,17 @@ from jaxagent.train import (
     sft_step,
     train_step,
 )
-from train_testlib import host
 
-CFG = M.DecoderConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-                      num_kv_heads=2, head_dim=8, model_type="llama")
+CFG = M.DecoderConfig(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    model_type="llama",
+)
 B, T = 8, 12
 
 
@@ -48,7 +57,10 @@ def make_batch(seed=0, B=B, T=T, critic=False):
     mask[5, 1:] = 1.0
     old = (-4.2 + 0.3 * r.randn(B, T)).astype(np.float32)
     fields = dict(
-        tokens=tokens, loss_mask=mask, advantages=r.randn(B, T).astype(np.float32), old_logp=old,
+        tokens=tokens,
+        loss_mask=mask,
+        advantages=r.randn(B, T).astype(np.float32),
+        old_logp=old,
         ref_logp=(old + 0.2 * r.randn(B, T)).astype(np.float32),
         rollout_logp=(old + 0.3 * r.randn(B, T)).astype(np.float32),
         attention_mask=np.ones((B, T), np.int32),
@@ -106,9 +118,14 @@ reference_value_and_grad = jax.jit(jax.value_and_grad(reference_loss), static_ar
 
 # one aggregation mode by default (suite budget, ~13 s each); the kernels' micro-batch
 # accumulation is checked for every mode in test_algos_losses
-@pytest.mark.parametrize("mode", ["token-mean",
-                                  pytest.param("seq-mean-token-mean", marks=pytest.mark.slow),
-                                  pytest.param("seq-mean-token-sum-norm", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "mode",
+    [
+        "token-mean",
+        pytest.param("seq-mean-token-mean", marks=pytest.mark.slow),
+        pytest.param("seq-mean-token-sum-norm", marks=pytest.mark.slow),
+    ],
+)
 def test_micro_batch_accumulation_equals_full_batch_gradient(mode):
     lc = LossConfig(agg_mode=mode, kl_coef=0.3, entropy_coef=0.05, tis_cap=1.5)
     params = make_params()
@@ -120,8 +137,9 @@ def test_micro_batch_accumulation_equals_full_batch_gradient(mode):
     np.testing.assert_allclose(sums["policy_loss"], ref_loss, rtol=2e-5)
     for (path, g), r in zip(jax.tree_util.tree_leaves_with_path(grads.policy), jax.tree.leaves(ref)):
         scale = float(np.max(np.abs(r))) + 1e-12
-        np.testing.assert_allclose(np.asarray(g) / scale, np.asarray(r) / scale, atol=2e-5,
-                                   err_msg=f"{mode} {jax.tree_util.keystr(path)}")
+        np.testing.assert_allclose(
+            np.asarray(g) / scale, np.asarray(r) / scale, atol=2e-5, err_msg=f"{mode} {jax.tree_util.keystr(path)}"
+        )
 
 
 def reference_loss_kl_masked(params, batch, mode, lc: LossConfig, klm):
@@ -162,12 +180,13 @@ def test_the_kl_term_on_the_last_turn_alone_accumulates_exactly(mode):
     ref_loss, ref = jax.value_and_grad(reference_loss_kl_masked)(params, batch, mode, lc, jnp.asarray(klm))
     grads, sums = jax.jit(accumulated_grads, static_argnums=2)(state, batch, StepConfig(loss=lc, num_micro_batches=4))
     np.testing.assert_allclose(sums["policy_loss"], ref_loss, rtol=2e-5)
-    full = reference_loss(params, batch, mode, lc)   # the KL on every token differs
+    full = reference_loss(params, batch, mode, lc)  # the KL on every token differs
     assert abs(float(full) - float(ref_loss)) > 1e-4
     for (path, g), r in zip(jax.tree_util.tree_leaves_with_path(grads.policy), jax.tree.leaves(ref)):
         scale = float(np.max(np.abs(r))) + 1e-12
-        np.testing.assert_allclose(np.asarray(g) / scale, np.asarray(r) / scale, atol=2e-5,
-                                   err_msg=f"{mode} {jax.tree_util.keystr(path)}")
+        np.testing.assert_allclose(
+            np.asarray(g) / scale, np.asarray(r) / scale, atol=2e-5, err_msg=f"{mode} {jax.tree_util.keystr(path)}"
+        )
     # the step requires the mask it was configured for, and names a bad choice
     with pytest.raises(ValueError, match="kl_mask is required"):
         accumulated_grads(state, dataclasses.replace(batch, kl_mask=None), StepConfig(loss=lc))
@@ -195,7 +214,7 @@ def test_train_step_matches_reference_adamw_update():
 
     def expected(path, p, gr):
         gr = gr.astype(np.float64) * scale
-        mhat, vhat = gr, gr ** 2  # bias-corrected first moments after one step
+        mhat, vhat = gr, gr**2  # bias-corrected first moments after one step
         upd = mhat / (np.sqrt(vhat) + 1e-3)
         if jax.tree_util.keystr(path).endswith("['kernel']") or "embedding" in jax.tree_util.keystr(path):
             upd = upd + 0.1 * p
@@ -251,8 +270,10 @@ def test_nonfinite_batch_is_skipped_and_state_bitwise_unchanged():
 
 
 def test_train_step_compiles_once():
-    cfg = StepConfig(loss=LossConfig(entropy_coef=0.02), optim=OptimizerConfig(lr=3e-3, schedule="cosine",
-                                                                             total_steps=10, warmup_steps=1))
+    cfg = StepConfig(
+        loss=LossConfig(entropy_coef=0.02),
+        optim=OptimizerConfig(lr=3e-3, schedule="cosine", total_steps=10, warmup_steps=1),
+    )
     state = init_train_state(jax.random.key(0), make_params(), CFG, cfg)
     n0 = train_step._cache_size()
     lrs = []
@@ -270,13 +291,17 @@ def test_train_step_compiles_once():
 def test_learning_rate_schedules_follow_the_formula():
     lr, W, S, r = 2e-3, 3, 13, 0.1
     for kind in ("constant", "linear", "cosine"):
-        sched = learning_rate_schedule(OptimizerConfig(lr=lr, warmup_steps=W, schedule=kind,
-                                                       total_steps=S, final_lr_ratio=r))
+        sched = learning_rate_schedule(
+            OptimizerConfig(lr=lr, warmup_steps=W, schedule=kind, total_steps=S, final_lr_ratio=r)
+        )
         for s in range(16):
             warm = min(1.0, (s + 1) / W)
             p = min(max((s - W) / (S - W), 0.0), 1.0)
-            decay = {"constant": 1.0, "linear": 1 - (1 - r) * p,
-                     "cosine": r + (1 - r) * 0.5 * (1 + math.cos(math.pi * p))}[kind]
+            decay = {
+                "constant": 1.0,
+                "linear": 1 - (1 - r) * p,
+                "cosine": r + (1 - r) * 0.5 * (1 + math.cos(math.pi * p)),
+            }[kind]
             np.testing.assert_allclose(float(sched(s)), lr * warm * decay, rtol=1e-5, err_msg=f"{kind} {s}")
 
 
@@ -292,8 +317,9 @@ def test_lora_updates_only_adapters():
         assert float(m["skipped"]) == 0.0
     after = host(state.params)
     mask = M.trainable_mask(params)
-    for (path, a), b, trainable in zip(jax.tree_util.tree_leaves_with_path(after), jax.tree.leaves(before),
-                                       jax.tree.leaves(mask)):
+    for (path, a), b, trainable in zip(
+        jax.tree_util.tree_leaves_with_path(after), jax.tree.leaves(before), jax.tree.leaves(mask)
+    ):
         if trainable:
             assert not np.array_equal(a, b), jax.tree_util.keystr(path)
         else:
@@ -360,8 +386,9 @@ def test_sharded_step_equals_unsharded_and_keeps_the_layout():
     from jax.sharding import AxisType, NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    cfg = StepConfig(loss=LossConfig(kl_coef=0.1, entropy_coef=0.01), optim=OptimizerConfig(lr=1e-3, eps=1e-3),
-                     num_micro_batches=2)
+    cfg = StepConfig(
+        loss=LossConfig(kl_coef=0.1, entropy_coef=0.01), optim=OptimizerConfig(lr=1e-3, eps=1e-3), num_micro_batches=2
+    )
     batch = make_batch(8)
     want, want_m = train_step(init_train_state(jax.random.key(0), make_params(), CFG, cfg), batch, cfg)
     mesh = jax.make_mesh((4, 2), ("data", "fsdp"), axis_types=(AxisType.Auto, AxisType.Auto))
@@ -387,7 +414,7 @@ def test_sharded_step_equals_unsharded_and_keeps_the_layout():
 
 
 # ------------------------------------------------------------------ trimmed micro-batches
-RAGGED = [5, 24, 9, 13, 3, 17, 20, 8]   # row lengths (right padding), T = 24
+RAGGED = [5, 24, 9, 13, 3, 17, 20, 8]  # row lengths (right padding), T = 24
 
 
 def make_ragged_batch(seed=0, lengths=RAGGED, T=24):
@@ -400,20 +427,21 @@ def make_ragged_batch(seed=0, lengths=RAGGED, T=24):
 
 def test_row_lengths_and_length_groups():
     from jaxagent.train import length_groups, row_lengths
+
     batch = make_ragged_batch()
     np.testing.assert_array_equal(row_lengths(batch.loss_mask, batch.attention_mask), RAGGED)
     am = np.array(batch.attention_mask)
-    am[4] = 0                                                   # an empty row (no real or loss token)
+    am[4] = 0  # an empty row (no real or loss token)
     lm = np.array(batch.loss_mask)
     lm[4] = 0
     assert row_lengths(jnp.asarray(lm), jnp.asarray(am))[4] == 0
-    assert list(row_lengths(batch.loss_mask)) == [24] * 8   # no attention mask: every token is real
+    assert list(row_lengths(batch.loss_mask)) == [24] * 8  # no attention mask: every token is real
     # sorted 3, 5 | 8, 9 | 13, 17 | 20, 24 (rows 4, 0 | 7, 2 | 3, 5 | 6, 1), rounded up to 4s
     groups = length_groups(RAGGED, 4, 4, 24)
     assert [sorted(r.tolist()) for r, _ in groups] == [[0, 4], [2, 7], [3, 5], [1, 6]]
     assert [L for _, L in groups] == [8, 12, 20, 24]
-    assert [L for _, L in length_groups(RAGGED, 2, 8, 22)] == [16, 22]   # capped at max_len
-    assert [L for _, L in length_groups([0, 0], 1, 8, 24)] == [8]        # at least one multiple
+    assert [L for _, L in length_groups(RAGGED, 2, 8, 22)] == [16, 22]  # capped at max_len
+    assert [L for _, L in length_groups([0, 0], 1, 8, 24)] == [8]  # at least one multiple
     with pytest.raises(ValueError, match="equal groups"):
         length_groups(RAGGED, 3, 4, 24)
     with pytest.raises(ValueError, match="multiple"):
@@ -422,14 +450,20 @@ def test_row_lengths_and_length_groups():
 
 # Dr.GRPO's T' (the padded length of the whole mini-batch) is where a micro-batch's own
 # length would go wrong, so that mode runs by default
-@pytest.mark.parametrize("mode", ["seq-mean-token-sum-norm",
-                                  pytest.param("token-mean", marks=pytest.mark.slow),
-                                  pytest.param("seq-mean-token-mean", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "mode",
+    [
+        "seq-mean-token-sum-norm",
+        pytest.param("token-mean", marks=pytest.mark.slow),
+        pytest.param("seq-mean-token-mean", marks=pytest.mark.slow),
+    ],
+)
 def test_trimmed_micro_batches_accumulate_the_full_batch_gradient(mode):
     """`TrimmedTrainStep`: micro-batches of rows grouped by length, each cut to its own
     length, add up to the gradient of the whole padded batch (the reference above, from
     the formulas), padding tokens and all."""
     from jaxagent.train import TrimmedTrainStep
+
     lc = LossConfig(agg_mode=mode, kl_coef=0.3, entropy_coef=0.05, tis_cap=1.5)
     params = make_params()
     state = init_train_state(jax.random.key(0), params, CFG, StepConfig(loss=lc))
@@ -443,8 +477,12 @@ def test_trimmed_micro_batches_accumulate_the_full_batch_gradient(mode):
         np.testing.assert_allclose(sums["policy_loss"], ref_loss, rtol=2e-5)
         for (path, g), r in zip(jax.tree_util.tree_leaves_with_path(grads.policy), jax.tree.leaves(ref)):
             scale = float(np.max(np.abs(r))) + 1e-12
-            np.testing.assert_allclose(np.asarray(g) / scale, np.asarray(r) / scale, atol=2e-5,
-                                       err_msg=f"{mode} {lengths} {jax.tree_util.keystr(path)}")
+            np.testing.assert_allclose(
+                np.asarray(g) / scale,
+                np.asarray(r) / scale,
+                atol=2e-5,
+                err_msg=f"{mode} {lengths} {jax.tree_util.keystr(path)}",
+            )
 
 
 def test_trimmed_step_updates_as_train_step_and_compiles_once_per_length():
@@ -452,35 +490,41 @@ def test_trimmed_step_updates_as_train_step_and_compiles_once_per_length():
     last turn and a critic; a second batch of the same lengths compiles nothing new; the
     skip rules hold."""
     from jaxagent.train import TrimmedTrainStep
+
     lc = LossConfig(kl_coef=0.2, kl_turns="last", entropy_coef=0.01)
     cfg = StepConfig(loss=lc, optim=OptimizerConfig(lr=1e-2, max_grad_norm=0.5), num_micro_batches=2)
     params = make_params()
     critic = M.value_params_from_policy(jax.random.key(1), params, CFG)
 
-    def full(seed):   # the fields the KL term on the last turn and the critic need
+    def full(seed):  # the fields the KL term on the last turn and the critic need
         b = make_ragged_batch(seed)
         return b.replace(
-            kl_mask=jnp.asarray(last_turn_mask(np.where(np.asarray(b.loss_mask) > 0, np.arange(24) // 4, -1),
-                                               b.loss_mask)),
+            kl_mask=jnp.asarray(
+                last_turn_mask(np.where(np.asarray(b.loss_mask) > 0, np.arange(24) // 4, -1), b.loss_mask)
+            ),
             returns=jnp.asarray(np.random.RandomState(seed).randn(8, 24).astype(np.float32)),
-            old_values=jnp.zeros((8, 24), jnp.float32))
+            old_values=jnp.zeros((8, 24), jnp.float32),
+        )
 
     batch = full(5)
-    copy = lambda tree: jax.tree.map(jnp.copy, tree)   # the steps donate the state's buffers
-    new = lambda: init_train_state(jax.random.key(0), copy(params), CFG, cfg, critic_params=copy(critic),
-                                   critic_config=CFG)
+    copy = lambda tree: jax.tree.map(jnp.copy, tree)  # the steps donate the state's buffers
+    new = lambda: init_train_state(
+        jax.random.key(0), copy(params), CFG, cfg, critic_params=copy(critic), critic_config=CFG
+    )
     want_state, want = train_step(new(), batch, cfg)
     step = TrimmedTrainStep(cfg, 8)
     got_state, got = step(new(), batch)
     assert step.last_lengths == [16, 24]
-    for a, b in zip(jax.tree.leaves(host(want_state.params)) + jax.tree.leaves(host(want_state.critic_params)),
-                    jax.tree.leaves(host(got_state.params)) + jax.tree.leaves(host(got_state.critic_params))):
+    for a, b in zip(
+        jax.tree.leaves(host(want_state.params)) + jax.tree.leaves(host(want_state.critic_params)),
+        jax.tree.leaves(host(got_state.params)) + jax.tree.leaves(host(got_state.critic_params)),
+    ):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
     for k in ("loss", "pg_loss", "kl_loss", "value_loss", "grad_norm", "critic_grad_norm", "entropy", "num_tokens"):
         np.testing.assert_allclose(float(got[k]), float(want[k]), rtol=1e-4, atol=1e-7, err_msg=k)
     assert int(got_state.step) == 1 and float(got["skipped"]) == 0.0
     n = step._add._cache_size()
-    got_state, _ = step(got_state, full(6))       # the same lengths: no new compilation
+    got_state, _ = step(got_state, full(6))  # the same lengths: no new compilation
     assert step._add._cache_size() == n and int(got_state.step) == 2
     # skip rules: a NaN on a policy token; advantages all 0 with nothing else to learn
     plain = StepConfig(loss=LossConfig(), num_micro_batches=2)

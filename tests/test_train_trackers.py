@@ -1,26 +1,32 @@
 """Experiment trackers (`jaxagent.train.trackers`): MLflow's local file store and W&B's
 offline mode, each read back after a real training run and after a resume; a failing
 tracker is switched off, and a missing one is a config error naming its extra."""
+
 import sys
 import time
 import types
 import warnings
 
 import pytest
+from test_train_loop import VARIED, config
 
 from jaxagent.config import ConfigError
 from jaxagent.train.runlog import RunLogger
 from jaxagent.train.trackers import MlflowTracker, WandbTracker, check_available, flatten
-from test_train_loop import VARIED, config
 
 
 def test_flatten_gives_dotted_keys():
     assert flatten({"a": {"b": 1, "c": {"d": [1, 2]}}, "e": {}, "f": None}) == {
-        "a.b": 1, "a.c.d": [1, 2], "e": {}, "f": None}
+        "a.b": 1,
+        "a.c.d": [1, 2],
+        "e": {},
+        "f": None,
+    }
 
 
 def test_mlflow_records_a_run_and_its_resume(tmp_path):
     from jaxagent.train.trainer import Trainer
+
     run = tmp_path / "run"
     # what a start killed before its first checkpoint left: a fresh start does not carry it over
     run.mkdir()
@@ -32,6 +38,7 @@ def test_mlflow_records_a_run_and_its_resume(tmp_path):
     assert sorted(p.name for p in (run / "episodes").glob("iter_*")) == ["iter_000001.jsonl"]
     Trainer(config(run, *VARIED, "iterations=2", "logging.trackers=[mlflow]"), resume=True, log=lambda *_: None).run()
     from mlflow.tracking import MlflowClient
+
     client = MlflowClient(tracking_uri=(run / "mlruns").resolve().as_uri())
     run_id = (run / "mlflow_run_id").read_text().strip()
     got = client.get_run(run_id)
@@ -39,10 +46,12 @@ def test_mlflow_records_a_run_and_its_resume(tmp_path):
     assert got.data.params["optim.lr"] == "0.001" and got.data.params["env.name"] == "testing/faulty"
     history = client.get_metric_history(run_id, "train/success_rate")
     import json
+
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert sorted((m.step, m.value) for m in history) == [(m["iteration"], pytest.approx(m["success_rate"]))
-                                                           for m in metrics]
-    assert len(client.search_runs([got.info.experiment_id])) == 1   # the resume continued the same run
+    assert sorted((m.step, m.value) for m in history) == [
+        (m["iteration"], pytest.approx(m["success_rate"])) for m in metrics
+    ]
+    assert len(client.search_runs([got.info.experiment_id])) == 1  # the resume continued the same run
 
 
 class _FakeRun:
@@ -60,8 +69,8 @@ def test_wandb_tracker_calls_and_a_real_offline_run(tmp_path, monkeypatch):
     # what the tracker asks of wandb (a stand-in module records it) ...
     calls = []
     fake = types.SimpleNamespace(
-        init=lambda **kw: (calls.append(("init", kw)), _FakeRun(calls))[1],
-        Settings=lambda **kw: kw)
+        init=lambda **kw: (calls.append(("init", kw)), _FakeRun(calls))[1], Settings=lambda **kw: kw
+    )
     monkeypatch.setitem(sys.modules, "wandb", fake)
     t = WandbTracker(tmp_path / "a", config={"optim.lr": 1e-3})
     t.scalars(3, [("train/x", 1.5)])
@@ -84,7 +93,7 @@ def test_wandb_offline_run_as_run_logger_drives_it(tmp_path, monkeypatch):
     with RunLogger(run, total_iterations=2, tensorboard=False, progress=False, trackers=[tracker]) as log:
         for i in (1, 2):
             log.log_iteration({"iteration": i, "success_rate": 0.25 * i})
-        assert log.trackers == [tracker]   # nothing failed
+        assert log.trackers == [tracker]  # nothing failed
     run_id = (run / "wandb_run_id").read_text().strip()
     (offline,) = list((run / "wandb").glob(f"offline-run-*-{run_id}"))
     data = offline / f"run-{run_id}.wandb"
@@ -109,8 +118,7 @@ def test_a_failing_tracker_is_switched_off_with_one_warning(tmp_path):
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with RunLogger(tmp_path, total_iterations=3, tensorboard=False, progress=False,
-                       trackers=[Broken()]) as log:
+        with RunLogger(tmp_path, total_iterations=3, tensorboard=False, progress=False, trackers=[Broken()]) as log:
             for i in (1, 2, 3):
                 log.log_iteration({"iteration": i, "reward_mean": 1.0})
             assert log.trackers == []
@@ -126,11 +134,13 @@ def test_tracker_config_errors(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="wandb_mode"):
         config(tmp_path, "logging.wandb_mode=cloud")
     import importlib.util
+
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
     with pytest.raises(ValueError, match=r"pip install 'jaxagent\[wandb\]'"):
         check_available(["wandb"])
     from jaxagent.train.trainer import Trainer
+
     with pytest.raises(ConfigError, match=r"logging.trackers: .*jaxagent\[wandb\]"):
         Trainer(config(tmp_path / "run", *VARIED, "logging.trackers=[wandb]"), log=lambda *_: None)
     assert not (tmp_path / "run").exists()
@@ -162,6 +172,7 @@ def test_a_tracker_that_cannot_start_is_left_out_with_a_warning(tmp_path, monkey
 
 def test_a_crash_marks_the_tracker_run_failed(tmp_path):
     from mlflow.tracking import MlflowClient
+
     tracker = MlflowTracker(tmp_path, config={"a": 1})
     with pytest.raises(RuntimeError):
         with RunLogger(tmp_path, total_iterations=2, tensorboard=False, progress=False, trackers=[tracker]) as log:

@@ -3,6 +3,7 @@
 The layout check compares a demonstration's tokens with an independent rendering: the
 tokenizer's own chat template applied to the whole conversation at once.
 """
+
 import dataclasses
 import json
 import math
@@ -110,22 +111,37 @@ def test_demonstration_tokens_respect_the_context():
         keep = max(p for p in bounds if p <= limit and (full_mask[p - 1] == 1 or p < limit))
         assert cut == full[:keep] and mask == full_mask[:keep], limit
     cut, mask = ws.demonstration_tokens(chat, demos[0], len(full) - 5)
-    assert len(cut) <= len(full) - 5 and full[:len(cut)] == cut and sum(mask) > 0
+    assert len(cut) <= len(full) - 5 and full[: len(cut)] == cut and sum(mask) > 0
     with pytest.raises(ValueError, match="max_context"):
         ws.demonstration_tokens(chat, demos[0], 10)
 
 
-TINY = ["model.tokenizer=bpe", "model.tokenizer_vocab_size=400", "env.name=frozenlake",
-        "env.kwargs={size: 3, hole_prob: 0.2}", "env.group_size=4", "env.tasks_per_iteration=2",
-        "rollout.max_turns=4", "rollout.max_tokens_per_turn=4", "rollout.max_context=384",
-        "warm_start.episodes=32", "warm_start.expert_noise=0.3", "warm_start.epochs=6",
-        "warm_start.batch_size=8", "warm_start.optim.lr=0.005", "eval.episodes=8", "iterations=2", "checkpoint_every=1",
-        "update.mini_batches=1"]
+TINY = [
+    "model.tokenizer=bpe",
+    "model.tokenizer_vocab_size=400",
+    "env.name=frozenlake",
+    "env.kwargs={size: 3, hole_prob: 0.2}",
+    "env.group_size=4",
+    "env.tasks_per_iteration=2",
+    "rollout.max_turns=4",
+    "rollout.max_tokens_per_turn=4",
+    "rollout.max_context=384",
+    "warm_start.episodes=32",
+    "warm_start.expert_noise=0.3",
+    "warm_start.epochs=6",
+    "warm_start.batch_size=8",
+    "warm_start.optim.lr=0.005",
+    "eval.episodes=8",
+    "iterations=2",
+    "checkpoint_every=1",
+    "update.mini_batches=1",
+]
 
 
 def tiny(run_dir, *more):
-    return load_config(TrainerConfig, ROOT / "configs" / "tiny_countdown_grpo.yaml",
-                       [f"run_dir={run_dir}", *TINY, *more])
+    return load_config(
+        TrainerConfig, ROOT / "configs" / "tiny_countdown_grpo.yaml", [f"run_dir={run_dir}", *TINY, *more]
+    )
 
 
 @pytest.mark.slow  # ~15-30 s on 2 cores: `make test-slow`
@@ -150,7 +166,8 @@ def test_warm_start_then_rl_reports_held_out_success_and_resumes(tmp_path):
     won = sum(e["info"].get("success") is True for e in episodes)
     assert summary["success_after_rl"] == summary["eval_after_rl"]["success_rate"] == won / 8
     assert summary["eval_after_rl"]["return_mean"] == pytest.approx(
-        math.fsum(e["return"] for e in episodes) / 8, rel=1e-12, abs=1e-12)
+        math.fsum(e["return"] for e in episodes) / 8, rel=1e-12, abs=1e-12
+    )
     # the SFT loss fell: the demonstrations were learned from
     sft = [json.loads(x) for x in (tmp_path / "run" / "warm_start.jsonl").read_text().splitlines()]
     assert sft[-1]["loss"] < 0.6 * sft[0]["loss"] and all(math.isfinite(x["loss"]) for x in sft)
@@ -203,23 +220,24 @@ def test_length_buckets_keep_every_row_once_and_group_similar_lengths():
     rng = np.random.RandomState(3)
     lengths = rng.randint(20, 400, size=100)
     perm = rng.permutation(100)
-    batches = [perm[j * 8:(j + 1) * 8] for j in range(12)]      # 96 of 100 rows, as an epoch takes them
+    batches = [perm[j * 8 : (j + 1) * 8] for j in range(12)]  # 96 of 100 rows, as an epoch takes them
     got = ws.length_bucketed(batches, lengths, jax.random.key(0))
     assert sorted(len(b) for b in got) == [8] * 12
     assert sorted(np.concatenate(got).tolist()) == sorted(perm[:96].tolist())
     # the batches of one chunk of BUCKET_CHUNK split that chunk's rows at length order
     for c in range(0, 12, ws.BUCKET_CHUNK):
-        chunk = np.concatenate(batches[c:c + ws.BUCKET_CHUNK])
+        chunk = np.concatenate(batches[c : c + ws.BUCKET_CHUNK])
         mine = [b for b in got if set(b.tolist()) <= set(chunk.tolist())]
-        assert len(mine) == len(batches[c:c + ws.BUCKET_CHUNK])
+        assert len(mine) == len(batches[c : c + ws.BUCKET_CHUNK])
         mine.sort(key=lambda b: lengths[b].min())
         for lo, hi in zip(mine, mine[1:]):
             assert lengths[lo].max() <= lengths[hi].min()
     # far less padding than padding every batch to the longest row
     padded = sum(ws.padded_length(int(lengths[b].max()), 416) * len(b) for b in got)
     assert padded < 0.75 * 96 * 416
-    assert [ws.length_bucketed(batches, lengths, jax.random.key(0))[i].tolist() for i in range(12)] == \
-        [b.tolist() for b in got]
+    assert [ws.length_bucketed(batches, lengths, jax.random.key(0))[i].tolist() for i in range(12)] == [
+        b.tolist() for b in got
+    ]
     assert ws.padded_length(65, 416) == 128 and ws.padded_length(64, 416) == 64 and ws.padded_length(409, 416) == 416
 
 
@@ -234,8 +252,16 @@ def test_a_batch_trimmed_to_its_longest_row_has_the_same_sft_loss_and_gradient()
     from jaxagent.train import SFTBatch, StepConfig, init_train_state
     from jaxagent.train.losses import sft_loss_and_grads
 
-    cfg = M.DecoderConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-                          num_kv_heads=2, head_dim=8, model_type="qwen2")
+    cfg = M.DecoderConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        model_type="qwen2",
+    )
     state = init_train_state(jax.random.key(0), M.init_params(jax.random.key(1), cfg, std=0.2), cfg, StepConfig())
     rng = np.random.RandomState(0)
     rows = []
@@ -245,8 +271,11 @@ def test_a_batch_trimmed_to_its_longest_row_has_the_same_sft_loss_and_gradient()
         rows.append((t, m))
     tokens, loss, attn = ws.pack_rows(rows, 64, 0)
     full = SFTBatch(tokens=jnp.asarray(tokens), loss_mask=jnp.asarray(loss), attention_mask=jnp.asarray(attn))
-    cut = SFTBatch(tokens=jnp.asarray(tokens[:, :32]), loss_mask=jnp.asarray(loss[:, :32]),
-                   attention_mask=jnp.asarray(attn[:, :32]))
+    cut = SFTBatch(
+        tokens=jnp.asarray(tokens[:, :32]),
+        loss_mask=jnp.asarray(loss[:, :32]),
+        attention_mask=jnp.asarray(attn[:, :32]),
+    )
     # reference: masked token-mean NLL of each row on its own tokens only, float64
     row_logp = jax.jit(lambda p, x: M.token_logprobs(p, cfg, x)[0])
     logp = [np.asarray(row_logp(state.params, jnp.asarray([t]))[0], np.float64) for t, _ in rows]
@@ -286,7 +315,7 @@ def test_conclusion_demonstrations_teach_only_their_final_action():
             s_tokens, s_mask = ws.demonstration_tokens(chat, dataclasses.replace(f, skip_final=skip), 4096)
             assert s_tokens == tokens
             taught = [t for t, m in zip(s_tokens, s_mask) if m]
-            assert taught == (last + [chat.stop_token_ids[0]])[min(skip, len(last)):]
+            assert taught == (last + [chat.stop_token_ids[0]])[min(skip, len(last)) :]
         # acting demonstrations are unaffected
         assert ws.demonstration_tokens(chat, dataclasses.replace(d, skip_final=2), 4096) == (tokens, mask)
         # cut before the final action: nothing is taught
@@ -301,8 +330,15 @@ def test_conclusion_demonstrations_join_the_warm_start(tmp_path):
     final = [d for d in trainer.demonstrations if d.final_only]
     assert [d.seed for d in acting] == list(range(1_000_000, 1_000_032))
     assert [d.seed for d in final] == list(range(1_200_000, 1_200_008))
-    _, _, summary = ws.sft_warm_start(trainer.config, trainer.state.params, trainer.model_config, trainer.tokenizer,
-                                      trainer.demonstrations, trainer.placement, log=logs.append)
+    _, _, summary = ws.sft_warm_start(
+        trainer.config,
+        trainer.state.params,
+        trainer.model_config,
+        trainer.tokenizer,
+        trainer.demonstrations,
+        trainer.placement,
+        log=logs.append,
+    )
     assert summary["demonstrations"] == 32
     assert summary["conclusion_demonstrations"] + summary["conclusions_dropped"] == 8
     # the demonstration success is the acting demonstrations' own
@@ -331,8 +367,11 @@ def test_conclusion_options_are_checked(tmp_path):
     with pytest.raises(ConfigError, match="source: module:Class"):
         tiny(tmp_path / "run", "warm_start.extra={n: 8}")
     # the keys it replaced are refused, saying what to set
-    with pytest.raises(ConfigError, match=r"warm_start.conclusions was replaced: set warm_start.extra: "
-                                          r"\{source: envs.intake.demonstrations:Conclusions, n: \.\.\.\}"):
+    with pytest.raises(
+        ConfigError,
+        match=r"warm_start.conclusions was replaced: set warm_start.extra: "
+        r"\{source: envs.intake.demonstrations:Conclusions, n: \.\.\.\}",
+    ):
         tiny(tmp_path / "run", "warm_start.conclusions=8")
 
 
@@ -342,36 +381,56 @@ CONCLUSIONS = "warm_start.extra={source: envs.intake.demonstrations:Conclusions,
 
 def player(name, kwargs, max_turns):
     """The trainer's expert player (`warmstart.expert_player`) for an env outside a run."""
-    config = SimpleNamespace(env=SimpleNamespace(name=name, kwargs=kwargs), rollout=SimpleNamespace(max_turns=max_turns),
-                             warm_start=SimpleNamespace(expert={}))
+    config = SimpleNamespace(
+        env=SimpleNamespace(name=name, kwargs=kwargs),
+        rollout=SimpleNamespace(max_turns=max_turns),
+        warm_start=SimpleNamespace(expert={}),
+    )
     return ws.expert_player(config)
 
 
-WEAK_CONCLUSIONS = {"style": "weak", "questions": [5, 19], "risk_screen": 1.0, "followup": 1.0, "skip": 0.1,
-                    "risk_order": "shuffled"}
+WEAK_CONCLUSIONS = {
+    "style": "weak",
+    "questions": [5, 19],
+    "risk_screen": 1.0,
+    "followup": 1.0,
+    "skip": 0.1,
+    "risk_order": "shuffled",
+}
 
 
 def _triage_line(action: str) -> str | None:
     """The triage level an assessment names, read line by line (no regular expression)."""
     for line in action.splitlines():
         if line.startswith("Triage: "):
-            return line[len("Triage: "):].strip()
+            return line[len("Triage: ") :].strip()
     return None
 
 
 def test_balanced_conclusions_take_the_first_seeds_of_each_class():
     kw, start = {"cases": "standard", "max_turns": 20}, 1_100_000
     play = player("intake", kw, 20)
-    got, counts = balanced(lambda a, n: play(range(a, a + n), expert=WEAK_CONCLUSIONS, final_only=True), start, 30,
-                           r"Triage: (\w+)", BALANCE_DRAWS * 30)
+    got, counts = balanced(
+        lambda a, n: play(range(a, a + n), expert=WEAK_CONCLUSIONS, final_only=True),
+        start,
+        30,
+        r"Triage: (\w+)",
+        BALANCE_DRAWS * 30,
+    )
     # the source's own collection is the same one
     source = Conclusions(n=30, seed=start, balance=r"Triage: (\w+)", expert=WEAK_CONCLUSIONS)
     assert [d.seed for d in source.collect(play)] == [d.seed for d in got]
     # reference: every seed played plainly, classed by its triage line, the first 10 of each class kept
-    plain = ws.collect_demonstrations("intake", kw, range(start, start + counts["seeds_drawn"]), max_turns=20,
-                                      final_only=True, expert=WEAK_CONCLUSIONS)
+    plain = ws.collect_demonstrations(
+        "intake",
+        kw,
+        range(start, start + counts["seeds_drawn"]),
+        max_turns=20,
+        final_only=True,
+        expert=WEAK_CONCLUSIONS,
+    )
     classes = sorted({_triage_line(d.actions[-1]) for d in plain[:30]} - {None})
-    assert len(classes) == 3   # the first 30 seeds give all three levels (checked here, not assumed)
+    assert len(classes) == 3  # the first 30 seeds give all three levels (checked here, not assumed)
     want = []
     for c in classes:
         want += [d.seed for d in plain if _triage_line(d.actions[-1]) == c][:10]
@@ -412,12 +471,15 @@ def test_conclusion_balance_option_is_checked(tmp_path):
 
 def test_the_trainer_balances_conclusions_when_asked(tmp_path):
     logs = []
-    trainer = Trainer(tiny(tmp_path / "run", CONCLUSIONS + "seed: 1200000, balance: '<action>(\\w+)</action>'}"),
-                      log=logs.append)
+    trainer = Trainer(
+        tiny(tmp_path / "run", CONCLUSIONS + "seed: 1200000, balance: '<action>(\\w+)</action>'}"), log=logs.append
+    )
     final = [d for d in trainer.demonstrations if d.final_only]
     # frozenlake's final action is a move: the classes are the moves of the first 8 seeds' last actions
-    plain = ws.collect_demonstrations("frozenlake", LAKE, range(1_200_000, 1_200_000 + 128), max_turns=4,
-                                      final_only=True)
+    plain = ws.collect_demonstrations(
+        "frozenlake", LAKE, range(1_200_000, 1_200_000 + 128), max_turns=4, final_only=True
+    )
+
     def move(d):
         return d.actions[-1].removeprefix("<action>").removesuffix("</action>")
 

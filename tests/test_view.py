@@ -2,6 +2,7 @@
 headless Chromium (selenium; the OS packages `chromium` and `chromium-driver`, which
 `.ci/run` installs): open an episode, switch the colouring, compare the shown values
 with the stored ones, filter, and put two runs side by side."""
+
 import json
 import shutil
 import subprocess
@@ -12,8 +13,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from browser_testlib import chromium_driver
+
 from jaxagent import view
 from jaxagent.train.episodes import read_store
 
@@ -28,7 +29,7 @@ def run_dir(stored_run):
 def _load_js(path: Path, call: str):
     text = path.read_text(encoding="utf-8")
     assert text.startswith(call + "(") and text.endswith(");\n")
-    return text[len(call) + 1:-3]
+    return text[len(call) + 1 : -3]
 
 
 def test_the_site_holds_the_runs_metrics_and_stored_episodes(run_dir, tmp_path):
@@ -53,13 +54,13 @@ def test_a_run_that_just_started_or_is_being_written_shows(run_dir, tmp_path):
     fresh = tmp_path / "fresh"
     fresh.mkdir()
     (fresh / "config.yaml").write_text("seed: 0\n")
-    (fresh / "metrics.jsonl").write_text("")          # a fresh run's empty file
+    (fresh / "metrics.jsonl").write_text("")  # a fresh run's empty file
     run, by_iter = view.read_run(fresh)
     assert run["metrics"] == [] and by_iter == {} and run["iterations"] == {}
     live = tmp_path / "live"
     shutil.copytree(run_dir, live)
     whole = (live / "metrics.jsonl").read_text()
-    (live / "metrics.jsonl").write_text(whole + '{"iteration": 3, "succ')   # a line being appended
+    (live / "metrics.jsonl").write_text(whole + '{"iteration": 3, "succ')  # a line being appended
     run, _ = view.read_run(live)
     assert [m["iteration"] for m in run["metrics"]] == [1, 2]
     (live / "metrics.jsonl").write_text('{"iteration": 1}\nnot json\n{"iteration": 3}\n')
@@ -78,9 +79,14 @@ def test_bad_run_directories_are_named(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(view.ViewError, match="neither metrics.jsonl nor an episode store"):
         view.write_site([tmp_path / "empty"], tmp_path / "site")
-    assert not (tmp_path / "site").exists()   # nothing written when a run cannot be read
-    out = subprocess.run([sys.executable, "-m", "jaxagent", "view", str(tmp_path / "nope"), "--out",
-                          str(tmp_path / "site")], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert not (tmp_path / "site").exists()  # nothing written when a run cannot be read
+    out = subprocess.run(
+        [sys.executable, "-m", "jaxagent", "view", str(tmp_path / "nope"), "--out", str(tmp_path / "site")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert out.returncode == 2 and "jaxagent view: error:" in out.stderr and "nope" in out.stderr
 
 
@@ -88,8 +94,7 @@ def test_serve_rebuilds_the_site_on_every_page_load(run_dir, tmp_path):
     copy = tmp_path / "run"
     shutil.copytree(run_dir, copy)
     urls = []
-    thread = threading.Thread(target=view.serve, args=([copy],), kwargs={"port": 0, "ready": urls.append},
-                              daemon=True)
+    thread = threading.Thread(target=view.serve, args=([copy],), kwargs={"port": 0, "ready": urls.append}, daemon=True)
     thread.start()
     for _ in range(100):
         if urls:
@@ -113,7 +118,7 @@ def test_the_page_in_headless_chromium(run_dir, tmp_path):
 
     other = tmp_path / "other"
     shutil.copytree(run_dir, other)
-    fresh = tmp_path / "fresh"   # a run that has just started: no metrics, no store
+    fresh = tmp_path / "fresh"  # a run that has just started: no metrics, no store
     fresh.mkdir()
     (fresh / "config.yaml").write_text("seed: 0\n")
     index = view.write_site([run_dir, other, fresh], tmp_path / "site")
@@ -175,8 +180,12 @@ def test_the_page_in_headless_chromium(run_dir, tmp_path):
         wait.until(lambda d: not d.find_elements(By.CSS_SELECTOR, "#pane0 tr.episode-row"))
         box.clear()
         box.send_keys(repr(best))
-        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#pane0 tr.episode-row"))
-                   == sum(r["return"] >= best for r in stored))
+        wait.until(
+            lambda d: (
+                len(d.find_elements(By.CSS_SELECTOR, "#pane0 tr.episode-row"))
+                == sum(r["return"] >= best for r in stored)
+            )
+        )
         driver.save_screenshot(str(tmp_path / "page.png"))
         assert (tmp_path / "page.png").stat().st_size > 10_000
     finally:

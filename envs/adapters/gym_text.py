@@ -18,6 +18,7 @@ name (case-insensitive) or index; an unknown action gets an explanation and
 Expert: value iteration on the env's transition table ``P`` where it has one (the
 toy-text grid worlds, slippery or not); for Blackjack, a simplified basic strategy.
 """
+
 from __future__ import annotations
 
 import re
@@ -33,8 +34,16 @@ ACTIONS = {
     "Blackjack": ("stick", "hit"),
 }
 SYNONYMS = {
-    "Taxi": {"down": "south", "up": "north", "right": "east", "left": "west",
-             "pick up": "pickup", "drop off": "dropoff", "pick": "pickup", "drop": "dropoff"},
+    "Taxi": {
+        "down": "south",
+        "up": "north",
+        "right": "east",
+        "left": "west",
+        "pick up": "pickup",
+        "drop off": "dropoff",
+        "pick": "pickup",
+        "drop": "dropoff",
+    },
     "Blackjack": {"stand": "stick", "stay": "stick"},
     "FrozenLake": {"north": "up", "south": "down", "east": "right", "west": "left"},
     "CliffWalking": {"north": "up", "south": "down", "east": "right", "west": "left"},
@@ -57,8 +66,7 @@ class GymnasiumText(TextEnv):
       **gym_kwargs: passed to ``gymnasium.make`` (e.g. ``is_slippery=False``).
     """
 
-    def __init__(self, env_id: str, max_steps: int | None = None, invalid_penalty: float = -0.1,
-                 **gym_kwargs):
+    def __init__(self, env_id: str, max_steps: int | None = None, invalid_penalty: float = -0.1, **gym_kwargs):
         gym = require("gymnasium", f"gymnasium/{env_id}", "gymnasium", "envs-gym")
         try:
             spec = gym.spec(env_id)
@@ -72,10 +80,11 @@ class GymnasiumText(TextEnv):
             raise ValueError(f"gymnasium.make({env_id!r}) failed: {type(e).__name__}: {e}") from e
         if not isinstance(self.env.action_space, gym.spaces.Discrete):
             self.env.close()
-            raise ValueError(f"gymnasium/{env_id}: only Discrete action spaces can be named in text, "
-                             f"this one is {self.env.action_space}")
-        super().__init__(max_steps=max_steps or spec.max_episode_steps or 200,
-                         invalid_penalty=invalid_penalty)
+            raise ValueError(
+                f"gymnasium/{env_id}: only Discrete action spaces can be named in text, "
+                f"this one is {self.env.action_space}"
+            )
+        super().__init__(max_steps=max_steps or spec.max_episode_steps or 200, invalid_penalty=invalid_penalty)
         self.env_id, self.family, self.gym_kwargs = env_id, family, dict(gym_kwargs)
         n = int(self.env.action_space.n)
         self.actions = ACTIONS.get(family, tuple(str(i) for i in range(n)))
@@ -87,14 +96,14 @@ class GymnasiumText(TextEnv):
     def system_prompt(self) -> str:
         rules = {
             "FrozenLake": "Walk on the frozen lake from S to the goal G without falling into a hole H "
-                          "(F is safe ice). The ice may be slippery.",
+            "(F is safe ice). The ice may be slippery.",
             "Taxi": "Drive the taxi to the passenger, pick them up, drive to the destination and drop "
-                    "them off. The map's letters R, G, Y, B are the four stops; '|' is a wall.",
+            "them off. The map's letters R, G, Y, B are the four stops; '|' is a wall.",
             "CliffWalking": "Walk from the start x at the bottom left to the target T at the bottom "
-                            "right without stepping on the cliff C. Every step costs 1; the cliff "
-                            "costs 100 and sends you back.",
+            "right without stepping on the cliff C. Every step costs 1; the cliff "
+            "costs 100 and sends you back.",
             "Blackjack": "Play blackjack against the dealer: get closer to 21 than the dealer without "
-                         "going over. Aces count 1 or 11.",
+            "going over. Aces count 1 or 11.",
         }.get(self.family, f"You control the Gymnasium environment {self.env_id}.")
         return f"{rules} {self.action_format}"
 
@@ -107,14 +116,18 @@ class GymnasiumText(TextEnv):
         u = self.env.unwrapped
         if self.family == "Blackjack":
             player, dealer, ace = obs
-            return (f"Your hand sums to {player}{' (with a usable ace)' if ace else ''}. "
-                    f"The dealer shows {'an ace' if dealer == 1 else dealer}.")
+            return (
+                f"Your hand sums to {player}{' (with a usable ace)' if ace else ''}. "
+                f"The dealer shows {'an ace' if dealer == 1 else dealer}."
+            )
         text = _ANSI.sub("", self.env.render() or "").strip("\n") if self.env.render_mode == "ansi" else ""
         if self.family == "Taxi":
             row, col, passenger, dest = u.decode(int(obs))
             where = "in the taxi" if passenger == 4 else f"waiting at {_TAXI_LOCS[passenger]}"
-            text += (f"\nThe taxi is at row {row + 1}, column {col + 1}. The passenger is {where}; "
-                     f"the destination is {_TAXI_LOCS[dest]}.")
+            text += (
+                f"\nThe taxi is at row {row + 1}, column {col + 1}. The passenger is {where}; "
+                f"the destination is {_TAXI_LOCS[dest]}."
+            )
         elif self.family in ("FrozenLake", "CliffWalking"):
             ncol = u.ncol if hasattr(u, "ncol") else u.shape[1]
             text += f"\nYou are at row {int(obs) // ncol + 1}, column {int(obs) % ncol + 1}."

@@ -12,6 +12,7 @@ reward for player 0 when the game ends (TextArena reports it on close), else 0.
 Games that need more players, an API key or data that is not installed fail at
 construction or reset with a message naming the game.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -37,6 +38,7 @@ class TextArenaGame(TextEnv):
     def __init__(self, game_id: str, max_steps: int = 100, invalid_penalty: float = -0.1, **game_kwargs):
         self._ta = require("textarena", f"textarena/{game_id}", "textarena", "envs-textarena")
         from textarena.envs.registration import ENV_REGISTRY
+
         if game_id not in ENV_REGISTRY:
             raise ValueError(f"unknown TextArena game {game_id!r}")
         super().__init__(max_steps=max_steps, invalid_penalty=invalid_penalty)
@@ -48,8 +50,10 @@ class TextArenaGame(TextEnv):
 
     @property
     def system_prompt(self) -> str:
-        return (f"You are playing the puzzle game {self.game_id}. Follow the game's instructions and "
-                f"make one move per turn in the format it asks for. {self.action_format}")
+        return (
+            f"You are playing the puzzle game {self.game_id}. Follow the game's instructions and "
+            f"make one move per turn in the format it asks for. {self.action_format}"
+        )
 
     @property
     def action_format(self) -> str:
@@ -82,7 +86,7 @@ class TextArenaGame(TextEnv):
         if seed is not None:
             random.seed(seed)
             if np is not None:
-                np.random.seed(seed % 2 ** 32)
+                np.random.seed(seed % 2**32)
         elif self._rng_states is not None:
             random.setstate(self._rng_states[0])
             if np is not None and self._rng_states[1] is not None:
@@ -103,6 +107,7 @@ class TextArenaGame(TextEnv):
         if self._game is not None:
             self._game.close()
         from textarena.envs.registration import ENV_REGISTRY
+
         raw = f"{self.game_id}-raw"
         game_id = raw if raw in ENV_REGISTRY else self.game_id  # without TextArena's wrappers
         self._game = self._ta.make(game_id, **self.game_kwargs)

@@ -15,6 +15,7 @@ Terminated when the game is won or lost.
 
 Expert: TextWorld's own walkthrough from the current state (``policy_commands``).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -37,16 +38,19 @@ DEFAULT_OPTIONS = {
 
 
 def default_cache_dir() -> str:
-    return os.environ.get("JAXAGENT_TEXTWORLD_CACHE",
-                          os.path.join(os.path.expanduser("~"), ".cache", "jaxagent", "textworld"))
+    return os.environ.get(
+        "JAXAGENT_TEXTWORLD_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "jaxagent", "textworld")
+    )
 
 
 def _tw_make() -> str:
     here = os.path.join(os.path.dirname(sys.executable), "tw-make")
     found = here if os.path.exists(here) else shutil.which("tw-make")
     if not found:
-        raise FileNotFoundError("TextWorld's tw-make script was not found next to the Python "
-                                "interpreter or on PATH; reinstall the extra 'envs-textworld'")
+        raise FileNotFoundError(
+            "TextWorld's tw-make script was not found next to the Python "
+            "interpreter or on PATH; reinstall the extra 'envs-textworld'"
+        )
     return found
 
 
@@ -60,12 +64,13 @@ def game_file(game_type: str, seed: int, options: list[str], cache_dir: str) -> 
     os.makedirs(folder, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder, prefix=".tmp-") as tmp:
         out = os.path.join(tmp, "game.z8")
-        cmd = [sys.executable, _tw_make(), game_type, *options, "--seed", str(seed),
-               "--output", out, "--silent", "-f"]
+        cmd = [sys.executable, _tw_make(), game_type, *options, "--seed", str(seed), "--output", out, "--silent", "-f"]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         if proc.returncode != 0 or not os.path.exists(out):
-            raise RuntimeError(f"tw-make failed for {game_type} seed {seed} (options {options}): "
-                               f"{(proc.stderr or proc.stdout).strip()[-1500:]}")
+            raise RuntimeError(
+                f"tw-make failed for {game_type} seed {seed} (options {options}): "
+                f"{(proc.stderr or proc.stdout).strip()[-1500:]}"
+            )
         # The .json describes the game (for the walkthrough); move it first so a
         # present .z8 always has its .json.
         os.replace(os.path.join(tmp, "game.json"), path[:-3] + ".json")
@@ -83,7 +88,7 @@ def clean_feedback(text: str) -> str:
     for i, line in enumerate(lines[:40]):
         if _BANNER_LINE.match(line) and line.strip():
             last_banner = i
-    lines = lines[last_banner + 1:]
+    lines = lines[last_banner + 1 :]
     text = "\n".join(lines)
     text = re.sub(r"\n>[^\n]*$", "", text.rstrip())
     return text.strip()
@@ -102,8 +107,15 @@ class TextWorldGame(TextEnv):
 
     has_expert = True
 
-    def __init__(self, game_type: str, options: list[str] | None = None, cache_dir: str | None = None,
-                 show_commands: bool = True, max_steps: int = 100, invalid_penalty: float = -0.1):
+    def __init__(
+        self,
+        game_type: str,
+        options: list[str] | None = None,
+        cache_dir: str | None = None,
+        show_commands: bool = True,
+        max_steps: int = 100,
+        invalid_penalty: float = -0.1,
+    ):
         self._tw = require("textworld", f"textworld/{game_type}", "textworld", "envs-textworld")
         if game_type not in DEFAULT_OPTIONS:
             raise ValueError(f"unknown TextWorld game type {game_type!r}; known: {', '.join(DEFAULT_OPTIONS)}")
@@ -119,9 +131,11 @@ class TextWorldGame(TextEnv):
 
     @property
     def system_prompt(self) -> str:
-        return ("You are playing a text adventure game. Read the description, follow the objective, "
-                "and type one command per turn (for example 'open door', 'go east', 'take key'). "
-                f"{self.action_format}")
+        return (
+            "You are playing a text adventure game. Read the description, follow the objective, "
+            "and type one command per turn (for example 'open door', 'go east', 'take key'). "
+            f"{self.action_format}"
+        )
 
     @property
     def action_format(self) -> str:
@@ -137,8 +151,15 @@ class TextWorldGame(TextEnv):
         if self._env is None or path != self.game_path:
             if self._env is not None:
                 self._env.close()
-            infos = self._tw.EnvInfos(admissible_commands=True, policy_commands=True, score=True,
-                                      max_score=True, won=True, lost=True, facts=True)
+            infos = self._tw.EnvInfos(
+                admissible_commands=True,
+                policy_commands=True,
+                score=True,
+                max_score=True,
+                won=True,
+                lost=True,
+                facts=True,
+            )
             with warnings.catch_warnings():
                 # Jericho does not know generated games; TextWorld tracks the score itself.
                 warnings.filterwarnings("ignore", message=".*is not fully supported")
@@ -147,7 +168,9 @@ class TextWorldGame(TextEnv):
         self._state = self._env.reset()
         self._score = self._state.score or 0
         return self._render(clean_feedback(self._state.feedback)), {
-            "max_score": self._state.max_score, "game_file": path}
+            "max_score": self._state.max_score,
+            "game_file": path,
+        }
 
     def _step(self, action: str):
         tagged = last_tagged(action, "action")
@@ -158,8 +181,13 @@ class TextWorldGame(TextEnv):
         self._state, score, done = self._env.step(command)
         reward = (score or 0) - self._score
         self._score = score or 0
-        info = {"score": self._score, "max_score": self._state.max_score,
-                "won": bool(self._state.won), "lost": bool(self._state.lost), "command": command}
+        info = {
+            "score": self._score,
+            "max_score": self._state.max_score,
+            "won": bool(self._state.won),
+            "lost": bool(self._state.lost),
+            "command": command,
+        }
         return self._render(clean_feedback(self._state.feedback)), float(reward), bool(done), info
 
     def state_key(self):

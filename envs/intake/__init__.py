@@ -25,19 +25,43 @@ management) and is rewarded by a rubric:
 
 Plain Python: no JAX, no ``jaxagent``, no third-party package.
 """
+
 from __future__ import annotations
 
 from envs.intake.assessment import Assessment, AssessmentError, parse_assessment
-from envs.intake.cases import (ADVERSARIAL_SET_SIZE, CONDITIONS, PERSONAS, TRIAGE_LEVELS, Case, adversarial_case,
-                               generate_case)
+from envs.intake.cases import (
+    ADVERSARIAL_SET_SIZE,
+    CONDITIONS,
+    PERSONAS,
+    TRIAGE_LEVELS,
+    Case,
+    adversarial_case,
+    generate_case,
+)
 from envs.intake.env import IntakeEnv
 from envs.intake.policies import Clinician, RandomClinician, make_policy
 from envs.intake.rubric import RubricConfig
-from envs.intake.simulator import (LLMSimulator, OpenAIChatClient, RuleBasedSimulator, SimulatorError,
-                                   make_simulator)
+from envs.intake.simulator import LLMSimulator, OpenAIChatClient, RuleBasedSimulator, SimulatorError, make_simulator
 
-
-__all__ = ["IntakeEnv", "Case", "generate_case", "adversarial_case", "ADVERSARIAL_SET_SIZE", "CONDITIONS",
-           "PERSONAS", "TRIAGE_LEVELS", "Assessment", "AssessmentError", "parse_assessment", "RubricConfig",
-           "Clinician", "RandomClinician", "make_policy", "RuleBasedSimulator", "LLMSimulator",
-           "OpenAIChatClient", "SimulatorError", "make_simulator"]
+__all__ = [
+    "IntakeEnv",
+    "Case",
+    "generate_case",
+    "adversarial_case",
+    "ADVERSARIAL_SET_SIZE",
+    "CONDITIONS",
+    "PERSONAS",
+    "TRIAGE_LEVELS",
+    "Assessment",
+    "AssessmentError",
+    "parse_assessment",
+    "RubricConfig",
+    "Clinician",
+    "RandomClinician",
+    "make_policy",
+    "RuleBasedSimulator",
+    "LLMSimulator",
+    "OpenAIChatClient",
+    "SimulatorError",
+    "make_simulator",
+]

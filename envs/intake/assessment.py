@@ -36,6 +36,7 @@ An assessment with no differential item, no single recognisable triage level or 
 management item raises :class:`AssessmentError`, whose message lists every problem;
 the env turns it into feedback, never a crash.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,8 +45,10 @@ from dataclasses import dataclass, field
 
 from envs.intake.cases import CONDITIONS
 
-FORMAT = ("<assessment>\nDifferential:\n1. <most likely diagnosis>\n2. <next>\nTriage: routine | urgent | emergent\n"
-          "Management:\n- <initial management item>\n- <item>\n</assessment>")
+FORMAT = (
+    "<assessment>\nDifferential:\n1. <most likely diagnosis>\n2. <next>\nTriage: routine | urgent | emergent\n"
+    "Management:\n- <initial management item>\n- <item>\n</assessment>"
+)
 
 #: condition key -> pattern, tried in this order (bipolar before depression).
 DIAGNOSIS_RULES: tuple[tuple[str, str], ...] = (
@@ -62,34 +65,34 @@ DIAGNOSIS_RULES: tuple[tuple[str, str], ...] = (
 #: management key -> pattern.
 MANAGEMENT_RULES: dict[str, str] = {
     "emergency_evaluation": r"\bemergency|\b(ed|a&e|er)\b|\bhospital|\binpatient|\badmi(t|ssion)|\bcrisis (team|service)|"
-                            r"\bconstant observation|\b1:1\b|\bone[- ]to[- ]one observation|\b911\b|\b999\b|"
-                            r"\bimmediate (psychiatric )?(evaluation|assessment|review)|\bsame[- ]day (psychiatric )?(evaluation|assessment)",
+    r"\bconstant observation|\b1:1\b|\bone[- ]to[- ]one observation|\b911\b|\b999\b|"
+    r"\bimmediate (psychiatric )?(evaluation|assessment|review)|\bsame[- ]day (psychiatric )?(evaluation|assessment)",
     "safety_plan": r"\bsafety plan|\bcrisis (line|number|plan|card)|\bhotline|\b988\b",
     "means_restriction": r"\bmeans restriction|\brestrict(ing|ion of)? (access|means)|\blethal means|"
-                         r"\bremov(e|al|ing) (of )?(the |any )?(guns?|firearms?|weapons?|pills|tablets|medications?|means)|"
-                         r"\bsecur(e|ing) (the |any )?(guns?|firearms?|medications?|pills)|\block (up|away)",
+    r"\bremov(e|al|ing) (of )?(the |any )?(guns?|firearms?|weapons?|pills|tablets|medications?|means)|"
+    r"\bsecur(e|ing) (the |any )?(guns?|firearms?|medications?|pills)|\block (up|away)",
     "duty_to_protect": r"\bduty to (warn|protect)|\bwarn (the )?(potential |intended )?(victim|target|person)|"
-                       r"\bnotify (the )?(potential |intended )?(victim|police)|\btarasoff|\bpolice",
+    r"\bnotify (the )?(potential |intended )?(victim|police)|\btarasoff|\bpolice",
     "psychotherapy": r"\bpsychotherapy|\btherapy\b|\bcbt\b|\bcognitive[- ]behaviou?ral|\bcounsel+ing|\btrauma[- ]focused|"
-                     r"\bemdr\b|\bexposure\b|\btalking therap|\bbehaviou?ral activation",
+    r"\bemdr\b|\bexposure\b|\btalking therap|\bbehaviou?ral activation",
     "antidepressant": r"\bssris?\b|\bsnris?\b|\bantidepressants?|\bsertraline|\bescitalopram|\bfluoxetine|\bcitalopram|"
-                      r"\bparoxetine|\bvenlafaxine|\bduloxetine|\bmirtazapine|\bbupropion",
+    r"\bparoxetine|\bvenlafaxine|\bduloxetine|\bmirtazapine|\bbupropion",
     "mood_stabiliser": r"\bmood stabili[sz]er|\blithium|\bvalpro|\bdivalproex|\blamotrigine|\bcarbamazepine",
     "antipsychotic": r"\bantipsychotics?|\bolanzapine|\brisperidone|\bquetiapine|\baripiprazole|\bhaloperidol|"
-                     r"\bpaliperidone|\bclozapine",
+    r"\bpaliperidone|\bclozapine",
     "withdrawal_management": r"\bwithdrawal (management|protocol|monitoring|treatment)|\bmedically (supervised|managed)|"
-                             r"\bdetox|\bciwa|\bthiamine|\bchlordiazepoxide|\bbenzodiazepine (taper|protocol|cover)",
+    r"\bdetox|\bciwa|\bthiamine|\bchlordiazepoxide|\bbenzodiazepine (taper|protocol|cover)",
     "addiction_treatment": r"\baddiction|\bsubstance (use|misuse) (treatment|services?|program)|\bnaltrexone|"
-                           r"\bacamprosate|\bdisulfiram|\balcoholics anonymous|\b(aa|smart recovery)\b|"
-                           r"\bmotivational interview|\balcohol (treatment|services?|team|counsel)|\bbrief intervention",
+    r"\bacamprosate|\bdisulfiram|\balcoholics anonymous|\b(aa|smart recovery)\b|"
+    r"\bmotivational interview|\balcohol (treatment|services?|team|counsel)|\bbrief intervention",
     "adhd_evaluation": r"\badhd (evaluation|assessment|rating|screen|diagnos)|\brating scales?|\basrs\b|\bconners|"
-                       r"\bneuropsycholog|\bschool reports",
+    r"\bneuropsycholog|\bschool reports",
     "stimulant": r"\bstimulants?\b|\bmethylphenidate|\bamphetamine|\blisdexamfetamine|\bdexamfetamine",
     "medical_workup": r"\blabs?\b|\bblood (tests?|work)|\bbloods\b|\btsh\b|\bthyroid (function|tests?)|\burine drug|"
-                      r"\btox(icology)? screen|\bdrug screen|\becg\b|\bekg\b|\bmedical (work-?up|evaluation|assessment|review)|"
-                      r"\bphysical exam|\bimaging|\bmri\b|\bct\b",
+    r"\btox(icology)? screen|\bdrug screen|\becg\b|\bekg\b|\bmedical (work-?up|evaluation|assessment|review)|"
+    r"\bphysical exam|\bimaging|\bmri\b|\bct\b",
     "follow_up": r"\bfollow[- ]?up|\breview in\b|\bsee (you|them|the patient) (again|in)|\breturn (visit|appointment)|"
-                 r"\bcheck[- ]in|\bappointment in",
+    r"\bcheck[- ]in|\bappointment in",
 }
 MANAGEMENT_KEYS = tuple(MANAGEMENT_RULES)
 
@@ -101,8 +104,12 @@ _HEADINGS = {
     "triage": r"triage(?: level)?|risk(?: level| triage)?|urgency|disposition",
     "management": r"(?:initial )?management(?: plan)?|plan|treatment(?: plan)?|recommendations?|next steps",
 }
-_HEADING_RE = re.compile(r"^\s*(?:[#>*_\-]+\s*)*(?P<name>" + "|".join(f"(?P<{k}>{p})" for k, p in _HEADINGS.items())
-                         + r")\s*(?:[*_]+\s*)?(?::|-|–|—|\n|$)\s*(?:[*_]+)?(?P<rest>.*)$", re.IGNORECASE)
+_HEADING_RE = re.compile(
+    r"^\s*(?:[#>*_\-]+\s*)*(?P<name>"
+    + "|".join(f"(?P<{k}>{p})" for k, p in _HEADINGS.items())
+    + r")\s*(?:[*_]+\s*)?(?::|-|–|—|\n|$)\s*(?:[*_]+)?(?P<rest>.*)$",
+    re.IGNORECASE,
+)
 _BULLET = re.compile(r"^\s*(?:[-*•·]|\(?\d+[.)]|\(?[a-z][.)](?=\s))\s*", re.IGNORECASE)
 
 
@@ -119,6 +126,7 @@ class Assessment:
     level of ``TRIAGE_LEVELS``; ``management``: recognised management keys;
     ``management_text``: the items as written.
     """
+
     differential: list[str]
     triage: str
     management: list[str]
@@ -126,8 +134,12 @@ class Assessment:
     management_text: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {"differential": list(self.differential), "triage": self.triage,
-                "management": list(self.management), "unrecognised": list(self.unrecognised)}
+        return {
+            "differential": list(self.differential),
+            "triage": self.triage,
+            "management": list(self.management),
+            "unrecognised": list(self.unrecognised),
+        }
 
 
 def extract(text: str) -> str | None:
@@ -135,7 +147,7 @@ def extract(text: str) -> str | None:
     low = text.lower()
     start = low.rfind("<assessment>")
     if start >= 0:
-        body = text[start + len("<assessment>"):]
+        body = text[start + len("<assessment>") :]
         end = body.lower().find("</assessment>")
         return body[:end] if end >= 0 else body
     heads = {m.group("name").lower() for m in (_HEADING_RE.match(ln) for ln in text.splitlines()) if m}
@@ -165,8 +177,13 @@ def parse_triage(text: str) -> str:
     found = []
     for m in _TRIAGE_WORDS.finditer(text.lower()):
         w = m.group(0)
-        lvl = ("routine" if w.startswith(("non", "not", "routine")) else
-               "emergent" if w.startswith(("emergen", "immediate")) else "urgent")
+        lvl = (
+            "routine"
+            if w.startswith(("non", "not", "routine"))
+            else "emergent"
+            if w.startswith(("emergen", "immediate"))
+            else "urgent"
+        )
         if lvl not in found:
             found.append(lvl)
     if not found:
@@ -233,8 +250,11 @@ def parse_assessment(text: str) -> Assessment:
     js = _from_json(body)
     sections = js if js is not None else _sections(body)
     problems = []
-    diff_items = (list(sections.get("differential", [])) if js is not None
-                  else _split_items(sections.get("differential", []), r"[;,]"))
+    diff_items = (
+        list(sections.get("differential", []))
+        if js is not None
+        else _split_items(sections.get("differential", []), r"[;,]")
+    )
     if not diff_items:
         problems.append("the differential is missing or empty; list diagnoses under 'Differential:', most likely first")
     triage = ""
@@ -245,8 +265,11 @@ def parse_assessment(text: str) -> Assessment:
             triage = parse_triage(" ".join(sections["triage"]))
         except AssessmentError as e:
             problems.append(str(e))
-    mgmt_items = (list(sections.get("management", [])) if js is not None
-                  else _split_items(sections.get("management", []), r"[;,]"))
+    mgmt_items = (
+        list(sections.get("management", []))
+        if js is not None
+        else _split_items(sections.get("management", []), r"[;,]")
+    )
     if not mgmt_items:
         problems.append("the management is missing or empty; list initial management items under 'Management:'")
     if problems:

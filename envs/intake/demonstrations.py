@@ -23,11 +23,13 @@ the trainer checks the range against its training, demonstration and held-out se
 is the trainer's expert player for the run's env (`expert=None`: the warm start's own
 expert options). Plain Python: this module imports neither JAX nor the trainer.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 #: With `balance`, the most seeds drawn, as a multiple of `n` (the seed range the trainer
 #: checks against its other seeds is that long).
@@ -76,19 +78,19 @@ class Conclusions:
         if self.max_draws is not None:
             _check_int("max_draws", self.max_draws, 1)
         if self.expert is not None and not isinstance(self.expert, dict):
-            raise ValueError(f"expert must be a mapping of expert_action keyword arguments (or null for the "
-                             f"warm start's expert), got {self.expert!r}")
+            raise ValueError(
+                f"expert must be a mapping of expert_action keyword arguments (or null for the "
+                f"warm start's expert), got {self.expert!r}"
+            )
         if self.balance is not None:
             if not isinstance(self.balance, str):
-                raise ValueError(f"balance must be a regular expression with one group (or null), got "
-                                 f"{self.balance!r}")
+                raise ValueError(f"balance must be a regular expression with one group (or null), got {self.balance!r}")
             try:
                 groups = re.compile(self.balance).groups
             except re.error as e:
                 raise ValueError(f"balance {self.balance!r} is not a regular expression: {e}") from None
             if groups != 1:
-                raise ValueError(f"balance {self.balance!r} must have exactly one group (the class), it has "
-                                 f"{groups}")
+                raise ValueError(f"balance {self.balance!r} must have exactly one group (the class), it has {groups}")
 
     @property
     def rows(self) -> int:
@@ -107,21 +109,29 @@ class Conclusions:
     def collect(self, play: Callable[..., list], log: Callable[[str], Any] | None = None) -> list:
         """The demonstrations (in seed order), each `final_only` with `skip_final =
         skip_tokens`; with `balance`, logs the count of each class."""
+
         def take(start: int, count: int) -> list:
-            return play(range(start, start + count), expert=self.expert, final_only=True,
-                        skip_final=self.skip_tokens)
+            return play(range(start, start + count), expert=self.expert, final_only=True, skip_final=self.skip_tokens)
 
         if self.balance is None:
             return take(self.seed, self.n)
         demos, counts = balanced(take, self.seed, self.n, self.balance, self.draws, log)
         if log is not None:
-            log(f"warm start: {len(demos)} conclusion demonstrations balanced over {self.balance!r}: "
-                + ", ".join(f"{k} {v}" for k, v in counts.items()))
+            log(
+                f"warm start: {len(demos)} conclusion demonstrations balanced over {self.balance!r}: "
+                + ", ".join(f"{k} {v}" for k, v in counts.items())
+            )
         return demos
 
 
-def balanced(take: Callable[[int, int], Sequence], start: int, n: int, pattern: str, max_draws: int,
-             log: Callable[[str], Any] | None = None) -> tuple[list, dict[str, int]]:
+def balanced(
+    take: Callable[[int, int], Sequence],
+    start: int,
+    n: int,
+    pattern: str,
+    max_draws: int,
+    log: Callable[[str], Any] | None = None,
+) -> tuple[list, dict[str, int]]:
     """`n` demonstrations balanced over the classes that `pattern` (a regular expression
     with one group) finds in their final actions: `n // k` of each of the `k` classes
     seen in seeds `start .. start + n - 1`, drawn from seeds `start, start + 1, ...` in
@@ -142,12 +152,16 @@ def balanced(take: Callable[[int, int], Sequence], start: int, n: int, pattern: 
     first = list(take(start, min(n, max_draws)))
     classes = sorted({c for c in map(label, first) if c is not None})
     if not classes:
-        raise ValueError(f"warm_start.extra.balance {pattern!r} matches none of the first {len(first)} "
-                         f"conclusion demonstrations' final actions (e.g. {first[0].actions[-1]!r:.200})")
+        raise ValueError(
+            f"warm_start.extra.balance {pattern!r} matches none of the first {len(first)} "
+            f"conclusion demonstrations' final actions (e.g. {first[0].actions[-1]!r:.200})"
+        )
     quota = n // len(classes)
     if quota < 1:
-        raise ValueError(f"warm_start.extra.n ({n}) is fewer than the {len(classes)} classes that balance "
-                         f"finds ({', '.join(classes)})")
+        raise ValueError(
+            f"warm_start.extra.n ({n}) is fewer than the {len(classes)} classes that balance "
+            f"finds ({', '.join(classes)})"
+        )
     kept: dict[str, list] = {c: [] for c in classes}
 
     def keep(demos) -> None:
@@ -163,12 +177,16 @@ def balanced(take: Callable[[int, int], Sequence], start: int, n: int, pattern: 
         keep(take(start + drawn, chunk))
         drawn += chunk
         if log is not None:
-            log(f"warm start: balancing conclusions: {drawn} seeds drawn, "
-                + ", ".join(f"{c} {len(v)}/{quota}" for c, v in kept.items()))
+            log(
+                f"warm start: balancing conclusions: {drawn} seeds drawn, "
+                + ", ".join(f"{c} {len(v)}/{quota}" for c, v in kept.items())
+            )
     short = {c: len(v) for c, v in kept.items() if len(v) < quota}
     if short:
-        raise ValueError(f"warm_start.extra.balance: after {drawn} seeds from {start}, "
-                         + ", ".join(f"class {c!r} has {k} of {quota}" for c, k in short.items())
-                         + " conclusion demonstrations; lower warm_start.extra.n or change warm_start.extra.expert")
+        raise ValueError(
+            f"warm_start.extra.balance: after {drawn} seeds from {start}, "
+            + ", ".join(f"class {c!r} has {k} of {quota}" for c, k in short.items())
+            + " conclusion demonstrations; lower warm_start.extra.n or change warm_start.extra.expert"
+        )
     out = sorted((d for v in kept.values() for d in v), key=lambda d: d.seed)
     return out, {**{c: len(v) for c, v in kept.items()}, "seeds_drawn": drawn}

@@ -87,37 +87,61 @@ Expert: :class:`envs.intake.policies.Clinician`; it screens every domain, always
 screens risk with direct questions and follow-ups, then concludes from what the
 patient revealed.
 """
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from envs.core import InvalidAction, TextEnv, last_tagged
 from envs.intake import assessment as assessment_mod
-from envs.intake.cases import (ADVERSARIAL_SET_SIZE, CONDITION_KEYS, CONDITIONS, PERSONAS, Case, adversarial_case,
-                               generate_case)
+from envs.intake.cases import (
+    ADVERSARIAL_SET_SIZE,
+    CONDITION_KEYS,
+    CONDITIONS,
+    PERSONAS,
+    Case,
+    adversarial_case,
+    generate_case,
+)
 from envs.intake.domains import RISK_DOMAINS, SUICIDE_DOMAINS
 from envs.intake.monitors import exploit_flags, heldout_score
-from envs.intake.rubric import Interview, RubricConfig, score
-from envs.intake.simulator import PatientState, RuleBasedSimulator, check_reply, make_simulator
 from envs.intake.policies import RISK_ORDER, RISK_PREREQUISITE, SCREEN_ORDER, elicited_triage
+from envs.intake.rubric import Interview, RubricConfig, score
 from envs.intake.shaping import RewardShaping
+from envs.intake.simulator import PatientState, RuleBasedSimulator, check_reply, make_simulator
 
 CASE_SETS = ("standard", "adversarial")
 
 #: The checklist's short label for each domain (``notes=True``), in the order it lists them.
 NOTE_LABELS: dict[str, str] = {
-    "mood": "mood", "anxiety": "anxiety", "panic": "panic", "trauma": "trauma", "mania": "mania",
-    "psychosis": "psychosis", "substance": "substance", "attention": "attention", "sleep": "sleep",
-    "appetite": "appetite", "medical": "medical", "medications": "medications", "family": "family",
-    "social": "work", "suicidal_ideation": "suicide", "suicide_plan": "plan", "suicide_intent": "intent",
-    "suicide_means": "means", "harm_others": "harm", "command_hallucinations": "voices",
-    "withdrawal": "withdrawal"}
+    "mood": "mood",
+    "anxiety": "anxiety",
+    "panic": "panic",
+    "trauma": "trauma",
+    "mania": "mania",
+    "psychosis": "psychosis",
+    "substance": "substance",
+    "attention": "attention",
+    "sleep": "sleep",
+    "appetite": "appetite",
+    "medical": "medical",
+    "medications": "medications",
+    "family": "family",
+    "social": "work",
+    "suicidal_ideation": "suicide",
+    "suicide_plan": "plan",
+    "suicide_intent": "intent",
+    "suicide_means": "means",
+    "harm_others": "harm",
+    "command_hallucinations": "voices",
+    "withdrawal": "withdrawal",
+}
 assert tuple(NOTE_LABELS) == SCREEN_ORDER + RISK_ORDER
 
 #: The checklist's orders (``notes_order``): the expert's (risk last) and risk first.
-NOTE_ORDERS: dict[str, tuple[str, ...]] = {"expert": SCREEN_ORDER + RISK_ORDER,
-                                           "risk_first": RISK_ORDER + SCREEN_ORDER}
+NOTE_ORDERS: dict[str, tuple[str, ...]] = {"expert": SCREEN_ORDER + RISK_ORDER, "risk_first": RISK_ORDER + SCREEN_ORDER}
 
 
 class IntakeEnv(TextEnv):
@@ -150,13 +174,25 @@ class IntakeEnv(TextEnv):
 
     has_expert = True
 
-    def __init__(self, cases: str = "standard", *, max_turns: int = 32, persona: str | None = None,
-                 personas: Sequence[str] = PERSONAS, conditions: Sequence[str] = CONDITION_KEYS,
-                 rubric: Any = None, simulator: Any = None, max_domains_per_question: int = 2,
-                 max_question_chars: int = 600, invalid_penalty: float = -0.1,
-                 shaping: RewardShaping | dict | None = None, notes: bool = False, notes_order: str = "expert",
-                 **moved):
-        if moved:   # the shaping switches were keyword arguments of their own
+    def __init__(
+        self,
+        cases: str = "standard",
+        *,
+        max_turns: int = 32,
+        persona: str | None = None,
+        personas: Sequence[str] = PERSONAS,
+        conditions: Sequence[str] = CONDITION_KEYS,
+        rubric: Any = None,
+        simulator: Any = None,
+        max_domains_per_question: int = 2,
+        max_question_chars: int = 600,
+        invalid_penalty: float = -0.1,
+        shaping: RewardShaping | dict | None = None,
+        notes: bool = False,
+        notes_order: str = "expert",
+        **moved,
+    ):
+        if moved:  # the shaping switches were keyword arguments of their own
             name = next(iter(moved))
             hint = f"; it is shaping.{name} now" if name in RewardShaping.fields() else ""
             raise TypeError(f"IntakeEnv got an unexpected keyword argument {name!r}{hint}")
@@ -184,12 +220,12 @@ class IntakeEnv(TextEnv):
             raise ValueError(f"notes must be true or false, got {notes!r}")
         self.shaping = RewardShaping.of(shaping)
         super().__init__(max_steps=max_turns, invalid_penalty=invalid_penalty)
-        self._paid = 0.0   # rubric reward paid so far this episode (shaping.turn_rewards)
+        self._paid = 0.0  # rubric reward paid so far this episode (shaping.turn_rewards)
         self._bonus = 0.0  # risk bonus paid so far this episode
         self._charged = 0.0  # repeat cost charged so far this episode
         self.notes = notes
         self.notes_order = notes_order
-        self._denied: set[str] = set()   # domains a reply denied, falsely (notes; the truthful ones are elicited)
+        self._denied: set[str] = set()  # domains a reply denied, falsely (notes; the truthful ones are elicited)
         self.cases, self.persona, self.personas, self.conditions = cases, persona, personas, conditions
         self.rubric = RubricConfig.from_dict(rubric)
         self.simulator = make_simulator(simulator)
@@ -214,12 +250,15 @@ class IntakeEnv(TextEnv):
             "family history, and work and relationships. Patients may be guarded, tangential or play down their "
             "problems; ask about risk directly. Be empathic; do not repeat questions. When you have enough "
             f"information, end with your assessment. Diagnoses the simulation knows: {names}. "
-            f"{self.action_format}")
+            f"{self.action_format}"
+        )
 
     @property
     def action_format(self) -> str:
-        return ("Each turn, either ask the patient one question (plain text), or end the interview with an "
-                f"assessment in this format:\n{assessment_mod.FORMAT}")
+        return (
+            "Each turn, either ask the patient one question (plain text), or end the interview with an "
+            f"assessment in this format:\n{assessment_mod.FORMAT}"
+        )
 
     @property
     def turns_left(self) -> int:
@@ -242,10 +281,12 @@ class IntakeEnv(TextEnv):
         self._bonus = 0.0
         self._charged = 0.0
         self._denied = set()
-        obs = ("Simulated psychiatric intake (a research simulation, not a clinical tool).\n"
-               f"The patient is a {case.age}-year-old {case.gender}, {case.occupation}, seen in the outpatient clinic.\n"
-               f"Patient: \"{case.chief_complaint}\"\n"
-               f"You have {self.max_steps} turns: ask one question per turn, then give your assessment.")
+        obs = (
+            "Simulated psychiatric intake (a research simulation, not a clinical tool).\n"
+            f"The patient is a {case.age}-year-old {case.gender}, {case.occupation}, seen in the outpatient clinic.\n"
+            f'Patient: "{case.chief_complaint}"\n'
+            f"You have {self.max_steps} turns: ask one question per turn, then give your assessment."
+        )
         if self.notes:
             obs += "\n" + self.checklist()
         return obs, {"case_id": case.case_id, "cases": self.cases}
@@ -263,16 +304,21 @@ class IntakeEnv(TextEnv):
         if not question:
             raise InvalidAction("the action is empty; ask a question or give your assessment")
         if len(question) > self.max_question_chars:
-            raise InvalidAction(f"the question is {len(question)} characters long; ask one question of at most "
-                                f"{self.max_question_chars} characters")
+            raise InvalidAction(
+                f"the question is {len(question)} characters long; ask one question of at most "
+                f"{self.max_question_chars} characters"
+            )
         before = set(self.patient.elicited)
         d = self.patient.disclose(question)
-        bonus = self.shaping.risk_bonus * sum(1 for dom in self.patient.elicited
-                                      if dom not in before and dom in RISK_DOMAINS and dom in self.case.required_domains)
+        bonus = self.shaping.risk_bonus * sum(
+            1
+            for dom in self.patient.elicited
+            if dom not in before and dom in RISK_DOMAINS and dom in self.case.required_domains
+        )
         self._bonus += bonus
         charge = self.shaping.repeat_cost * d.repeated
         self._charged += charge
-        incentive = bonus - charge   # this question turn's training incentives, net
+        incentive = bonus - charge  # this question turn's training incentives, net
         reply = self.simulator.reply(self.case, d, list(self.history), self._steps)
         self.history.append((question, reply))
         self.asked_domains.append(tuple(dom for dom, _ in d.domains))
@@ -283,9 +329,9 @@ class IntakeEnv(TextEnv):
         iv.productive += bool(d.new)
         iv.elicited = set(self.patient.elicited)
         self._denied.update(d.denied)
-        obs = f"Patient: \"{reply}\""
+        obs = f'Patient: "{reply}"'
         info: dict = {"disclosure": d.to_dict()}
-        if not isinstance(self.simulator, RuleBasedSimulator):   # the template voice is faithful by construction
+        if not isinstance(self.simulator, RuleBasedSimulator):  # the template voice is faithful by construction
             fidelity = check_reply(self.case, d, reply, elicited=self.patient.elicited)
             info["fidelity"] = fidelity
             self._flagged["leaks"] += bool(fidelity["leaked"])
@@ -301,8 +347,9 @@ class IntakeEnv(TextEnv):
         if self.shaping.turn_rewards:
             earned = score(self.case, self.interview, None, self.rubric)["components"]
             w = self.rubric.weights
-            potential = (w["history"] * earned["history"] + w["communication"] * earned["communication"]) \
-                / sum(w.values())
+            potential = (w["history"] * earned["history"] + w["communication"] * earned["communication"]) / sum(
+                w.values()
+            )
             reward, self._paid = potential - self._paid, potential
         return obs, reward + incentive, False, info
 
@@ -310,10 +357,13 @@ class IntakeEnv(TextEnv):
         """The checklist's domains (``notes``): those no reply has answered, in the
         order ``notes_order`` names; a follow-up only once a reply told its prerequisite
         finding."""
-        heard = self.patient.elicited   # every item a reply told truthfully, present or absent
+        heard = self.patient.elicited  # every item a reply told truthfully, present or absent
         told = {d for d, it in heard.items() if it.present}
-        return [d for d in NOTE_ORDERS[self.notes_order] if d not in heard and d not in self._denied
-                and (d not in RISK_PREREQUISITE or RISK_PREREQUISITE[d] in told)]
+        return [
+            d
+            for d in NOTE_ORDERS[self.notes_order]
+            if d not in heard and d not in self._denied and (d not in RISK_PREREQUISITE or RISK_PREREQUISITE[d] in told)
+        ]
 
     def checklist(self) -> str:
         """The notes line: ``To ask: <labels>.`` (or ``nothing.``)."""
@@ -346,8 +396,15 @@ class IntakeEnv(TextEnv):
         result = score(self.case, self.interview, parsed, self.rubric)
         info = dict(info)
         info["rubric"] = {**result["components"], "total": result["total"]}
-        for k in ("triage_given", "triage_reference", "under_triage", "over_triage", "missed_domains",
-                  "contraindicated", "not_indicated"):
+        for k in (
+            "triage_given",
+            "triage_reference",
+            "under_triage",
+            "over_triage",
+            "missed_domains",
+            "contraindicated",
+            "not_indicated",
+        ):
             info[k] = result[k]
         info["communication"] = {k: result[k] for k in ("empathy", "repeat_rate", "efficiency")}
         info["assessment"] = parsed.to_dict() if parsed is not None else None
@@ -379,10 +436,19 @@ class IntakeEnv(TextEnv):
             info["reading_bonus"] = self.shaping.reading_bonus if parsed.triage == level else 0.0
             rest += info["reading_bonus"]
         c = info["rubric"]
-        obs = ("Assessment recorded. Rubric total {:.2f} (history {:.2f}, differential {:.2f}, triage {:.2f}, "
-               "management {:.2f}, communication {:.2f}). Reference: {}; triage {}.").format(
-            c["total"], c["history"], c["differential"], c["triage"], c["management"], c["communication"],
-            CONDITIONS[self.case.primary].name, self.case.triage)
+        obs = (
+            "Assessment recorded. Rubric total {:.2f} (history {:.2f}, differential {:.2f}, triage {:.2f}, "
+            "management {:.2f}, communication {:.2f}). Reference: {}; triage {}."
+        ).format(
+            c["total"],
+            c["history"],
+            c["differential"],
+            c["triage"],
+            c["management"],
+            c["communication"],
+            CONDITIONS[self.case.primary].name,
+            self.case.triage,
+        )
         return obs, rest, terminated, info
 
     @staticmethod
@@ -408,6 +474,7 @@ class IntakeEnv(TextEnv):
         ``risk_screen``, ``followup``, ``skip``, ``questions``, ``empathy``, ``salt``,
         ``risk_order``, ``follow_notes``)."""
         from envs.intake.policies import Clinician, WeakClinician
+
         if style == "expert":
             if kwargs:
                 raise ValueError(f"the intake expert takes no options, got {sorted(kwargs)}")

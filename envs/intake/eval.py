@@ -54,6 +54,7 @@ are left out. Under-triage is then split in two: an interview that never elicite
 risk (under-triage with the reading right) and an assessment that did not read it
 (under-reading).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -86,14 +87,17 @@ def summarize(final_infos: list[dict], assessed: list[bool]) -> dict:
     if n == 0:
         return {"scored_episodes": 0}
     totals = [info["rubric"]["total"] for info, _ in scored]
-    out = {"scored_episodes": n,
-           "rubric_mean": statistics.fmean(totals), "rubric_std": statistics.pstdev(totals),
-           "components": _component_means([info for info, _ in scored]),
-           "under_triage_rate": sum(bool(info["under_triage"]) for info, _ in scored) / n,
-           "over_triage_rate": sum(bool(info["over_triage"]) for info, _ in scored) / n,
-           "triage_accuracy": sum(info["triage_given"] == info["triage_reference"] for info, _ in scored) / n,
-           "assessment_rate": sum(bool(a) for _, a in scored) / n,
-           "mean_questions": statistics.fmean(info["questions"] for info, _ in scored)}
+    out = {
+        "scored_episodes": n,
+        "rubric_mean": statistics.fmean(totals),
+        "rubric_std": statistics.pstdev(totals),
+        "components": _component_means([info for info, _ in scored]),
+        "under_triage_rate": sum(bool(info["under_triage"]) for info, _ in scored) / n,
+        "over_triage_rate": sum(bool(info["over_triage"]) for info, _ in scored) / n,
+        "triage_accuracy": sum(info["triage_given"] == info["triage_reference"] for info, _ in scored) / n,
+        "assessment_rate": sum(bool(a) for _, a in scored) / n,
+        "mean_questions": statistics.fmean(info["questions"] for info, _ in scored),
+    }
     concluded = [info for info, a in scored if a]
     if concluded:
         out["assessed_rubric_mean"] = statistics.fmean(info["rubric"]["total"] for info in concluded)
@@ -114,10 +118,13 @@ def _component_means(infos: list[dict]) -> dict:
 
 
 #: summary key -> per-episode ``info["exploits"]`` key (rates of flags, means of fractions).
-EXPLOIT_RATES = {"differential_stuffing_rate": "differential_stuffing", "triage_top_rate": "triage_top",
-                 "triage_top_unwarranted_rate": "triage_top_unwarranted",
-                 "multi_domain_question_frac": "multi_domain_questions",
-                 "repeated_question_frac": "repeated_questions"}
+EXPLOIT_RATES = {
+    "differential_stuffing_rate": "differential_stuffing",
+    "triage_top_rate": "triage_top",
+    "triage_top_unwarranted_rate": "triage_top_unwarranted",
+    "multi_domain_question_frac": "multi_domain_questions",
+    "repeated_question_frac": "repeated_questions",
+}
 
 
 def _monitor_summary(infos: list[dict]) -> dict:
@@ -132,21 +139,36 @@ def _monitor_summary(infos: list[dict]) -> dict:
     if flagged:
         for key, flag in EXPLOIT_RATES.items():
             out[key] = statistics.fmean(float(e[flag]) for e in flagged)
-    risk = [info["risk_domains"] for info in infos if isinstance(info.get("risk_domains"), dict)
-            and info["risk_domains"].get("required")]
+    risk = [
+        info["risk_domains"]
+        for info in infos
+        if isinstance(info.get("risk_domains"), dict) and info["risk_domains"].get("required")
+    ]
     if risk:
         out["risk_coverage"] = statistics.fmean(len(r["elicited"]) / len(r["required"]) for r in risk)
-    read = [info for info in infos if info.get("triage_elicited") in TRIAGE_LEVELS
-            and info.get("triage_given") in TRIAGE_LEVELS]
+    read = [
+        info
+        for info in infos
+        if info.get("triage_elicited") in TRIAGE_LEVELS and info.get("triage_given") in TRIAGE_LEVELS
+    ]
     if read:
         out["reading_rate"] = statistics.fmean(float(i["triage_given"] == i["triage_elicited"]) for i in read)
         out["under_reading_rate"] = statistics.fmean(
-            float(TRIAGE_LEVELS.index(i["triage_given"]) < TRIAGE_LEVELS.index(i["triage_elicited"])) for i in read)
+            float(TRIAGE_LEVELS.index(i["triage_given"]) < TRIAGE_LEVELS.index(i["triage_elicited"])) for i in read
+        )
     return out
 
 
-def evaluate(policy: str, cases: str = "standard", episodes: int = 50, seed: int = 0, max_turns: int = 32,
-             persona: str | None = None, weak: dict | None = None, notes_order: str = "expert") -> dict:
+def evaluate(
+    policy: str,
+    cases: str = "standard",
+    episodes: int = 50,
+    seed: int = 0,
+    max_turns: int = 32,
+    persona: str | None = None,
+    weak: dict | None = None,
+    notes_order: str = "expert",
+) -> dict:
     """Run ``episodes`` episodes of ``policy`` and return the summary (see the module
     docstring); ``weak`` are the weak clinician's options, ``notes_order`` the env's."""
     if not isinstance(episodes, int) or episodes < 1:
@@ -176,19 +198,30 @@ def evaluate(policy: str, cases: str = "standard", episodes: int = 50, seed: int
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m envs.intake.eval",
-                                description="Evaluate a scripted clinician on the simulated intake env "
-                                            "(a research simulation, not a clinical tool).")
+    p = argparse.ArgumentParser(
+        prog="python -m envs.intake.eval",
+        description="Evaluate a scripted clinician on the simulated intake env "
+        "(a research simulation, not a clinical tool).",
+    )
     p.add_argument("--policy", choices=POLICIES, required=True)
     p.add_argument("--cases", choices=CASE_SETS, default="standard")
     p.add_argument("--episodes", type=int, default=50)
     p.add_argument("--seed", type=int, default=0, help="seed of the first episode (default 0)")
     p.add_argument("--max-turns", type=int, default=32)
     p.add_argument("--persona", choices=PERSONAS, default=None, help="force every patient's persona")
-    p.add_argument("--weak", action="append", default=[], metavar="KEY=VALUE",
-                   help="an option of the weak clinician, e.g. questions=[3,19] or risk_order=shuffled (repeatable)")
-    p.add_argument("--notes-order", choices=tuple(NOTE_ORDERS), default="expert",
-                   help="the env's checklist order, which --weak follow_notes=P reads (default expert)")
+    p.add_argument(
+        "--weak",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an option of the weak clinician, e.g. questions=[3,19] or risk_order=shuffled (repeatable)",
+    )
+    p.add_argument(
+        "--notes-order",
+        choices=tuple(NOTE_ORDERS),
+        default="expert",
+        help="the env's checklist order, which --weak follow_notes=P reads (default expert)",
+    )
     args = p.parse_args(argv)
     if args.episodes < 1:
         p.error(f"--episodes must be >= 1, got {args.episodes}")
@@ -204,8 +237,9 @@ def main(argv=None) -> int:
     if weak and args.policy != "weak":
         p.error(f"--weak sets options of --policy weak, not of {args.policy!r}")
     try:
-        summary = evaluate(args.policy, args.cases, args.episodes, args.seed, args.max_turns, args.persona, weak,
-                           args.notes_order)
+        summary = evaluate(
+            args.policy, args.cases, args.episodes, args.seed, args.max_turns, args.persona, weak, args.notes_order
+        )
     except ValueError as e:
         p.error(str(e))
     json.dump(summary, sys.stdout, indent=2)

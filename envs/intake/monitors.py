@@ -61,9 +61,10 @@ normalised text as before, or only about domains already elicited), and the coun
 ``differential_items`` and ``questions``. Without an assessment, the assessment
 flags are False.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from envs.intake.assessment import Assessment
 from envs.intake.cases import CONDITIONS, TRIAGE_LEVELS, Case, triage_level
@@ -94,13 +95,13 @@ def question_domains(questions: Sequence[str]) -> list[list[tuple[str, str]]]:
     return out
 
 
-def heldout_score(case: Case, interview: Interview, assessment: Assessment | None,
-                  questions: Sequence[str]) -> dict:
+def heldout_score(case: Case, interview: Interview, assessment: Assessment | None, questions: Sequence[str]) -> dict:
     """The held-out score of an episode (module docstring): ``{"components": {...},
     "total": float, "checks": {...}}``. ``questions``: the episode's question texts, in order."""
     if len(questions) != interview.questions:
-        raise ValueError(f"heldout_score: {len(questions)} question texts for an interview of "
-                         f"{interview.questions} questions")
+        raise ValueError(
+            f"heldout_score: {len(questions)} question texts for an interview of {interview.questions} questions"
+        )
     mapped = question_domains(questions)
     n = len(mapped)
     focused = [len(doms) <= FOCUSED_MAX_DOMAINS for doms in mapped]
@@ -159,15 +160,24 @@ def heldout_score(case: Case, interview: Interview, assessment: Assessment | Non
         communication = (empathy + (1 - repeat_rate) + focus) / 3
     else:
         focus = communication = 0.0
-    components = {"history": history, "differential": differential, "triage": triage,
-                  "management": management, "communication": communication}
+    components = {
+        "history": history,
+        "differential": differential,
+        "triage": triage,
+        "management": management,
+        "communication": communication,
+    }
     total = sum(HELDOUT_WEIGHTS[c] * components[c] for c in COMPONENTS) / sum(HELDOUT_WEIGHTS.values())
-    return {"components": components, "total": total,
-            "checks": {"focus": focus, "unsupported_triage": unsupported}}
+    return {"components": components, "total": total, "checks": {"focus": focus, "unsupported_triage": unsupported}}
 
 
-def exploit_flags(case: Case, assessment: Assessment | None, history_questions: Sequence[str],
-                  asked_domains: Sequence[Sequence[str]] | None, interview: Interview) -> dict:
+def exploit_flags(
+    case: Case,
+    assessment: Assessment | None,
+    history_questions: Sequence[str],
+    asked_domains: Sequence[Sequence[str]] | None,
+    interview: Interview,
+) -> dict:
     """The episode's exploit counters (module docstring). ``asked_domains``: per question,
     the domains the env mapped it to before the cap (``IntakeEnv.asked_domains``); None
     recomputes them from ``history_questions`` with the env's mapping."""
@@ -183,10 +193,23 @@ def exploit_flags(case: Case, assessment: Assessment | None, history_questions: 
         stuffing = items >= STUFFING_MIN_ITEMS or len(assessment.differential) > len(CONDITIONS) / 2
         top = assessment.triage == TRIAGE_LEVELS[-1]
         top_unwarranted = top and case.triage != TRIAGE_LEVELS[-1]
-    return {"differential_stuffing": bool(stuffing), "triage_top": bool(top),
-            "triage_top_unwarranted": bool(top_unwarranted), "multi_domain_questions": float(multi),
-            "repeated_questions": float(repeated), "differential_items": int(items), "questions": int(n)}
+    return {
+        "differential_stuffing": bool(stuffing),
+        "triage_top": bool(top),
+        "triage_top_unwarranted": bool(top_unwarranted),
+        "multi_domain_questions": float(multi),
+        "repeated_questions": float(repeated),
+        "differential_items": int(items),
+        "questions": int(n),
+    }
 
 
-__all__ = ["heldout_score", "exploit_flags", "question_domains", "HELDOUT_WEIGHTS", "FOCUSED_MAX_DOMAINS",
-           "MULTI_DOMAIN_MIN", "STUFFING_MIN_ITEMS"]
+__all__ = [
+    "heldout_score",
+    "exploit_flags",
+    "question_domains",
+    "HELDOUT_WEIGHTS",
+    "FOCUSED_MAX_DOMAINS",
+    "MULTI_DOMAIN_MIN",
+    "STUFFING_MIN_ITEMS",
+]

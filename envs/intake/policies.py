@@ -47,6 +47,7 @@ revealed so far (``env.patient.elicited``) and which domains they have asked
   questions and some off-topic ones, then gives a random differential, triage and
   management; seeded.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -56,72 +57,144 @@ from collections import Counter
 from envs.intake.assessment import MANAGEMENT_KEYS, MANAGEMENT_PHRASES, render
 from envs.intake.cases import CONDITION_KEYS, KEY_DOMAINS, TRIAGE_LEVELS, management_for, triage_level
 
-SCREEN_ORDER = ("mood", "anxiety", "panic", "trauma", "mania", "psychosis", "substance", "attention", "sleep",
-                "appetite", "medical", "medications", "family", "social")
-RISK_ORDER = ("suicidal_ideation", "suicide_plan", "suicide_intent", "suicide_means", "harm_others",
-              "command_hallucinations", "withdrawal")
+SCREEN_ORDER = (
+    "mood",
+    "anxiety",
+    "panic",
+    "trauma",
+    "mania",
+    "psychosis",
+    "substance",
+    "attention",
+    "sleep",
+    "appetite",
+    "medical",
+    "medications",
+    "family",
+    "social",
+)
+RISK_ORDER = (
+    "suicidal_ideation",
+    "suicide_plan",
+    "suicide_intent",
+    "suicide_means",
+    "harm_others",
+    "command_hallucinations",
+    "withdrawal",
+)
 #: Follow-up risk domains and the finding that makes them worth asking.
-RISK_PREREQUISITE = {"suicide_plan": "suicidal_ideation", "suicide_intent": "suicidal_ideation",
-                     "suicide_means": "suicidal_ideation", "command_hallucinations": "psychosis",
-                     "withdrawal": "substance"}
+RISK_PREREQUISITE = {
+    "suicide_plan": "suicidal_ideation",
+    "suicide_intent": "suicidal_ideation",
+    "suicide_means": "suicidal_ideation",
+    "command_hallucinations": "psychosis",
+    "withdrawal": "substance",
+}
 
 OPENING = "Thank you for coming in today; I'm sorry things have been difficult."
 #: domain -> (first question, second attempt). Each maps to exactly its domain.
 QUESTIONS: dict[str, tuple[str, str]] = {
-    "mood": ("How has your mood been over the past few weeks? Have you been feeling down or hopeless?",
-             "Have you been feeling depressed, or lost interest in things you used to enjoy?"),
-    "anxiety": ("Have you been feeling anxious, nervous or worried much of the time?",
-                "Do you find yourself worrying a lot and struggling to stop?"),
-    "panic": ("Have you had panic attacks, sudden episodes of intense fear with your heart pounding?",
-              "Do you ever get sudden surges of fear, as if you can't breathe?"),
-    "trauma": ("Have you ever been through something traumatic, like an assault or a bad accident, that still affects you?",
-               "It's understandable if it's hard to talk about. Has anything frightening or traumatic happened to you?"),
-    "mania": ("Have there been times when you felt unusually high or euphoric, with racing thoughts?",
-              "Have you had periods of feeling manic, full of energy, doing things impulsively?"),
-    "psychosis": ("Have you been hearing voices or seeing things that other people can't?",
-                  "I appreciate you answering these. Have you had any unusual experiences, such as hearing voices, or "
-                  "feeling that people are watching you?"),
-    "substance": ("How much alcohol do you drink in a typical week, and do you use any drugs?",
-                  "I appreciate your honesty. Could you tell me about your drinking or any drug use?"),
-    "attention": ("Do you have trouble keeping your focus on tasks, or get easily distracted?",
-                  "How is your concentration these days?"),
+    "mood": (
+        "How has your mood been over the past few weeks? Have you been feeling down or hopeless?",
+        "Have you been feeling depressed, or lost interest in things you used to enjoy?",
+    ),
+    "anxiety": (
+        "Have you been feeling anxious, nervous or worried much of the time?",
+        "Do you find yourself worrying a lot and struggling to stop?",
+    ),
+    "panic": (
+        "Have you had panic attacks, sudden episodes of intense fear with your heart pounding?",
+        "Do you ever get sudden surges of fear, as if you can't breathe?",
+    ),
+    "trauma": (
+        "Have you ever been through something traumatic, like an assault or a bad accident, that still affects you?",
+        "It's understandable if it's hard to talk about. Has anything frightening or traumatic happened to you?",
+    ),
+    "mania": (
+        "Have there been times when you felt unusually high or euphoric, with racing thoughts?",
+        "Have you had periods of feeling manic, full of energy, doing things impulsively?",
+    ),
+    "psychosis": (
+        "Have you been hearing voices or seeing things that other people can't?",
+        "I appreciate you answering these. Have you had any unusual experiences, such as hearing voices, or "
+        "feeling that people are watching you?",
+    ),
+    "substance": (
+        "How much alcohol do you drink in a typical week, and do you use any drugs?",
+        "I appreciate your honesty. Could you tell me about your drinking or any drug use?",
+    ),
+    "attention": (
+        "Do you have trouble keeping your focus on tasks, or get easily distracted?",
+        "How is your concentration these days?",
+    ),
     "sleep": ("How have you been sleeping lately?", "Are you having any trouble falling asleep or staying asleep?"),
     "appetite": ("Has there been any change in your appetite or your weight?", "How has your eating been?"),
-    "medical": ("Do you have any medical conditions or physical health problems?",
-                "Have you been diagnosed with any physical illness?"),
-    "medications": ("Are you taking any medications at the moment, prescribed or otherwise?",
-                    "Do you take any medicines or supplements?"),
-    "family": ("Does anyone in your family have a history of mental health problems or addiction?",
-               "Has anyone in your family been treated for a psychiatric illness?"),
-    "social": ("How are things going at work and at home, and who do you have for support?",
-               "How are you coping with work and your relationships?"),
-    "suicidal_ideation": ("Thank you for telling me all this. Sometimes when people are struggling they have thoughts "
-                          "of ending their life. Have you had any thoughts of suicide or of killing yourself?",
-                          "I know this is hard to talk about, and I ask everyone. Have you had thoughts of suicide?"),
-    "suicide_plan": ("Thank you for being honest with me. Have you made any plan for how you would end your life?",
-                     "Have you thought about a method or how you might kill yourself?"),
-    "suicide_intent": ("Do you intend to act on these thoughts of ending your life?",
-                       "How likely do you think it is that you would go through with ending your life?"),
-    "suicide_means": ("Do you have access to a gun, stockpiled pills or other lethal means at home?",
-                      "Is there a firearm, or a stash of pills, where you live?"),
-    "harm_others": ("Have you had any thoughts of hurting or killing someone else?",
-                    "I ask everyone this. Have you had thoughts about harming other people?"),
-    "command_hallucinations": ("Do the voices ever tell you to do things, or give you commands?",
-                               "Do the voices order you to hurt anyone?"),
-    "withdrawal": ("When you stop or cut down drinking, do you get the shakes or sweats, or have you ever had a "
-                   "seizure or the DTs?",
-                   "Have you ever had withdrawal symptoms such as tremors or seizures?"),
+    "medical": (
+        "Do you have any medical conditions or physical health problems?",
+        "Have you been diagnosed with any physical illness?",
+    ),
+    "medications": (
+        "Are you taking any medications at the moment, prescribed or otherwise?",
+        "Do you take any medicines or supplements?",
+    ),
+    "family": (
+        "Does anyone in your family have a history of mental health problems or addiction?",
+        "Has anyone in your family been treated for a psychiatric illness?",
+    ),
+    "social": (
+        "How are things going at work and at home, and who do you have for support?",
+        "How are you coping with work and your relationships?",
+    ),
+    "suicidal_ideation": (
+        "Thank you for telling me all this. Sometimes when people are struggling they have thoughts "
+        "of ending their life. Have you had any thoughts of suicide or of killing yourself?",
+        "I know this is hard to talk about, and I ask everyone. Have you had thoughts of suicide?",
+    ),
+    "suicide_plan": (
+        "Thank you for being honest with me. Have you made any plan for how you would end your life?",
+        "Have you thought about a method or how you might kill yourself?",
+    ),
+    "suicide_intent": (
+        "Do you intend to act on these thoughts of ending your life?",
+        "How likely do you think it is that you would go through with ending your life?",
+    ),
+    "suicide_means": (
+        "Do you have access to a gun, stockpiled pills or other lethal means at home?",
+        "Is there a firearm, or a stash of pills, where you live?",
+    ),
+    "harm_others": (
+        "Have you had any thoughts of hurting or killing someone else?",
+        "I ask everyone this. Have you had thoughts about harming other people?",
+    ),
+    "command_hallucinations": (
+        "Do the voices ever tell you to do things, or give you commands?",
+        "Do the voices order you to hurt anyone?",
+    ),
+    "withdrawal": (
+        "When you stop or cut down drinking, do you get the shakes or sweats, or have you ever had a "
+        "seizure or the DTs?",
+        "Have you ever had withdrawal symptoms such as tremors or seizures?",
+    ),
 }
-OFF_TOPIC = ("What did you have for breakfast?", "How was the journey here?", "Do you like the weather today?",
-             "What is your favourite film?", "Tell me more.", "Okay, and then?", "Is there anything else?")
+OFF_TOPIC = (
+    "What did you have for breakfast?",
+    "How was the journey here?",
+    "Do you like the weather today?",
+    "What is your favourite film?",
+    "Tell me more.",
+    "Okay, and then?",
+    "Is there anything else?",
+)
 
 
 def differential_from(present) -> list[str]:
     """The expert's differential from present findings: the conditions whose key domain
     is present, severe before moderate, then in ``CONDITION_KEYS`` order."""
     rank = {"severe": 0, "moderate": 1}
-    keyed = sorted((d for d in present if d in KEY_DOMAINS),
-                   key=lambda d: (rank.get(present[d].severity, 2), CONDITION_KEYS.index(KEY_DOMAINS[d])))
+    keyed = sorted(
+        (d for d in present if d in KEY_DOMAINS),
+        key=lambda d: (rank.get(present[d].severity, 2), CONDITION_KEYS.index(KEY_DOMAINS[d])),
+    )
     return [KEY_DOMAINS[d] for d in keyed]
 
 
@@ -208,24 +281,39 @@ class WeakClinician:
         ``risk_order`` then does not matter (the list's order is the env's ``notes_order``).
     """
 
-    def __init__(self, risk_screen: float = 0.3, followup: float = 0.5, skip: float = 0.25,
-                 questions: tuple[int, int] = (5, 12), empathy: float = 0.5, salt: int = 0,
-                 risk_order: str = "last", follow_notes: float | None = None):
+    def __init__(
+        self,
+        risk_screen: float = 0.3,
+        followup: float = 0.5,
+        skip: float = 0.25,
+        questions: tuple[int, int] = (5, 12),
+        empathy: float = 0.5,
+        salt: int = 0,
+        risk_order: str = "last",
+        follow_notes: float | None = None,
+    ):
         if risk_order not in ("last", "shuffled"):
             raise ValueError(f"WeakClinician: risk_order must be 'last' or 'shuffled', got {risk_order!r}")
-        if follow_notes is not None and (not isinstance(follow_notes, (int, float)) or isinstance(follow_notes, bool)
-                                         or not 0.0 <= follow_notes <= 1.0):
-            raise ValueError(f"WeakClinician: follow_notes must be null or a probability in [0, 1], "
-                             f"got {follow_notes!r}")
+        if follow_notes is not None and (
+            not isinstance(follow_notes, (int, float))
+            or isinstance(follow_notes, bool)
+            or not 0.0 <= follow_notes <= 1.0
+        ):
+            raise ValueError(
+                f"WeakClinician: follow_notes must be null or a probability in [0, 1], got {follow_notes!r}"
+            )
         self.risk_order = risk_order
         self.follow_notes = None if follow_notes is None else float(follow_notes)
-        for name, v in (("risk_screen", risk_screen), ("followup", followup), ("skip", skip),
-                        ("empathy", empathy)):
+        for name, v in (("risk_screen", risk_screen), ("followup", followup), ("skip", skip), ("empathy", empathy)):
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0.0 <= v <= 1.0:
                 raise ValueError(f"WeakClinician: {name} must be a probability in [0, 1], got {v!r}")
         q = tuple(questions) if isinstance(questions, (list, tuple)) else None
-        if (q is None or len(q) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in q)
-                or not 1 <= q[0] <= q[1]):
+        if (
+            q is None
+            or len(q) != 2
+            or not all(isinstance(x, int) and not isinstance(x, bool) for x in q)
+            or not 1 <= q[0] <= q[1]
+        ):
             raise ValueError(f"WeakClinician: questions must be [lo, hi] with 1 <= lo <= hi, got {questions!r}")
         self.risk_screen, self.followup, self.skip, self.empathy = risk_screen, followup, skip, empathy
         self.questions, self.salt = q, int(salt)
@@ -243,7 +331,7 @@ class WeakClinician:
         followup = rng.random() < self.followup
         if screen:
             risk = [d for d in RISK_ORDER if d not in RISK_PREREQUISITE or followup]
-            if self.risk_order == "last":   # late, where an early conclusion often cuts them
+            if self.risk_order == "last":  # late, where an early conclusion often cuts them
                 order += risk
             else:
                 for d in risk:
@@ -318,4 +406,15 @@ def make_policy(name: str, seed: int = 0, **weak):
     raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
 
 
-__all__ = ["elicited_triage", "differential_from", "Clinician", "WeakClinician", "RandomClinician", "make_policy", "POLICIES", "QUESTIONS", "SCREEN_ORDER", "RISK_ORDER"]
+__all__ = [
+    "elicited_triage",
+    "differential_from",
+    "Clinician",
+    "WeakClinician",
+    "RandomClinician",
+    "make_policy",
+    "POLICIES",
+    "QUESTIONS",
+    "SCREEN_ORDER",
+    "RISK_ORDER",
+]

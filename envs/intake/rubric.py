@@ -35,11 +35,13 @@ Components (each reported in ``info["rubric"]``):
 final step. Default weights: history 0.3, differential 0.2, triage 0.25,
 management 0.15, communication 0.1.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from envs.intake.assessment import MANAGEMENT_KEYS, Assessment
 from envs.intake.cases import TRIAGE_LEVELS, Case
@@ -59,6 +61,7 @@ class RubricConfig:
     Build from a dict with :meth:`from_dict` (unknown keys are errors); ``weights``
     may give a subset of the components (the rest keep their defaults).
     """
+
     weights: Mapping[str, float] = field(default_factory=_default_weights)
     under_triage_cost: float = 1.25
     over_triage_cost: float = 0.4
@@ -86,19 +89,23 @@ class RubricConfig:
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"rubric.{name} must be a finite number >= 0, got {v!r}")
         if self.under_triage_cost < self.over_triage_cost:
-            raise ValueError(f"rubric.under_triage_cost ({self.under_triage_cost}) must be at least "
-                             f"over_triage_cost ({self.over_triage_cost}): under-triage is penalised hardest")
+            raise ValueError(
+                f"rubric.under_triage_cost ({self.under_triage_cost}) must be at least "
+                f"over_triage_cost ({self.over_triage_cost}): under-triage is penalised hardest"
+            )
         for name in ("empathy_target", "max_differential"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"rubric.{name} must be a positive int, got {v!r}")
         credit = tuple(self.rank_credit)
         if not credit or any(not isinstance(c, (int, float)) or not 0 <= c <= 1 for c in credit):
-            raise ValueError(f"rubric.rank_credit must be a non-empty list of numbers in [0, 1], got {self.rank_credit!r}")
+            raise ValueError(
+                f"rubric.rank_credit must be a non-empty list of numbers in [0, 1], got {self.rank_credit!r}"
+            )
         object.__setattr__(self, "rank_credit", credit)
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any] | None) -> "RubricConfig":
+    def from_dict(cls, d: Mapping[str, Any] | None) -> RubricConfig:
         if d is None:
             return cls()
         if isinstance(d, RubricConfig):
@@ -116,6 +123,7 @@ class RubricConfig:
 class Interview:
     """What the rubric needs from the interview: per question, whether it was
     repeated, empathic and productive (elicited a new domain); the elicited domains."""
+
     questions: int = 0
     repeated: int = 0
     empathic: int = 0
@@ -155,9 +163,14 @@ def score(case: Case, interview: Interview, assessment: Assessment | None, confi
         need = case.required_management
         hits = sum(m in assessment.management for m in need) / len(need)
         contra = [m for m in assessment.management if m in case.contraindicated]
-        extra = [m for m in assessment.management
-                 if m not in need and m not in contra and m not in NEUTRAL_MANAGEMENT and m in MANAGEMENT_KEYS]
-        management = max(0.0, hits - config.contraindicated_cost * len(contra) - config.extra_management_cost * len(extra))
+        extra = [
+            m
+            for m in assessment.management
+            if m not in need and m not in contra and m not in NEUTRAL_MANAGEMENT and m in MANAGEMENT_KEYS
+        ]
+        management = max(
+            0.0, hits - config.contraindicated_cost * len(contra) - config.extra_management_cost * len(extra)
+        )
     n = interview.questions
     if n:
         empathy = min(1.0, interview.empathic / config.empathy_target)
@@ -166,11 +179,26 @@ def score(case: Case, interview: Interview, assessment: Assessment | None, confi
         communication = (empathy + (1 - repeat_rate) + efficiency) / 3
     else:
         empathy = repeat_rate = efficiency = communication = 0.0
-    components = {"history": history, "differential": differential, "triage": triage,
-                  "management": management, "communication": communication}
+    components = {
+        "history": history,
+        "differential": differential,
+        "triage": triage,
+        "management": management,
+        "communication": communication,
+    }
     w = config.weights
     total = sum(w[c] * components[c] for c in COMPONENTS) / sum(w.values())
-    return {"components": components, "total": total, "triage_given": given, "triage_reference": reference,
-            "under_triage": under, "over_triage": over, "empathy": empathy, "repeat_rate": repeat_rate,
-            "efficiency": efficiency, "missed_domains": [d for d in required if d not in interview.elicited],
-            "contraindicated": list(contra), "not_indicated": list(extra)}
+    return {
+        "components": components,
+        "total": total,
+        "triage_given": given,
+        "triage_reference": reference,
+        "under_triage": under,
+        "over_triage": over,
+        "empathy": empathy,
+        "repeat_rate": repeat_rate,
+        "efficiency": efficiency,
+        "missed_domains": [d for d in required if d not in interview.elicited],
+        "contraindicated": list(contra),
+        "not_indicated": list(extra),
+    }

@@ -6,6 +6,7 @@ None of them changes the rubric: `info["rubric"]`, the held-out scorer and the
 evaluation's rubric means are the same with any shaping (`envs.intake.env` describes
 each switch's payments).
 """
+
 from __future__ import annotations
 
 import dataclasses

@@ -37,6 +37,7 @@ a present suicide plan, intent or means also reveals suicidal ideation.
 A question is *repeated* if its normalised text was asked before, or every domain it
 is about was already elicited. A question about no domain is off-topic.
 """
+
 from __future__ import annotations
 
 import functools
@@ -46,15 +47,31 @@ import random
 import re
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from envs.intake.cases import PERSONAS, Case, Item
-from envs.intake.domains import (_SUICIDE_CONTEXT, DOMAINS, RISK_DOMAINS, RULES, SENSITIVE_DOMAINS, SUICIDE_DOMAINS,
-                                 SYMPTOM_DOMAINS, is_empathic, map_question, normalize)
+from envs.intake.domains import (
+    _SUICIDE_CONTEXT,
+    DOMAINS,
+    RISK_DOMAINS,
+    RULES,
+    SENSITIVE_DOMAINS,
+    SUICIDE_DOMAINS,
+    SYMPTOM_DOMAINS,
+    is_empathic,
+    map_question,
+    normalize,
+)
 
-VOLUNTEERS = {"mood": ("sleep", "appetite"), "anxiety": ("sleep",), "trauma": ("sleep",),
-              "substance": ("social",), "psychosis": ("social",)}
+VOLUNTEERS = {
+    "mood": ("sleep", "appetite"),
+    "anxiety": ("sleep",),
+    "trauma": ("sleep",),
+    "substance": ("social",),
+    "psychosis": ("social",),
+}
 
 
 class SimulatorError(RuntimeError):
@@ -70,6 +87,7 @@ class Disclosure:
     ``volunteered``: items told unasked; ``denied``: present findings falsely denied;
     ``refused``: domains deflected; ``unanswered``: domains left for later.
     """
+
     question: str
     domains: list[tuple[str, str]]
     revealed: list[Item] = field(default_factory=list)
@@ -86,10 +104,18 @@ class Disclosure:
         return not self.domains
 
     def to_dict(self) -> dict:
-        return {"domains": [d for d, _ in self.domains], "revealed": [it.domain for it in self.revealed],
-                "volunteered": [it.domain for it in self.volunteered], "denied": list(self.denied),
-                "refused": list(self.refused), "unanswered": list(self.unanswered), "new": list(self.new),
-                "repeated": self.repeated, "empathic": self.empathic, "off_topic": self.off_topic}
+        return {
+            "domains": [d for d, _ in self.domains],
+            "revealed": [it.domain for it in self.revealed],
+            "volunteered": [it.domain for it in self.volunteered],
+            "denied": list(self.denied),
+            "refused": list(self.refused),
+            "unanswered": list(self.unanswered),
+            "new": list(self.new),
+            "repeated": self.repeated,
+            "empathic": self.empathic,
+            "off_topic": self.off_topic,
+        }
 
 
 class PatientState:
@@ -131,8 +157,12 @@ class PatientState:
                 d.revealed.append(item)
         told = {it.domain for it in d.revealed}
         if persona == "forthcoming":
-            extras = [x for it in d.revealed for x in VOLUNTEERS.get(it.domain, ())
-                      if case.item(x).present and x not in self.elicited and x not in told]
+            extras = [
+                x
+                for it in d.revealed
+                for x in VOLUNTEERS.get(it.domain, ())
+                if case.item(x).present and x not in self.elicited and x not in told
+            ]
             if extras:
                 d.volunteered.append(case.item(extras[0]))
         implied = any(it.present and it.domain in SUICIDE_DOMAINS[1:] for it in d.revealed)
@@ -153,21 +183,39 @@ class Simulator(Protocol):
     1-based. Must be deterministic for a deterministic episode.
     """
 
-    def reply(self, case: Case, disclosure: Disclosure, history: list[tuple[str, str]], turn: int) -> str:
-        ...
+    def reply(self, case: Case, disclosure: Disclosure, history: list[tuple[str, str]], turn: int) -> str: ...
 
 
-_TANGENTS = ("That reminds me, my neighbour's dog got out again yesterday, we were chasing it for an hour. Anyway —",
-             "Sorry, I was just thinking about the traffic on the way here, it was terrible. Where was I —",
-             "My mum always says I talk too much. She's in Spain at the moment, actually. But to answer you —",
-             "Funny, I was watching a programme about this the other night, something about the brain. Anyway,")
-_MINIMISE = ("It's probably nothing, but", "I'm sure it's not a big deal —", "Everyone gets this, but", "It's not that bad,")
+_TANGENTS = (
+    "That reminds me, my neighbour's dog got out again yesterday, we were chasing it for an hour. Anyway —",
+    "Sorry, I was just thinking about the traffic on the way here, it was terrible. Where was I —",
+    "My mum always says I talk too much. She's in Spain at the moment, actually. But to answer you —",
+    "Funny, I was watching a programme about this the other night, something about the brain. Anyway,",
+)
+_MINIMISE = (
+    "It's probably nothing, but",
+    "I'm sure it's not a big deal —",
+    "Everyone gets this, but",
+    "It's not that bad,",
+)
 _MINIMISE_RISK = ("I don't want to make a fuss, but", "I wasn't going to mention it, but", "Since you ask directly,")
 _GUARDED = ("Well...", "If you must know,", "")
-_DENY = ("No, no, I'm fine. Really.", "Nothing like that — I'm managing.", "No. I'm okay.", "No, nothing to worry about there.")
-_REFUSE = ("I'd rather not get into that.", "I don't really want to talk about that.", "Can we talk about something else?")
-_OFF_TOPIC = ("I'm not sure what you mean.", "Sorry, I don't follow — what do you want to know?",
-              "I don't know how to answer that.")
+_DENY = (
+    "No, no, I'm fine. Really.",
+    "Nothing like that — I'm managing.",
+    "No. I'm okay.",
+    "No, nothing to worry about there.",
+)
+_REFUSE = (
+    "I'd rather not get into that.",
+    "I don't really want to talk about that.",
+    "Can we talk about something else?",
+)
+_OFF_TOPIC = (
+    "I'm not sure what you mean.",
+    "Sorry, I don't follow — what do you want to know?",
+    "I don't know how to answer that.",
+)
 
 
 def _lower_first(text: str) -> str:
@@ -222,12 +270,20 @@ PERSONA_DESCRIPTIONS = {
 }
 
 
-_LABELS = {"suicidal_ideation": "suicidal thoughts", "suicide_plan": "a suicide plan",
-           "suicide_intent": "intent to act on suicidal thoughts", "suicide_means": "access to means of suicide",
-           "harm_others": "thoughts of harming others", "command_hallucinations": "voices telling you what to do",
-           "withdrawal": "alcohol withdrawal symptoms", "substance": "alcohol or drug use",
-           "social": "work, relationships and daily life", "family": "your family's history",
-           "medical": "your physical health", "medications": "your medications"}
+_LABELS = {
+    "suicidal_ideation": "suicidal thoughts",
+    "suicide_plan": "a suicide plan",
+    "suicide_intent": "intent to act on suicidal thoughts",
+    "suicide_means": "access to means of suicide",
+    "harm_others": "thoughts of harming others",
+    "command_hallucinations": "voices telling you what to do",
+    "withdrawal": "alcohol withdrawal symptoms",
+    "substance": "alcohol or drug use",
+    "social": "work, relationships and daily life",
+    "family": "your family's history",
+    "medical": "your physical health",
+    "medications": "your medications",
+}
 
 
 def _label(domain: str) -> str:
@@ -242,7 +298,8 @@ def build_messages(case: Case, disclosure: Disclosure, history: list[tuple[str, 
         "a real clinical encounter. Stay in character and reply in the first person, in one to three sentences. "
         f"You are a {case.age}-year-old {case.gender} ({case.occupation}). Your manner: "
         f"{PERSONA_DESCRIPTIONS[case.persona]}. Say nothing about your health or history beyond the facts you "
-        "are told to share in each turn.")
+        "are told to share in each turn."
+    )
     messages = [{"role": "system", "content": system}]
     for q, a in history:
         messages += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
@@ -251,8 +308,9 @@ def build_messages(case: Case, disclosure: Disclosure, history: list[tuple[str, 
     if told:
         rules.append("Share these facts, in your own words: " + " | ".join(it.text for it in told))
     if disclosure.denied:
-        rules.append("Deny having any problem with " + ", ".join(map(_label, disclosure.denied))
-                     + " (do not reveal the truth)")
+        rules.append(
+            "Deny having any problem with " + ", ".join(map(_label, disclosure.denied)) + " (do not reveal the truth)"
+        )
     if disclosure.refused:
         rules.append("Politely decline to talk about " + ", ".join(map(_label, disclosure.refused)))
     if disclosure.unanswered:
@@ -300,8 +358,17 @@ class OpenAIChatClient:
       timeout: seconds per request.
     """
 
-    def __init__(self, base_url: str, model: str, *, api_key: str | None = None, temperature: float = 0.0,
-                 max_tokens: int = 200, seed: int | None = 0, timeout: float = 30.0):
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key: str | None = None,
+        temperature: float = 0.0,
+        max_tokens: int = 200,
+        seed: int | None = 0,
+        timeout: float = 30.0,
+    ):
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must be an http:// or https:// URL, got {base_url!r}")
         if not isinstance(model, str) or not model:
@@ -312,12 +379,16 @@ class OpenAIChatClient:
         self.model, self._api_key = model, api_key
         self.temperature, self.max_tokens, self.seed, self.timeout = temperature, max_tokens, seed, timeout
 
-    def __repr__(self) -> str:   # never the key
+    def __repr__(self) -> str:  # never the key
         return f"OpenAIChatClient({self.url!r}, model={self.model!r}, api_key={'***' if self._api_key else None})"
 
     def __call__(self, messages: list[dict]) -> str:
-        body: dict[str, Any] = {"model": self.model, "messages": messages, "temperature": self.temperature,
-                                "max_tokens": self.max_tokens}
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": messages,
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+        }
         if self.seed is not None:
             body["seed"] = self.seed
         headers = {"Content-Type": "application/json"}
@@ -347,19 +418,32 @@ class OpenAIChatClient:
 #: General question patterns too common in a patient's own words to mean the domain
 #: ("I feel safe", "I won't give up", "I lose my temper", "I stopped drinking"); the
 #: fidelity check leaves them out.
-_REPLY_SKIP = {r"\bsafe\b|\bsafety\b", r"\bgiv(e|ing) up\b", r"\banger\b|\btemper\b",
-               r"\b(cut|cutting) (down|back)\b", r"\b(stop|stopped|stopping) (drinking|using)"}
-_REPLY_RULES = {d: tuple((kind, re.compile(p)) for kind, p in rules if p not in _REPLY_SKIP)
-                for d, rules in RULES.items()}
+_REPLY_SKIP = {
+    r"\bsafe\b|\bsafety\b",
+    r"\bgiv(e|ing) up\b",
+    r"\banger\b|\btemper\b",
+    r"\b(cut|cutting) (down|back)\b",
+    r"\b(stop|stopped|stopping) (drinking|using)",
+}
+_REPLY_RULES = {
+    d: tuple((kind, re.compile(p)) for kind, p in rules if p not in _REPLY_SKIP) for d, rules in RULES.items()
+}
 #: The first person of a reply, put in the second person of the question patterns.
-_PERSON = ((re.compile(r"\bmyself\b"), "yourself"), (re.compile(r"\bi (was|were)\b"), "you were"),
-           (re.compile(r"\bmy\b"), "your"), (re.compile(r"\bme\b"), "you"), (re.compile(r"\bmine\b"), "yours"))
+_PERSON = (
+    (re.compile(r"\bmyself\b"), "yourself"),
+    (re.compile(r"\bi (was|were)\b"), "you were"),
+    (re.compile(r"\bmy\b"), "your"),
+    (re.compile(r"\bme\b"), "you"),
+    (re.compile(r"\bmine\b"), "yours"),
+)
 #: Clause boundaries: punctuation and the conjunctions that start a new statement.
 _CLAUSE = re.compile(r"[.!?;:,\u2014\u2013()]|\s-\s|\b(?:and|but|though|although|however|yet)\b")
 #: Negation and refusal cues ("no one" and "nobody" are not).
-_NEGATION = re.compile(r"\bno\b(?! ?one\b)|\bnot\b|n't\b|\bcannot\b|\bnever\b|\bnothing\b|\bnone\b|\bnor\b|"
-                       r"\bwithout\b|\b(dont|cant|wont|havent|hasnt|didnt|doesnt|isnt|wasnt|arent)\b|"
-                       r"\bsomething else\b")
+_NEGATION = re.compile(
+    r"\bno\b(?! ?one\b)|\bnot\b|n't\b|\bcannot\b|\bnever\b|\bnothing\b|\bnone\b|\bnor\b|"
+    r"\bwithout\b|\b(dont|cant|wont|havent|hasnt|didnt|doesnt|isnt|wasnt|arent)\b|"
+    r"\bsomething else\b"
+)
 #: Domains whose findings are commonly told as negations ("I can't sleep", "I'm not
 #: eating", "nothing feels enjoyable", "I can't focus", "I can't work") or whose
 #: affirmative words say nothing ("I sleep fine"): a negation there is no evidence of a
@@ -376,7 +460,7 @@ def reply_mentions(text: str) -> dict[str, list[bool]]:
 
 
 @functools.lru_cache(maxsize=4096)
-def _mentions(text: str) -> dict[str, tuple[bool, ...]]:   # cached: a case's texts are checked every turn
+def _mentions(text: str) -> dict[str, tuple[bool, ...]]:  # cached: a case's texts are checked every turn
     t = normalize(text)
     for pat, sub in _PERSON:
         t = pat.sub(sub, t)
@@ -453,7 +537,7 @@ def check_reply(case: Case, disclosure: Disclosure, reply: str, *, elicited: Any
         item = case.item(d)
         if d in _POLAR and not item.present and not all(neg) and d not in affirmed:
             own = _mentions(item.text).get(d, [])
-            if all(own):   # the absent item's text does not affirm it either
+            if all(own):  # the absent item's text does not affirm it either
                 contradicted.add(d)
     said = normalize(reply)
     for it in told:
@@ -482,10 +566,12 @@ def make_simulator(spec: Any) -> Simulator:
         kind = spec.get("type")
         if kind != "openai":
             raise ValueError(f"simulator dict needs type 'openai', got {kind!r}")
-        if "api_key" in spec:   # a secret in a config would be written to config.yaml and checkpoints
-            raise ValueError("simulator: an API key does not go in the config (it would be written to the run "
-                             "directory); put it in an environment variable and name the variable in "
-                             "'api_key_env'")
+        if "api_key" in spec:  # a secret in a config would be written to config.yaml and checkpoints
+            raise ValueError(
+                "simulator: an API key does not go in the config (it would be written to the run "
+                "directory); put it in an environment variable and name the variable in "
+                "'api_key_env'"
+            )
         kwargs = {k: v for k, v in spec.items() if k not in ("type", "api_key_env")}
         name = spec.get("api_key_env")
         if name is not None:
@@ -496,7 +582,9 @@ def make_simulator(spec: Any) -> Simulator:
             kwargs["api_key"] = os.environ[name]
         try:
             return LLMSimulator(OpenAIChatClient(**kwargs))
-        except TypeError as e:   # e.g. a mistyped option; the message names options, never values
+        except TypeError as e:  # e.g. a mistyped option; the message names options, never values
             raise ValueError(f"bad simulator config (options {sorted(spec)}): {e}") from None
-    raise ValueError(f"simulator must be None, 'rule', a callable, an object with reply(), or an "
-                     f"{{'type': 'openai', ...}} dict; got {spec!r}")
+    raise ValueError(
+        f"simulator must be None, 'rule', a callable, an object with reply(), or an "
+        f"{{'type': 'openai', ...}} dict; got {spec!r}"
+    )

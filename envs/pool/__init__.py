@@ -66,6 +66,7 @@ handling), ``process`` (the parent's handle on one worker process), ``worker`` (
 runs in the worker processes: the env calls, the limits, the worker's loop) and
 ``protocol`` (what both sides share: ops, messages, failure kinds, the error).
 """
+
 from envs.pool.pool import EnvPool, PoolCall
 from envs.pool.protocol import FAILURE_KINDS, PARENT_POLL_S, EnvPoolError
 

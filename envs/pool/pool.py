@@ -8,6 +8,7 @@ and their split form ``submit_*`` / ``ready`` / ``collect``) are written on top 
 ``_send`` of every slot's item, then ``_poll`` until every worker is answered. What the
 pool guarantees is in the package's doc (``envs.pool``).
 """
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -17,7 +18,8 @@ import pickle
 import signal
 import time
 import weakref
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from envs.core import Env
 from envs.pool.process import Timeouts, WorkerProcess, shutdown
@@ -75,26 +77,38 @@ class EnvPool:
         burns several cores. Both limits apply to processes the env starts, too.
     """
 
-    def __init__(self, env_fns: Sequence[str | Callable[[], Env]], num_workers: int = 1,
-                 step_timeout: float = 30.0, reset_timeout: float | None = None,
-                 startup_timeout: float = 120.0, restart_on_exception: bool = True,
-                 mp_context: str = "spawn", memory_limit_mb: float | None = None,
-                 cpu_limit_s: float | None = None):
+    def __init__(
+        self,
+        env_fns: Sequence[str | Callable[[], Env]],
+        num_workers: int = 1,
+        step_timeout: float = 30.0,
+        reset_timeout: float | None = None,
+        startup_timeout: float = 120.0,
+        restart_on_exception: bool = True,
+        mp_context: str = "spawn",
+        memory_limit_mb: float | None = None,
+        cpu_limit_s: float | None = None,
+    ):
         env_fns = list(env_fns)
         if not env_fns:
             raise ValueError("env_fns is empty: give at least one env name or factory")
         from envs.core import is_known
+
         for i, fn in enumerate(env_fns):
             if isinstance(fn, str):
                 if not is_known(fn):
                     raise ValueError(f"env_fns[{i}]: unknown env name {fn!r}")
             elif not callable(fn):
-                raise TypeError(f"env_fns[{i}] must be an env name or a zero-argument callable, "
-                                f"got {type(fn).__name__}")
+                raise TypeError(
+                    f"env_fns[{i}] must be an env name or a zero-argument callable, got {type(fn).__name__}"
+                )
         if not isinstance(num_workers, int) or num_workers < 0:
             raise ValueError(f"num_workers must be an int >= 0, got {num_workers!r}")
-        for name, val in (("step_timeout", step_timeout), ("startup_timeout", startup_timeout),
-                          ("reset_timeout", step_timeout if reset_timeout is None else reset_timeout)):
+        for name, val in (
+            ("step_timeout", step_timeout),
+            ("startup_timeout", startup_timeout),
+            ("reset_timeout", step_timeout if reset_timeout is None else reset_timeout),
+        ):
             if not isinstance(val, (int, float)) or not val > 0:
                 raise ValueError(f"{name} must be a positive number of seconds, got {val!r}")
         for name, val in (("memory_limit_mb", memory_limit_mb), ("cpu_limit_s", cpu_limit_s)):
@@ -103,8 +117,9 @@ class EnvPool:
         self.memory_limit_mb = memory_limit_mb
         self.cpu_limit_s = cpu_limit_s
         if mp_context not in ("spawn", "forkserver"):
-            raise ValueError(f"mp_context must be 'spawn' or 'forkserver' (fork is unsafe with JAX "
-                             f"loaded), got {mp_context!r}")
+            raise ValueError(
+                f"mp_context must be 'spawn' or 'forkserver' (fork is unsafe with JAX loaded), got {mp_context!r}"
+            )
         self.num_slots = len(env_fns)
         self.num_workers = min(num_workers, self.num_slots)
         self.step_timeout = float(step_timeout)
@@ -116,8 +131,8 @@ class EnvPool:
         #: Counters: worker restarts, failures by kind.
         self.stats: dict[str, int] = {"restarts": 0}
         self._closed = False
-        self._results: dict[int, Any] = {}   # results taken in, not yet handed out
-        self._call: PoolCall | None = None   # the batch call in flight
+        self._results: dict[int, Any] = {}  # results taken in, not yet handed out
+        self._call: PoolCall | None = None  # the batch call in flight
         self._call_results: dict[int, Any] = {}
         self._calls = 0
         self._env_fns = env_fns
@@ -134,11 +149,14 @@ class EnvPool:
             try:
                 self._pickled[i] = pickle.dumps(fn)
             except Exception as e:
-                raise TypeError(f"env_fns[{i}] ({fn!r}) cannot be pickled for the worker processes: "
-                                f"{e}; use an env name, a module-level function or functools.partial") from e
+                raise TypeError(
+                    f"env_fns[{i}] ({fn!r}) cannot be pickled for the worker processes: "
+                    f"{e}; use an env name, a module-level function or functools.partial"
+                ) from e
         self._ctx = mp.get_context(mp_context)
-        self._workers = [WorkerProcess(w, [s.index for s in self._slots if s.worker == w])
-                         for w in range(self.num_workers)]
+        self._workers = [
+            WorkerProcess(w, [s.index for s in self._slots if s.worker == w]) for w in range(self.num_workers)
+        ]
         self._finalizer = weakref.finalize(self, shutdown, self._workers)
         try:
             for w in self._workers:
@@ -173,8 +191,9 @@ class EnvPool:
                 raise TypeError(f"send: slot {i}: the seed must be an int, got {type(arg).__name__} {arg!r}")
             if kind == STEP:
                 if slot.status != "running":
-                    raise ValueError(f"send: slot {i} has no episode in progress (status {slot.status!r}); "
-                                     "reset it first")
+                    raise ValueError(
+                        f"send: slot {i} has no episode in progress (status {slot.status!r}); reset it first"
+                    )
                 if not isinstance(arg, str):
                     raise TypeError(f"send: slot {i}: the action must be a str, got {type(arg).__name__}")
             checked[i] = (kind, int(arg) if kind == RESET else arg)
@@ -250,8 +269,10 @@ class EnvPool:
                 continue
             slot = self._slots[i]
             if slot.status != "running":
-                raise ValueError(f"actions[{i}]: slot {i} has no episode in progress (status "
-                                 f"{slot.status!r}); pass None for it or reset it first")
+                raise ValueError(
+                    f"actions[{i}]: slot {i} has no episode in progress (status "
+                    f"{slot.status!r}); pass None for it or reset it first"
+                )
             if not isinstance(action, str):
                 raise TypeError(f"actions[{i}] must be a str or None, got {type(action).__name__}")
             ops[i] = (STEP, action)
@@ -316,7 +337,7 @@ class EnvPool:
         self._closed = True
         self._finalizer()
 
-    def __enter__(self) -> "EnvPool":
+    def __enter__(self) -> EnvPool:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -362,8 +383,9 @@ class EnvPool:
                 raise RuntimeError(f"{what}() while send() calls are outstanding: poll() them")
             raise RuntimeError(f"{what}() without a submitted reset/step")
         if handle is not None and handle is not self._call:
-            raise RuntimeError(f"{what}({handle!r}): that call is not the one in flight ({self._call!r}); "
-                               "it was collected already")
+            raise RuntimeError(
+                f"{what}({handle!r}): that call is not the one in flight ({self._call!r}); it was collected already"
+            )
 
     # ------------------------------------------------------------ the core: send and poll
 
@@ -547,8 +569,12 @@ class EnvPool:
                 for i in w.slots:
                     s = self._slots[i]
                     if s.pending is not None or s.status == "running":
-                        self._fail(s, "worker_lost", f"{reason}, {w.silent_deaths} times in a row "
-                                                     "without running any env", None)
+                        self._fail(
+                            s,
+                            "worker_lost",
+                            f"{reason}, {w.silent_deaths} times in a row without running any env",
+                            None,
+                        )
                 w.silent_deaths = 0
         self._restart(w)
 

@@ -5,6 +5,7 @@ answer, tell when its running item is due, stop it.
 ``protocol``); which slots' items to send and what a result or a fault means for an
 episode is the pool's business (``envs.pool.pool``).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -15,13 +16,25 @@ import time
 import traceback
 from typing import Any, NamedTuple
 
-from envs.pool.protocol import (DONE, EXIT, ITEMS, PROGRESS_DONE, PROGRESS_ITEM, PROGRESS_STARTED, READY,
-                                REPLAY, RESEND, RESET, RUN)
+from envs.pool.protocol import (
+    DONE,
+    EXIT,
+    ITEMS,
+    PROGRESS_DONE,
+    PROGRESS_ITEM,
+    PROGRESS_STARTED,
+    READY,
+    REPLAY,
+    RESEND,
+    RESET,
+    RUN,
+)
 from envs.pool.worker import worker_main
 
 
 class Timeouts(NamedTuple):
     """Seconds one step, one reset and one worker start may take."""
+
     step: float
     reset: float
     startup: float
@@ -30,8 +43,21 @@ class Timeouts(NamedTuple):
 class WorkerProcess:
     """Worker ``index``, which owns ``slots``; at most one batch in flight."""
 
-    __slots__ = ("index", "proc", "conn", "progress", "slots", "ready", "started_at",
-                 "batch", "sent_at", "seq", "needs_restart", "silent_deaths", "pid")
+    __slots__ = (
+        "index",
+        "proc",
+        "conn",
+        "progress",
+        "slots",
+        "ready",
+        "started_at",
+        "batch",
+        "sent_at",
+        "seq",
+        "needs_restart",
+        "silent_deaths",
+        "pid",
+    )
 
     def __init__(self, index: int, slots: list[int]):
         self.index = index
@@ -39,21 +65,20 @@ class WorkerProcess:
         self.proc = None
         self.conn = None
         self.progress = None
-        self.ready = False           # its READY message came
+        self.ready = False  # its READY message came
         self.started_at = 0.0
         self.batch: list[tuple[int, str, Any]] | None = None  # the items sent, not yet answered
         self.sent_at = 0.0
-        self.seq = 0                 # number of the last batch sent
-        self.needs_restart = False   # restart before its next batch
-        self.silent_deaths = 0       # deaths in a row without running any env
+        self.seq = 0  # number of the last batch sent
+        self.needs_restart = False  # restart before its next batch
+        self.silent_deaths = 0  # deaths in a row without running any env
         self.pid = None
 
     @property
     def busy(self) -> bool:
         return self.batch is not None
 
-    def start(self, ctx, env_fns: dict[int, bytes], memory_limit_mb: float | None,
-              cpu_limit_s: float | None) -> None:
+    def start(self, ctx, env_fns: dict[int, bytes], memory_limit_mb: float | None, cpu_limit_s: float | None) -> None:
         """Start the process (``ctx``, a multiprocessing context) for the pickled env
         factories of its slots; returns at once: it answers READY when it is up."""
         parent_conn, child_conn = ctx.Pipe(duplex=True)
@@ -61,8 +86,11 @@ class WorkerProcess:
         progress[PROGRESS_ITEM] = -1.0
         progress[PROGRESS_DONE] = self.seq
         proc = ctx.Process(
-            target=worker_main, name=f"envpool-worker-{self.index}", daemon=True,
-            args=(child_conn, progress, env_fns, os.getpid(), memory_limit_mb, cpu_limit_s))
+            target=worker_main,
+            name=f"envpool-worker-{self.index}",
+            daemon=True,
+            args=(child_conn, progress, env_fns, os.getpid(), memory_limit_mb, cpu_limit_s),
+        )
         proc.start()
         child_conn.close()
         self.proc, self.conn, self.progress = proc, parent_conn, progress
@@ -154,9 +182,12 @@ def unpickle_result(data: bytes):
     try:
         return pickle.loads(data)
     except Exception as e:
-        return ("fail", "unpicklable",
-                f"the result cannot be unpickled in the parent process: {type(e).__name__}: {e}",
-                traceback.format_exc())
+        return (
+            "fail",
+            "unpicklable",
+            f"the result cannot be unpickled in the parent process: {type(e).__name__}: {e}",
+            traceback.format_exc(),
+        )
 
 
 def stop_process(proc, conn, grace: float) -> None:

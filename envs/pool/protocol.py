@@ -19,6 +19,7 @@ running (-1 between batches), ``[PROGRESS_STARTED]`` its start time
 (``time.monotonic``, one clock for all processes), ``[PROGRESS_DONE]`` the sequence
 number of the last batch finished.
 """
+
 from __future__ import annotations
 
 #: Seconds within which a worker notices that the pool's process died and exits.
@@ -36,8 +37,17 @@ READY, DONE, ITEMS = "ready", "done", "items"
 PROGRESS_ITEM, PROGRESS_STARTED, PROGRESS_DONE = 0, 1, 2
 
 #: Every ``info["failure_kind"]`` a failed result can carry.
-FAILURE_KINDS = ("exception", "invalid_result", "unpicklable", "timeout", "crash", "memory_limit",
-                 "cpu_limit", "replay_diverged", "worker_lost")
+FAILURE_KINDS = (
+    "exception",
+    "invalid_result",
+    "unpicklable",
+    "timeout",
+    "crash",
+    "memory_limit",
+    "cpu_limit",
+    "replay_diverged",
+    "worker_lost",
+)
 #: Failures reported by a worker that goes on running; the worker is restarted after
 #: them unless ``restart_on_exception=False`` (the other kinds restart it anyway).
 RAISED_KINDS = ("exception", "invalid_result", "unpicklable", "memory_limit")

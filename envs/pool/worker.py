@@ -8,6 +8,7 @@ with a runner under the optional memory and CPU limits, and records its progress
 the parent's timeouts. It is started by ``multiprocessing`` (``spawn`` or
 ``forkserver``), so everything here must stay importable by its module path.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -23,8 +24,21 @@ import traceback
 from typing import Any
 
 from envs.core import Env
-from envs.pool.protocol import (DONE, EXIT, EXPERT, ITEMS, PARENT_POLL_S, PROGRESS_DONE, PROGRESS_ITEM,
-                                PROGRESS_STARTED, READY, REPLAY, RESEND, RESET, STEP)
+from envs.pool.protocol import (
+    DONE,
+    EXIT,
+    EXPERT,
+    ITEMS,
+    PARENT_POLL_S,
+    PROGRESS_DONE,
+    PROGRESS_ITEM,
+    PROGRESS_STARTED,
+    READY,
+    REPLAY,
+    RESEND,
+    RESET,
+    STEP,
+)
 
 # ---------------------------------------------------------------- checking what an env returns
 
@@ -51,11 +65,13 @@ def _check_observation(obs, where: str) -> None:
     if isinstance(obs, str):
         return
     if isinstance(obs, list) and all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            for m in obs):
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in obs
+    ):
         return
-    raise _BadResult(f"{where}: the observation must be a str or a list of "
-                     f"{{'role': str, 'content': str}} messages, got {_short(obs)}")
+    raise _BadResult(
+        f"{where}: the observation must be a str or a list of "
+        f"{{'role': str, 'content': str}} messages, got {_short(obs)}"
+    )
 
 
 def _validate_reset(result):
@@ -70,8 +86,7 @@ def _validate_reset(result):
 
 def _validate_step(result):
     if not (isinstance(result, tuple) and len(result) == 5):
-        raise _BadResult("step must return (observation, reward, terminated, truncated, info), "
-                         f"got {_short(result)}")
+        raise _BadResult(f"step must return (observation, reward, terminated, truncated, info), got {_short(result)}")
     obs, reward, terminated, truncated, info = result
     _check_observation(obs, "step")
     if not isinstance(reward, numbers.Real) or isinstance(reward, bool) or not math.isfinite(reward):
@@ -87,6 +102,7 @@ def _validate_step(result):
 def _build_env(env_fn) -> Env:
     if isinstance(env_fn, str):
         from envs.core import make
+
         env = make(env_fn)
     else:
         env = env_fn()
@@ -173,17 +189,26 @@ class SlotRunner:
             return ("fail", "invalid_result", str(e), None)
         except MemoryError as e:  # past the worker's memory limit (or the host's)
             self.drop(slot)
-            return ("fail", "memory_limit", f"the env ran out of memory (MemoryError: {e}); the worker's "
-                    "address space is limited by memory_limit_mb", traceback.format_exc())
+            return (
+                "fail",
+                "memory_limit",
+                f"the env ran out of memory (MemoryError: {e}); the worker's "
+                "address space is limited by memory_limit_mb",
+                traceback.format_exc(),
+            )
         except Exception as e:
             self.drop(slot)
             return ("fail", "exception", f"{type(e).__name__}: {e}", traceback.format_exc())
 
     def _diverged(self, slot: int, where: str):
         self.drop(slot)
-        return ("fail", "replay_diverged",
-                f"replaying the episode into a restarted worker gave a different result at {where}: "
-                "the env is not deterministic given its seed and actions", None)
+        return (
+            "fail",
+            "replay_diverged",
+            f"replaying the episode into a restarted worker gave a different result at {where}: "
+            "the env is not deterministic given its seed and actions",
+            None,
+        )
 
     def close(self) -> None:
         for slot in list(self.envs):
@@ -243,8 +268,14 @@ def _cpu_budget(cpu_limit_s: float | None, ops: int = 1) -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
 
 
-def worker_main(conn, progress, env_fns: dict[int, bytes], parent_pid: int,
-                memory_limit_mb: float | None = None, cpu_limit_s: float | None = None) -> None:
+def worker_main(
+    conn,
+    progress,
+    env_fns: dict[int, bytes],
+    parent_pid: int,
+    memory_limit_mb: float | None = None,
+    cpu_limit_s: float | None = None,
+) -> None:
     """The worker process's loop: run each batch from ``conn`` and send its results back,
     recording in ``progress`` (shared with the parent, see ``protocol``) which item runs
     since when, for the parent's timeouts."""
@@ -264,8 +295,7 @@ def worker_main(conn, progress, env_fns: dict[int, bytes], parent_pid: int,
             if msg[0] == EXIT:
                 break
             if msg[0] == RESEND:  # the parent could not unpickle the batch: item by item
-                conn.send((ITEMS, [_pickle_result(r, slot, op, runner)
-                                   for r, (slot, op, _) in zip(results, items)]))
+                conn.send((ITEMS, [_pickle_result(r, slot, op, runner) for r, (slot, op, _) in zip(results, items)]))
                 continue
             seq, items = msg[1], msg[2]
             results = []
@@ -281,8 +311,7 @@ def worker_main(conn, progress, env_fns: dict[int, bytes], parent_pid: int,
             except (EOFError, OSError):
                 break
             except Exception:  # some result cannot be pickled: send them one by one
-                conn.send((ITEMS, [_pickle_result(r, slot, op, runner)
-                                   for r, (slot, op, _) in zip(results, items)]))
+                conn.send((ITEMS, [_pickle_result(r, slot, op, runner) for r, (slot, op, _) in zip(results, items)]))
     finally:
         runner.close()
 
@@ -293,7 +322,11 @@ def _pickle_result(res, slot: int, op: str, runner: SlotRunner) -> bytes:
         return pickle.dumps(res, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as e:
         runner.drop(slot)
-        return pickle.dumps(("fail", "unpicklable",
-                             f"the {op} result cannot be pickled to leave the worker: {type(e).__name__}: {e}",
-                             traceback.format_exc()))
-
+        return pickle.dumps(
+            (
+                "fail",
+                "unpicklable",
+                f"the {op} result cannot be pickled to leave the worker: {type(e).__name__}: {e}",
+                traceback.format_exc(),
+            )
+        )

@@ -51,7 +51,7 @@ class GroupStats:
         sq = jax.ops.segment_sum(dev * dev, seg_N, num_segments=n)
         var = sq / jnp.maximum(count - 1.0, 1.0)
         self.count = count[seg_N]
-        self.deviation = dev           # x - group mean
+        self.deviation = dev  # x - group mean
         # sqrt has an infinite slope at 0: keep gradients finite for equal-valued groups.
         positive = var > 0
         self.std = jnp.where(positive, jnp.sqrt(jnp.where(positive, var, 1.0)), 0.0)[seg_N]

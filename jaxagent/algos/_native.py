@@ -61,13 +61,24 @@ def _build() -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
-    cmd = [cxx, "-O3", "-std=c++17", "-shared", "-fPIC", "-w", f"-I{jax.ffi.include_dir()}",
-           str(_SOURCE), "-o", tmp, "-lpthread"]
+    cmd = [
+        cxx,
+        "-O3",
+        "-std=c++17",
+        "-shared",
+        "-fPIC",
+        "-w",
+        f"-I{jax.ffi.include_dir()}",
+        str(_SOURCE),
+        "-o",
+        tmp,
+        "-lpthread",
+    ]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if proc.returncode != 0:
             raise RuntimeError(f"compiling {_SOURCE.name} failed:\n{proc.stderr[-2000:]}")
-        os.replace(tmp, out)   # atomic: a concurrent reader sees all or nothing
+        os.replace(tmp, out)  # atomic: a concurrent reader sees all or nothing
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -83,15 +94,15 @@ def available() -> bool:
         if "ok" not in _state:
             try:
                 lib = ctypes.cdll.LoadLibrary(str(_build()))
-                jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.JaxagentGaeF32),
-                                            platform="cpu")
-                _state["lib"] = lib   # keep the library loaded
+                jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.JaxagentGaeF32), platform="cpu")
+                _state["lib"] = lib  # keep the library loaded
                 _state["ok"] = True
             except Exception as err:  # noqa: BLE001 - any failure means "use the scan"
                 if mode == "require":
                     raise
-                warnings.warn(f"jaxagent: native GAE kernel unavailable, using lax.scan ({err})",
-                              RuntimeWarning, stacklevel=3)
+                warnings.warn(
+                    f"jaxagent: native GAE kernel unavailable, using lax.scan ({err})", RuntimeWarning, stacklevel=3
+                )
                 _state["ok"] = False
         return _state["ok"]
 
@@ -103,5 +114,4 @@ def gae(r, v, valid, gamma: float, lam: float, whiten: bool):
     shape = jax.ShapeDtypeStruct(r.shape, jnp.float32)
     call = jax.ffi.ffi_call(TARGET, (shape, shape), vmap_method="sequential")
     # gamma·lam is rounded once from double, as a Python-scalar product would be.
-    return call(r, v, valid, gamma=np.float32(gamma), gamma_lam=np.float32(gamma * lam),
-                whiten=np.int32(bool(whiten)))
+    return call(r, v, valid, gamma=np.float32(gamma), gamma_lam=np.float32(gamma * lam), whiten=np.int32(bool(whiten)))

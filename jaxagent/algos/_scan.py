@@ -21,16 +21,18 @@ _UNROLL = 1
 def reverse_affine(a_BxT, b_BxT, method: str = "scan"):
     """Solve ``y[t] = a[t]·y[t+1] + b[t]`` backwards along axis 1 (``y[T] = 0``)."""
     if method == "scan":
+
         def step(y_B, ab):
             a_B, b_B = ab
             y_B = a_B * y_B + b_B
             return y_B, y_B
 
-        init = jnp.zeros_like(b_BxT[:, 0])   # inherits the rows' sharding
+        init = jnp.zeros_like(b_BxT[:, 0])  # inherits the rows' sharding
         # Time-major so each step reads one contiguous row-vector.
         _, y_TxB = lax.scan(step, init, (a_BxT.T, b_BxT.T), reverse=True, unroll=_UNROLL)
         return y_TxB.T
     if method == "associative":
+
         def compose(later, earlier):
             # With reverse=True the scan runs from t = T-1 down; `later` holds the
             # accumulated suffix (t+1 ...), `earlier` the new element.
@@ -65,18 +67,15 @@ def gae_raw(r_BxT, v_BxT, valid_BxT, gamma, lam, method: str = "scan"):
             lastgae_B = jnp.where(m_B, gae_B, lastgae_B)
             return (nextvalue_B, lastgae_B), lastgae_B
 
-        zeros = jnp.zeros_like(r_BxT[:, 0])   # inherits the rows' sharding
-        _, adv_TxB = lax.scan(step, (zeros, zeros), (r_BxT.T, v_BxT.T, valid_BxT.T),
-                              reverse=True, unroll=_UNROLL)
+        zeros = jnp.zeros_like(r_BxT[:, 0])  # inherits the rows' sharding
+        _, adv_TxB = lax.scan(step, (zeros, zeros), (r_BxT.T, v_BxT.T, valid_BxT.T), reverse=True, unroll=_UNROLL)
         return adv_TxB.T
     if method == "associative":
         # nextvalue[t] = value at the first valid step after t (0 if none).
-        carried_v = reverse_affine(jnp.where(valid_BxT, 0.0, 1.0), jnp.where(valid_BxT, v_BxT, 0.0),
-                                   "associative")
+        carried_v = reverse_affine(jnp.where(valid_BxT, 0.0, 1.0), jnp.where(valid_BxT, v_BxT, 0.0), "associative")
         nextvalue = jnp.concatenate([carried_v[:, 1:], jnp.zeros_like(carried_v[:, :1])], axis=1)
         delta = r_BxT + gamma * nextvalue - v_BxT
-        return reverse_affine(jnp.where(valid_BxT, gamma * lam, 1.0), jnp.where(valid_BxT, delta, 0.0),
-                              "associative")
+        return reverse_affine(jnp.where(valid_BxT, gamma * lam, 1.0), jnp.where(valid_BxT, delta, 0.0), "associative")
     raise ValueError(f"unknown method {method!r}; expected one of {list(METHODS)}")
 
 

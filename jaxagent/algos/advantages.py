@@ -95,8 +95,10 @@ def gae(rewards, values, mask, gamma, lam, *, whiten: bool = True, method: str =
         if usable and _native.available():
             return _gae_native(rewards, values, mask, g, lm, whiten)
         if method == "native":
-            raise ValueError("method='native' needs the CPU backend, Python-number gamma and lam, "
-                             "and a C++ compiler (see jaxagent/algos/_native.py)")
+            raise ValueError(
+                "method='native' needs the CPU backend, Python-number gamma and lam, "
+                "and a C++ compiler (see jaxagent/algos/_native.py)"
+            )
         method = "scan"
     return _gae_xla(rewards, values, mask, gamma, lam, whiten, method)
 
@@ -246,8 +248,9 @@ def remax(rewards, mask, baselines):
 
 
 @partial(jax.jit, static_argnames=("mode",))
-def gigpo(step_rewards, step_mask, group_ids, anchor_ids, gamma=1.0, step_weight=1.0,
-          mode: str = "mean_norm", eps=GROUP_EPS):
+def gigpo(
+    step_rewards, step_mask, group_ids, anchor_ids, gamma=1.0, step_weight=1.0, mode: str = "mean_norm", eps=GROUP_EPS
+):
     """GiGPO: episode-group advantage plus an anchor-state step-group advantage.
 
     Inputs are per environment step: ``step_rewards``, ``step_mask`` and
@@ -407,8 +410,9 @@ def turns_to_tokens(x, turn_ids, mask):
     on valid tokens with ``turn_ids ≥ 0``, else 0."""
     x = _checks.floats("x", x, ndim=2)
     if jnp.ndim(turn_ids) != 2 or jnp.shape(turn_ids)[0] != x.shape[0]:
-        raise ValueError(f"turn_ids must be [B, T] with B = {x.shape[0]} (rows of x), "
-                         f"got shape {tuple(jnp.shape(turn_ids))}")
+        raise ValueError(
+            f"turn_ids must be [B, T] with B = {x.shape[0]} (rows of x), got shape {tuple(jnp.shape(turn_ids))}"
+        )
     tid = _checks.ints("turn_ids", turn_ids, jnp.shape(turn_ids))
     valid = _checks.mask("mask", mask, tid.shape) & (tid >= 0) & (tid < x.shape[1])
     picked = jnp.take_along_axis(x, jnp.clip(tid, 0, x.shape[1] - 1), axis=1)
@@ -424,8 +428,9 @@ def turn_start_values(values, turn_ids, mask, num_turns: int):
     tid = _checks.ints("turn_ids", turn_ids, (b, t))
     valid = _checks.mask("mask", mask, (b, t)) & (tid >= 0) & (tid < num_turns)
     pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None, :], (b, t))
-    seg = (jnp.arange(b, dtype=jnp.int32)[:, None] * num_turns + jnp.clip(tid, 0, num_turns - 1))
-    first = jax.ops.segment_min(jnp.where(valid, pos, t).reshape(-1), seg.reshape(-1),
-                                num_segments=b * num_turns).reshape(b, num_turns)
+    seg = jnp.arange(b, dtype=jnp.int32)[:, None] * num_turns + jnp.clip(tid, 0, num_turns - 1)
+    first = jax.ops.segment_min(
+        jnp.where(valid, pos, t).reshape(-1), seg.reshape(-1), num_segments=b * num_turns
+    ).reshape(b, num_turns)
     picked = jnp.take_along_axis(v, jnp.clip(first, 0, t - 1), axis=1)
     return jnp.where(first < t, picked, 0.0)

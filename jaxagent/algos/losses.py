@@ -24,8 +24,7 @@ from jax import lax
 from . import _checks
 from .masked import masked_mean, safe_div
 
-AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean",
-             "seq-mean-token-sum-norm")
+AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 LOG_RATIO_CLAMP = 20.0
 GSPO_LOG_RATIO_MAX = 10.0
 
@@ -44,8 +43,7 @@ def _count(valid, axis=None):
 def _global_denominators(valid, num_tokens, num_seqs, seq_len):
     """The local denominators, overridden by the caller's global ones."""
     n_tok = _count(valid) if num_tokens is None else jnp.asarray(num_tokens, jnp.float32)
-    n_seq = (_count(_count(valid, 1) > 0) if num_seqs is None
-             else jnp.asarray(num_seqs, jnp.float32))
+    n_seq = _count(_count(valid, 1) > 0) if num_seqs is None else jnp.asarray(num_seqs, jnp.float32)
     t = valid.shape[1] if seq_len is None else seq_len
     return n_tok, n_seq, jnp.asarray(t, jnp.float32)
 
@@ -63,7 +61,7 @@ def _aggregate(loss, valid, mode, num_tokens, num_seqs, seq_len):
         return safe_div(jnp.sum(row_sum), n_seq)
     if mode == "seq-mean-token-mean":
         return safe_div(jnp.sum(safe_div(row_sum, _count(valid, 1))), n_seq)
-    return safe_div(jnp.sum(row_sum), n_seq * t)   # seq-mean-token-sum-norm
+    return safe_div(jnp.sum(row_sum), n_seq * t)  # seq-mean-token-sum-norm
 
 
 @partial(jax.jit, static_argnames=("mode",))
@@ -106,9 +104,21 @@ def _check_clip(clip_low, clip_high):
 
 
 @partial(jax.jit, static_argnames=("mode", "clip_c"))
-def ppo_loss(logp, old_logp, advantages, mask, mode: str = "token-mean", clip_low=0.2,
-             clip_high=0.2, clip_c: float | None = 3.0, is_weights=None, *, num_tokens=None,
-             num_seqs=None, seq_len=None):
+def ppo_loss(
+    logp,
+    old_logp,
+    advantages,
+    mask,
+    mode: str = "token-mean",
+    clip_low=0.2,
+    clip_high=0.2,
+    clip_c: float | None = 3.0,
+    is_weights=None,
+    *,
+    num_tokens=None,
+    num_seqs=None,
+    seq_len=None,
+):
     """Clipped PPO surrogate with asymmetric (clip-higher) and dual clipping.
 
     ::
@@ -151,9 +161,20 @@ def ppo_loss(logp, old_logp, advantages, mask, mode: str = "token-mean", clip_lo
 
 
 @partial(jax.jit, static_argnames=("mode",))
-def gspo_loss(logp, old_logp, advantages, mask, mode: str = "seq-mean-token-mean",
-              clip_low=3e-4, clip_high=4e-4, is_weights=None, *, num_tokens=None,
-              num_seqs=None, seq_len=None):
+def gspo_loss(
+    logp,
+    old_logp,
+    advantages,
+    mask,
+    mode: str = "seq-mean-token-mean",
+    clip_low=3e-4,
+    clip_high=4e-4,
+    is_weights=None,
+    *,
+    num_tokens=None,
+    num_seqs=None,
+    seq_len=None,
+):
     """GSPO: PPO clipping on the sequence-level (length-normalised) ratio.
 
     ::
@@ -183,8 +204,20 @@ def gspo_loss(logp, old_logp, advantages, mask, mode: str = "seq-mean-token-mean
 
 
 @partial(jax.jit, static_argnames=("mode",))
-def cispo_loss(logp, old_logp, advantages, mask, mode: str = "token-mean", clip_low=0.2,
-               clip_high=0.2, is_weights=None, *, num_tokens=None, num_seqs=None, seq_len=None):
+def cispo_loss(
+    logp,
+    old_logp,
+    advantages,
+    mask,
+    mode: str = "token-mean",
+    clip_low=0.2,
+    clip_high=0.2,
+    is_weights=None,
+    *,
+    num_tokens=None,
+    num_seqs=None,
+    seq_len=None,
+):
     """CISPO: REINFORCE weighted by a clipped, stop-gradient IS ratio.
 
     ::
@@ -203,13 +236,22 @@ def cispo_loss(logp, old_logp, advantages, mask, mode: str = "token-mean", clip_
     if w is not None:
         per_token = per_token * w
     loss = _aggregate(per_token, valid, mode, num_tokens, num_seqs, seq_len)
-    return loss, {"clipfrac": masked_mean(clipped != ratio, valid),
-                  "approx_kl": masked_mean(-d, valid)}
+    return loss, {"clipfrac": masked_mean(clipped != ratio, valid), "approx_kl": masked_mean(-d, valid)}
 
 
 @partial(jax.jit, static_argnames=("mode",))
-def value_loss(values, old_values, returns, mask, mode: str = "token-mean", clip=0.5, *,
-               num_tokens=None, num_seqs=None, seq_len=None):
+def value_loss(
+    values,
+    old_values,
+    returns,
+    mask,
+    mode: str = "token-mean",
+    clip=0.5,
+    *,
+    num_tokens=None,
+    num_seqs=None,
+    seq_len=None,
+):
     """Clipped value loss::
 
         vclip = clip(V, V_old - c, V_old + c)
@@ -238,10 +280,10 @@ def _kl_value(d, kind):
     if kind == "k1":
         return d
     if kind == "abs":
-        return d * jnp.sign(d)   # gradient sign(d): 0 at d = 0 (jnp.abs gives 1 there)
+        return d * jnp.sign(d)  # gradient sign(d): 0 at d = 0 (jnp.abs gives 1 there)
     if kind == "k2":
         return 0.5 * jnp.square(d)
-    k = _clamp(-d, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)   # k3
+    k = _clamp(-d, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # k3
     return _clamp(jnp.exp(k) - k - 1.0, -10.0, 10.0)
 
 
@@ -315,8 +357,7 @@ def entropy(logits, chunk_size: int | None = None):
         s_new, t_new = s_old + s_chunk, t_old + t_chunk
         return m_new, s_new, t_new
 
-    init = (jnp.full(lead, -jnp.inf, jnp.float32), jnp.zeros(lead, jnp.float32),
-            jnp.zeros(lead, jnp.float32))
+    init = (jnp.full(lead, -jnp.inf, jnp.float32), jnp.zeros(lead, jnp.float32), jnp.zeros(lead, jnp.float32))
     _, s, t = lax.fori_loop(0, n_chunks, body, init)
     return jnp.log(s) - t / s
 

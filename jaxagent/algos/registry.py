@@ -19,7 +19,7 @@ returns turn-level advantages; the trainer spreads them onto each turn's tokens.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 from . import advantages as _adv
 from . import losses as _loss
@@ -79,6 +79,7 @@ class EstimatorSpec:
         """Its advantages are per turn (`[B, K]`), not per token."""
         return any(n in TURN_INPUTS for n in self.consumes)
 
+
 _OUTCOME = ("rewards", "mask", "group_ids")
 _ADVANTAGE_ESTIMATORS: dict[str, EstimatorSpec] = {
     "gae": EstimatorSpec(_adv.gae, ("rewards", "values", "mask", "gamma", "lam"), returns=True),
@@ -88,10 +89,10 @@ _ADVANTAGE_ESTIMATORS: dict[str, EstimatorSpec] = {
     "reinforce_pp": EstimatorSpec(_adv.reinforce_pp, ("rewards", "mask", "gamma"), returns=True),
     "reinforce_pp_baseline": EstimatorSpec(_adv.reinforce_pp_baseline, _OUTCOME),
     "remax": EstimatorSpec(_adv.remax, ("rewards", "mask", "baselines"), returns=True),
-    "gigpo": EstimatorSpec(_adv.gigpo, ("turn_rewards", "turn_mask", "group_ids", "anchor_ids"),
-                           keywords=("gamma",)),
-    "turn_gae": EstimatorSpec(_adv.turn_gae, ("turn_rewards", "turn_values", "turn_mask", "gamma", "lam"),
-                              returns=True),
+    "gigpo": EstimatorSpec(_adv.gigpo, ("turn_rewards", "turn_mask", "group_ids", "anchor_ids"), keywords=("gamma",)),
+    "turn_gae": EstimatorSpec(
+        _adv.turn_gae, ("turn_rewards", "turn_values", "turn_mask", "gamma", "lam"), returns=True
+    ),
     "turn_returns": EstimatorSpec(_adv.turn_returns, ("turn_rewards", "turn_mask", "gamma")),
     "turn_loo": EstimatorSpec(_adv.turn_loo, ("turn_rewards", "turn_mask", "group_ids", "gamma")),
 }
@@ -143,8 +144,9 @@ def list_policy_losses() -> list[str]:
     return sorted(_POLICY_LOSSES)
 
 
-def register_advantage_estimator(name: str, fn: Callable, *, inputs=None, keywords=(), returns: bool = False,
-                                 overwrite: bool = False) -> Callable:
+def register_advantage_estimator(
+    name: str, fn: Callable, *, inputs=None, keywords=(), returns: bool = False, overwrite: bool = False
+) -> Callable:
     """Registers `fn` under `name`; `inputs`, `keywords`, `returns` declare what it
     consumes and returns (`EstimatorSpec`), which a trainer needs to train with it."""
     if not callable(fn):

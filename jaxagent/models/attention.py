@@ -28,6 +28,7 @@ All three compute the scores and the softmax in float32 and cast the probabiliti
 the value dtype before `p @ v`. A query with no allowed key gets a finite output (an
 average over some values; such rows are padding and masked downstream), never NaN.
 """
+
 from __future__ import annotations
 
 import functools
@@ -106,8 +107,17 @@ def choose(impl: str, *, batch: int, heads: int, q_len: int, k_len: int, dtype) 
     return "dense" if batch * heads * q_len * k_len * 4 <= DENSE_SCORE_BYTES else "blocked"
 
 
-def attend(q_BxTxHxd, k, v, mask: AttentionMask, *, kv_layout: str = "bskd", impl: str = "auto",
-           block_q: int = BLOCK_Q, block_k: int = BLOCK_K) -> jax.Array:
+def attend(
+    q_BxTxHxd,
+    k,
+    v,
+    mask: AttentionMask,
+    *,
+    kv_layout: str = "bskd",
+    impl: str = "auto",
+    block_q: int = BLOCK_Q,
+    block_k: int = BLOCK_K,
+) -> jax.Array:
     """Grouped-query attention `softmax(q k^T / sqrt(hd) + mask) v` -> `[B, T, H, hd]`.
 
     k, v: `[B, S, K, hd]` (kv_layout "bskd") or the cache layout `[B, K, S, hd]` ("bksd").
@@ -122,7 +132,7 @@ def attend(q_BxTxHxd, k, v, mask: AttentionMask, *, kv_layout: str = "bskd", imp
     which = choose(impl, batch=B, heads=H, q_len=T, k_len=S, dtype=q_BxTxHxd.dtype)
     if which == "dense":
         return _dense(q_BxTxHxd, k, v, mask.dense(S), kv_layout)
-    if which == "cudnn":   # cuDNN takes [B, S, K, hd]
+    if which == "cudnn":  # cuDNN takes [B, S, K, hd]
         if kv_layout == "bksd":
             k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)
         return _cudnn(q_BxTxHxd, k, v, mask)
@@ -147,9 +157,8 @@ def _cudnn(q_BxTxHxd, k_BxSxKxd, v_BxSxKxd, mask: AttentionMask, *, implementati
     """`jax.nn.dot_product_attention` with our mask; `implementation="xla"` runs the same
     argument handling on any backend (how the tests check it without a GPU)."""
     S = k_BxSxKxd.shape[1]
-    allowed = mask.dense(S)[:, None]   # [B, 1, T, S]
-    return jax.nn.dot_product_attention(q_BxTxHxd, k_BxSxKxd, v_BxSxKxd, mask=allowed,
-                                        implementation=implementation)
+    allowed = mask.dense(S)[:, None]  # [B, 1, T, S]
+    return jax.nn.dot_product_attention(q_BxTxHxd, k_BxSxKxd, v_BxSxKxd, mask=allowed, implementation=implementation)
 
 
 # ----------------------------------------------------------------------------- blocked
@@ -172,10 +181,12 @@ def _blocked(q_BxTxHxd, k, v, mask: AttentionMask, *, kv_layout: str, block_q: i
     k, v = _pad_to(k, s_axis, Sp), _pad_to(v, s_axis, Sp)
     B_ = mask.limit.shape[0]
     key_valid = mask.key_valid if mask.key_valid is not None else jnp.ones((B_, S), bool)
-    m = AttentionMask(limit=_pad_to(mask.limit.astype(jnp.int32), 1, Tp, -1),
-                      key_valid=_pad_to(key_valid, 1, Sp, False),
-                      q_segment=None if mask.q_segment is None else _pad_to(mask.q_segment, 1, Tp),
-                      k_segment=None if mask.k_segment is None else _pad_to(mask.k_segment, 1, Sp))
+    m = AttentionMask(
+        limit=_pad_to(mask.limit.astype(jnp.int32), 1, Tp, -1),
+        key_valid=_pad_to(key_valid, 1, Sp, False),
+        q_segment=None if mask.q_segment is None else _pad_to(mask.q_segment, 1, Tp),
+        k_segment=None if mask.k_segment is None else _pad_to(mask.k_segment, 1, Sp),
+    )
     o = _flash(q, k, v, m, kv_layout, bq, bk)
     return o.reshape(B, Tp, H, hd)[:, :T]
 
@@ -232,15 +243,18 @@ def _flash_forward(q, k, v, mask: AttentionMask, layout: str, bq: int, bk: int):
             pv = jnp.einsum(f"bkgts,{layout}->bkgtd", p.astype(v.dtype), vb, preferred_element_type=jnp.float32)
             return m_new, l_new, acc * corr[..., None] + pv
 
-        init = (jnp.full((B, K, G, bq), _NEG, jnp.float32), jnp.zeros((B, K, G, bq), jnp.float32),
-                jnp.zeros((B, K, G, bq, hd), jnp.float32))
+        init = (
+            jnp.full((B, K, G, bq), _NEG, jnp.float32),
+            jnp.zeros((B, K, G, bq), jnp.float32),
+            jnp.zeros((B, K, G, bq, hd), jnp.float32),
+        )
         m_, l_, acc = jax.lax.fori_loop(0, _key_blocks(lim, bk, nk), k_block, init)
         seen = l_ > 0
         o = jnp.where(seen[..., None], acc / jnp.where(seen, l_, 1.0)[..., None], 0.0)
         lse = jnp.where(seen, m_ + jnp.log(jnp.where(seen, l_, 1.0)), jnp.inf)
         return o.transpose(0, 3, 1, 2, 4).astype(q.dtype), lse
 
-    o, lse = jax.lax.map(q_block, jnp.arange(nq))   # [nq, B, bq, K, G, hd], [nq, B, K, G, bq]
+    o, lse = jax.lax.map(q_block, jnp.arange(nq))  # [nq, B, bq, K, G, hd], [nq, B, K, G, bq]
     o = o.swapaxes(0, 1).reshape(B, Tp, K, G, hd)
     lse = lse.transpose(1, 2, 3, 0, 4).reshape(B, K, G, Tp)
     return o, lse
@@ -281,7 +295,7 @@ def _flash_bwd(layout, bq, bk, res, do):
             kb = jax.lax.dynamic_slice_in_dim(k, k0, bk, axis=ax)
             vb = jax.lax.dynamic_slice_in_dim(v, k0, bk, axis=ax)
             s = _scores(qb, kb, mask.block(q0, bq, k0, bk), scale, layout)
-            p = jnp.exp(s - lse_b[..., None])                                    # [B, K, G, bq, bk]
+            p = jnp.exp(s - lse_b[..., None])  # [B, K, G, bq, bk]
             dv_j = jnp.einsum(f"bkgts,btkgd->{layout}", p.astype(do.dtype), dob, preferred_element_type=jnp.float32)
             dp = jnp.einsum(f"btkgd,{layout}->bkgts", dob, vb, preferred_element_type=jnp.float32)
             ds = p * (dp - delta_b[..., None]) * scale
@@ -305,8 +319,9 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
 # ------------------------------------------------------------------------------ memory
-def live_bytes(impl: str, *, rows: int, heads: int, kv_heads: int, head_dim: int, q_len: int, k_len: int,
-               itemsize: int, what: str) -> int:
+def live_bytes(
+    impl: str, *, rows: int, heads: int, kv_heads: int, head_dim: int, q_len: int, k_len: int, itemsize: int, what: str
+) -> int:
     """Bytes of attention scores (and the blocked version's accumulators) live in one
     layer of `rows` rows on one device, for the memory estimate (`jaxagent.train.memory`):
 

@@ -9,6 +9,7 @@
 
 `jaxagent.rollout.byte_tokenizer` re-exports them.
 """
+
 from __future__ import annotations
 
 CHATML_TEMPLATE = (
@@ -38,5 +39,9 @@ def chatml_tokenizer(tok):
 
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
-        chat_template=CHATML_TEMPLATE, clean_up_tokenization_spaces=False)
+        tokenizer_object=tok,
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        chat_template=CHATML_TEMPLATE,
+        clean_up_tokenization_spaces=False,
+    )

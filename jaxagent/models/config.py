@@ -17,6 +17,7 @@ Qwen3          Qwen3ForCausalLM  no [1]      yes      default / linear / llama3
 The config is a frozen dataclass so it can be a static argument of `jax.jit` and a
 static field of a pytree.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -62,8 +63,7 @@ class LoraConfig:
         bad = [t for t in self.targets if t not in LORA_TARGETS]
         if bad or not self.targets:
             raise ValueError(
-                f"LoraConfig.targets has unknown entries {bad} (or is empty); "
-                f"choose from {list(LORA_TARGETS)}"
+                f"LoraConfig.targets has unknown entries {bad} (or is empty); choose from {list(LORA_TARGETS)}"
             )
 
     @property
@@ -105,17 +105,22 @@ class DecoderConfig:
         from jaxagent.models.attention import IMPLEMENTATIONS
 
         if self.attention not in IMPLEMENTATIONS:
-            raise ValueError(f"DecoderConfig.attention must be one of {list(IMPLEMENTATIONS)}, "
-                             f"got {self.attention!r}")
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
-                     "num_heads", "num_kv_heads", "head_dim"):
+            raise ValueError(f"DecoderConfig.attention must be one of {list(IMPLEMENTATIONS)}, got {self.attention!r}")
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+        ):
             v = getattr(self, name)
             if not isinstance(v, (int, np.integer)) or v < 1:
                 raise ValueError(f"DecoderConfig.{name} must be a positive int, got {v!r}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
-                f"DecoderConfig.num_heads ({self.num_heads}) must be a multiple of "
-                f"num_kv_heads ({self.num_kv_heads})"
+                f"DecoderConfig.num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
             )
         if self.head_dim % 2:
             raise ValueError(f"DecoderConfig.head_dim must be even for RoPE, got {self.head_dim}")
@@ -139,7 +144,7 @@ class DecoderConfig:
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
-    def replace(self, **kw) -> "DecoderConfig":
+    def replace(self, **kw) -> DecoderConfig:
         return dataclasses.replace(self, **kw)
 
     # ------------------------------------------------------------------ rope
@@ -153,7 +158,9 @@ class DecoderConfig:
         `(1 - s) f_i / factor + s f_i` with `s = (L / w_i - a) / (b - a)`.
         """
         d = self.head_dim
-        inv = (1.0 / (np.float32(self.rope_theta) ** (np.arange(0, d, 2, dtype=np.float32) / np.float32(d)))).astype(np.float32)
+        inv = (1.0 / (np.float32(self.rope_theta) ** (np.arange(0, d, 2, dtype=np.float32) / np.float32(d)))).astype(
+            np.float32
+        )
         p = dict(self.rope_scaling)
         if self.rope_type == "linear":
             inv = (inv / np.float32(p["factor"])).astype(np.float32)
@@ -171,7 +178,7 @@ class DecoderConfig:
 
     # ---------------------------------------------------------- HF conversion
     @classmethod
-    def from_hf(cls, hf_config) -> "DecoderConfig":
+    def from_hf(cls, hf_config) -> DecoderConfig:
         """Builds a config from a `transformers.PretrainedConfig` (or its dict).
 
         Raises `UnsupportedArchitectureError` naming the supported architectures when
@@ -236,9 +243,7 @@ class DecoderConfig:
         if self.model_type == "qwen2" and (not self.qkv_bias or self.o_bias):
             raise UnsupportedArchitectureError("Qwen2 checkpoints have q/k/v bias and no o bias")
         if self.model_type in ("llama", "qwen3") and self.qkv_bias != self.o_bias:
-            raise UnsupportedArchitectureError(
-                f"{self.model_type} checkpoints have bias on all of q/k/v/o or on none"
-            )
+            raise UnsupportedArchitectureError(f"{self.model_type} checkpoints have bias on all of q/k/v/o or on none")
         if self.qk_norm != (self.model_type == "qwen3"):
             raise UnsupportedArchitectureError("q/k norm exists exactly for model_type 'qwen3'")
         rope = {"rope_type": self.rope_type, "rope_theta": self.rope_theta, **dict(self.rope_scaling)}
@@ -273,7 +278,16 @@ class DecoderConfig:
 
 def tiny_config(vocab_size: int = 259, **kw) -> DecoderConfig:
     """A 2-layer Qwen2-style decoder (hidden 32, 4 heads / 2 KV heads of dim 8)."""
-    base = dict(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-                num_kv_heads=2, head_dim=8, qkv_bias=True, model_type="qwen2")
+    base = dict(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        qkv_bias=True,
+        model_type="qwen2",
+    )
     base.update(kw)
     return DecoderConfig(**base)

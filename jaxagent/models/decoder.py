@@ -37,6 +37,7 @@ Layer maths (pre-norm, HF conventions)::
                  rotate_half([x1, x2]) = [-x2, x1],  f = config.inv_freq()
     Attn       = softmax(q k^T / sqrt(hd) + mask) v,  K kv heads shared by H / K q heads
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -48,8 +49,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxagent.models.config import DecoderConfig
 from jaxagent.models.attention import AttentionMask, attend
+from jaxagent.models.config import DecoderConfig
 
 Params = dict[str, Any]
 
@@ -88,6 +89,7 @@ def activation_constraint(fn):
 def constrain_activation(x: jax.Array, axes: tuple) -> jax.Array:
     fn = _CONSTRAIN.get()
     return x if fn is None else fn(x, axes)
+
 
 _PROJ_AXES = {
     "q_proj": ("embed", "heads"),
@@ -368,7 +370,9 @@ def forward_hidden(
 
     def layer(x, lp):
         q, k, v = layer_qkv(lp, x, cos, sin, config)
-        return constrain_activation(layer_finish(lp, x, attention(q, k, v, mask, config.attention), config), hidden_axes), None
+        return constrain_activation(
+            layer_finish(lp, x, attention(q, k, v, mask, config.attention), config), hidden_axes
+        ), None
 
     x, _ = jax.lax.scan(_maybe_remat(layer, remat), x, params["layers"])
     return constrain_activation(rms_norm(x, params["final_norm"]["scale"], config.rms_norm_eps), hidden_axes)
@@ -415,8 +419,11 @@ def scatter_set(buffer: jax.Array, index, values: jax.Array) -> jax.Array:
     values = values.astype(buffer.dtype)
     if buffer.dtype.itemsize != 2 or not jnp.issubdtype(buffer.dtype, jnp.floating):
         return buffer.at[index].set(values, mode="drop")
-    bits = jax.lax.bitcast_convert_type(buffer, jnp.uint16).at[index].set(
-        jax.lax.bitcast_convert_type(values, jnp.uint16), mode="drop")
+    bits = (
+        jax.lax.bitcast_convert_type(buffer, jnp.uint16)
+        .at[index]
+        .set(jax.lax.bitcast_convert_type(values, jnp.uint16), mode="drop")
+    )
     return jax.lax.bitcast_convert_type(bits, buffer.dtype)
 
 
@@ -454,7 +461,7 @@ def forward_cached(
     S = cache.max_len
     slot_BxT = cache.lengths[:, None] + jnp.cumsum(m, axis=1) - 1
     write_BxT = jnp.where(m > 0, slot_BxT, S)  # out of range -> dropped by the scatter
-    mask = AttentionMask(limit=slot_BxT.astype(jnp.int32))   # slot s <= the query's own slot
+    mask = AttentionMask(limit=slot_BxT.astype(jnp.int32))  # slot s <= the query's own slot
     cos, sin = rope_cos_sin(jnp.maximum(slot_BxT, 0), c)
     rows_BxT = jnp.broadcast_to(jnp.arange(B)[:, None], (B, T))
     hidden_axes = ACTIVATION_AXES["hidden"]
@@ -473,9 +480,7 @@ def forward_cached(
         o = cached_attention(q, k_cache[i].astype(q.dtype), v_cache[i].astype(q.dtype), mask, c.attention)
         return (constrain_activation(layer_finish(lp, x, o, c), hidden_axes), k_cache, v_cache), None
 
-    (x, k_new, v_new), _ = jax.lax.scan(
-        layer, (x, cache.k, cache.v), (params["layers"], jnp.arange(c.num_layers))
-    )
+    (x, k_new, v_new), _ = jax.lax.scan(layer, (x, cache.k, cache.v), (params["layers"], jnp.arange(c.num_layers)))
     lengths = jnp.minimum(cache.lengths + jnp.sum(m, axis=1), S).astype(jnp.int32)
     hidden = constrain_activation(rms_norm(x, params["final_norm"]["scale"], c.rms_norm_eps), hidden_axes)
     return hidden, KVCache(k=k_new, v=v_new, lengths=lengths)

@@ -15,6 +15,7 @@ HF as two halves). Within each head, HF row `r = s * hd/2 + i` (`s` in {0, 1},
 so loading undoes it with `reshape(n, hd/2, 2, D).swapaxes(1, 2)` (`n` = heads for Q,
 kv heads for K). Qwen2/Qwen3 GGUFs keep the HF order (no permutation).
 """
+
 from __future__ import annotations
 
 import os
@@ -125,13 +126,16 @@ def open_gguf(path):
     with path.open("rb") as f:
         magic = f.read(4)
     if magic != b"GGUF":
-        raise CheckpointError(f"{path}: not a GGUF file (its first bytes are {magic!r}, a GGUF file starts "
-                              "with b'GGUF')")
+        raise CheckpointError(
+            f"{path}: not a GGUF file (its first bytes are {magic!r}, a GGUF file starts with b'GGUF')"
+        )
     try:
         return gguf.GGUFReader(str(path))
     except Exception as err:  # noqa: BLE001 - struct/numpy errors of a truncated or garbled file
-        raise CheckpointError(f"{path}: cannot read GGUF file of {path.stat().st_size} bytes (truncated or "
-                              f"garbled?): {type(err).__name__}: {err}") from None
+        raise CheckpointError(
+            f"{path}: cannot read GGUF file of {path.stat().st_size} bytes (truncated or "
+            f"garbled?): {type(err).__name__}: {err}"
+        ) from None
 
 
 def load_gguf(path: str | os.PathLike, dtype="float32") -> Model:

@@ -7,6 +7,7 @@
 Tensor names follow the HF Llama / Qwen2 / Qwen3 layout; HF `Linear` weights are
 `[out, in]` and are transposed to this package's `[in, out]` kernels.
 """
+
 from __future__ import annotations
 
 import json
@@ -71,8 +72,9 @@ def _safetensors_keys(f: Path, *, shapes: bool):
             return {n: tuple(fh.get_slice(n).get_shape()) for n in fh.keys()} if shapes else list(fh.keys())
     except Exception as err:  # noqa: BLE001 - SafetensorError, OSError, ...
         hint = " (truncated or not a safetensors file?)" if size < 8 or "header" in str(err).lower() else ""
-        raise CheckpointError(f"{f}: cannot read safetensors file of {size} bytes{hint}: "
-                              f"{type(err).__name__}: {err}") from None
+        raise CheckpointError(
+            f"{f}: cannot read safetensors file of {size} bytes{hint}: {type(err).__name__}: {err}"
+        ) from None
 
 
 def packaged_model_path(name: str) -> Path:
@@ -153,8 +155,9 @@ def params_from_hf_tensors(tensors: dict[str, np.ndarray], config: DecoderConfig
         if weight_names[0] not in tensors:
             continue  # e.g. q_norm outside Qwen3 (presence was checked against the config)
         leaf = "kernel" if transpose else "scale"
-        layers[mod] = {leaf: arr(np.stack([np.asarray(tensors[n]).T if transpose else tensors[n]
-                                           for n in weight_names]))}
+        layers[mod] = {
+            leaf: arr(np.stack([np.asarray(tensors[n]).T if transpose else tensors[n] for n in weight_names]))
+        }
         bias_names = [f"model.layers.{i}.{hf_mod}.bias" for i in range(L)]
         if bias_names[0] in tensors:
             layers[mod]["bias"] = arr(np.stack([tensors[n] for n in bias_names]))
@@ -190,8 +193,9 @@ def hf_tensors_from_params(params: Params, config: DecoderConfig) -> dict[str, n
     return out
 
 
-def check_tensor_shapes(found: dict[str, tuple[int, ...]], config: DecoderConfig, source: str,
-                        where: dict | None = None) -> None:
+def check_tensor_shapes(
+    found: dict[str, tuple[int, ...]], config: DecoderConfig, source: str, where: dict | None = None
+) -> None:
     """Raises `CheckpointError` naming missing, unexpected and mis-shaped tensors (and,
     with `where`, the file each mis-shaped or unexpected one is in)."""
     where = where or {}
@@ -205,7 +209,8 @@ def check_tensor_shapes(found: dict[str, tuple[int, ...]], config: DecoderConfig
         n + at(n) for n in set(found) - set(want) if n not in ignorable and not n.endswith(_IGNORED_SUFFIXES)
     )
     misshaped = sorted(
-        f"{n}{at(n)}: {tuple(found[n])} (expected {want[n]})" for n in set(want) & set(found)
+        f"{n}{at(n)}: {tuple(found[n])} (expected {want[n]})"
+        for n in set(want) & set(found)
         if tuple(found[n]) != want[n]
     )
     if missing or unexpected or misshaped:
@@ -225,7 +230,7 @@ def _safetensors_files(path: Path) -> list[Path]:
     if index.exists():
         weight_map = _read_json(index).get("weight_map")
         if not isinstance(weight_map, dict):
-            raise CheckpointError(f"{index}: has no \"weight_map\" object")
+            raise CheckpointError(f'{index}: has no "weight_map" object')
         files = sorted({path / f for f in weight_map.values()})
         absent = [str(f) for f in files if not f.exists()]
         if absent:
@@ -247,7 +252,7 @@ def read_hf_config(path: str | os.PathLike) -> DecoderConfig:
     path = Path(path)
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{path} has no config.json")
-    _read_json(path / "config.json")   # a garbled file is named, before transformers reads it
+    _read_json(path / "config.json")  # a garbled file is named, before transformers reads it
     try:
         hf_config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
     except (ValueError, KeyError) as e:
@@ -323,12 +328,19 @@ def _save_generation_config(directory: Path, hf_config, tokenizer) -> None:
         hf_config.eos_token_id = eos[0] if len(eos) == 1 else eos
         hf_config.save_pretrained(str(directory))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
-    transformers.GenerationConfig(eos_token_id=eos, pad_token_id=pad,
-                                  bos_token_id=hf_config.bos_token_id).save_pretrained(str(directory))
+    transformers.GenerationConfig(
+        eos_token_id=eos, pad_token_id=pad, bos_token_id=hf_config.bos_token_id
+    ).save_pretrained(str(directory))
 
 
-def save_pretrained(model: Model, path: str | os.PathLike, *, tokenizer=None,
-                    max_shard_bytes: int = 4 * 1024**3, overwrite: bool = False) -> Path:
+def save_pretrained(
+    model: Model,
+    path: str | os.PathLike,
+    *,
+    tokenizer=None,
+    max_shard_bytes: int = 4 * 1024**3,
+    overwrite: bool = False,
+) -> Path:
     """Writes `config.json` and safetensors (sharded above `max_shard_bytes`, with
     `model.safetensors.index.json`) that `transformers.AutoModelForCausalLM` loads.
 

@@ -22,6 +22,7 @@ The numbers are the plain computation's up to float32 rounding. Targets must lie
 `[0, V)` (an out-of-range id gets logit 0, not an error: values are not checked
 under jit).
 """
+
 from __future__ import annotations
 
 import jax
@@ -126,11 +127,22 @@ def token_logprobs(
     that next-token distribution, for t >= 1; column 0 (no prefix) is 0. Mask the result
     with the loss mask (it is meaningless at padding and at segment starts).
     """
-    hidden = forward_hidden(params, config, tokens_BxT, attention_mask_BxT=attention_mask_BxT,
-                            positions_BxT=positions_BxT, segment_ids_BxT=segment_ids_BxT, remat=remat)
+    hidden = forward_hidden(
+        params,
+        config,
+        tokens_BxT,
+        attention_mask_BxT=attention_mask_BxT,
+        positions_BxT=positions_BxT,
+        segment_ids_BxT=segment_ids_BxT,
+        remat=remat,
+    )
     logp, ent = chunked_logprobs_and_entropy(
-        hidden[:, :-1], lm_head_kernel(params, config), tokens_BxT[:, 1:],
-        temperature=temperature, seq_chunk=seq_chunk, vocab_chunk=vocab_chunk,
+        hidden[:, :-1],
+        lm_head_kernel(params, config),
+        tokens_BxT[:, 1:],
+        temperature=temperature,
+        seq_chunk=seq_chunk,
+        vocab_chunk=vocab_chunk,
     )
     pad = ((0, 0), (1, 0))
     return jnp.pad(logp, pad), jnp.pad(ent, pad)

@@ -12,6 +12,7 @@ with `optax.multi_transform`, labelling adapter leaves "lora" and everything els
 "frozen" (`optax.set_to_zero`, no state), so the optimizer state holds moments for the
 adapters only. `merge_lora` folds `W + (alpha / r) A B` back into the kernel for export.
 """
+
 from __future__ import annotations
 
 import jax
@@ -24,8 +25,9 @@ from jaxagent.models.decoder import Params
 _LORA_LEAVES = ("lora_a", "lora_b")
 
 
-def add_lora(key: jax.Array, params: Params, config: DecoderConfig, lora: LoraConfig,
-             adapter_dtype=None) -> tuple[Params, DecoderConfig]:
+def add_lora(
+    key: jax.Array, params: Params, config: DecoderConfig, lora: LoraConfig, adapter_dtype=None
+) -> tuple[Params, DecoderConfig]:
     """Returns `(params with fresh adapters, config with config.lora = lora)`.
 
     adapter_dtype: dtype of A and B (default: the kernel's; e.g. float32 adapters on a

@@ -1,4 +1,5 @@
 """`Model`: parameters + static config in one pytree, callable like a function."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -41,5 +42,5 @@ class Model:
     def param_axes(self):
         return decoder.param_axes(self.params)
 
-    def astype(self, dtype) -> "Model":
+    def astype(self, dtype) -> Model:
         return self.replace(params=decoder.cast_params(self.params, dtype))

@@ -10,10 +10,11 @@ training of the demo fast. The texts are the env's (e.g.
 
 `save_tokenizer(tokenizer, directory)`: `save_pretrained`, atomically.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 
 def train_bpe_tokenizer(texts: Sequence[str], vocab_size: int = 512, pieces: str = "words"):
@@ -32,8 +33,9 @@ def train_bpe_tokenizer(texts: Sequence[str], vocab_size: int = 512, pieces: str
     from jaxagent.models.byte_tokenizer import SPECIAL_TOKENS, chatml_tokenizer
 
     if not isinstance(vocab_size, int) or vocab_size < 256 + len(SPECIAL_TOKENS):
-        raise ValueError(f"vocab_size must be an int >= {256 + len(SPECIAL_TOKENS)} (bytes + specials), "
-                         f"got {vocab_size!r}")
+        raise ValueError(
+            f"vocab_size must be an int >= {256 + len(SPECIAL_TOKENS)} (bytes + specials), got {vocab_size!r}"
+        )
     if pieces not in TOKENIZER_PIECES:
         raise ValueError(f"pieces must be one of {', '.join(TOKENIZER_PIECES)}, got {pieces!r}")
     if not texts:
@@ -44,14 +46,21 @@ def train_bpe_tokenizer(texts: Sequence[str], vocab_size: int = 512, pieces: str
     # so a map cell or a move is always its own token, while "<action>right</action>" can
     # become one. "lines": a piece is a line (or a run of line breaks)
     split = r"\n+|[^\n]+" if pieces == "lines" else r"\s*\S+|\s+"
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(split), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(split), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(phrases), special_tokens=list(SPECIAL_TOKENS),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - len(phrases),
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(list(texts), trainer=trainer)
-    if phrases:   # matched before the word split: a repeated line is always one token
+    if phrases:  # matched before the word split: a repeated line is always one token
         from tokenizers import AddedToken
 
         tok.add_tokens([AddedToken(p, normalized=False, special=False) for p in phrases])

@@ -5,6 +5,7 @@
 Parameters are the policy's tree without `lm_head`, plus `value_head/kernel [D]` and
 `value_head/bias []`. A tied embedding stays (it is the trunk's input).
 """
+
 from __future__ import annotations
 
 import jax
@@ -14,8 +15,9 @@ from jaxagent.models.config import DecoderConfig
 from jaxagent.models.decoder import Params, forward_hidden, init_params
 
 
-def value_params_from_policy(key: jax.Array, policy_params: Params, config: DecoderConfig,
-                             head_std: float | None = None) -> Params:
+def value_params_from_policy(
+    key: jax.Array, policy_params: Params, config: DecoderConfig, head_std: float | None = None
+) -> Params:
     """A critic initialised from a policy checkpoint: same trunk, fresh value head
     (kernel ~ N(0, head_std), default `1 / sqrt(D + 1)`; bias 0)."""
     D = config.hidden_size

@@ -12,6 +12,7 @@ This layer knows the models (their logical axis names) and nothing of training: 
 sharded update is `jaxagent.train.make_sharded_train_step`, the memory estimate of a run
 `jaxagent.train.memory`.
 """
+
 from jaxagent.parallel.distributed import (
     barrier,
     global_batch,
@@ -44,11 +45,33 @@ from jaxagent.parallel.mesh import (
 from jaxagent.parallel.rollout import local_mesh, relayout, rollout_shardings, to_local
 
 __all__ = [
-    "BATCH_AXES", "LOGICAL_AXIS_RULES", "MESH_AXES", "MeshConfig", "ROLLOUT_AXIS_RULES", "activation_constraint",
-    "barrier", "batch_sharding", "batch_spec",
-    "global_batch", "initialize", "is_primary", "like_params_specs", "local_mesh",
-    "logical_to_spec", "make_mesh", "param_shardings", "param_specs", "place_batch",
-    "process_rows", "relayout", "rollout_shardings", "shard_batch", "shard_train_state", "shutdown",
-    "to_host", "to_local",
-    "train_state_shardings", "train_state_specs",
+    "BATCH_AXES",
+    "LOGICAL_AXIS_RULES",
+    "MESH_AXES",
+    "MeshConfig",
+    "ROLLOUT_AXIS_RULES",
+    "activation_constraint",
+    "barrier",
+    "batch_sharding",
+    "batch_spec",
+    "global_batch",
+    "initialize",
+    "is_primary",
+    "like_params_specs",
+    "local_mesh",
+    "logical_to_spec",
+    "make_mesh",
+    "param_shardings",
+    "param_specs",
+    "place_batch",
+    "process_rows",
+    "relayout",
+    "rollout_shardings",
+    "shard_batch",
+    "shard_train_state",
+    "shutdown",
+    "to_host",
+    "to_local",
+    "train_state_shardings",
+    "train_state_specs",
 ]

@@ -15,6 +15,7 @@ Set-up, by precedence: explicit arguments, then the environment variables
 pod slices, SLURM, Open MPI, Kubernetes: ``jax.distributed.initialize()`` with no
 arguments). None of these, or one process: a no-op.
 """
+
 from __future__ import annotations
 
 import os
@@ -40,9 +41,15 @@ def _env_int(name: str) -> int | None:
         raise ValueError(f"environment variable {name} must be an integer, got {v!r}") from None
 
 
-def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
-               process_id: int | None = None, *, auto: bool | None = None,
-               local_device_ids: list[int] | None = None, timeout_s: int = 300) -> bool:
+def initialize(
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+    *,
+    auto: bool | None = None,
+    local_device_ids: list[int] | None = None,
+    timeout_s: int = 300,
+) -> bool:
     """Connects this process to the others (`jax.distributed.initialize`); call it
     first, before anything touches a device. Returns True when a multi-process runtime
     is up (now or already), False for a single process (nothing done).
@@ -68,12 +75,20 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
             return False
         jax.distributed.initialize(initialization_timeout=timeout_s)
         return True
-    missing = [f"{arg} ({env})" for arg, env, v in (("coordinator_address", ENV_ADDRESS, addr),
-                                                    ("num_processes", ENV_NUM, n),
-                                                    ("process_id", ENV_ID, pid)) if v is None]
+    missing = [
+        f"{arg} ({env})"
+        for arg, env, v in (
+            ("coordinator_address", ENV_ADDRESS, addr),
+            ("num_processes", ENV_NUM, n),
+            ("process_id", ENV_ID, pid),
+        )
+        if v is None
+    ]
     if missing:
-        raise ValueError(f"initialize: a multi-process run needs all three of coordinator_address, "
-                         f"num_processes and process_id; missing {', '.join(missing)}")
+        raise ValueError(
+            f"initialize: a multi-process run needs all three of coordinator_address, "
+            f"num_processes and process_id; missing {', '.join(missing)}"
+        )
     if isinstance(pid, bool) or not isinstance(pid, int) or not 0 <= pid < n:
         raise ValueError(f"initialize: process_id ({ENV_ID}) must be an int in [0, {n}), got {pid!r}")
     jax.distributed.initialize(addr, n, pid, local_device_ids=local_device_ids, initialization_timeout=timeout_s)
@@ -110,8 +125,9 @@ def process_rows(mesh: jax.sharding.Mesh, global_batch_size: int, rules: Rules =
     return np.array(sorted(rows), dtype=np.int64)
 
 
-def global_batch(local_batch, mesh: jax.sharding.Mesh, global_batch_size: int | None = None,
-                 rules: Rules = LOGICAL_AXIS_RULES):
+def global_batch(
+    local_batch, mesh: jax.sharding.Mesh, global_batch_size: int | None = None, rules: Rules = LOGICAL_AXIS_RULES
+):
     """Global arrays (rows split over ("data", "fsdp")) from every process's local rows
     (`jax.make_array_from_process_local_data`; no data crosses hosts). `local_batch` is a
     pytree of host arrays (e.g. an `UpdateBatch` of NumPy arrays; None fields stay None)
@@ -124,8 +140,10 @@ def global_batch(local_batch, mesh: jax.sharding.Mesh, global_batch_size: int | 
     if global_batch_size is not None:
         want = len(process_rows(mesh, global_batch_size, rules))
         if want != local_rows:
-            raise ValueError(f"global_batch: process {jax.process_index()} must provide {want} rows of the "
-                             f"global batch of {global_batch_size}, got {local_rows}")
+            raise ValueError(
+                f"global_batch: process {jax.process_index()} must provide {want} rows of the "
+                f"global batch of {global_batch_size}, got {local_rows}"
+            )
 
     def make(x):
         x = np.asarray(x)
@@ -147,8 +165,7 @@ def place_batch(batch, mesh: jax.sharding.Mesh, rules: Rules = LOGICAL_AXIS_RULE
 
     def put(x):
         h = np.asarray(x)
-        return jax.make_array_from_callback(h.shape, NamedSharding(mesh, batch_spec(h.ndim, rules)),
-                                            lambda idx: h[idx])
+        return jax.make_array_from_callback(h.shape, NamedSharding(mesh, batch_spec(h.ndim, rules)), lambda idx: h[idx])
 
     return jax.tree.map(put, batch)
 

@@ -56,6 +56,7 @@ weight's gradient leaves XLA's partitioner as an all-reduce and a slice of the d
 shard, which XLA's GPU and TPU pipelines fuse into one reduce-scatter; XLA:CPU keeps the
 all-reduce (`tests/test_parallel_collectives.py` checks the partitioned program).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -145,14 +146,16 @@ class MeshConfig:
             if num_devices % fixed:
                 raise ValueError(
                     f"MeshConfig.{free} = -1: the other sizes multiply to {fixed}, which does not "
-                    f"divide the {num_devices} devices available")
+                    f"divide the {num_devices} devices available"
+                )
             shape[free] = num_devices // fixed
         product = math.prod(shape.values())
         if product != num_devices:
             sizes = " * ".join(f"{n}={v}" for n, v in shape.items())
             raise ValueError(
                 f"MeshConfig: {sizes} = {product} devices, but {num_devices} are available; the "
-                f"product of the mesh sizes must equal the number of devices (one size may be -1)")
+                f"product of the mesh sizes must equal the number of devices (one size may be -1)"
+            )
         return MeshConfig(**shape)
 
 
@@ -223,14 +226,19 @@ def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int], mesh, rule
 
 def param_specs(params, mesh, rules: Rules = LOGICAL_AXIS_RULES):
     """`PartitionSpec` of every parameter (arrays or `ShapeDtypeStruct`s)."""
-    return jax.tree.map(lambda x, ax: logical_to_spec(ax, x.shape, mesh, rules), params, param_axes(params),
-                        is_leaf=lambda t: isinstance(t, tuple))
+    return jax.tree.map(
+        lambda x, ax: logical_to_spec(ax, x.shape, mesh, rules),
+        params,
+        param_axes(params),
+        is_leaf=lambda t: isinstance(t, tuple),
+    )
 
 
 def param_shardings(params, mesh: jax.sharding.Mesh, rules: Rules = LOGICAL_AXIS_RULES):
     """`NamedSharding` of every parameter on `mesh`."""
-    return jax.tree.map(lambda s: NamedSharding(mesh, s), param_specs(params, mesh, rules),
-                        is_leaf=lambda s: isinstance(s, P))
+    return jax.tree.map(
+        lambda s: NamedSharding(mesh, s), param_specs(params, mesh, rules), is_leaf=lambda s: isinstance(s, P)
+    )
 
 
 def _dict_suffix(path) -> tuple:
@@ -248,8 +256,10 @@ def like_params_specs(tree, params, param_spec_tree):
     path ends in a parameter's path and has that parameter's shape gets its spec;
     every other leaf (counts, scalars) is replicated."""
     by_path = {}
-    for (path, x), s in zip(jax.tree_util.tree_leaves_with_path(params), jax.tree.leaves(
-            param_spec_tree, is_leaf=lambda t: isinstance(t, P))):
+    for (path, x), s in zip(
+        jax.tree_util.tree_leaves_with_path(params),
+        jax.tree.leaves(param_spec_tree, is_leaf=lambda t: isinstance(t, P)),
+    ):
         by_path[_dict_suffix(path)] = (tuple(x.shape), s)
 
     def spec(path, leaf):
@@ -265,19 +275,27 @@ def train_state_specs(state, mesh, rules: Rules = LOGICAL_AXIS_RULES):
     """A `TrainState`-shaped tree of `PartitionSpec`s: params and critic params by the
     rules, their optimizer states alike, `step` / `skipped` / `rng` replicated."""
     p_specs = param_specs(state.params, mesh, rules)
-    out = dict(params=p_specs, opt_state=like_params_specs(state.opt_state, state.params, p_specs),
-               step=P(), skipped=P(), rng=P())
+    out = dict(
+        params=p_specs,
+        opt_state=like_params_specs(state.opt_state, state.params, p_specs),
+        step=P(),
+        skipped=P(),
+        rng=P(),
+    )
     if state.critic_params is not None:
         c_specs = param_specs(state.critic_params, mesh, rules)
-        out.update(critic_params=c_specs,
-                   critic_opt_state=like_params_specs(state.critic_opt_state, state.critic_params, c_specs))
+        out.update(
+            critic_params=c_specs,
+            critic_opt_state=like_params_specs(state.critic_opt_state, state.critic_params, c_specs),
+        )
     return state.replace(**out)
 
 
 def train_state_shardings(state, mesh: jax.sharding.Mesh, rules: Rules = LOGICAL_AXIS_RULES):
     """`train_state_specs` as `NamedSharding`s on `mesh` (for `in/out_shardings`)."""
-    return jax.tree.map(lambda s: NamedSharding(mesh, s), train_state_specs(state, mesh, rules),
-                        is_leaf=lambda s: isinstance(s, P))
+    return jax.tree.map(
+        lambda s: NamedSharding(mesh, s), train_state_specs(state, mesh, rules), is_leaf=lambda s: isinstance(s, P)
+    )
 
 
 def shard_train_state(state, mesh: jax.sharding.Mesh, rules: Rules = LOGICAL_AXIS_RULES):
@@ -298,8 +316,9 @@ def shard_train_state(state, mesh: jax.sharding.Mesh, rules: Rules = LOGICAL_AXI
 
     keys = jax.tree.map(_is_key, state)
     placed = jax.tree.map(place, state, shardings)
-    return jax.tree.map(lambda k, x, orig: jax.random.wrap_key_data(x, impl=jax.random.key_impl(orig)) if k else x,
-                        keys, placed, state)
+    return jax.tree.map(
+        lambda k, x, orig: jax.random.wrap_key_data(x, impl=jax.random.key_impl(orig)) if k else x, keys, placed, state
+    )
 
 
 def _is_key(x) -> bool:
@@ -313,9 +332,12 @@ def activation_constraint(mesh: jax.sharding.Mesh, rules: Rules = LOGICAL_AXIS_R
     whole, because a mesh axis is used once per array: the FSDP layout. For a model
     hook (`jaxagent.models.decoder.activation_constraint`, which `make_sharded_train_step`
     sets while the step is traced)."""
+
     def constrain(x, logical_axes):
-        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, logical_to_spec(logical_axes, x.shape, mesh,
-                                                                                        rules)))
+        return jax.lax.with_sharding_constraint(
+            x, NamedSharding(mesh, logical_to_spec(logical_axes, x.shape, mesh, rules))
+        )
+
     return constrain
 
 
@@ -348,6 +370,8 @@ def _check_rows(batch, mesh, rules) -> int:
     B = int(np.shape(leaves[0])[0])
     n = math.prod(dict(mesh.shape)[a] for a in rules_dict(rules)["batch"])
     if B % n:
-        raise ValueError(f"batch size {B} is not divisible by the {n} batch shards of the mesh "
-                         f"({' * '.join(f'{a}={dict(mesh.shape)[a]}' for a in rules_dict(rules)['batch'])})")
+        raise ValueError(
+            f"batch size {B} is not divisible by the {n} batch shards of the mesh "
+            f"({' * '.join(f'{a}={dict(mesh.shape)[a]}' for a in rules_dict(rules)['batch'])})"
+        )
     return B

@@ -23,6 +23,7 @@ mesh to the rollout layout (the only cross-process traffic: each process's devic
 receive the weights they do not hold, device to device), after which each process's
 shards *are* its local arrays (`jax.make_array_from_single_device_arrays`, no copy).
 """
+
 from __future__ import annotations
 
 import jax
@@ -38,8 +39,9 @@ __all__ = ["local_mesh", "params_mesh", "relayout", "rollout_shardings", "to_loc
 
 def rollout_shardings(params, mesh: Mesh, rules: Rules = ROLLOUT_AXIS_RULES):
     """`NamedSharding` of every parameter for sampling on `mesh` (the rollout rules)."""
-    return jax.tree.map(lambda s: NamedSharding(mesh, s), param_specs(params, mesh, rules),
-                        is_leaf=lambda s: isinstance(s, P))
+    return jax.tree.map(
+        lambda s: NamedSharding(mesh, s), param_specs(params, mesh, rules), is_leaf=lambda s: isinstance(s, P)
+    )
 
 
 def local_mesh(mesh: Mesh, process_index: int | None = None, *, process_of=None) -> Mesh | None:
@@ -104,8 +106,7 @@ def to_local(params, mesh: Mesh, local: Mesh | None, rules: Rules = ROLLOUT_AXIS
         raise ValueError("to_local: the local mesh holds devices of other processes")
     shapes = jax.eval_shape(prepare, params) if prepare is not None else params
     leaves, treedef = jax.tree.flatten(shapes)
-    local_sh = [None] * len(leaves) if local is None else \
-        treedef.flatten_up_to(rollout_shardings(shapes, local, rules))
+    local_sh = [None] * len(leaves) if local is None else treedef.flatten_up_to(rollout_shardings(shapes, local, rules))
     pairs = [_layouts(x, s, mesh) for x, s in zip(leaves, local_sh)]
     resharded = relayout(params, treedef.unflatten([g for g, _ in pairs]), prepare)
     return treedef.unflatten([_assemble(x, l) for x, (_, l) in zip(treedef.flatten_up_to(resharded), pairs)])
@@ -120,9 +121,10 @@ def relayout(params, shardings, prepare=None):
     key = (prepare, treedef, tuple(leaves))
     fn = _RELAYOUT.get(key)
     if fn is None:
+
         def body(params):
             out = params if prepare is None else prepare(params)
-            return jax.tree.map(jnp.copy, out)   # a copy: the output is never forwarded from the input
+            return jax.tree.map(jnp.copy, out)  # a copy: the output is never forwarded from the input
 
         fn = _RELAYOUT[key] = jax.jit(body, out_shardings=shardings)
     return fn(params)
@@ -140,8 +142,10 @@ def _assemble(x: jax.Array, local: NamedSharding | None) -> jax.Array:
     shards = [s for s in x.addressable_shards if s.device in index]
     for s in shards:
         if s.index != index[s.device]:
-            raise AssertionError(f"to_local: device {s.device} holds {s.index} of a global {x.shape} array, but "
-                                 f"the local layout {local.spec} wants {index[s.device]} there")
+            raise AssertionError(
+                f"to_local: device {s.device} holds {s.index} of a global {x.shape} array, but "
+                f"the local layout {local.spec} wants {index[s.device]} there"
+            )
     return jax.make_array_from_single_device_arrays(x.shape, local, [s.data for s in shards])
 
 
@@ -157,7 +161,9 @@ def params_mesh(params) -> Mesh | None:
     if not isinstance(mesh, Mesh) or mesh.devices.size < 2 or tuple(mesh.axis_names) != MESH_AXES:
         return None
     if any(not x.is_fully_addressable for x in leaves):
-        raise ValueError(f"the sampler's params span {len({d.process_index for d in mesh.devices.flat})} "
-                         "processes; a sampler runs within one process: give it this process's copy "
-                         "(jaxagent.parallel.rollout.to_local, or Placement.sampler_params)")
+        raise ValueError(
+            f"the sampler's params span {len({d.process_index for d in mesh.devices.flat})} "
+            "processes; a sampler runs within one process: give it this process's copy "
+            "(jaxagent.parallel.rollout.to_local, or Placement.sampler_params)"
+        )
     return mesh

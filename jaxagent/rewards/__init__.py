@@ -5,15 +5,42 @@ Standard library only; importing this package loads nothing else of jaxagent. Th
 on a local model, `LocalJudge` (`jaxagent.rewards.local`: JAX, the models and the
 sampler), is imported on first use of the name.
 """
-from jaxagent.rewards.judge import (COMBINE_MODES, DEFAULT_PROMPT, FAILURE_KINDS, CallableJudge, Judge, JudgeItem,
-                                    JudgeResult, OpenAIJudge, combine, make_judge, parse_score, render_prompt,
-                                    render_transcript)
 
 from jaxagent.rewards.episodes import JudgeReward, episode_messages
+from jaxagent.rewards.judge import (
+    COMBINE_MODES,
+    DEFAULT_PROMPT,
+    FAILURE_KINDS,
+    CallableJudge,
+    Judge,
+    JudgeItem,
+    JudgeResult,
+    OpenAIJudge,
+    combine,
+    make_judge,
+    parse_score,
+    render_prompt,
+    render_transcript,
+)
 
-__all__ = ["JudgeReward", "episode_messages", "COMBINE_MODES", "DEFAULT_PROMPT", "FAILURE_KINDS", "CallableJudge",
-           "Judge", "JudgeItem", "JudgeResult", "LocalJudge", "OpenAIJudge", "combine", "make_judge", "parse_score",
-           "render_prompt", "render_transcript"]
+__all__ = [
+    "JudgeReward",
+    "episode_messages",
+    "COMBINE_MODES",
+    "DEFAULT_PROMPT",
+    "FAILURE_KINDS",
+    "CallableJudge",
+    "Judge",
+    "JudgeItem",
+    "JudgeResult",
+    "LocalJudge",
+    "OpenAIJudge",
+    "combine",
+    "make_judge",
+    "parse_score",
+    "render_prompt",
+    "render_transcript",
+]
 
 
 def __getattr__(name):

@@ -18,9 +18,10 @@ deadline: a slow or failing judge costs its episodes, never the run).
 `JudgeReward.from_config(section)` builds it from the trainer's `reward` section (None
 when `reward.judge` is null).
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from jaxagent.rewards.judge import Judge, JudgeItem, combine, make_judge
 
@@ -44,17 +45,16 @@ class JudgeReward:
     def __init__(self, judge: Judge, *, mode: str = "replace", weight: float = 1.0, on_failure: str = "drop"):
         if on_failure not in ("drop", "env"):
             raise ValueError(f"on_failure must be 'drop' or 'env', got {on_failure!r}")
-        combine(0.0, 0.0, mode, weight)   # a bad mode or weight is named now, not per episode
+        combine(0.0, 0.0, mode, weight)  # a bad mode or weight is named now, not per episode
         self.judge, self.mode, self.weight, self.on_failure = judge, mode, float(weight), on_failure
         #: counts of the last call: scored, failed by kind
         self.last: dict[str, int] = {}
 
     @classmethod
-    def from_config(cls, section) -> "JudgeReward | None":
+    def from_config(cls, section) -> JudgeReward | None:
         if section.judge is None:
             return None
-        return cls(make_judge(section.judge), mode=section.mode, weight=section.weight,
-                   on_failure=section.on_failure)
+        return cls(make_judge(section.judge), mode=section.mode, weight=section.weight, on_failure=section.on_failure)
 
     def __call__(self, episodes: Sequence) -> None:
         todo = [ep for ep in episodes if not ep.failed and ep.rewards]
@@ -66,8 +66,10 @@ class JudgeReward:
             env_reward = float(ep.rewards[-1])
             if res.score is not None:
                 ep.rewards[-1] = combine(env_reward, res.score, self.mode, self.weight)
-                ep.info = {**(ep.info or {}), "judge": {"score": res.score, "env_reward": env_reward,
-                                                        "seconds": res.seconds}}
+                ep.info = {
+                    **(ep.info or {}),
+                    "judge": {"score": res.score, "env_reward": env_reward, "seconds": res.seconds},
+                }
                 continue
             self.last[res.failure_kind] = self.last.get(res.failure_kind, 0) + 1
             if self.on_failure == "env":

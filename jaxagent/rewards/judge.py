@@ -102,6 +102,7 @@ API
     (`judge_score` None) is a ValueError: the caller decides (drop the episode, or keep
     the env reward) and should count it by failure_kind.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -117,7 +118,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any
 
 FAILURE_KINDS = ("judge_timeout", "judge_http_error", "judge_bad_reply", "judge_error")
 COMBINE_MODES = ("replace", "add")
@@ -150,6 +152,7 @@ _ROLE_TITLES = {"system": "SYSTEM PROMPT", "user": "ENVIRONMENT (user)", "assist
 @dataclasses.dataclass(frozen=True)
 class JudgeItem:
     """One finished episode to score (see the module docstring)."""
+
     key: Hashable
     messages: list[dict[str, str]]
     info: dict[str, Any] | None = None
@@ -158,6 +161,7 @@ class JudgeItem:
 @dataclasses.dataclass(frozen=True)
 class JudgeResult:
     """A judge's verdict on one item: a score, or a failure kind and why."""
+
     key: Hashable
     score: float | None
     failure_kind: str | None = None
@@ -179,7 +183,7 @@ class _Failure(Exception):
 
 def _short(text: str, limit: int = _DETAIL_CHARS) -> str:
     text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def parse_score(text: str) -> float | None:
@@ -253,9 +257,16 @@ class Judge:
 
     default_retries = 2
 
-    def __init__(self, *, timeout_s: float = 60.0, retries: int | None = None, max_concurrency: int = 8,
-                 batch_timeout_s: float | None = None, backoff_s: float = 0.5,
-                 score_range: Sequence[float] | None = (0.0, 1.0)):
+    def __init__(
+        self,
+        *,
+        timeout_s: float = 60.0,
+        retries: int | None = None,
+        max_concurrency: int = 8,
+        batch_timeout_s: float | None = None,
+        backoff_s: float = 0.5,
+        score_range: Sequence[float] | None = (0.0, 1.0),
+    ):
         retries = self.default_retries if retries is None else retries
         if not _positive(timeout_s):
             raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
@@ -281,7 +292,7 @@ class Judge:
 
     def item_budget_s(self) -> float:
         """One item's worst case: every attempt times out, with the backoffs between."""
-        backoffs = sum(self.backoff_s * 2 ** a for a in range(self.retries))
+        backoffs = sum(self.backoff_s * 2**a for a in range(self.retries))
         return self.timeout_s * (1 + self.retries) + backoffs
 
     def default_batch_timeout_s(self, n: int) -> float:
@@ -302,8 +313,7 @@ class Judge:
         for i in range(len(items)):
             todo.put(i)
         for w in range(min(self.max_concurrency, len(items))):
-            threading.Thread(target=self._worker, args=(items, todo, batch), daemon=True,
-                             name=f"judge-{w}").start()
+            threading.Thread(target=self._worker, args=(items, todo, batch), daemon=True, name=f"judge-{w}").start()
         with batch.cond:
             while batch.pending and (left := batch.deadline - time.monotonic()) > 0:
                 batch.cond.wait(left)
@@ -314,8 +324,11 @@ class Judge:
                 r = batch.results[i]
                 if r is None:
                     t0 = batch.started[i]
-                    why = ("not started before the batch deadline" if t0 is None else
-                           f"unfinished at the batch deadline ({budget:.3g} s)")
+                    why = (
+                        "not started before the batch deadline"
+                        if t0 is None
+                        else f"unfinished at the batch deadline ({budget:.3g} s)"
+                    )
                     r = JudgeResult(it.key, None, "judge_timeout", why, 0.0 if t0 is None else now - t0)
                 out.append(r)
         return out
@@ -332,8 +345,13 @@ class Judge:
             try:
                 result = self._score_one(items[i], batch)
             except Exception as e:  # noqa: BLE001 - a bug here must not cost the batch its deadline
-                result = JudgeResult(items[i].key, None, "judge_error",
-                                     _short(self._redact(f"{type(e).__name__}: {e}")), time.monotonic() - t0)
+                result = JudgeResult(
+                    items[i].key,
+                    None,
+                    "judge_error",
+                    _short(self._redact(f"{type(e).__name__}: {e}")),
+                    time.monotonic() - t0,
+                )
             batch.finish(i, result)
 
     def _score_one(self, item: JudgeItem, batch: _Batch) -> JudgeResult:
@@ -357,7 +375,7 @@ class Judge:
                 note = f" (after {attempt + 1} attempts)" if attempt else ""
                 if not f.retryable or attempt >= self.retries or batch.closed:
                     return result(None, f.kind, f.detail + note)
-                pause = self.backoff_s * 2 ** attempt
+                pause = self.backoff_s * 2**attempt
                 if time.monotonic() + pause >= batch.deadline:
                     return result(None, f.kind, f.detail + note)
                 time.sleep(pause)
@@ -389,8 +407,10 @@ class Judge:
         return text
 
     def _opts_repr(self) -> str:
-        return (f"timeout_s={self.timeout_s:g}, retries={self.retries}, max_concurrency={self.max_concurrency}, "
-                f"batch_timeout_s={self.batch_timeout_s!r}")
+        return (
+            f"timeout_s={self.timeout_s:g}, retries={self.retries}, max_concurrency={self.max_concurrency}, "
+            f"batch_timeout_s={self.batch_timeout_s!r}"
+        )
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._opts_repr()})"
@@ -427,6 +447,7 @@ class CallableJudge(Judge):
 
 class _Secret:
     """Holds the API key; its repr never shows it (so neither does vars(judge))."""
+
     __slots__ = ("_value",)
 
     def __init__(self, value: str):
@@ -452,11 +473,23 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 class OpenAIJudge(Judge):
     """An LLM judge behind an OpenAI-compatible ``/chat/completions`` endpoint."""
 
-    def __init__(self, base_url: str, model: str, api_key_env: str | None = None, prompt: str = DEFAULT_PROMPT,
-                 temperature: float = 0.0, max_tokens: int = 512, *, api_key: Any = None, **opts):
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key_env: str | None = None,
+        prompt: str = DEFAULT_PROMPT,
+        temperature: float = 0.0,
+        max_tokens: int = 512,
+        *,
+        api_key: Any = None,
+        **opts,
+    ):
         if api_key is not None:
-            raise ValueError("OpenAIJudge does not take an API key directly: put it in an environment variable "
-                             "and pass that variable's name as api_key_env")
+            raise ValueError(
+                "OpenAIJudge does not take an API key directly: put it in an environment variable "
+                "and pass that variable's name as api_key_env"
+            )
         if not isinstance(base_url, str) or not re.match(r"https?://[^/\s]", base_url):
             raise ValueError("base_url must be an http:// or https:// URL, e.g. https://api.openai.com/v1")
         if not isinstance(model, str) or not model:
@@ -483,11 +516,20 @@ class OpenAIJudge(Judge):
 
     def _call(self, item: JudgeItem, timeout_s: float) -> str:
         content = _prompt_or_fail(self.prompt, item)
-        body = json.dumps({"model": self.model, "messages": [{"role": "user", "content": content}],
-                           "temperature": self.temperature, "max_tokens": self.max_tokens}).encode()
-        req = urllib.request.Request(self.url, data=body, method="POST",
-                                     headers={"Content-Type": "application/json", "Accept": "application/json",
-                                              "User-Agent": "jaxagent-judge"})
+        body = json.dumps(
+            {
+                "model": self.model,
+                "messages": [{"role": "user", "content": content}],
+                "temperature": self.temperature,
+                "max_tokens": self.max_tokens,
+            }
+        ).encode()
+        req = urllib.request.Request(
+            self.url,
+            data=body,
+            method="POST",
+            headers={"Content-Type": "application/json", "Accept": "application/json", "User-Agent": "jaxagent-judge"},
+        )
         if self._key is not None:
             req.add_unredirected_header("Authorization", "Bearer " + self._key.reveal())
         try:
@@ -512,8 +554,9 @@ class OpenAIJudge(Judge):
             reply = json.loads(raw)
             text = reply["choices"][0]["message"]["content"]
         except (ValueError, KeyError, IndexError, TypeError):
-            raise _Failure("judge_bad_reply", "not a chat completion: "
-                           + raw[:_DETAIL_CHARS].decode("utf-8", "replace")) from None
+            raise _Failure(
+                "judge_bad_reply", "not a chat completion: " + raw[:_DETAIL_CHARS].decode("utf-8", "replace")
+            ) from None
         if not isinstance(text, str):
             raise _Failure("judge_bad_reply", f"message content is {type(text).__name__}, not text")
         return text
@@ -524,8 +567,10 @@ class OpenAIJudge(Judge):
         return text
 
     def __repr__(self) -> str:
-        return (f"OpenAIJudge(base_url={self.base_url!r}, model={self.model!r}, api_key_env={self.api_key_env!r}, "
-                f"{self._opts_repr()})")
+        return (
+            f"OpenAIJudge(base_url={self.base_url!r}, model={self.model!r}, api_key_env={self.api_key_env!r}, "
+            f"{self._opts_repr()})"
+        )
 
 
 def render_transcript(messages: Sequence[Mapping[str, Any]]) -> str:
@@ -564,8 +609,10 @@ def _check_prompt(prompt: Any) -> None:
     roots = {re.split(r"[.\[]", f, maxsplit=1)[0] for f in fields}
     unknown = sorted(r for r in roots if r not in ("transcript", "info"))
     if unknown:
-        raise ValueError(f"prompt uses unknown fields {unknown}; the fields are {{transcript}} and {{info[...]}} "
-                         "(double literal braces)")
+        raise ValueError(
+            f"prompt uses unknown fields {unknown}; the fields are {{transcript}} and {{info[...]}} "
+            "(double literal braces)"
+        )
     if "transcript" not in roots:
         raise ValueError("prompt must contain {transcript}")
 
@@ -575,8 +622,7 @@ def _read_key(api_key_env: Any) -> _Secret | None:
         return None
     if not isinstance(api_key_env, str) or not _ENV_NAME.match(api_key_env):
         # Not echoed: a key pasted here by mistake must not end up in a log.
-        raise ValueError("api_key_env must be the name of an environment variable (like OPENAI_API_KEY), "
-                         "not a key")
+        raise ValueError("api_key_env must be the name of an environment variable (like OPENAI_API_KEY), not a key")
     value = os.environ.get(api_key_env)
     if value is None:
         raise ValueError(f"the judge's API key variable {api_key_env} is not set in the environment")
@@ -604,8 +650,21 @@ _SPEC_KEYS = {
     "openai": ("type", "base_url", "model", "api_key_env", "prompt", "temperature", "max_tokens") + _JUDGE_OPTS,
     "callable": ("type", "fn") + _JUDGE_OPTS,
     # retries, backoff_s and max_concurrency do not apply to a local model (see LocalJudge)
-    "local": ("type", "model", "prompt", "max_tokens", "temperature", "max_prompt_tokens", "batch_size",
-              "chunk_tokens", "seed", "dtype", "timeout_s", "batch_timeout_s", "score_range"),
+    "local": (
+        "type",
+        "model",
+        "prompt",
+        "max_tokens",
+        "temperature",
+        "max_prompt_tokens",
+        "batch_size",
+        "chunk_tokens",
+        "seed",
+        "dtype",
+        "timeout_s",
+        "batch_timeout_s",
+        "score_range",
+    ),
 }
 _REQUIRED = {"openai": ("base_url", "model"), "callable": ("fn",), "local": ("model",)}
 
@@ -615,14 +674,17 @@ def make_judge(spec: Mapping[str, Any]) -> Judge:
     if isinstance(spec, Judge):
         return spec
     if not isinstance(spec, Mapping):
-        raise ValueError(f"a judge spec is a mapping with a 'type' ({', '.join(_SPEC_KEYS)}), "
-                         f"got {type(spec).__name__}")
+        raise ValueError(
+            f"a judge spec is a mapping with a 'type' ({', '.join(_SPEC_KEYS)}), got {type(spec).__name__}"
+        )
     kind = spec.get("type")
     if kind not in _SPEC_KEYS:
         raise ValueError(f"unknown judge type {kind!r}; known types: {', '.join(_SPEC_KEYS)}")
     if "api_key" in spec:
-        raise ValueError("a judge spec does not take an API key: put it in an environment variable and name "
-                         "that variable in api_key_env")
+        raise ValueError(
+            "a judge spec does not take an API key: put it in an environment variable and name "
+            "that variable in api_key_env"
+        )
     unknown = sorted(str(k) for k in spec if k not in _SPEC_KEYS[kind])
     if unknown:
         raise ValueError(f"unknown keys for a {kind!r} judge: {unknown}; known keys: {', '.join(_SPEC_KEYS[kind])}")
@@ -663,8 +725,10 @@ def combine(env_reward: float, judge_score: float | None, mode: str, weight: flo
     if mode not in COMBINE_MODES:
         raise ValueError(f"unknown combine mode {mode!r}; known modes: {', '.join(COMBINE_MODES)}")
     if judge_score is None:
-        raise ValueError("the judge failed for this episode (score None): drop it or keep its env reward, "
-                         "and count it by failure_kind")
+        raise ValueError(
+            "the judge failed for this episode (score None): drop it or keep its env reward, "
+            "and count it by failure_kind"
+        )
     if not math.isfinite(judge_score):
         raise ValueError(f"judge_score must be finite, got {judge_score!r}")
     if not math.isfinite(weight):

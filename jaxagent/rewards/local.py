@@ -83,16 +83,28 @@ sampler calls: a sampler batch is one prefill call, then decode calls of at most
 So either limit is overrun by at most one sampler call: a prefill (one compile the
 first time), or `chunk_tokens` decode steps.
 """
+
 from __future__ import annotations
 
 import math
 import os
 import threading
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-from jaxagent.rewards.judge import (_DEADLINE_MARGIN_S, DEFAULT_PROMPT, Judge, JudgeItem, JudgeResult, _check_prompt,
-                                    _Failure, _prompt_or_fail, _short, render_prompt)
+from jaxagent.rewards.judge import (
+    _DEADLINE_MARGIN_S,
+    DEFAULT_PROMPT,
+    Judge,
+    JudgeItem,
+    JudgeResult,
+    _check_prompt,
+    _Failure,
+    _prompt_or_fail,
+    _short,
+    render_prompt,
+)
 
 DTYPES = ("float32", "bfloat16")
 _NOT_HERE = ("retries", "backoff_s", "max_concurrency")
@@ -110,16 +122,30 @@ class LocalJudge(Judge):
 
     default_retries = 0
 
-    def __init__(self, model: Any, *, prompt: str = DEFAULT_PROMPT, max_tokens: int = 256,
-                 temperature: float = 0.0, max_prompt_tokens: int = 2048, batch_size: int = 8,
-                 chunk_tokens: int = 64, seed: int = 0, dtype: str = "float32", timeout_s: float = 300.0,
-                 batch_timeout_s: float | None = None, score_range: Sequence[float] | None = (0.0, 1.0),
-                 **opts):
+    def __init__(
+        self,
+        model: Any,
+        *,
+        prompt: str = DEFAULT_PROMPT,
+        max_tokens: int = 256,
+        temperature: float = 0.0,
+        max_prompt_tokens: int = 2048,
+        batch_size: int = 8,
+        chunk_tokens: int = 64,
+        seed: int = 0,
+        dtype: str = "float32",
+        timeout_s: float = 300.0,
+        batch_timeout_s: float | None = None,
+        score_range: Sequence[float] | None = (0.0, 1.0),
+        **opts,
+    ):
         for name in _NOT_HERE:
             if name in opts:
-                raise ValueError(f"LocalJudge does not take {name}: a local generation is not retried (greedy, "
-                                 "it would give the same reply) and runs in the calling thread, one sampler "
-                                 "batch at a time (batch_size sets how many prompts)")
+                raise ValueError(
+                    f"LocalJudge does not take {name}: a local generation is not retried (greedy, "
+                    "it would give the same reply) and runs in the calling thread, one sampler "
+                    "batch at a time (batch_size sets how many prompts)"
+                )
         if opts:
             raise TypeError(f"LocalJudge got unexpected arguments {sorted(opts)}")
         _check_prompt(prompt)
@@ -132,8 +158,14 @@ class LocalJudge(Judge):
             raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-        super().__init__(timeout_s=timeout_s, retries=0, max_concurrency=1, batch_timeout_s=batch_timeout_s,
-                         backoff_s=0.0, score_range=score_range)
+        super().__init__(
+            timeout_s=timeout_s,
+            retries=0,
+            max_concurrency=1,
+            batch_timeout_s=batch_timeout_s,
+            backoff_s=0.0,
+            score_range=score_range,
+        )
         self.prompt = prompt
         self.temperature = float(temperature)
         self.dtype = dtype
@@ -153,12 +185,14 @@ class LocalJudge(Judge):
             self._path = None
             self._setup(*model)
         else:
-            raise ValueError("model must be a model directory, a .gguf file, a packaged model name or a "
-                             f"(Model, tokenizer) pair, got {type(model).__name__}")
+            raise ValueError(
+                "model must be a model directory, a .gguf file, a packaged model name or a "
+                f"(Model, tokenizer) pair, got {type(model).__name__}"
+            )
 
     # -- the model ---------------------------------------------------------------------
 
-    def load(self) -> "LocalJudge":
+    def load(self) -> LocalJudge:
         """Loads the model and tokenizer now (see the module docstring); a no-op once loaded."""
         with self._lock:
             self._load()
@@ -184,18 +218,22 @@ class LocalJudge(Judge):
         from jaxagent.rollout.chat import ChatFormat, ChatTemplateError
 
         if not isinstance(model, Model):
-            raise ValueError(f"model: the pair's first entry must be a jaxagent.models.Model, "
-                             f"got {type(model).__name__}")
+            raise ValueError(
+                f"model: the pair's first entry must be a jaxagent.models.Model, got {type(model).__name__}"
+            )
         if not callable(getattr(tokenizer, "apply_chat_template", None)):
-            raise ValueError(f"model: the pair's second entry must be a transformers tokenizer, "
-                             f"got {type(tokenizer).__name__}")
+            raise ValueError(
+                f"model: the pair's second entry must be a transformers tokenizer, got {type(tokenizer).__name__}"
+            )
         try:
             chat = ChatFormat(tokenizer)
         except ChatTemplateError as e:
             raise ValueError(f"model: the judge's tokenizer cannot be used: {e}") from None
         if len(tokenizer) > model.config.vocab_size:
-            raise ValueError(f"model: the tokenizer has {len(tokenizer)} tokens, more than the model's vocabulary "
-                             f"({model.config.vocab_size})")
+            raise ValueError(
+                f"model: the tokenizer has {len(tokenizer)} tokens, more than the model's vocabulary "
+                f"({model.config.vocab_size})"
+            )
         if model.params["final_norm"]["scale"].dtype != jnp.dtype(self.dtype):
             model = model.astype(self.dtype)
         self._model, self._tokenizer, self._chat = model, tokenizer, chat
@@ -242,10 +280,12 @@ class LocalJudge(Judge):
             try:
                 self._load()
             except Exception:  # noqa: BLE001 - recorded by _load
-                return [JudgeResult(it.key, None, "judge_error", _short(self._load_error or "load failed"))
-                        for it in items]
-            budget = self.batch_timeout_s if self.batch_timeout_s is not None else \
-                self.default_batch_timeout_s(len(items))
+                return [
+                    JudgeResult(it.key, None, "judge_error", _short(self._load_error or "load failed")) for it in items
+                ]
+            budget = (
+                self.batch_timeout_s if self.batch_timeout_s is not None else self.default_batch_timeout_s(len(items))
+            )
             deadline = time.monotonic() + budget
             results: list[JudgeResult | None] = [None] * len(items)
             prompts: dict[int, list[int]] = {}
@@ -257,28 +297,41 @@ class LocalJudge(Judge):
                     results[i] = JudgeResult(it.key, None, f.kind, _short(f.detail), time.monotonic() - t0)
                     continue
                 except Exception as e:  # noqa: BLE001 - e.g. messages that are not chat messages
-                    results[i] = JudgeResult(it.key, None, "judge_error", _short(f"{type(e).__name__}: {e}"),
-                                             time.monotonic() - t0)
+                    results[i] = JudgeResult(
+                        it.key, None, "judge_error", _short(f"{type(e).__name__}: {e}"), time.monotonic() - t0
+                    )
                     continue
                 if len(ids) > self.max_prompt_tokens:
-                    results[i] = JudgeResult(it.key, None, "judge_error",
-                                             f"prompt is {len(ids)} tokens, over max_prompt_tokens "
-                                             f"{self.max_prompt_tokens}", time.monotonic() - t0)
+                    results[i] = JudgeResult(
+                        it.key,
+                        None,
+                        "judge_error",
+                        f"prompt is {len(ids)} tokens, over max_prompt_tokens {self.max_prompt_tokens}",
+                        time.monotonic() - t0,
+                    )
                     continue
                 prompts[i] = ids
             todo = list(prompts)
             for start in range(0, len(todo), self.batch_size):
                 if time.monotonic() >= deadline:
                     for i in todo[start:]:
-                        results[i] = JudgeResult(items[i].key, None, "judge_timeout",
-                                                 "not started before the batch deadline")
+                        results[i] = JudgeResult(
+                            items[i].key, None, "judge_timeout", "not started before the batch deadline"
+                        )
                     break
-                rows = todo[start:start + self.batch_size]
+                rows = todo[start : start + self.batch_size]
                 self._run_batch(items, rows, [prompts[i] for i in rows], deadline, budget, results)
             return results  # type: ignore[return-value]
 
-    def _run_batch(self, items: list[JudgeItem], rows: list[int], prompts: list[list[int]], deadline: float,
-                   budget: float, results: list) -> None:
+    def _run_batch(
+        self,
+        items: list[JudgeItem],
+        rows: list[int],
+        prompts: list[list[int]],
+        deadline: float,
+        budget: float,
+        results: list,
+    ) -> None:
         """Generates the replies of items `rows` in one sampler batch and fills in their results."""
         from jaxagent.rollout.sampler import GREEDY, SamplingConfig, bucket
 
@@ -307,8 +360,14 @@ class LocalJudge(Judge):
                     break
                 active = [not d for d in done] + [False] * (B - n)
                 max_new = [self.max_tokens - len(o) for o in out] + [0] * (B - n)
-                state, gen = sampler.decode(state, max_new_tokens=chunk, sampling=sampling, active=active,
-                                            max_new=max_new, stop_tokens=self._stop_tokens)
+                state, gen = sampler.decode(
+                    state,
+                    max_new_tokens=chunk,
+                    sampling=sampling,
+                    active=active,
+                    max_new=max_new,
+                    stop_tokens=self._stop_tokens,
+                )
                 toks, _, reasons = sampler.to_lists(gen)
                 now = time.monotonic()
                 for b in range(n):
@@ -332,14 +391,20 @@ class LocalJudge(Judge):
             reply = self._chat.action_text(out[b])
             self.last_replies[i], self.last_reply_tokens[i] = reply, list(out[b])
             took = finished[b]
-            results[i] = self._check(reply, lambda score, kind=None, detail="", _k=item.key, _t=took:
-                                     JudgeResult(_k, score, kind, _short(detail), _t))
+            results[i] = self._check(
+                reply,
+                lambda score, kind=None, detail="", _k=item.key, _t=took: JudgeResult(
+                    _k, score, kind, _short(detail), _t
+                ),
+            )
 
     def __repr__(self) -> str:
         model = self.model_path if self.model_path is not None else "<loaded Model>"
-        return (f"LocalJudge(model={model!r}, max_tokens={self.max_tokens}, temperature={self.temperature:g}, "
-                f"max_prompt_tokens={self.max_prompt_tokens}, batch_size={self.batch_size}, dtype={self.dtype!r}, "
-                f"timeout_s={self.timeout_s:g}, batch_timeout_s={self.batch_timeout_s!r})")
+        return (
+            f"LocalJudge(model={model!r}, max_tokens={self.max_tokens}, temperature={self.temperature:g}, "
+            f"max_prompt_tokens={self.max_prompt_tokens}, batch_size={self.batch_size}, dtype={self.dtype!r}, "
+            f"timeout_s={self.timeout_s:g}, batch_timeout_s={self.batch_timeout_s!r})"
+        )
 
 
 def _check_path(model: str | os.PathLike):

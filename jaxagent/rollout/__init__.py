@@ -11,12 +11,39 @@
   (`Episode`, the loop's cut, packing into a `Trajectory`).
 - `trajectory`: the `Trajectory` pytree the trainer consumes.
 """
+
 from jaxagent.rollout.agent_loop import AgentLoop, AgentLoopConfig, Episode
 from jaxagent.rollout.chat import ChatFormat, ChatTemplateError
-from jaxagent.rollout.sampler import (FINISH_REASONS, GREEDY, Generation, Sampler, SamplerState, SamplingConfig,
-                                      bucket, decode_step, processed_logits, sample_tokens)
+from jaxagent.rollout.sampler import (
+    FINISH_REASONS,
+    GREEDY,
+    Generation,
+    Sampler,
+    SamplerState,
+    SamplingConfig,
+    bucket,
+    decode_step,
+    processed_logits,
+    sample_tokens,
+)
 from jaxagent.rollout.trajectory import Trajectory, trim_padding
 
-__all__ = ["AgentLoop", "AgentLoopConfig", "ChatFormat", "ChatTemplateError", "Episode", "FINISH_REASONS",
-           "GREEDY", "Generation", "Sampler", "SamplerState", "SamplingConfig", "Trajectory", "trim_padding", "bucket",
-           "decode_step", "processed_logits", "sample_tokens"]
+__all__ = [
+    "AgentLoop",
+    "AgentLoopConfig",
+    "ChatFormat",
+    "ChatTemplateError",
+    "Episode",
+    "FINISH_REASONS",
+    "GREEDY",
+    "Generation",
+    "Sampler",
+    "SamplerState",
+    "SamplingConfig",
+    "Trajectory",
+    "trim_padding",
+    "bucket",
+    "decode_step",
+    "processed_logits",
+    "sample_tokens",
+]

@@ -49,10 +49,12 @@ Token-exactness: see `ChatFormat`. The trajectory's policy tokens and log-probs 
 the sampler's output verbatim; its observation tokens are each segment's own
 tokenization; `loss_mask` is 1 exactly on the policy tokens.
 """
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -115,8 +117,10 @@ class AgentLoopConfig:
         if not isinstance(self.slots, int) or isinstance(self.slots, bool) or self.slots < 0:
             raise ValueError(f"AgentLoopConfig.slots must be an int >= 0 (0 = turn-synchronous), got {self.slots!r}")
         if self.slots and self.pipeline_groups > 1:
-            raise ValueError(f"AgentLoopConfig: slots={self.slots} (continuous scheduling) and pipeline_groups="
-                             f"{self.pipeline_groups} are two ways of overlapping env steps; choose one")
+            raise ValueError(
+                f"AgentLoopConfig: slots={self.slots} (continuous scheduling) and pipeline_groups="
+                f"{self.pipeline_groups} are two ways of overlapping env steps; choose one"
+            )
         if not isinstance(self.sampling, SamplingConfig):
             raise TypeError(f"AgentLoopConfig.sampling must be a SamplingConfig, got {type(self.sampling).__name__}")
         object.__setattr__(self, "stop_strings", tuple(self.stop_strings))
@@ -137,8 +141,18 @@ class AgentLoop:
         mesh the params are laid out on, if any (`Sampler`), else unsharded.
     """
 
-    def __init__(self, params, model_config: DecoderConfig, tokenizer, config: AgentLoopConfig,
-                 observation_role: str = "user", *, profile: bool = False, mesh=None, rules=None):
+    def __init__(
+        self,
+        params,
+        model_config: DecoderConfig,
+        tokenizer,
+        config: AgentLoopConfig,
+        observation_role: str = "user",
+        *,
+        profile: bool = False,
+        mesh=None,
+        rules=None,
+    ):
         self.config = config
         #: also measure when the device is idle (a thread per rollout waits on each decode)
         self.profile = profile
@@ -147,9 +161,15 @@ class AgentLoop:
         #: device_busy_s, device_idle_s and device_idle_env_wait_s
         self.timings: dict[str, float] = {}
         self.chat = ChatFormat(tokenizer, observation_role=observation_role)
-        self.sampler = Sampler(params, model_config, max_len=config.max_context, min_bucket=config.min_bucket,
-                               pad_id=config.pad_id, mesh=mesh,
-                               **({} if rules is None else {"rules": rules}))
+        self.sampler = Sampler(
+            params,
+            model_config,
+            max_len=config.max_context,
+            min_bucket=config.min_bucket,
+            pad_id=config.pad_id,
+            mesh=mesh,
+            **({} if rules is None else {"rules": rules}),
+        )
         self.stop_sequences = [self.chat.encode(s) for s in config.stop_strings]
         #: None, or `fn(episodes)` called on a batch's finished episodes before they are
         #: packed (it may change their rewards or fail them: e.g. a judge's reward,
@@ -165,9 +185,16 @@ class AgentLoop:
         self.sampler.params = params
 
     # ---------------------------------------------------------------- rollout
-    def run(self, pool, seeds: Sequence[Any], group_ids: Sequence[int] | None = None, *,
-            seed: int | None = None, sampling: SamplingConfig | None = None,
-            row_offset: int = 0) -> tuple[Trajectory, list[Episode]]:
+    def run(
+        self,
+        pool,
+        seeds: Sequence[Any],
+        group_ids: Sequence[int] | None = None,
+        *,
+        seed: int | None = None,
+        sampling: SamplingConfig | None = None,
+        row_offset: int = 0,
+    ) -> tuple[Trajectory, list[Episode]]:
         """Play one episode per pool slot (`len(seeds) == len(pool)`), return the batch.
 
         The config picks the scheduler: `slots > 0` continuous, `pipeline_groups > 1`
@@ -195,9 +222,18 @@ class AgentLoop:
         eps = [Episode(index=i, seed=s, group_id=int(g)) for i, (s, g) in enumerate(zip(seeds, group_ids))]
         clock = Clock(self.profile)
         self.timings = clock.totals
-        rollout = Rollout(config=cfg, sampler=self.sampler, chat=self.chat, stop_sequences=self.stop_sequences,
-                          pool=pool, episodes=eps, seed=seed, sampling=sampling, row_offset=int(row_offset),
-                          clock=clock)
+        rollout = Rollout(
+            config=cfg,
+            sampler=self.sampler,
+            chat=self.chat,
+            stop_sequences=self.stop_sequences,
+            pool=pool,
+            episodes=eps,
+            seed=seed,
+            sampling=sampling,
+            row_offset=int(row_offset),
+            clock=clock,
+        )
         if cfg.slots:
             continuous_loop.run(rollout)
         elif cfg.pipeline_groups > 1:

@@ -16,9 +16,11 @@ Token-exactness (what tests check): a segment's tokens are
 concatenation prompt + policy tokens + segment + policy tokens + ...; the policy
 tokens are exactly the sampler's output.
 """
+
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 _MARK = "\x00JAXAGENT-ASSISTANT-MARK\x00"
 
@@ -41,8 +43,9 @@ class ChatFormat:
         self.tokenizer = tokenizer
         self.observation_role = observation_role
         close = self._suffix([])
-        specials = sorted((t.content for t in tokenizer.added_tokens_decoder.values() if t.special),
-                          key=len, reverse=True)
+        specials = sorted(
+            (t.content for t in tokenizer.added_tokens_decoder.values() if t.special), key=len, reverse=True
+        )
         #: the template's end-of-turn text after an assistant message (e.g. "<|im_end|>"), or None
         self.end_of_turn_text = next((s for s in specials if close.startswith(s)), None)
         ids = []
@@ -61,8 +64,11 @@ class ChatFormat:
         return out
 
     def _suffix(self, obs_messages: list[dict]) -> str:
-        msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
-                {"role": "assistant", "content": _MARK}] + obs_messages
+        msgs = [
+            {"role": "system", "content": "S"},
+            {"role": "user", "content": "U"},
+            {"role": "assistant", "content": _MARK},
+        ] + obs_messages
         text = self._render(msgs, add_generation_prompt=bool(obs_messages))
         if text.count(_MARK) != 1:
             raise ChatTemplateError("the chat template does not render an assistant message's content verbatim")
@@ -72,11 +78,13 @@ class ChatFormat:
         """An observation (text, or a list of chat messages) as chat messages."""
         if isinstance(observation, str):
             return [{"role": self.observation_role, "content": observation}]
-        if isinstance(observation, Sequence) and all(isinstance(m, dict) and "role" in m and "content" in m
-                                                     for m in observation):
+        if isinstance(observation, Sequence) and all(
+            isinstance(m, dict) and "role" in m and "content" in m for m in observation
+        ):
             return [dict(m) for m in observation]
-        raise TypeError(f"an observation must be text or a list of {{'role', 'content'}} messages, "
-                        f"got {type(observation).__name__}")
+        raise TypeError(
+            f"an observation must be text or a list of {{'role', 'content'}} messages, got {type(observation).__name__}"
+        )
 
     # ---------------------------------------------------------------- segments
     def prompt_text(self, system_prompt: str | None, observation: Any) -> str:
@@ -90,7 +98,7 @@ class ChatFormat:
         if after_end_of_turn and self.end_of_turn_text is not None:
             if not text.startswith(self.end_of_turn_text):  # pragma: no cover - guarded in __init__
                 raise ChatTemplateError("the observation segment does not start with the end-of-turn token")
-            text = text[len(self.end_of_turn_text):]
+            text = text[len(self.end_of_turn_text) :]
         return text
 
     def encode(self, text: str) -> list[int]:

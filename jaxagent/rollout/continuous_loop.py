@@ -22,6 +22,7 @@ row's key and history. Rows are never re-bucketed (`shrink_batch` does not apply
 Worth it when env steps take uneven times: one slow step holds only its own episode
 (and the other slots of its pool worker, which runs its slots' items one after another).
 """
+
 from __future__ import annotations
 
 import collections
@@ -79,8 +80,9 @@ def run(ro: Rollout) -> None:
     S = min(ro.config.slots, B)
     with ro.clock.phase("append_s"):
         state = ro.sampler.init_state(S, ro.seed, row_ids=np.arange(S) + ro.row_offset)
-    st = ContinuousState(state=state, free=collections.deque(range(S)), queued=collections.deque(range(B)),
-                         turns=[0] * B)
+    st = ContinuousState(
+        state=state, free=collections.deque(range(S)), queued=collections.deque(range(B)), turns=[0] * B
+    )
     while True:
         _admit(ro, st)
         if not st.ready and not st.known and not ro.pool.in_flight():
@@ -92,8 +94,12 @@ def run(ro: Rollout) -> None:
         _take_in(ro, st, results)
         if not st.ready:
             continue
-        if (len(st.ready) < len(st.row) and ro.pool.in_flight() and not st.known
-                and time.perf_counter() < st.linger_until()):
+        if (
+            len(st.ready) < len(st.row)
+            and ro.pool.in_flight()
+            and not st.known
+            and time.perf_counter() < st.linger_until()
+        ):
             continue  # wait a little longer for the others (`_poll_timeout`)
         _decode_round(ro, st)
 
@@ -154,8 +160,9 @@ def _take_in(ro: Rollout, st: ContinuousState, results: dict[int, tuple]) -> Non
         st.ready.append(i)
     if resets:
         with ro.clock.phase("append_s"):
-            st.state = ro.sampler.reset_rows(st.state, [st.row[i] for i in resets], ro.seed,
-                                             [ro.row_offset + i for i in resets])
+            st.state = ro.sampler.reset_rows(
+                st.state, [st.row[i] for i in resets], ro.seed, [ro.row_offset + i for i in resets]
+            )
             ro.clock.dispatched()
 
 
@@ -168,9 +175,15 @@ def _decode_round(ro: Rollout, st: ContinuousState) -> None:
     t = time.perf_counter()
     with clock.phase("dispatch_s"):
         st.state, gen = ro.sampler.decode_rows(
-            st.state, [st.row[i] for i in ready], max_new_tokens=cfg.max_tokens_per_turn, sampling=ro.sampling,
-            max_new=max_new, stop_tokens=list(ro.chat.stop_token_ids), stop_sequences=ro.stop_sequences or None,
-            tokens=[st.appends.pop(i) for i in ready])
+            st.state,
+            [st.row[i] for i in ready],
+            max_new_tokens=cfg.max_tokens_per_turn,
+            sampling=ro.sampling,
+            max_new=max_new,
+            stop_tokens=list(ro.chat.stop_token_ids),
+            stop_sequences=ro.stop_sequences or None,
+            tokens=[st.appends.pop(i) for i in ready],
+        )
     clock.watch(gen.num_tokens_B, t)
     with clock.phase("decode_wait_s"):
         toks, logps, reasons = Sampler.to_lists(gen)

@@ -10,11 +10,13 @@ step's `info["if_cut"]`), `Episode.cut` applies it (intake: the rubric without a
 assessment), so that filling the context is never a way around the env's own
 truncation score.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import Any, Hashable, Sequence
+from collections.abc import Hashable, Sequence
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
@@ -136,10 +138,16 @@ def pack(episodes: Sequence[Episode], *, max_context: int, max_turns: int, pad_i
     rew = rewards_at_turn_ends(turn_rew, tid)
     anchor = anchor_ids(episodes, K)
     return Trajectory(
-        tokens=jnp.asarray(tokens), attention_mask=jnp.asarray(attn), loss_mask=jnp.asarray(loss),
-        rollout_logp=jnp.asarray(logp), turn_ids=jnp.asarray(tid), rewards=jnp.asarray(rew),
+        tokens=jnp.asarray(tokens),
+        attention_mask=jnp.asarray(attn),
+        loss_mask=jnp.asarray(loss),
+        rollout_logp=jnp.asarray(logp),
+        turn_ids=jnp.asarray(tid),
+        rewards=jnp.asarray(rew),
         group_ids=jnp.asarray(np.array([ep.group_id for ep in episodes], np.int32)),
-        turn_rewards=jnp.asarray(turn_rew), turn_mask=jnp.asarray(turn_mask), anchor_ids=jnp.asarray(anchor),
+        turn_rewards=jnp.asarray(turn_rew),
+        turn_mask=jnp.asarray(turn_mask),
+        anchor_ids=jnp.asarray(anchor),
         episode_return=jnp.asarray(turn_rew.sum(axis=1)),
         lengths=jnp.asarray(np.array([len(ep.tokens) for ep in episodes], np.int32)),
         num_turns=jnp.asarray(turn_mask.sum(axis=1).astype(np.int32)),

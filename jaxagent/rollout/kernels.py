@@ -8,6 +8,7 @@ Finish reasons (`FINISH_REASONS[finish_reason]`): `none` (row not decoded),
 `stop_token`, `stop_sequence`, `max_new_tokens`, `cache_full` (the row's cache has
 no free slot for another token: the episode cannot go on).
 """
+
 from __future__ import annotations
 
 import functools
@@ -24,6 +25,7 @@ from jaxagent.rollout.sampling import SamplingConfig, sample_tokens
 
 FINISH_NONE, FINISH_STOP_TOKEN, FINISH_STOP_SEQUENCE, FINISH_LENGTH, FINISH_CACHE_FULL = range(5)
 FINISH_REASONS = ("none", "stop_token", "stop_sequence", "max_new_tokens", "cache_full")
+
 
 @flax.struct.dataclass
 class SamplerState:
@@ -57,6 +59,7 @@ class Generation:
     logprobs_BxN: jax.Array
     num_tokens_B: jax.Array
     finish_reason_B: jax.Array
+
 
 # ---------------------------------------------------------------- kernels
 def _one_query_attention(q_BxHxd, k_BxKxSxd, v_BxKxSxd, allowed_BxS, *, form: str | None = None) -> jax.Array:
@@ -111,8 +114,14 @@ def _step_logits(params, config: DecoderConfig, x, write_B, slot_B, max_len: int
     return decoder.logits_from_hidden(params, config, h), lengths
 
 
-def decode_step(params, config: DecoderConfig, tok_B: jax.Array, write_B: jax.Array,
-                cache: decoder.KVCache, window: int | None = None) -> tuple[jax.Array, decoder.KVCache]:
+def decode_step(
+    params,
+    config: DecoderConfig,
+    tok_B: jax.Array,
+    write_B: jax.Array,
+    cache: decoder.KVCache,
+    window: int | None = None,
+) -> tuple[jax.Array, decoder.KVCache]:
     """Feed one token per row (rows with `write_B` False are left unchanged).
 
     The same maths as `decoder.forward_cached` with `T = 1` (its layer blocks are
@@ -144,10 +153,13 @@ def decode_step(params, config: DecoderConfig, tok_B: jax.Array, write_B: jax.Ar
         if W < S:
             k_i, v_i = k_i[:, :, :W], v_i[:, :, :W]
         o = _one_query_attention(q[:, 0], k_i, v_i, allowed_BxS)
-        return (decoder.constrain_activation(decoder.layer_finish(lp, x, o[:, None], c), hidden_axes), k_all, v_all), None
+        return (
+            decoder.constrain_activation(decoder.layer_finish(lp, x, o[:, None], c), hidden_axes),
+            k_all,
+            v_all,
+        ), None
 
-    (x, k_all, v_all), _ = jax.lax.scan(layer, (x, cache.k, cache.v),
-                                        (params["layers"], jnp.arange(c.num_layers)))
+    (x, k_all, v_all), _ = jax.lax.scan(layer, (x, cache.k, cache.v), (params["layers"], jnp.arange(c.num_layers)))
     logits, lengths = _step_logits(params, c, x, write_B, slot_B, S)
     return logits, decoder.KVCache(k=k_all, v=v_all, lengths=lengths)
 
@@ -157,9 +169,17 @@ def layer_params(params, config: DecoderConfig) -> list:
     return [jax.tree.map(lambda a, i=i: a[i], params["layers"]) for i in range(config.num_layers)]
 
 
-def decode_step_layers(params, layers: Sequence, config: DecoderConfig, tok_B: jax.Array, write_B: jax.Array,
-                       k_layers: Sequence[jax.Array], v_layers: Sequence[jax.Array], lengths_B: jax.Array,
-                       max_len: int) -> tuple[jax.Array, list, list, jax.Array]:
+def decode_step_layers(
+    params,
+    layers: Sequence,
+    config: DecoderConfig,
+    tok_B: jax.Array,
+    write_B: jax.Array,
+    k_layers: Sequence[jax.Array],
+    v_layers: Sequence[jax.Array],
+    lengths_B: jax.Array,
+    max_len: int,
+) -> tuple[jax.Array, list, list, jax.Array]:
     """`decode_step` on per-layer buffers, with the layers unrolled (the same maths, op
     for op: the same results bit for bit).
 
@@ -186,9 +206,11 @@ def decode_step_layers(params, layers: Sequence, config: DecoderConfig, tok_B: j
         q, k, v = decoder.layer_qkv(lp, x, cos, sin, c)
         # k[b] -> ks[i][b, :, write[b]] (dropped when write[b] >= W)
         ks[i] = decoder.constrain_activation(
-            decoder.scatter_set(ks[i], (rows_B, slice(None), write_slot_B), k[:, 0]), cache_axes)
+            decoder.scatter_set(ks[i], (rows_B, slice(None), write_slot_B), k[:, 0]), cache_axes
+        )
         vs[i] = decoder.constrain_activation(
-            decoder.scatter_set(vs[i], (rows_B, slice(None), write_slot_B), v[:, 0]), cache_axes)
+            decoder.scatter_set(vs[i], (rows_B, slice(None), write_slot_B), v[:, 0]), cache_axes
+        )
         o = _one_query_attention(q[:, 0], ks[i], vs[i], allowed_BxW)
         x = decoder.constrain_activation(decoder.layer_finish(lp, x, o[:, None], c), hidden_axes)
     logits, lengths = _step_logits(params, c, x, write_B, lengths_B, max_len)
@@ -218,8 +240,9 @@ def _append_once(params, config: DecoderConfig, state: SamplerState, tokens_BxT,
     return state.replace(cache=cache, next_logits_BxV=logits)
 
 
-def append_kernel(params, config: DecoderConfig, state: SamplerState, tokens_BxT, mask_BxT,
-                  chunk: int = APPEND_CHUNK) -> SamplerState:
+def append_kernel(
+    params, config: DecoderConfig, state: SamplerState, tokens_BxT, mask_BxT, chunk: int = APPEND_CHUNK
+) -> SamplerState:
     """Feed `tokens_BxT` (real where `mask_BxT` is 1) to each row's cache; see the module
     docstring. More than `chunk` tokens go in `chunk`-token pieces one after another (a
     scan: one piece's activations live at a time), each appended after the last; a row
@@ -263,9 +286,21 @@ def unroll_layers_default() -> bool:
     return code_platform() == "cpu"
 
 
-def decode_kernel(params, config: DecoderConfig, state: SamplerState, active_B, max_new_B, stop_tokens_BxS,
-                  stop_seqs_BxQxL, *, sampling: SamplingConfig, max_new_tokens: int, pad_id: int = 0,
-                  window_segments: int = 1, unroll_layers: bool | None = None) -> tuple[SamplerState, Generation]:
+def decode_kernel(
+    params,
+    config: DecoderConfig,
+    state: SamplerState,
+    active_B,
+    max_new_B,
+    stop_tokens_BxS,
+    stop_seqs_BxQxL,
+    *,
+    sampling: SamplingConfig,
+    max_new_tokens: int,
+    pad_id: int = 0,
+    window_segments: int = 1,
+    unroll_layers: bool | None = None,
+) -> tuple[SamplerState, Generation]:
     """Sample up to `min(max_new_B[b], max_new_tokens)` tokens for each active row.
 
     stop_tokens_BxS: per-row stop token ids, -1 = unused slot. A sampled stop token is
@@ -295,16 +330,23 @@ def decode_kernel(params, config: DecoderConfig, state: SamplerState, active_B, 
         if unroll:
             logits, ks, vs, lengths = decode_step_layers(params, layers, config, tok, run, *kv, lengths, S)
             return logits, (ks, vs), lengths
-        logits, cache = decode_step(params, config, tok, run, decoder.KVCache(k=kv[0], v=kv[1], lengths=lengths),
-                                    window=window)
+        logits, cache = decode_step(
+            params, config, tok, run, decoder.KVCache(k=kv[0], v=kv[1], lengths=lengths), window=window
+        )
         return logits, (cache.k, cache.v), cache.lengths
 
     done0 = (~active_B) | (max_new_B <= 0)
     reason0 = jnp.where(active_B & (max_new_B <= 0), FINISH_LENGTH, FINISH_NONE).astype(jnp.int32)
     carry0 = dict(
-        kv=None, lengths=state.cache.lengths, logits=state.next_logits_BxV, step=jnp.int32(0), done=done0,
-        reason=reason0, num=jnp.zeros((B,), jnp.int32),
-        toks=jnp.full((B, N), pad_id, jnp.int32), logps=jnp.zeros((B, N), jnp.float32),
+        kv=None,
+        lengths=state.cache.lengths,
+        logits=state.next_logits_BxV,
+        step=jnp.int32(0),
+        done=done0,
+        reason=reason0,
+        num=jnp.zeros((B,), jnp.int32),
+        toks=jnp.full((B, N), pad_id, jnp.int32),
+        logps=jnp.zeros((B, N), jnp.float32),
         recent=jnp.full((B, L), -2, jnp.int32),
     )
     keys_B = state.keys_B
@@ -332,21 +374,33 @@ def decode_kernel(params, config: DecoderConfig, state: SamplerState, active_B, 
         match = jnp.all((stop_seqs_BxQxL < 0) | (stop_seqs_BxQxL == recent[:, None, :]), axis=-1)
         hit_seq = jnp.any(match & seq_used_BxQ, axis=-1)
         hit_len = num >= jnp.minimum(max_new_B, N)
-        reason = jnp.where(hit_tok, FINISH_STOP_TOKEN,
-                           jnp.where(hit_seq, FINISH_STOP_SEQUENCE, FINISH_LENGTH)).astype(jnp.int32)
+        reason = jnp.where(hit_tok, FINISH_STOP_TOKEN, jnp.where(hit_seq, FINISH_STOP_SEQUENCE, FINISH_LENGTH)).astype(
+            jnp.int32
+        )
         stop = run & (hit_tok | hit_seq | hit_len)
         reason = jnp.where(stop, reason, jnp.where(newly_full, FINISH_CACHE_FULL, c["reason"]))
-        return dict(kv=kv, lengths=lengths, logits=logits, step=c["step"] + 1,
-                    done=c["done"] | stop | newly_full, reason=reason, num=num, toks=toks, logps=logps,
-                    recent=recent)
+        return dict(
+            kv=kv,
+            lengths=lengths,
+            logits=logits,
+            step=c["step"] + 1,
+            done=c["done"] | stop | newly_full,
+            reason=reason,
+            num=num,
+            toks=toks,
+            logps=logps,
+            recent=recent,
+        )
 
     c = carry0
     k, v = state.cache.k, state.cache.v
     layer_axes = decoder.ACTIVATION_AXES["cache_kv"][1:]
     for window in attention_windows(S, window_segments):
         if unroll:  # this segment's window of each layer, as its own buffer
-            c["kv"] = tuple([decoder.constrain_activation(a[i, :, :, :window], layer_axes)
-                             for i in range(config.num_layers)] for a in (k, v))
+            c["kv"] = tuple(
+                [decoder.constrain_activation(a[i, :, :, :window], layer_axes) for i in range(config.num_layers)]
+                for a in (k, v)
+            )
         else:
             c["kv"] = (k, v)
         c = jax.lax.while_loop(functools.partial(cond, window=window), functools.partial(body, window=window), c)
@@ -367,7 +421,9 @@ def select_rows_kernel(state: SamplerState, rows_R) -> SamplerState:
     cache = state.cache
     return SamplerState(
         cache=decoder.KVCache(k=cache.k[:, rows_R], v=cache.v[:, rows_R], lengths=cache.lengths[rows_R]),
-        next_logits_BxV=state.next_logits_BxV[rows_R], keys_B=state.keys_B[rows_R])
+        next_logits_BxV=state.next_logits_BxV[rows_R],
+        keys_B=state.keys_B[rows_R],
+    )
 
 
 def put_rows_kernel(state: SamplerState, rows_R, sub: SamplerState) -> SamplerState:
@@ -375,10 +431,14 @@ def put_rows_kernel(state: SamplerState, rows_R, sub: SamplerState) -> SamplerSt
     batch axis)."""
     cache, new = state.cache, sub.cache
     return SamplerState(
-        cache=decoder.KVCache(k=cache.k.at[:, rows_R].set(new.k), v=cache.v.at[:, rows_R].set(new.v),
-                              lengths=cache.lengths.at[rows_R].set(new.lengths)),
+        cache=decoder.KVCache(
+            k=cache.k.at[:, rows_R].set(new.k),
+            v=cache.v.at[:, rows_R].set(new.v),
+            lengths=cache.lengths.at[rows_R].set(new.lengths),
+        ),
         next_logits_BxV=state.next_logits_BxV.at[rows_R].set(sub.next_logits_BxV),
-        keys_B=state.keys_B.at[rows_R].set(sub.keys_B))
+        keys_B=state.keys_B.at[rows_R].set(sub.keys_B),
+    )
 
 
 def reset_rows_kernel(state: SamplerState, rows_R, keys_R) -> SamplerState:
@@ -386,5 +446,6 @@ def reset_rows_kernel(state: SamplerState, rows_R, keys_R) -> SamplerState:
     rows are untouched. A row's stale cache entries are never read: attention and
     appends go by `lengths`."""
     cache = state.cache
-    return state.replace(cache=cache.replace(lengths=cache.lengths.at[rows_R].set(0)),
-                         keys_B=state.keys_B.at[rows_R].set(keys_R))
+    return state.replace(
+        cache=cache.replace(lengths=cache.lengths.at[rows_R].set(0)), keys_B=state.keys_B.at[rows_R].set(keys_R)
+    )

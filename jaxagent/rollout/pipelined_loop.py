@@ -20,6 +20,7 @@ process) there is nothing to overlap.
 A sub-batch's turn is the turn-synchronous scheduler's (`sync_loop`'s pieces); only the
 order in which the groups decode and step is this module's.
 """
+
 from __future__ import annotations
 
 import collections
@@ -29,19 +30,26 @@ from typing import Any
 
 from jaxagent.rollout.sampler import Sampler
 from jaxagent.rollout.scheduling import Rollout, Stepped
-from jaxagent.rollout.sync_loop import Decode, Group, dispatch_decode, finish_step, start_groups, take_actions, \
-    take_results
+from jaxagent.rollout.sync_loop import (
+    Decode,
+    Group,
+    dispatch_decode,
+    finish_step,
+    start_groups,
+    take_actions,
+    take_results,
+)
 
 
 @dataclasses.dataclass
 class InFlight:
     """A group's env step running in the pool."""
 
-    handle: Any                     # `EnvPool.submit_step`'s handle
+    handle: Any  # `EnvPool.submit_step`'s handle
     group: Group
     turn: int
     stepped: list[Stepped]
-    known: dict[int, tuple]         # episode -> result known without the pool (lost earlier)
+    known: dict[int, tuple]  # episode -> result known without the pool (lost earlier)
 
 
 @dataclasses.dataclass

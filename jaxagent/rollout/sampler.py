@@ -48,11 +48,13 @@ the axes, or replicated: it still runs, only less split. The kernels are traced 
 hook, which pins the residual stream and the cache to those layouts. Without a mesh
 nothing changes (the hook is unset, so the compiled code is the unsharded one).
 """
+
 from __future__ import annotations
 
 import collections
 import contextlib
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -63,12 +65,34 @@ from jaxagent.models import decoder
 from jaxagent.models.config import DecoderConfig
 from jaxagent.parallel import mesh as pmesh
 from jaxagent.parallel.rollout import params_mesh
+
 # the kernels and the sampling configs, importable from here as before the split
 from jaxagent.rollout.kernels import (  # noqa: F401
-    APPEND_CHUNK, FINISH_CACHE_FULL, FINISH_LENGTH, FINISH_NONE, FINISH_REASONS, FINISH_STOP_SEQUENCE,
-    FINISH_STOP_TOKEN, Generation, SamplerState, _append_once, _last_logits, _one_query_attention, _step_inputs,
-    _step_logits, append_kernel, attention_windows, decode_kernel, decode_step, decode_step_layers, layer_params,
-    put_rows_kernel, reset_rows_kernel, select_rows_kernel, unroll_layers_default)
+    APPEND_CHUNK,
+    FINISH_CACHE_FULL,
+    FINISH_LENGTH,
+    FINISH_NONE,
+    FINISH_REASONS,
+    FINISH_STOP_SEQUENCE,
+    FINISH_STOP_TOKEN,
+    Generation,
+    SamplerState,
+    _append_once,
+    _last_logits,
+    _one_query_attention,
+    _step_inputs,
+    _step_logits,
+    append_kernel,
+    attention_windows,
+    decode_kernel,
+    decode_step,
+    decode_step_layers,
+    layer_params,
+    put_rows_kernel,
+    reset_rows_kernel,
+    select_rows_kernel,
+    unroll_layers_default,
+)
 from jaxagent.rollout.sampling import GREEDY, SamplingConfig, processed_logits, sample_tokens  # noqa: F401
 
 
@@ -109,23 +133,35 @@ class Sampler:
     trace is one XLA compilation.
     """
 
-    def __init__(self, params, config: DecoderConfig, *, max_len: int, cache_dtype=None,
-                 min_bucket: int = 16, pad_id: int = 0, window_segments: int = 3,
-                 mesh: jax.sharding.Mesh | None = None, rules: pmesh.Rules = pmesh.ROLLOUT_AXIS_RULES,
-                 unroll_layers: bool | None = None):
+    def __init__(
+        self,
+        params,
+        config: DecoderConfig,
+        *,
+        max_len: int,
+        cache_dtype=None,
+        min_bucket: int = 16,
+        pad_id: int = 0,
+        window_segments: int = 3,
+        mesh: jax.sharding.Mesh | None = None,
+        rules: pmesh.Rules = pmesh.ROLLOUT_AXIS_RULES,
+        unroll_layers: bool | None = None,
+    ):
         if not isinstance(max_len, int) or max_len < 1:
             raise ValueError(f"Sampler: max_len must be a positive int, got {max_len!r}")
         if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
             raise TypeError(f"Sampler: mesh must be a jax.sharding.Mesh or None, got {type(mesh).__name__}")
-        if mesh is None:   # params laid out on a mesh of this process's devices: sample there
+        if mesh is None:  # params laid out on a mesh of this process's devices: sample there
             try:
                 mesh = params_mesh(params)
             except ValueError as e:
                 raise ValueError(f"Sampler: {e}") from None
         if mesh is not None and any(d.process_index != jax.process_index() for d in mesh.devices.flat):
-            raise ValueError(f"Sampler: the mesh spans {len({d.process_index for d in mesh.devices.flat})} "
-                             "processes; a sampler runs on devices of its own process "
-                             "(jaxagent.parallel.local_mesh)")
+            raise ValueError(
+                f"Sampler: the mesh spans {len({d.process_index for d in mesh.devices.flat})} "
+                "processes; a sampler runs on devices of its own process "
+                "(jaxagent.parallel.local_mesh)"
+            )
         self.mesh, self.rules = mesh, tuple(rules)
         self.config, self.max_len = config, max_len
         self.params = params
@@ -143,9 +179,20 @@ class Sampler:
         def decode(params, state, active, max_new, stop_tokens, stop_seqs, sampling, max_new_tokens):
             self.trace_counts["decode"] += 1
             with self._layout():
-                state, gen = decode_kernel(params, config, state, active, max_new, stop_tokens, stop_seqs,
-                                           sampling=sampling, max_new_tokens=max_new_tokens, pad_id=self.pad_id,
-                                           window_segments=self.window_segments, unroll_layers=self.unroll_layers)
+                state, gen = decode_kernel(
+                    params,
+                    config,
+                    state,
+                    active,
+                    max_new,
+                    stop_tokens,
+                    stop_seqs,
+                    sampling=sampling,
+                    max_new_tokens=max_new_tokens,
+                    pad_id=self.pad_id,
+                    window_segments=self.window_segments,
+                    unroll_layers=self.unroll_layers,
+                )
                 return self._pin_state(state), self._pin_rows(gen)
 
         def select(state, rows):
@@ -156,21 +203,33 @@ class Sampler:
         self._append = jax.jit(append, donate_argnames=("state",))
         self._decode = jax.jit(decode, static_argnames=("sampling", "max_new_tokens"), donate_argnames=("state",))
 
-        def decode_rows(params, state, rows, tokens, mask, active, max_new, stop_tokens, stop_seqs, sampling,
-                        max_new_tokens):
+        def decode_rows(
+            params, state, rows, tokens, mask, active, max_new, stop_tokens, stop_seqs, sampling, max_new_tokens
+        ):
             self.trace_counts["decode_rows"] += 1
             with self._layout():
                 sub = select_rows_kernel(state, rows)
                 if tokens is not None:
                     sub = append_kernel(params, config, sub, tokens, mask)
-                sub, gen = decode_kernel(params, config, sub, active, max_new,
-                                         stop_tokens, stop_seqs, sampling=sampling, max_new_tokens=max_new_tokens,
-                                         pad_id=self.pad_id, window_segments=self.window_segments,
-                                         unroll_layers=self.unroll_layers)
+                sub, gen = decode_kernel(
+                    params,
+                    config,
+                    sub,
+                    active,
+                    max_new,
+                    stop_tokens,
+                    stop_seqs,
+                    sampling=sampling,
+                    max_new_tokens=max_new_tokens,
+                    pad_id=self.pad_id,
+                    window_segments=self.window_segments,
+                    unroll_layers=self.unroll_layers,
+                )
                 return self._pin_state(put_rows_kernel(state, rows, sub)), self._pin_rows(gen)
 
-        self._decode_rows = jax.jit(decode_rows, static_argnames=("sampling", "max_new_tokens"),
-                                    donate_argnames=("state",))
+        self._decode_rows = jax.jit(
+            decode_rows, static_argnames=("sampling", "max_new_tokens"), donate_argnames=("state",)
+        )
         self._select = jax.jit(select)
 
         def reset(state, rows, keys):
@@ -204,12 +263,14 @@ class Sampler:
         """The `NamedSharding`s a state of this shape has on the mesh (mesh samplers only)."""
         cache = state.cache
         return SamplerState(
-            cache=decoder.KVCache(k=self._sharding(decoder.ACTIVATION_AXES["cache_kv"], cache.k.shape),
-                                  v=self._sharding(decoder.ACTIVATION_AXES["cache_kv"], cache.v.shape),
-                                  lengths=self._sharding(decoder.ACTIVATION_AXES["cache_lengths"],
-                                                         cache.lengths.shape)),
+            cache=decoder.KVCache(
+                k=self._sharding(decoder.ACTIVATION_AXES["cache_kv"], cache.k.shape),
+                v=self._sharding(decoder.ACTIVATION_AXES["cache_kv"], cache.v.shape),
+                lengths=self._sharding(decoder.ACTIVATION_AXES["cache_lengths"], cache.lengths.shape),
+            ),
             next_logits_BxV=self._row_sharding(state.next_logits_BxV.shape),
-            keys_B=self._row_sharding(state.keys_B.shape))
+            keys_B=self._row_sharding(state.keys_B.shape),
+        )
 
     def _layout(self):
         """The decoder's activation layout hook while a kernel is traced (mesh only)."""
@@ -246,12 +307,14 @@ class Sampler:
         shapes = SamplerState(
             cache=jax.eval_shape(lambda: decoder.init_cache(self.config, batch, self.max_len, self.cache_dtype)),
             next_logits_BxV=jax.ShapeDtypeStruct((batch, self.config.vocab_size), jnp.float32),
-            keys_B=keys)
+            keys_B=keys,
+        )
         shard = self.state_shardings(shapes)
         cache = decoder.KVCache(
             k=jnp.zeros(shapes.cache.k.shape, shapes.cache.k.dtype, device=shard.cache.k),
             v=jnp.zeros(shapes.cache.v.shape, shapes.cache.v.dtype, device=shard.cache.v),
-            lengths=jnp.zeros((batch,), jnp.int32, device=shard.cache.lengths))
+            lengths=jnp.zeros((batch,), jnp.int32, device=shard.cache.lengths),
+        )
         logits = jnp.zeros((batch, self.config.vocab_size), jnp.float32, device=shard.next_logits_BxV)
         return SamplerState(cache=cache, next_logits_BxV=logits, keys_B=jax.device_put(keys, shard.keys_B))
 
@@ -264,8 +327,9 @@ class Sampler:
             raise ValueError(f"{what}: row_ids must have length {batch}, got shape {row_ids.shape}")
         return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(seed), jnp.asarray(row_ids, jnp.uint32))
 
-    def prefill(self, prompts: Sequence[Sequence[int]], seed: int = 0,
-                row_ids: Sequence[int] | None = None) -> SamplerState:
+    def prefill(
+        self, prompts: Sequence[Sequence[int]], seed: int = 0, row_ids: Sequence[int] | None = None
+    ) -> SamplerState:
         """A new state holding `prompts`, row `b`'s key from `row_ids[b]` (`init_state`):
         `append(init_state(len(prompts), seed, row_ids), prompts)`, except that equal
         prompts (a group's episodes of one task) are prefilled once and their cache rows
@@ -277,10 +341,11 @@ class Sampler:
         B = len(prompts)
         keys = self.row_keys(B, seed, row_ids, "prefill")
         distinct: dict[tuple, int] = {}
-        source = [distinct.setdefault(tuple(int(t) for t in (p if p is not None else ())), len(distinct))
-                  for p in prompts]
+        source = [
+            distinct.setdefault(tuple(int(t) for t in (p if p is not None else ())), len(distinct)) for p in prompts
+        ]
         U = min(bucket(len(distinct), 1), B)
-        if U >= B:   # nothing to share
+        if U >= B:  # nothing to share
             return self.append(self.init_state(B, seed, row_ids), prompts)
         unique = [list(p) for p in distinct]
         unique += [unique[0]] * (U - len(unique))
@@ -300,16 +365,16 @@ class Sampler:
             return self._select(state, jax.device_put(rows, jax.sharding.NamedSharding(self.mesh, P())))
         return self._select(state, jnp.asarray(rows))
 
-    def reset_rows(self, state: SamplerState, rows: Sequence[int], seed: int,
-                   row_ids: Sequence[int]) -> SamplerState:
+    def reset_rows(self, state: SamplerState, rows: Sequence[int], seed: int, row_ids: Sequence[int]) -> SamplerState:
         """`state` with rows `rows` emptied for new sequences: row `rows[j]` gets the key
         `fold_in(key(seed), row_ids[j])`, as `init_state` gives it, so what it samples
         does not depend on the row it is in. `state` is donated."""
         rows = np.asarray(rows, np.int32)
         row_ids = np.asarray(row_ids)
         if rows.ndim != 1 or rows.shape != row_ids.shape:
-            raise ValueError(f"reset_rows: rows and row_ids must be equal-length lists, got shapes "
-                             f"{rows.shape} and {row_ids.shape}")
+            raise ValueError(
+                f"reset_rows: rows and row_ids must be equal-length lists, got shapes {rows.shape} and {row_ids.shape}"
+            )
         if rows.size and (rows.min() < 0 or rows.max() >= state.batch_size):
             raise ValueError(f"reset_rows: rows must be in [0, {state.batch_size}), got {rows.tolist()}")
         if not rows.size:
@@ -319,8 +384,7 @@ class Sampler:
         pad = state.batch_size - rows.size
         rows = np.concatenate([rows, np.full(pad, rows[0], np.int32)])
         row_ids = np.concatenate([row_ids, np.full(pad, row_ids[0], row_ids.dtype)])
-        keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(seed),
-                                                                jnp.asarray(row_ids, jnp.uint32))
+        keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(seed), jnp.asarray(row_ids, jnp.uint32))
         if self.mesh is not None:
             rep = jax.sharding.NamedSharding(self.mesh, P())
             return self._reset(state, jax.device_put(rows, rep), jax.device_put(keys, rep))
@@ -349,23 +413,32 @@ class Sampler:
         mask = np.zeros((B, T), np.int32)
         for b, t in enumerate(tokens):
             if t is not None and len(t):
-                arr[b, :len(t)] = np.asarray(t, np.int32)
-                mask[b, :len(t)] = 1
+                arr[b, : len(t)] = np.asarray(t, np.int32)
+                mask[b, : len(t)] = 1
         if arr.min(initial=0) < 0 or arr.max(initial=0) >= self.config.vocab_size:
-            raise ValueError(f"{what}: token ids must be in [0, {self.config.vocab_size}), "
-                             f"got range [{arr.min()}, {arr.max()}]")
+            raise ValueError(
+                f"{what}: token ids must be in [0, {self.config.vocab_size}), got range [{arr.min()}, {arr.max()}]"
+            )
         over = [b for b in range(B) if lens[b] > free[b]]
         if over:
             b = over[0]
-            raise ValueError(f"{what}: row {b} gets {lens[b]} tokens but its cache has {free[b]} free slots "
-                             f"(max_len {self.max_len}); {len(over)} row(s) overflow")
+            raise ValueError(
+                f"{what}: row {b} gets {lens[b]} tokens but its cache has {free[b]} free slots "
+                f"(max_len {self.max_len}); {len(over)} row(s) overflow"
+            )
         return arr, mask
 
-    def decode(self, state: SamplerState, *, max_new_tokens: int, sampling: SamplingConfig = GREEDY,
-               active: Sequence[bool] | None = None, max_new: Sequence[int] | None = None,
-               stop_tokens: Sequence[Sequence[int]] | Sequence[int] | None = None,
-               stop_sequences: Sequence[Sequence[Sequence[int]]] | None = None,
-               ) -> tuple[SamplerState, Generation]:
+    def decode(
+        self,
+        state: SamplerState,
+        *,
+        max_new_tokens: int,
+        sampling: SamplingConfig = GREEDY,
+        active: Sequence[bool] | None = None,
+        max_new: Sequence[int] | None = None,
+        stop_tokens: Sequence[Sequence[int]] | Sequence[int] | None = None,
+        stop_sequences: Sequence[Sequence[Sequence[int]]] | None = None,
+    ) -> tuple[SamplerState, Generation]:
         """Sample from every active row until it stops; `state` is donated.
 
         max_new_tokens: static cap (the output width N); `max_new` lowers it per row.
@@ -376,20 +449,38 @@ class Sampler:
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"decode: max_new_tokens must be a positive int, got {max_new_tokens!r}")
         act = np.ones((B,), bool) if active is None else np.asarray(active, bool)
-        mx = np.full((B,), max_new_tokens, np.int32) if max_new is None else \
-            np.minimum(np.asarray(max_new, np.int32), max_new_tokens)
+        mx = (
+            np.full((B,), max_new_tokens, np.int32)
+            if max_new is None
+            else np.minimum(np.asarray(max_new, np.int32), max_new_tokens)
+        )
         if act.shape != (B,) or mx.shape != (B,):
             raise ValueError(f"decode: active / max_new must have one entry per row ({B})")
         st = _stop_token_array(stop_tokens, B)
         sq = _stop_seq_array(stop_sequences, B)
-        return self._decode(self.params, state, self._put_rows(act), self._put_rows(mx), self._put_rows(st),
-                            self._put_rows(sq), sampling, max_new_tokens)
+        return self._decode(
+            self.params,
+            state,
+            self._put_rows(act),
+            self._put_rows(mx),
+            self._put_rows(st),
+            self._put_rows(sq),
+            sampling,
+            max_new_tokens,
+        )
 
-    def decode_rows(self, state: SamplerState, rows: Sequence[int], *, max_new_tokens: int,
-                    sampling: SamplingConfig = GREEDY, max_new: Sequence[int] | None = None,
-                    stop_tokens: Sequence[int] | None = None,
-                    stop_sequences: Sequence[Sequence[int]] | None = None,
-                    tokens: Sequence[Sequence[int] | None] | None = None) -> tuple[SamplerState, Generation]:
+    def decode_rows(
+        self,
+        state: SamplerState,
+        rows: Sequence[int],
+        *,
+        max_new_tokens: int,
+        sampling: SamplingConfig = GREEDY,
+        max_new: Sequence[int] | None = None,
+        stop_tokens: Sequence[int] | None = None,
+        stop_sequences: Sequence[Sequence[int]] | None = None,
+        tokens: Sequence[Sequence[int] | None] | None = None,
+    ) -> tuple[SamplerState, Generation]:
         """`decode` of rows `rows` of `state` only (distinct; the others are left as they
         are), in one call that gathers them, appends `tokens[j]` to row `rows[j]` (as
         `append` would; None = nothing), decodes and puts them back: the work is that of
@@ -407,7 +498,7 @@ class Sampler:
         n = len(rows)
         R = min(max(bucket(n, 1), bucket(B // 8, 1)), B)  # at most 4 batch shapes: 4 compilations
         others = [r for r in range(B) if r not in set(rows)]
-        idx = np.asarray(rows + others[:R - n], np.int32)
+        idx = np.asarray(rows + others[: R - n], np.int32)
         act = np.arange(R) < n
         mx = np.zeros((R,), np.int32)
         mx[:n] = max_new_tokens if max_new is None else np.minimum(np.asarray(max_new, np.int32), max_new_tokens)
@@ -422,8 +513,16 @@ class Sampler:
             inv = np.argsort(idx)
             if arr is not None:
                 state = self._append(self.params, state, self._put_rows(arr[inv]), self._put_rows(mask[inv]))
-            state, gen = self._decode(self.params, state, self._put_rows(act[inv]), self._put_rows(mx[inv]),
-                                      self._put_rows(st[inv]), self._put_rows(sq[inv]), sampling, max_new_tokens)
+            state, gen = self._decode(
+                self.params,
+                state,
+                self._put_rows(act[inv]),
+                self._put_rows(mx[inv]),
+                self._put_rows(st[inv]),
+                self._put_rows(sq[inv]),
+                sampling,
+                max_new_tokens,
+            )
             if np.array_equal(idx, np.arange(B)):
                 return state, gen
             return state, jax.tree.map(lambda x: x[jnp.asarray(idx)], gen)
@@ -433,11 +532,29 @@ class Sampler:
             idx_d = jax.device_put(idx, jax.sharding.NamedSharding(self.mesh, P()))
         else:
             idx_d = jnp.asarray(idx)
-        return self._decode_rows(self.params, state, idx_d, arr, mask, self._put_rows(act), self._put_rows(mx),
-                                 self._put_rows(st), self._put_rows(sq), sampling, max_new_tokens)
+        return self._decode_rows(
+            self.params,
+            state,
+            idx_d,
+            arr,
+            mask,
+            self._put_rows(act),
+            self._put_rows(mx),
+            self._put_rows(st),
+            self._put_rows(sq),
+            sampling,
+            max_new_tokens,
+        )
 
-    def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
-                 sampling: SamplingConfig = GREEDY, seed: int = 0, **decode_kw) -> tuple[SamplerState, Generation]:
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int,
+        sampling: SamplingConfig = GREEDY,
+        seed: int = 0,
+        **decode_kw,
+    ) -> tuple[SamplerState, Generation]:
         """Prefill `prompts` (token lists of any lengths) on a fresh state and decode."""
         state = self.append(self.init_state(len(prompts), seed), prompts)
         return self.decode(state, max_new_tokens=max_new_tokens, sampling=sampling, **decode_kw)
@@ -446,10 +563,13 @@ class Sampler:
     def to_lists(gen: Generation) -> tuple[list[list[int]], list[list[float]], list[str]]:
         """Host lists: per-row tokens, log-probs and finish-reason names."""
         toks, logps, num, reason = jax.device_get(
-            (gen.tokens_BxN, gen.logprobs_BxN, gen.num_tokens_B, gen.finish_reason_B))
-        return ([toks[b, :num[b]].tolist() for b in range(len(num))],
-                [logps[b, :num[b]].tolist() for b in range(len(num))],
-                [FINISH_REASONS[int(r)] for r in reason])
+            (gen.tokens_BxN, gen.logprobs_BxN, gen.num_tokens_B, gen.finish_reason_B)
+        )
+        return (
+            [toks[b, : num[b]].tolist() for b in range(len(num))],
+            [logps[b, : num[b]].tolist() for b in range(len(num))],
+            [FINISH_REASONS[int(r)] for r in reason],
+        )
 
 
 def _stop_token_array(stop_tokens, B: int) -> np.ndarray:
@@ -462,7 +582,7 @@ def _stop_token_array(stop_tokens, B: int) -> np.ndarray:
     width = bucket(max((len(t) for t in stop_tokens), default=1), 1)
     out = np.full((B, width), -1, np.int32)
     for b, t in enumerate(stop_tokens):
-        out[b, :len(t)] = t
+        out[b, : len(t)] = t
     return out
 
 
@@ -479,7 +599,7 @@ def _stop_seq_array(stop_sequences, B: int) -> np.ndarray:
     out = np.full((B, q, width), -1, np.int32)
     for b, seqs in enumerate(stop_sequences):
         for i, seq in enumerate(seqs):
-            out[b, i, width - len(seq):] = seq
+            out[b, i, width - len(seq) :] = seq
     return out
 
 

@@ -21,6 +21,7 @@ token at cache position `p` uses `fold_in(key_b, p)`, so a
 row's samples depend only on its own key and history, never on which other rows share
 the batch or on how the batch was re-bucketed.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -49,8 +50,9 @@ class SamplingConfig:
     min_p: float = 0.0
 
     def __post_init__(self):
-        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
-                and self.temperature >= 0):
+        if not (
+            isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature >= 0
+        ):
             raise ValueError(f"SamplingConfig.temperature must be a finite number >= 0, got {self.temperature!r}")
         if not isinstance(self.top_k, int) or self.top_k < 0:
             raise ValueError(f"SamplingConfig.top_k must be an int >= 0 (0 = off), got {self.top_k!r}")
@@ -65,7 +67,6 @@ class SamplingConfig:
 
 
 GREEDY = SamplingConfig(temperature=0.0)
-
 
 
 # ---------------------------------------------------------------- logits processing
@@ -94,8 +95,9 @@ def processed_logits(logits_BxV: jax.Array, sampling: SamplingConfig) -> jax.Arr
     return z
 
 
-def sample_tokens(logits_BxV: jax.Array, keys_B: jax.Array, positions_B: jax.Array,
-                  sampling: SamplingConfig) -> tuple[jax.Array, jax.Array]:
+def sample_tokens(
+    logits_BxV: jax.Array, keys_B: jax.Array, positions_B: jax.Array, sampling: SamplingConfig
+) -> tuple[jax.Array, jax.Array]:
     """One token per row and its log-prob (see the module docstring).
 
     Row `b` draws with `fold_in(keys_B[b], positions_B[b])`.

@@ -6,13 +6,15 @@ A scheduler (`sync_loop`, `pipelined_loop`, `continuous_loop`) only decides whic
 decode when and when the pool steps; what a reset, a turn or a step does to an
 `Episode` is written here once, so the three produce the same trajectories.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
 import dataclasses
 import time
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from jaxagent.rollout.chat import ChatFormat
 from jaxagent.rollout.episode import CUT_KEY, Episode, pack
@@ -26,9 +28,9 @@ if TYPE_CHECKING:
 class Stepped(NamedTuple):
     """A row whose action went to the env this turn."""
 
-    row: int           # device row (in its group, or the continuous scheduler's row)
-    episode: int       # episode index (pool slot)
-    after_eot: bool    # the action ended with the end-of-turn token
+    row: int  # device row (in its group, or the continuous scheduler's row)
+    episode: int  # episode index (pool slot)
+    after_eot: bool  # the action ended with the end-of-turn token
 
 
 @dataclasses.dataclass
@@ -76,7 +78,7 @@ class Rollout:
         ep.system_prompt = info.get("system_prompt")
         ep.state_key = info.get("state_key")
         ep.observations.append(obs)
-        if CUT_KEY in info:   # the env's cut outcome, for an episode cut off in its first turn
+        if CUT_KEY in info:  # the env's cut outcome, for an episode cut off in its first turn
             ep.info = {CUT_KEY: info[CUT_KEY]}
         toks = self.chat.prompt_tokens(ep.system_prompt, obs)
         if len(toks) >= self.config.max_context:
@@ -161,8 +163,9 @@ class Clock:
     def __init__(self, profile: bool):
         self.profile = profile
         self.t0 = time.perf_counter()
-        self.totals: dict[str, float] = {k: 0.0 for k in
-                                         ("dispatch_s", "decode_wait_s", "submit_s", "env_wait_s", "append_s")}
+        self.totals: dict[str, float] = {
+            k: 0.0 for k in ("dispatch_s", "decode_wait_s", "submit_s", "env_wait_s", "append_s")
+        }
         self.env_waits: list[tuple[float, float]] = []
         self.chain_start: float | None = None
         self.busy: list[tuple[float, Any]] = []  # (chain start, future of the ready time)
@@ -195,7 +198,8 @@ class Clock:
         end = time.perf_counter()
         self.totals["rollout_s"] = end - self.t0
         self.totals["host_s"] = self.totals["rollout_s"] - sum(
-            v for k, v in self.totals.items() if k.endswith("_s") and k not in ("rollout_s", "host_s"))
+            v for k, v in self.totals.items() if k.endswith("_s") and k not in ("rollout_s", "host_s")
+        )
         if not self.profile:
             return
         busy = sorted((s, f.result()) for s, f in self.busy)
@@ -208,7 +212,8 @@ class Clock:
                 merged.append([s, e])
         busy_s = sum(e - s for s, e in merged)
         during_env = sum(we - ws for ws, we in self.env_waits) - sum(
-            max(0.0, min(e, we) - max(s, ws)) for s, e in merged for ws, we in self.env_waits)
+            max(0.0, min(e, we) - max(s, ws)) for s, e in merged for ws, we in self.env_waits
+        )
         self.totals["device_busy_s"] = busy_s
         self.totals["device_idle_s"] = self.totals["rollout_s"] - busy_s
         self.totals["device_idle_env_wait_s"] = during_env

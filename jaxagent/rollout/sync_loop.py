@@ -13,6 +13,7 @@ The pieces of a turn (`Group`, `start_groups`, `dispatch_decode`, `take_actions`
 `take_results`, `finish_step`) are those of the pipelined scheduler too, which runs
 several such groups interleaved (`pipelined_loop`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,7 +42,7 @@ class Decode:
     group: Group
     turn: int
     active: list[bool]  # per device row: decoding this turn
-    gen: Any            # the sampler's `Generation` (device arrays, not yet fetched)
+    gen: Any  # the sampler's `Generation` (device arrays, not yet fetched)
 
 
 @dataclasses.dataclass
@@ -121,8 +122,14 @@ def dispatch_decode(ro: Rollout, g: Group) -> Decode | None:
     max_new = [min(cfg.max_tokens_per_turn, r) for r in room]
     stop_seqs = [ro.stop_sequences for _ in g.rows] if ro.stop_sequences else None
     g.state, gen = ro.sampler.decode(
-        g.state, max_new_tokens=cfg.max_tokens_per_turn, sampling=ro.sampling, active=active,
-        max_new=max_new, stop_tokens=list(ro.chat.stop_token_ids), stop_sequences=stop_seqs)
+        g.state,
+        max_new_tokens=cfg.max_tokens_per_turn,
+        sampling=ro.sampling,
+        active=active,
+        max_new=max_new,
+        stop_tokens=list(ro.chat.stop_token_ids),
+        stop_sequences=stop_seqs,
+    )
     return Decode(g, g.turn, active, gen)
 
 
@@ -148,16 +155,16 @@ def take_actions(ro: Rollout, dec: Decode, lists, lost: dict[int, tuple]):
     return actions, stepped, known
 
 
-def take_results(ro: Rollout, results, stepped: list[Stepped], known: dict[int, tuple],
-                 lost: dict[int, tuple] | None) -> list:
+def take_results(
+    ro: Rollout, results, stepped: list[Stepped], known: dict[int, tuple], lost: dict[int, tuple] | None
+) -> list:
     """A step's results per slot, with those `known` without the pool filled in. With
     `lost`: a live episode that was not stepped but whose result says it failed (its
     worker restarted and its replay failed) is put in `lost`, its next step's result."""
     if lost is not None:
         stepped_eps = {s.episode for s in stepped}
         for i, res in enumerate(results):
-            if res is not None and i not in stepped_eps and not ro.episodes[i].finished \
-                    and res[-1].get("failed"):
+            if res is not None and i not in stepped_eps and not ro.episodes[i].finished and res[-1].get("failed"):
                 lost[i] = res
     results = list(results)
     for i, res in known.items():

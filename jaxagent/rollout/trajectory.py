@@ -29,6 +29,7 @@ truncated          [B]         bool     cut short: env step limit, max turns, co
 failed             [B]         bool     the env failed (masked out of the loss)
 =================  ==========  =======  ==============================================
 """
+
 from __future__ import annotations
 
 import flax.struct

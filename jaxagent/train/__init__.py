@@ -20,11 +20,7 @@
 - `trainer`: `Trainer`, the loop (rollout -> advantages -> updates -> metrics ->
   checkpoint, exact resume).
 """
-from jaxagent.train.checkpoint import (
-    CheckpointManager,
-    IncompatibleCheckpointError,
-    export_policy,
-)
+
 from jaxagent.train.batch import (
     Denominators,
     SFTBatch,
@@ -32,6 +28,12 @@ from jaxagent.train.batch import (
     batch_denominators,
     last_turn_mask,
 )
+from jaxagent.train.checkpoint import (
+    CheckpointManager,
+    IncompatibleCheckpointError,
+    export_policy,
+)
+from jaxagent.train.config import TrainerConfig
 from jaxagent.train.losses import critic_values, policy_loss_and_grads, sft_loss_and_grads
 from jaxagent.train.state import (
     Grads,
@@ -42,6 +44,7 @@ from jaxagent.train.state import (
     state_shardings,
 )
 from jaxagent.train.step_config import SCHEDULES, LossConfig, OptimizerConfig, StepConfig
+from jaxagent.train.trainer import Trainer
 from jaxagent.train.trimmed import TrimmedTrainStep, length_groups, row_lengths
 from jaxagent.train.update import (
     accumulated_grads,
@@ -50,14 +53,37 @@ from jaxagent.train.update import (
     sft_step,
     train_step,
 )
-from jaxagent.train.config import TrainerConfig
-from jaxagent.train.trainer import Trainer
 
 __all__ = [
-    "SCHEDULES", "CheckpointManager", "Denominators", "Grads", "IncompatibleCheckpointError",
-    "LossConfig", "OptimizerConfig", "SFTBatch", "StepConfig", "TrainState", "TrimmedTrainStep", "UpdateBatch",
-    "accumulated_grads", "batch_denominators", "critic_values", "export_policy",
-    "init_train_state", "last_turn_mask", "learning_rate_schedule", "length_groups", "make_optimizer", "make_sharded_train_step", "make_train_step",
-    "policy_loss_and_grads", "row_lengths", "sft_loss_and_grads", "sft_step", "state_shardings", "train_step",
-    "Trainer", "TrainerConfig",
+    "SCHEDULES",
+    "CheckpointManager",
+    "Denominators",
+    "Grads",
+    "IncompatibleCheckpointError",
+    "LossConfig",
+    "OptimizerConfig",
+    "SFTBatch",
+    "StepConfig",
+    "TrainState",
+    "TrimmedTrainStep",
+    "UpdateBatch",
+    "accumulated_grads",
+    "batch_denominators",
+    "critic_values",
+    "export_policy",
+    "init_train_state",
+    "last_turn_mask",
+    "learning_rate_schedule",
+    "length_groups",
+    "make_optimizer",
+    "make_sharded_train_step",
+    "make_train_step",
+    "policy_loss_and_grads",
+    "row_lengths",
+    "sft_loss_and_grads",
+    "sft_step",
+    "state_shardings",
+    "train_step",
+    "Trainer",
+    "TrainerConfig",
 ]

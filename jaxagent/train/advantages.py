@@ -9,6 +9,7 @@ states and groups (GiGPO), ... An estimator registered from outside the package 
 dispatched the same way. Turn-level advantages (`[B, K]`) are spread onto each turn's
 policy tokens (`algos.turns_to_tokens`).
 """
+
 from __future__ import annotations
 
 import jax.numpy as jnp
@@ -24,13 +25,21 @@ def estimator_inputs(algo, traj, loss_mask_BxT, values_BxT=None, baselines_B=Non
     episodes' returns."""
     alive = ~traj.failed
     turn_mask = traj.turn_mask & alive[:, None]
-    inputs = {"rewards": traj.rewards, "mask": loss_mask_BxT, "group_ids": traj.group_ids,
-              "turn_rewards": traj.turn_rewards, "turn_mask": turn_mask,
-              "anchor_ids": traj.anchor_ids, "gamma": algo.gamma, "lam": algo.lam}
+    inputs = {
+        "rewards": traj.rewards,
+        "mask": loss_mask_BxT,
+        "group_ids": traj.group_ids,
+        "turn_rewards": traj.turn_rewards,
+        "turn_mask": turn_mask,
+        "anchor_ids": traj.anchor_ids,
+        "gamma": algo.gamma,
+        "lam": algo.lam,
+    }
     if values_BxT is not None:
         inputs["values"] = values_BxT
-        inputs["turn_values"] = algos.turn_start_values(values_BxT, traj.turn_ids, loss_mask_BxT,
-                                                        num_turns=turn_mask.shape[1])
+        inputs["turn_values"] = algos.turn_start_values(
+            values_BxT, traj.turn_ids, loss_mask_BxT, num_turns=turn_mask.shape[1]
+        )
     if baselines_B is not None:
         inputs["baselines"] = jnp.asarray(baselines_B, jnp.float32)
     return inputs
@@ -48,10 +57,11 @@ def compute_advantages(algo, traj, loss_mask_BxT, values_BxT=None, baselines_B=N
     inputs = estimator_inputs(algo, traj, loss_mask_BxT, values_BxT, baselines_B)
     missing = [n for n in spec.consumes if n not in inputs]
     if missing:
-        raise ValueError(f"advantage estimator {algo.advantage!r} needs {missing} (values: the critic's; "
-                         "baselines: the greedy episodes' returns)")
-    out = spec.fn(*[inputs[n] for n in spec.inputs], **{n: inputs[n] for n in spec.keywords},
-                  **algo.estimator_kwargs)
+        raise ValueError(
+            f"advantage estimator {algo.advantage!r} needs {missing} (values: the critic's; "
+            "baselines: the greedy episodes' returns)"
+        )
+    out = spec.fn(*[inputs[n] for n in spec.inputs], **{n: inputs[n] for n in spec.keywords}, **algo.estimator_kwargs)
     adv, returns = out if spec.returns else (out, None)
     if spec.turn_level:
         adv = algos.turns_to_tokens(adv, traj.turn_ids, loss_mask_BxT)

@@ -3,6 +3,7 @@ demonstrations, `ModelInputs` for a forward pass alone), their trace-time checks
 the global mini-batch denominators (`Denominators`) that make micro-batch losses add up
 (`jaxagent.train.losses`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -83,16 +84,19 @@ class Denominators:
     kl_num_seqs: jax.Array | None = None
 
 
-def batch_denominators(loss_mask_BxT: jax.Array, seq_len_norm: int | None = None,
-                       kl_mask_BxT: jax.Array | None = None) -> Denominators:
+def batch_denominators(
+    loss_mask_BxT: jax.Array, seq_len_norm: int | None = None, kl_mask_BxT: jax.Array | None = None
+) -> Denominators:
     """`N = #valid tokens`, `S = #rows with a valid token`, `T' = seq_len_norm or T`; with
     `kl_mask_BxT`, the same counts of the valid tokens it covers (`N_kl`, `S_kl`)."""
     valid = loss_mask_BxT != 0
     kl = {}
     if kl_mask_BxT is not None:
         covered = valid & (kl_mask_BxT != 0)
-        kl = dict(kl_num_tokens=jnp.sum(covered, dtype=jnp.float32),
-                  kl_num_seqs=jnp.sum(jnp.any(covered, axis=1), dtype=jnp.float32))
+        kl = dict(
+            kl_num_tokens=jnp.sum(covered, dtype=jnp.float32),
+            kl_num_seqs=jnp.sum(jnp.any(covered, axis=1), dtype=jnp.float32),
+        )
     return Denominators(
         num_tokens=jnp.sum(valid, dtype=jnp.float32),
         num_seqs=jnp.sum(jnp.any(valid, axis=1), dtype=jnp.float32),

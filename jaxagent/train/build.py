@@ -8,6 +8,7 @@ Keys: `jax.random.key(config.seed)` splits into (model, critic, rng): the from-s
 policy's initialisation, the critic's fresh value head and `TrainState.rng`; the warm
 start folds in 1 for its own keys.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -59,11 +60,19 @@ def run_tokenizer(config: TrainerConfig, run_dir: Path, *, resume: bool, demonst
     demos = demonstrations
     if demos is None:
         ws = config.warm_start
-        demos = warmstart.collect_demonstrations(config.env.name, config.env.kwargs, range(ws.seed, ws.seed + 256),
-                                                 max_turns=config.rollout.max_turns, expert=ws.expert)
-    across = config.model.tokenizer_pieces != "words"   # the prompt as often as the policy reads it
-    return train_bpe_tokenizer(warmstart.demonstration_texts(demos, prompt_per_episode=across),
-                               config.model.tokenizer_vocab_size, pieces=config.model.tokenizer_pieces)
+        demos = warmstart.collect_demonstrations(
+            config.env.name,
+            config.env.kwargs,
+            range(ws.seed, ws.seed + 256),
+            max_turns=config.rollout.max_turns,
+            expert=ws.expert,
+        )
+    across = config.model.tokenizer_pieces != "words"  # the prompt as often as the policy reads it
+    return train_bpe_tokenizer(
+        warmstart.demonstration_texts(demos, prompt_per_episode=across),
+        config.model.tokenizer_vocab_size,
+        pieces=config.model.tokenizer_pieces,
+    )
 
 
 def scratch_config(section: ModelSection, tokenizer):
@@ -71,10 +80,19 @@ def scratch_config(section: ModelSection, tokenizer):
     from jaxagent import models
 
     return models.DecoderConfig(
-        vocab_size=len(tokenizer), hidden_size=section.hidden_size, intermediate_size=section.intermediate_size,
-        num_layers=section.num_layers, num_heads=section.num_heads, num_kv_heads=section.num_kv_heads,
-        head_dim=section.head_dim, qkv_bias=section.qkv_bias, tie_word_embeddings=section.tie_word_embeddings,
-        model_type=section.model_type, lora=section.lora, attention=section.attention)
+        vocab_size=len(tokenizer),
+        hidden_size=section.hidden_size,
+        intermediate_size=section.intermediate_size,
+        num_layers=section.num_layers,
+        num_heads=section.num_heads,
+        num_kv_heads=section.num_kv_heads,
+        head_dim=section.head_dim,
+        qkv_bias=section.qkv_bias,
+        tie_word_embeddings=section.tie_word_embeddings,
+        model_type=section.model_type,
+        lora=section.lora,
+        attention=section.attention,
+    )
 
 
 def build_policy(section: ModelSection, tokenizer, key: jax.Array):
@@ -85,14 +103,14 @@ def build_policy(section: ModelSection, tokenizer, key: jax.Array):
     if section.path is not None:
         model = models.load_pretrained(section.path, dtype=section.dtype)
         if model.config.vocab_size < len(tokenizer):
-            raise ConfigError(f"model.tokenizer has {len(tokenizer)} tokens but the model's vocabulary "
-                              f"has {model.config.vocab_size}")
+            raise ConfigError(
+                f"model.tokenizer has {len(tokenizer)} tokens but the model's vocabulary has {model.config.vocab_size}"
+            )
         params, config = model.params, model.config
     else:
         config = scratch_config(section, tokenizer).replace(lora=None)
-        params = models.init_params(k_init if section.lora else key, config, dtype=section.dtype,
-                                    std=section.init_std)
-    if section.lora is not None:   # float32 adapters on any base dtype: the trained weights stay exact
+        params = models.init_params(k_init if section.lora else key, config, dtype=section.dtype, std=section.init_std)
+    if section.lora is not None:  # float32 adapters on any base dtype: the trained weights stay exact
         params, config = models.add_lora(k_lora, params, config, section.lora, adapter_dtype="float32")
     return params, config.replace(attention=section.attention)
 
@@ -130,13 +148,20 @@ def make_placement(config: TrainerConfig, model_config) -> Placement:
     up = config.update
     if not up.trim_chunks:
         return Placement(config, model_config, update=PaddedUpdate())
-    placement = Placement(config, model_config, update=TrimmedUpdate(
-        up.trim_padding, logprob_rows=up.logprob_rows, micro_batches=up.mini_batches * up.micro_batches))
+    placement = Placement(
+        config,
+        model_config,
+        update=TrimmedUpdate(
+            up.trim_padding, logprob_rows=up.logprob_rows, micro_batches=up.mini_batches * up.micro_batches
+        ),
+    )
     micro = up.micro_batch_rows(config.env.batch_size)
     if placement.mesh is not None and micro % placement.row_shards:
-        raise ConfigError(f"update.trim_chunks on a mesh: each micro-batch's {micro} rows (env.group_size * "
-                          f"env.tasks_per_iteration / update.mini_batches / update.micro_batches) are split over "
-                          f"mesh.data * mesh.fsdp = {placement.row_shards} and must be divisible by it")
+        raise ConfigError(
+            f"update.trim_chunks on a mesh: each micro-batch's {micro} rows (env.group_size * "
+            f"env.tasks_per_iteration / update.mini_batches / update.micro_batches) are split over "
+            f"mesh.data * mesh.fsdp = {placement.row_shards} and must be divisible by it"
+        )
     return placement
 
 
@@ -145,9 +170,15 @@ def check_memory(config: TrainerConfig, placement: Placement, log) -> dict:
     this process's rows, whether the sampler shares the state's params)."""
     from jaxagent.train import memory
 
-    return memory.check_memory(config, placement.model_config, placement.mesh, placement.sampler_mesh,
-                               rows=len(placement.rows), sampler_shares_params=placement.sampler_params_shared,
-                               log=log)
+    return memory.check_memory(
+        config,
+        placement.model_config,
+        placement.mesh,
+        placement.sampler_mesh,
+        rows=len(placement.rows),
+        sampler_shares_params=placement.sampler_params_shared,
+        log=log,
+    )
 
 
 def reference_params(config: TrainerConfig, params, placement: Placement):
@@ -157,8 +188,9 @@ def reference_params(config: TrainerConfig, params, placement: Placement):
     return placement.place_params(reference_copy(params))
 
 
-def rl_state(config: TrainerConfig, params, model_config, placement: Placement, *, critic_key: jax.Array,
-             rng_key: jax.Array) -> TrainState:
+def rl_state(
+    config: TrainerConfig, params, model_config, placement: Placement, *, critic_key: jax.Array, rng_key: jax.Array
+) -> TrainState:
     """A fresh, placed RL `TrainState` over `params`, with the critic (the policy's trunk
     and a fresh value head from `critic_key`) when the estimator consumes values."""
     critic_params = critic_config = None
@@ -167,8 +199,9 @@ def rl_state(config: TrainerConfig, params, model_config, placement: Placement, 
 
         critic_params = value_params_from_policy(critic_key, params, model_config)
         critic_config = model_config
-    state = init_train_state(rng_key, params, model_config, config.step_config, critic_params=critic_params,
-                             critic_config=critic_config)
+    state = init_train_state(
+        rng_key, params, model_config, config.step_config, critic_params=critic_params, critic_config=critic_config
+    )
     return placement.place_state(state)
 
 
@@ -177,8 +210,9 @@ def env_factory(config: TrainerConfig):
     env worker that unpickles it imports `envs` and the config's `env.imports`, not JAX)."""
     import envs
 
-    return functools.partial(envs.make_with_imports, tuple(config.env.imports), config.env.name,
-                             dict(config.env.kwargs))
+    return functools.partial(
+        envs.make_with_imports, tuple(config.env.imports), config.env.name, dict(config.env.kwargs)
+    )
 
 
 def env_pool(config: TrainerConfig, slots: int):
@@ -186,8 +220,13 @@ def env_pool(config: TrainerConfig, slots: int):
     import envs
 
     e = config.env
-    return envs.EnvPool([env_factory(config)] * slots, num_workers=e.num_workers, step_timeout=e.step_timeout,
-                        memory_limit_mb=e.worker_memory_mb, cpu_limit_s=e.worker_cpu_s)
+    return envs.EnvPool(
+        [env_factory(config)] * slots,
+        num_workers=e.num_workers,
+        step_timeout=e.step_timeout,
+        memory_limit_mb=e.worker_memory_mb,
+        cpu_limit_s=e.worker_cpu_s,
+    )
 
 
 def check_env(config: TrainerConfig) -> str | None:
@@ -202,8 +241,10 @@ def check_env(config: TrainerConfig) -> str | None:
         env.reset(seed=config.env.seed)
         return getattr(env, "isolation", None)
     except Exception as err:  # noqa: BLE001 - whatever the env raises, named with its config
-        raise ConfigError(f"env {config.env.name!r} with kwargs {dict(config.env.kwargs)} cannot be built and reset "
-                          f"(seed {config.env.seed}): {type(err).__name__}: {err}") from None
+        raise ConfigError(
+            f"env {config.env.name!r} with kwargs {dict(config.env.kwargs)} cannot be built and reset "
+            f"(seed {config.env.seed}): {type(err).__name__}: {err}"
+        ) from None
     finally:
         close = getattr(env, "close", None)
         if callable(close):
@@ -217,8 +258,10 @@ def sandbox_notice(isolation: str | None) -> str | None:
         return None
     from envs.sandbox import WEAKER
 
-    return (f"code sandbox: isolation {isolation!r} accepted by env.kwargs.isolation, not bubblewrap: "
-            f"{WEAKER.get(isolation, 'weaker than bubblewrap')}")
+    return (
+        f"code sandbox: isolation {isolation!r} accepted by env.kwargs.isolation, not bubblewrap: "
+        f"{WEAKER.get(isolation, 'weaker than bubblewrap')}"
+    )
 
 
 def agent_loop(config: TrainerConfig, tokenizer, model_config, placement: Placement, state: TrainState):
@@ -226,9 +269,13 @@ def agent_loop(config: TrainerConfig, tokenizer, model_config, placement: Placem
     from jaxagent.rollout import AgentLoop
 
     pad = tokenizer.pad_token_id
-    loop = AgentLoop(placement.sampler_params(state), model_config, tokenizer,
-                     config.rollout.loop_config(0 if pad is None else int(pad)),
-                     mesh=placement.mesh if placement.sampler_on_mesh else None)
+    loop = AgentLoop(
+        placement.sampler_params(state),
+        model_config,
+        tokenizer,
+        config.rollout.loop_config(0 if pad is None else int(pad)),
+        mesh=placement.mesh if placement.sampler_on_mesh else None,
+    )
     loop.reward_fn = judge_reward(config)
     return loop
 
@@ -254,11 +301,11 @@ class Run:
     model_config: Any
     placement: Placement
     state: TrainState
-    ref_params: Any                 # None = no KL reference
-    demonstrations: list | None     # the warm start's (fresh runs with a warm start), warm_start.extra's last
-    keys: dict[str, jax.Array]      # "critic", "rng": for the RL state after a warm start
+    ref_params: Any  # None = no KL reference
+    demonstrations: list | None  # the warm start's (fresh runs with a warm start), warm_start.extra's last
+    keys: dict[str, jax.Array]  # "critic", "rng": for the RL state after a warm start
     memory_estimate: dict
-    sandbox_isolation: str | None = None   # the env's code sandbox ("bwrap", ...; None: it runs no code)
+    sandbox_isolation: str | None = None  # the env's code sandbox ("bwrap", ...; None: it runs no code)
 
 
 def compilation_cache(config: TrainerConfig) -> str | None:
@@ -281,8 +328,9 @@ def compilation_cache(config: TrainerConfig) -> str | None:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise ConfigError(f"jit_cache_dir: cannot create {path} ({err.strerror}); choose another "
-                          "directory or set jit_cache_dir: null") from None
+        raise ConfigError(
+            f"jit_cache_dir: cannot create {path} ({err.strerror}); choose another directory or set jit_cache_dir: null"
+        ) from None
     jax.config.update("jax_compilation_cache_dir", str(path))
     return str(path)
 
@@ -309,15 +357,17 @@ def precision_warning(config: TrainerConfig) -> str | None:
     platform = code_platform()
     if platform == "cpu" or m.dtype != "float32" or m.compute_dtype is not None or m.matmul_precision != "auto":
         return None
-    return (f"warning: this {platform} run computes in float32 because the config leaves it so (model.dtype "
-            "float32, model.compute_dtype unset, model.matmul_precision auto): its matmuls run at 'highest' "
-            "precision to match the CPU's results (true float32 on a GPU, several bfloat16 passes on a TPU, "
-            "not the tensor cores' bfloat16 rate), and its activations and the sampler's KV cache take twice "
-            "the memory and bandwidth of bfloat16. For the accelerator defaults set model.compute_dtype: "
-            "bfloat16 (float32 master weights and optimizer state; the passes and the KV cache in bfloat16; "
-            "configs/gpu_countdown_grpo.yaml); to keep float32, say so with model.matmul_precision: highest "
-            "(the CPU's results) or default (the accelerator's faster float32 matmuls), or model.compute_dtype: "
-            "float32")
+    return (
+        f"warning: this {platform} run computes in float32 because the config leaves it so (model.dtype "
+        "float32, model.compute_dtype unset, model.matmul_precision auto): its matmuls run at 'highest' "
+        "precision to match the CPU's results (true float32 on a GPU, several bfloat16 passes on a TPU, "
+        "not the tensor cores' bfloat16 rate), and its activations and the sampler's KV cache take twice "
+        "the memory and bandwidth of bfloat16. For the accelerator defaults set model.compute_dtype: "
+        "bfloat16 (float32 master weights and optimizer state; the passes and the KV cache in bfloat16; "
+        "configs/gpu_countdown_grpo.yaml); to keep float32, say so with model.matmul_precision: highest "
+        "(the CPU's results) or default (the accelerator's faster float32 matmuls), or model.compute_dtype: "
+        "float32"
+    )
 
 
 def build_run(config: TrainerConfig, *, resume: bool = False, log=print) -> Run:
@@ -330,10 +380,9 @@ def build_run(config: TrainerConfig, *, resume: bool = False, log=print) -> Run:
 
         require_checkpoints(config.run_dir)
     isolation = check_env(config)
-    compilation_cache(config)   # before anything is compiled
+    compilation_cache(config)  # before anything is compiled
     dist = config.distributed
-    par.initialize(dist.coordinator_address, dist.num_processes, dist.process_id,
-                   auto=True if dist.auto else None)
+    par.initialize(dist.coordinator_address, dist.num_processes, dist.process_id, auto=True if dist.auto else None)
     # after initialize: reading the backend (code_platform) starts it, which
     # jax.distributed.initialize refuses to follow
     precision = matmul_precision(config)
@@ -343,8 +392,7 @@ def build_run(config: TrainerConfig, *, resume: bool = False, log=print) -> Run:
     if notice:
         log(notice)
     if precision is not None:
-        log(f"float32 matmuls at precision {precision!r} (model.matmul_precision: "
-            f"{config.model.matmul_precision})")
+        log(f"float32 matmuls at precision {precision!r} (model.matmul_precision: {config.model.matmul_precision})")
     implicit_float32 = precision_warning(config)
     if implicit_float32:
         log(implicit_float32)
@@ -365,9 +413,17 @@ def build_run(config: TrainerConfig, *, resume: bool = False, log=print) -> Run:
         estimate = check_memory(config, placement, log)
     ref = reference_params(config, params, placement)
     state = rl_state(config, params, model_config, placement, critic_key=k_critic, rng_key=k_rng)
-    return Run(tokenizer=tokenizer, model_config=model_config, placement=placement, state=state, ref_params=ref,
-               demonstrations=demos, keys={"critic": k_critic, "rng": k_rng}, memory_estimate=estimate,
-               sandbox_isolation=isolation)
+    return Run(
+        tokenizer=tokenizer,
+        model_config=model_config,
+        placement=placement,
+        state=state,
+        ref_params=ref,
+        demonstrations=demos,
+        keys={"critic": k_critic, "rng": k_rng},
+        memory_estimate=estimate,
+        sandbox_isolation=isolation,
+    )
 
 
 def _silent(*_, **__) -> None:
@@ -392,16 +448,21 @@ def trackers(config, run_dir) -> list:
     lc = config.logging
     if not lc.trackers:
         return []
+    import warnings
+
     from jaxagent.config import flatten, to_dict
     from jaxagent.train.trackers import make_trackers
 
-    import warnings
+    options = {
+        "wandb": {"project": lc.wandb_project, "mode": lc.wandb_mode},
+        "mlflow": {"tracking_uri": lc.mlflow_tracking_uri, "experiment": lc.mlflow_experiment},
+    }
 
-    options = {"wandb": {"project": lc.wandb_project, "mode": lc.wandb_mode},
-               "mlflow": {"tracking_uri": lc.mlflow_tracking_uri, "experiment": lc.mlflow_experiment}}
-
-    def skip(name, err):   # logging never stops training
-        warnings.warn(f"logging.trackers: {name} could not start ({type(err).__name__}: {err}); "
-                      "training continues without it", RuntimeWarning, stacklevel=2)
+    def skip(name, err):  # logging never stops training
+        warnings.warn(
+            f"logging.trackers: {name} could not start ({type(err).__name__}: {err}); training continues without it",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
     return make_trackers(lc.trackers, run_dir, config=flatten(to_dict(config)), options=options, on_error=skip)

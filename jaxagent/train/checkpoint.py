@@ -25,6 +25,7 @@ Guarantees (all from orbax's `CheckpointManager`, configured here):
   shapes/dtypes with the template state's and raises `IncompatibleCheckpointError`
   naming every differing config field and leaf before reading any array.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -85,8 +86,10 @@ def _differences(saved: dict, current: dict) -> list[str]:
         if a == b:
             continue
         if a is None or b is None:
-            diffs.append(f"{name}: checkpoint {'has none' if a is None else 'has one'}, "
-                         f"this run {'has none' if b is None else 'has one'}")
+            diffs.append(
+                f"{name}: checkpoint {'has none' if a is None else 'has one'}, "
+                f"this run {'has none' if b is None else 'has one'}"
+            )
             continue
         for key in sorted(set(a) | set(b)):
             if a.get(key) != b.get(key):
@@ -139,13 +142,15 @@ class CheckpointManager:
         self.directory = Path(directory).absolute()
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep,
-            keep_period=KEEP_STEP_ZERO,   # step 0 (the warm-started policy) is never deleted
+            keep_period=KEEP_STEP_ZERO,  # step 0 (the warm-started policy) is never deleted
             enable_async_checkpointing=async_save,
             cleanup_tmp_directories=True,
             create=True,
         )
         self._manager = ocp.CheckpointManager(
-            self.directory, options=options, item_names=("state", "extras", "meta"),
+            self.directory,
+            options=options,
+            item_names=("state", "extras", "meta"),
             item_handlers={
                 "state": ocp.StandardCheckpointHandler(),
                 "extras": ocp.JsonCheckpointHandler(),
@@ -211,12 +216,14 @@ class CheckpointManager:
         if saved.get("format") != FORMAT_VERSION:
             raise IncompatibleCheckpointError(
                 f"checkpoint {self.directory / str(step)} has format {saved.get('format')!r}, "
-                f"this version reads {FORMAT_VERSION}")
+                f"this version reads {FORMAT_VERSION}"
+            )
         diffs = _differences(saved, _meta(template))
         if diffs:
             raise IncompatibleCheckpointError(
                 f"checkpoint {self.directory / str(step)} does not fit this run's model/optimizer:\n  "
-                + "\n  ".join(diffs))
+                + "\n  ".join(diffs)
+            )
         return step
 
     def restore(self, template: TrainState, step: int | None = None) -> tuple[TrainState, dict[str, Any]]:
@@ -229,7 +236,8 @@ class CheckpointManager:
         step = self.check_compatible(template, step)
         target = _abstract(_to_saveable(template))
         out = self._manager.restore(
-            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target), extras=ocp.args.JsonRestore()))
+            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target), extras=ocp.args.JsonRestore())
+        )
         restored: TrainState = out["state"]
         if not isinstance(restored, TrainState):  # orbax may hand back the raw tree
             restored = jax.tree.unflatten(jax.tree.structure(target), jax.tree.leaves(restored))
@@ -264,5 +272,6 @@ def export_policy(state: TrainState, path: str | os.PathLike, *, tokenizer=None,
     """Writes the policy as a Hugging Face model directory (`config.json` + safetensors),
     LoRA adapters merged into the kernels (`jaxagent.models.save_pretrained`). The
     directory appears whole or not at all."""
-    return save_pretrained(Model(params=state.params, config=state.model_config), path,
-                           tokenizer=tokenizer, overwrite=overwrite)
+    return save_pretrained(
+        Model(params=state.params, config=state.model_config), path, tokenizer=tokenizer, overwrite=overwrite
+    )

@@ -14,6 +14,7 @@ For an estimator that consumes "baselines" (ReMax), each rollout is followed by 
 one of the same tasks (temperature 0; the G slots of a group play the same greedy
 episode): a row's baseline is the shaped return of its task's greedy episode.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,10 +32,10 @@ from jaxagent.train.advantages import shaped_turn_rewards
 class Collected:
     """One iteration's rollout batch."""
 
-    traj: Any                  # the `Trajectory` of this process's rows
-    episodes: list             # their `Episode` records
-    sampling: dict             # dynamic-sampling statistics (`sampling_rounds`, ...)
-    tasks_played: int          # tasks of the stream consumed
+    traj: Any  # the `Trajectory` of this process's rows
+    episodes: list  # their `Episode` records
+    sampling: dict  # dynamic-sampling statistics (`sampling_rounds`, ...)
+    tasks_played: int  # tasks of the stream consumed
     baselines: np.ndarray | None = None  # [rows] the greedy episode's shaped return, for "baselines"
 
 
@@ -51,7 +52,7 @@ def collect_batch(config, loop, pool, rows: np.ndarray, key: jax.Array, position
     K = config.rollout.max_turns
     rounds = config.algo.max_sampling_rounds if config.algo.dynamic_sampling else 1
     row_offset = int(rows[0])
-    groups_signal, groups_flat = [], []   # rows of each group in the concatenated rounds
+    groups_signal, groups_flat = [], []  # rows of each group in the concatenated rounds
     round_trajs, round_baselines, all_episodes = [], [], []
     played = 0
     for r in range(rounds):
@@ -62,8 +63,14 @@ def collect_batch(config, loop, pool, rows: np.ndarray, key: jax.Array, position
         traj, episodes = loop.run(pool, my_seeds, my_groups, seed=sampling_seed(key, r), row_offset=row_offset)
         baselines = None
         if config.algo.uses_greedy_baseline:
-            greedy, _ = loop.run(pool, my_seeds, my_groups, seed=sampling_seed(key, r), row_offset=row_offset,
-                                 sampling=dataclasses.replace(loop.config.sampling, temperature=0.0))
+            greedy, _ = loop.run(
+                pool,
+                my_seeds,
+                my_groups,
+                seed=sampling_seed(key, r),
+                row_offset=row_offset,
+                sampling=dataclasses.replace(loop.config.sampling, temperature=0.0),
+            )
             baselines = shaped_turn_rewards(config.algo, greedy).sum(axis=1)
         if row_offset:
             # anchor-state ids are per process: keep them apart (GiGPO groups them within
@@ -90,9 +97,13 @@ def collect_batch(config, loop, pool, rows: np.ndarray, key: jax.Array, position
     take = jnp.asarray(keep)
     traj = jax.tree.map(lambda *xs: jnp.concatenate(xs)[take], *round_trajs)
     episodes = [all_episodes[i] for i in keep]
-    traj = traj.replace(group_ids=jnp.repeat(jnp.arange(n_tasks, dtype=jnp.int32), G),
-                        anchor_ids=jnp.asarray(anchor_ids(episodes, K)))
-    stats = {"sampling_rounds": played, "groups_with_signal": min(len(groups_signal), n_tasks),
-             "groups_with_signal_frac": len(groups_signal) / (played * n_tasks)}
+    traj = traj.replace(
+        group_ids=jnp.repeat(jnp.arange(n_tasks, dtype=jnp.int32), G), anchor_ids=jnp.asarray(anchor_ids(episodes, K))
+    )
+    stats = {
+        "sampling_rounds": played,
+        "groups_with_signal": min(len(groups_signal), n_tasks),
+        "groups_with_signal_frac": len(groups_signal) / (played * n_tasks),
+    }
     baselines = None if round_baselines[0] is None else np.concatenate(round_baselines)[keep]
     return Collected(traj, episodes, stats, played * n_tasks, baselines)

@@ -7,6 +7,7 @@ that configure a component embed that component's own config where there is one
 build it where the trainer's keys are fewer (`RolloutSection.loop_config()` is the
 `jaxagent.rollout.AgentLoopConfig`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,11 +15,26 @@ import math
 from typing import ClassVar
 
 from jaxagent.parallel import MeshConfig
-from jaxagent.train.step_config import LossConfig, OptimizerConfig, StepConfig
 
 # the sections of jaxagent.train.sections, importable from here
 from jaxagent.train.sections import (  # noqa: F401
-    PROVIDED_INPUTS, CRITIC_INPUTS, MODEL_TYPES, TRUNCATION_MODES, RESUME_FIXED, _check_int, ModelSection, MATMUL_PRECISIONS, EnvSection, import_env_modules, RolloutSection, AlgoSection, RewardSection, WarmStartSection, demonstration_source)
+    CRITIC_INPUTS,
+    MATMUL_PRECISIONS,
+    MODEL_TYPES,
+    PROVIDED_INPUTS,
+    RESUME_FIXED,
+    TRUNCATION_MODES,
+    AlgoSection,
+    EnvSection,
+    ModelSection,
+    RewardSection,
+    RolloutSection,
+    WarmStartSection,
+    _check_int,
+    demonstration_source,
+    import_env_modules,
+)
+from jaxagent.train.step_config import LossConfig, OptimizerConfig, StepConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,8 +94,7 @@ class DistributedSection:
         if self.process_id is not None:
             _check_int("process_id", self.process_id, 0)
             if self.num_processes is not None and self.process_id >= self.num_processes:
-                raise ValueError(f"process_id must be < num_processes ({self.num_processes}), "
-                                 f"got {self.process_id!r}")
+                raise ValueError(f"process_id must be < num_processes ({self.num_processes}), got {self.process_id!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,27 +174,39 @@ class LoggingSection:
         object.__setattr__(self, "trackers", tuple(self.trackers))
         for name in self.trackers:
             if name not in KNOWN or name == "tensorboard":
-                raise ValueError(f"trackers: unknown tracker {name!r} (known: wandb, mlflow; TensorBoard is "
-                                 "logging.tensorboard)")
+                raise ValueError(
+                    f"trackers: unknown tracker {name!r} (known: wandb, mlflow; TensorBoard is logging.tensorboard)"
+                )
         if len(set(self.trackers)) != len(self.trackers):
             raise ValueError(f"trackers: {list(self.trackers)} names a tracker twice")
         if self.wandb_mode not in ("offline", "online"):
             raise ValueError(f"wandb_mode must be 'offline' or 'online', got {self.wandb_mode!r}")
         _check_int("episodes_per_iteration", self.episodes_per_iteration, 0)
-        if not (isinstance(self.episodes_max_mb, (int, float)) and not isinstance(self.episodes_max_mb, bool)
-                and math.isfinite(self.episodes_max_mb) and self.episodes_max_mb > 0):
+        if not (
+            isinstance(self.episodes_max_mb, (int, float))
+            and not isinstance(self.episodes_max_mb, bool)
+            and math.isfinite(self.episodes_max_mb)
+            and self.episodes_max_mb > 0
+        ):
             raise ValueError(f"episodes_max_mb must be a number > 0, got {self.episodes_max_mb!r}")
         _check_int("transcripts_every", self.transcripts_every, 0)
         _check_int("transcripts_per_iteration", self.transcripts_per_iteration, 0)
         _check_int("collapse_window", self.collapse_window, 1)
-        if not (isinstance(self.collapse_entropy, (int, float)) and not isinstance(self.collapse_entropy, bool)
-                and math.isfinite(self.collapse_entropy) and self.collapse_entropy >= 0):
+        if not (
+            isinstance(self.collapse_entropy, (int, float))
+            and not isinstance(self.collapse_entropy, bool)
+            and math.isfinite(self.collapse_entropy)
+            and self.collapse_entropy >= 0
+        ):
             raise ValueError(f"collapse_entropy must be a number >= 0, got {self.collapse_entropy!r}")
-        if not (isinstance(self.template_collapse_below, (int, float))
-                and not isinstance(self.template_collapse_below, bool)
-                and 0 <= self.template_collapse_below <= 1):
-            raise ValueError(f"template_collapse_below must be a number in [0, 1], got "
-                             f"{self.template_collapse_below!r}")
+        if not (
+            isinstance(self.template_collapse_below, (int, float))
+            and not isinstance(self.template_collapse_below, bool)
+            and 0 <= self.template_collapse_below <= 1
+        ):
+            raise ValueError(
+                f"template_collapse_below must be a number in [0, 1], got {self.template_collapse_below!r}"
+            )
         if self.heldout_metric is not None and not (isinstance(self.heldout_metric, str) and self.heldout_metric):
             raise ValueError(f"heldout_metric must be a metric name or null, got {self.heldout_metric!r}")
 
@@ -248,8 +275,10 @@ class UpdateSection:
         if not isinstance(self.trim_chunks, bool):
             raise ValueError(f"update.trim_chunks must be true or false, got {self.trim_chunks!r}")
         if self.trim_chunks and not self.trim_padding:
-            raise ValueError("update.trim_chunks needs update.trim_padding > 0 (the multiple its chunk lengths "
-                             "are rounded up to), got update.trim_padding=0")
+            raise ValueError(
+                "update.trim_chunks needs update.trim_padding > 0 (the multiple its chunk lengths "
+                "are rounded up to), got update.trim_padding=0"
+            )
 
     def check_batch(self, batch_size: int) -> None:
         """`ValueError` unless the rollout batch of `batch_size` rows splits into
@@ -257,14 +286,19 @@ class UpdateSection:
         `logprob_rows` rows."""
         B = batch_size
         if B % self.mini_batches:
-            raise ValueError(f"update.mini_batches ({self.mini_batches}) must divide the rollout batch "
-                             f"env.group_size * env.tasks_per_iteration = {B}")
+            raise ValueError(
+                f"update.mini_batches ({self.mini_batches}) must divide the rollout batch "
+                f"env.group_size * env.tasks_per_iteration = {B}"
+            )
         if (B // self.mini_batches) % self.micro_batches:
-            raise ValueError(f"update.micro_batches ({self.micro_batches}) must divide the mini-batch size "
-                             f"{B // self.mini_batches}")
+            raise ValueError(
+                f"update.micro_batches ({self.micro_batches}) must divide the mini-batch size {B // self.mini_batches}"
+            )
         if self.logprob_rows is not None and B % self.logprob_rows:
-            raise ValueError(f"update.logprob_rows ({self.logprob_rows}) must divide the rollout batch "
-                             f"env.group_size * env.tasks_per_iteration = {B}")
+            raise ValueError(
+                f"update.logprob_rows ({self.logprob_rows}) must divide the rollout batch "
+                f"env.group_size * env.tasks_per_iteration = {B}"
+            )
 
     def micro_batch_rows(self, batch_size: int) -> int:
         """Rows of one micro-batch of the update of a batch of `batch_size` rows."""
@@ -277,9 +311,11 @@ def check_mesh_rows(batch_size: int, mini_batches: int, shards: int) -> None:
     when its mesh has no -1 axis and on the mesh itself (`jaxagent.train.placement.make_mesh`)."""
     mb = batch_size // mini_batches
     if mb % shards:
-        raise ValueError(f"mesh: the mini-batch size {mb} (env.group_size * env.tasks_per_iteration / "
-                         f"update.mini_batches) must be divisible by mesh.data * mesh.fsdp = {shards} (its rows "
-                         f"are split over them)")
+        raise ValueError(
+            f"mesh: the mini-batch size {mb} (env.group_size * env.tasks_per_iteration / "
+            f"update.mini_batches) must be divisible by mesh.data * mesh.fsdp = {shards} (its rows "
+            f"are split over them)"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -341,63 +377,87 @@ class TrainerConfig:
 
     #: top-level keys that moved into a section: old key -> new dotted key (`load_config`
     #: refuses the old one and names the new one)
-    MOVED_KEYS: ClassVar[dict[str, str]] = {name: f"update.{name}" for name in (
-        "epochs", "mini_batches", "micro_batches", "logprob_rows", "old_logprobs")}
+    MOVED_KEYS: ClassVar[dict[str, str]] = {
+        name: f"update.{name}" for name in ("epochs", "mini_batches", "micro_batches", "logprob_rows", "old_logprobs")
+    }
 
     def __post_init__(self):
         for name in ("iterations", "checkpoint_every", "keep_checkpoints"):
             _check_int(name, getattr(self, name), 1)
         if self.jit_cache_dir is not None and (not isinstance(self.jit_cache_dir, str) or not self.jit_cache_dir):
-            raise ValueError(f"jit_cache_dir must be \"auto\", a directory or null (off), got {self.jit_cache_dir!r}")
+            raise ValueError(f'jit_cache_dir must be "auto", a directory or null (off), got {self.jit_cache_dir!r}')
         _check_int("seed", self.seed, 0)
         B = self.env.batch_size
         self.update.check_batch(B)
         if self.update.old_logprobs == "sampler":
             refused = [
-                (self.rollout.temperature == 0, "rollout.temperature is 0 (greedy decoding has no sampling distribution)"),
+                (
+                    self.rollout.temperature == 0,
+                    "rollout.temperature is 0 (greedy decoding has no sampling distribution)",
+                ),
                 (self.rollout.top_k > 0, f"rollout.top_k is {self.rollout.top_k} (truncated sampling)"),
                 (self.rollout.top_p < 1, f"rollout.top_p is {self.rollout.top_p} (truncated sampling)"),
-                (self.loss.tis_cap is not None,
-                 "loss.tis_cap is set (its weights compare the sampler's log-probs with recomputed ones)"),
+                (
+                    self.loss.tis_cap is not None,
+                    "loss.tis_cap is set (its weights compare the sampler's log-probs with recomputed ones)",
+                ),
             ]
             why = next((reason for bad, reason in refused if bad), None)
             if why:
-                raise ValueError(f"update.old_logprobs='sampler' takes the sampler's log-probs as the old "
-                                 f"policy's, but {why}; use update.old_logprobs='recompute'")
+                raise ValueError(
+                    f"update.old_logprobs='sampler' takes the sampler's log-probs as the old "
+                    f"policy's, but {why}; use update.old_logprobs='recompute'"
+                )
         if self.rollout.temperature > 0 and self.loss.temperature != self.rollout.temperature:
-            raise ValueError(f"loss.temperature ({self.loss.temperature}) must equal rollout.temperature "
-                             f"({self.rollout.temperature}): the update's log-probs are the sampler's")
+            raise ValueError(
+                f"loss.temperature ({self.loss.temperature}) must equal rollout.temperature "
+                f"({self.rollout.temperature}): the update's log-probs are the sampler's"
+            )
         if self.algo.uses_groups and self.env.group_size < 2:
             raise ValueError(f"env.group_size must be >= 2 for the group estimator {self.algo.advantage!r}")
         if not self.run_dir:
             raise ValueError("run_dir must be a non-empty path")
         if self.device_memory_gb is not None and not (
-                isinstance(self.device_memory_gb, (int, float)) and not isinstance(self.device_memory_gb, bool)
-                and math.isfinite(self.device_memory_gb) and self.device_memory_gb > 0):
+            isinstance(self.device_memory_gb, (int, float))
+            and not isinstance(self.device_memory_gb, bool)
+            and math.isfinite(self.device_memory_gb)
+            and self.device_memory_gb > 0
+        ):
             raise ValueError(f"device_memory_gb must be a number > 0 or null, got {self.device_memory_gb!r}")
         if self.overlap.off_policy:
             if self.loss.tis_cap is None:
-                raise ValueError("overlap.off_policy needs loss.tis_cap (e.g. 2.0): the rollouts are one update "
-                                 "stale and the update corrects them by truncated importance sampling")
+                raise ValueError(
+                    "overlap.off_policy needs loss.tis_cap (e.g. 2.0): the rollouts are one update "
+                    "stale and the update corrects them by truncated importance sampling"
+                )
             if self.algo.dynamic_sampling:
                 raise ValueError("overlap.off_policy and algo.dynamic_sampling cannot be combined")
-        if -1 not in self.mesh.shape.values():   # else `placement.make_mesh` checks the mesh it makes
+        if -1 not in self.mesh.shape.values():  # else `placement.make_mesh` checks the mesh it makes
             check_mesh_rows(B, self.update.mini_batches, self.mesh.data * self.mesh.fsdp)
-        ranges = {"env.seed (the training task stream)": (self.env.seed, self.iterations * self.env.tasks_per_iteration),
-                  "warm_start.seed (demonstrations)": (self.warm_start.seed, self.warm_start.episodes),
-                  "warm_start.extra (its seeds())": (
-                      self.warm_start.source.seeds() if self.warm_start.source is not None else (0, 0)),
-                  "eval.seed (held-out evaluation)": (self.eval.seed, self.eval.episodes)}
+        ranges = {
+            "env.seed (the training task stream)": (self.env.seed, self.iterations * self.env.tasks_per_iteration),
+            "warm_start.seed (demonstrations)": (self.warm_start.seed, self.warm_start.episodes),
+            "warm_start.extra (its seeds())": (
+                self.warm_start.source.seeds() if self.warm_start.source is not None else (0, 0)
+            ),
+            "eval.seed (held-out evaluation)": (self.eval.seed, self.eval.episodes),
+        }
         items = [(k, a, n) for k, (a, n) in ranges.items() if n > 0]
         for i, (k1, a1, n1) in enumerate(items):
-            for k2, a2, n2 in items[i + 1:]:
+            for k2, a2, n2 in items[i + 1 :]:
                 if a1 < a2 + n2 and a2 < a1 + n1:
-                    raise ValueError(f"seed ranges overlap: {k1} covers [{a1}, {a1 + n1}) and {k2} covers "
-                                     f"[{a2}, {a2 + n2}); held-out and demonstration seeds must not be trained on")
+                    raise ValueError(
+                        f"seed ranges overlap: {k1} covers [{a1}, {a1 + n1}) and {k2} covers "
+                        f"[{a2}, {a2 + n2}); held-out and demonstration seeds must not be trained on"
+                    )
 
     @property
     def step_config(self) -> StepConfig:
-        return StepConfig(loss=self.loss, optim=self.optim, critic_optim=self.critic_optim,
-                          num_micro_batches=self.update.micro_batches, remat=self.model.remat,
-                          compute_dtype=self.model.compute_dtype)
-
+        return StepConfig(
+            loss=self.loss,
+            optim=self.optim,
+            critic_optim=self.critic_optim,
+            num_micro_batches=self.update.micro_batches,
+            remat=self.model.remat,
+            compute_dtype=self.model.compute_dtype,
+        )

@@ -28,12 +28,13 @@ iterations from all of it (`EpisodeStore.write`; the stride is in `episodes/stri
 so a resumed run goes on with it). With several processes, the store holds the first
 process's episodes: "highest", "lowest" and "one per group" are among its rows.
 """
+
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -104,20 +105,37 @@ def episode_record(ep, *, iteration: int, why: str, tokenizer, signals: dict | N
             seg["pieces"] = [tokenizer.decode([t]) for t in toks]
             if signals is not None:
                 for name, row in signals.items():
-                    seg[name] = _floats(np.asarray(row, np.float64)[pos:pos + len(toks)])
+                    seg[name] = _floats(np.asarray(row, np.float64)[pos : pos + len(toks)])
                 if "logp" in signals and "rollout_logp" in signals and "ratio" not in signals:
-                    seg["ratio"] = _floats(np.exp(np.asarray(seg["logp"], np.float64)
-                                                  - np.asarray(seg["rollout_logp"], np.float64)))
+                    seg["ratio"] = _floats(
+                        np.exp(np.asarray(seg["logp"], np.float64) - np.asarray(seg["rollout_logp"], np.float64))
+                    )
             turn += 1
         segments.append(seg)
         pos += len(toks)
-    return jsonable({
-        "iteration": int(iteration), "index": int(ep.index), "seed": ep.seed, "group_id": int(ep.group_id),
-        "return": float(sum(ep.rewards)), "rewards": [float(r) for r in ep.rewards], "success": bool(ep.success),
-        "done": bool(ep.done), "truncated": bool(ep.truncated), "failed": bool(ep.failed),
-        "end_reason": ep.end_reason, "failure": ep.failure, "failure_kind": ep.failure_kind,
-        "invalid_actions": int(ep.invalid_actions), "noop_actions": int(ep.noop_actions),
-        "info": ep.info, "why": why, "system_prompt": ep.system_prompt, "segments": segments})
+    return jsonable(
+        {
+            "iteration": int(iteration),
+            "index": int(ep.index),
+            "seed": ep.seed,
+            "group_id": int(ep.group_id),
+            "return": float(sum(ep.rewards)),
+            "rewards": [float(r) for r in ep.rewards],
+            "success": bool(ep.success),
+            "done": bool(ep.done),
+            "truncated": bool(ep.truncated),
+            "failed": bool(ep.failed),
+            "end_reason": ep.end_reason,
+            "failure": ep.failure,
+            "failure_kind": ep.failure_kind,
+            "invalid_actions": int(ep.invalid_actions),
+            "noop_actions": int(ep.noop_actions),
+            "info": ep.info,
+            "why": why,
+            "system_prompt": ep.system_prompt,
+            "segments": segments,
+        }
+    )
 
 
 class EpisodeStore:
@@ -136,7 +154,7 @@ class EpisodeStore:
             raise ValueError(f"max_mb must be a number > 0, got {max_mb!r}")
         self.dir = Path(run_dir) / "episodes"
         self.per_iteration = per_iteration
-        self.max_bytes = int(max_mb * 2 ** 20)
+        self.max_bytes = int(max_mb * 2**20)
         self._stride = 1
 
     @property
@@ -163,7 +181,7 @@ class EpisodeStore:
     def _stored(self) -> dict[int, Path]:
         if not self.dir.is_dir():
             return {}
-        return {int(p.stem[len("iter_"):]): p for p in self.dir.glob("iter_*.jsonl") if p.stem[5:].isdigit()}
+        return {int(p.stem[len("iter_") :]): p for p in self.dir.glob("iter_*.jsonl") if p.stem[5:].isdigit()}
 
     def used_bytes(self, *, besides: Path | None = None) -> int:
         return sum(p.stat().st_size for p in self._stored().values() if p != besides)
@@ -194,8 +212,14 @@ class EpisodeStore:
             for p in self.dir.glob("*.tmp"):
                 p.unlink(missing_ok=True)
 
-    def write(self, iteration: int, episodes: Sequence, tokenizer, signals: dict | None = None,
-              rows: Sequence[int] | None = None) -> bool:
+    def write(
+        self,
+        iteration: int,
+        episodes: Sequence,
+        tokenizer,
+        signals: dict | None = None,
+        rows: Sequence[int] | None = None,
+    ) -> bool:
         """Stores iteration `iteration`'s chosen episodes; True when it was stored.
         `signals[name]` is a `[B, T]` array of the batch, and episode `i` is its row
         `rows[i]` (default `i`).
@@ -217,7 +241,7 @@ class EpisodeStore:
             lines.append(json.dumps(rec, ensure_ascii=False, allow_nan=False))
         data = ("\n".join(lines) + "\n").encode("utf-8")
         if len(data) > self.max_bytes:
-            return False   # one iteration alone is over the bound
+            return False  # one iteration alone is over the bound
         path = self.path(iteration)
         self.dir.mkdir(parents=True, exist_ok=True)
         while self.used_bytes(besides=path) + len(data) > self.max_bytes:
@@ -241,9 +265,9 @@ def read_store(run_dir) -> list[dict]:
     for path in sorted((Path(run_dir) / "episodes").glob("iter_*.jsonl")):
         try:
             text = read_text(path)
-        except FileNotFoundError:   # thinned out by the running run after the listing
+        except FileNotFoundError:  # thinned out by the running run after the listing
             continue
-        lines = text.split("\n")   # the last item: what follows the last newline ("" when whole)
+        lines = text.split("\n")  # the last item: what follows the last newline ("" when whole)
         records = []
         for n, line in enumerate(lines, 1):
             if not line.strip():
@@ -253,11 +277,12 @@ def read_store(run_dir) -> list[dict]:
             except json.JSONDecodeError as err:
                 cut = "; the file ends mid-line: truncated" if n == len(lines) else ""
                 raise RunFileError(f"{path}:{n}: not valid JSON at column {err.colno} ({err.msg}){cut}") from None
-        for n, rec in records:   # the whole file is JSON: then each line must be a record
+        for n, rec in records:  # the whole file is JSON: then each line must be a record
             iteration = rec.get("iteration") if isinstance(rec, dict) else None
             if not isinstance(iteration, int) or isinstance(iteration, bool):
                 got = f"iteration {iteration!r}" if isinstance(rec, dict) else type(rec).__name__
-                raise RunFileError(f"{path}:{n}: not an episode record (a JSON object with an int iteration; "
-                                   f"got {got})")
+                raise RunFileError(
+                    f"{path}:{n}: not an episode record (a JSON object with an int iteration; got {got})"
+                )
             out.append(rec)
     return out

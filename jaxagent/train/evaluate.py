@@ -20,6 +20,7 @@ changed nothing, `noop_action_frac`); with `out`, writes one JSON line per episo
 success, return, turns, end reason, the actions taken, the env's last info: e.g. `intake`'s
 rubric components) followed by the summary line.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,8 +35,18 @@ from jaxagent.train.runlog import is_terminal
 from jaxagent.train.runtools import restore_run, run_config
 
 
-def evaluate_policy(loop, pool, params, *, episodes: int, first_seed: int, temperature: float,
-                    sampling_seed: int = 0, details: bool = False, progress=None) -> dict:
+def evaluate_policy(
+    loop,
+    pool,
+    params,
+    *,
+    episodes: int,
+    first_seed: int,
+    temperature: float,
+    sampling_seed: int = 0,
+    details: bool = False,
+    progress=None,
+) -> dict:
     """Success rate, mean return and turns of `params` (module docstring). With
     `details`, `per_episode` lists each episode's seed, success, return, turns, end
     reason, actions (the text of each turn's action) and the env's last info.
@@ -46,7 +57,7 @@ def evaluate_policy(loop, pool, params, *, episodes: int, first_seed: int, tempe
         raise ValueError(f"evaluate_policy: episodes must be a positive int, got {episodes!r}")
     t0 = time.perf_counter()
     loop.set_params(params)
-    reward_fn, loop.reward_fn = loop.reward_fn, None   # held out: the env's own reward, never a judge's
+    reward_fn, loop.reward_fn = loop.reward_fn, None  # held out: the env's own reward, never a judge's
     try:
         return _evaluate(loop, pool, episodes, first_seed, temperature, sampling_seed, details, progress, t0)
     finally:
@@ -69,19 +80,32 @@ def _evaluate(loop, pool, episodes, first_seed, temperature, sampling_seed, deta
             progress(len(played), episodes)
     ok = np.array([ep.success for ep in played])
     turns = max(sum(len(ep.rewards) for ep in played), 1)
-    out = {"episodes": episodes, "success_rate": float(ok.mean()),
-           "return_mean": float(np.mean([sum(ep.rewards) for ep in played])),
-           "turns_mean": float(np.mean([len(ep.rewards) for ep in played])),
-           "failed_episodes": int(sum(ep.failed for ep in played)),
-           "invalid_action_frac": sum(ep.invalid_actions for ep in played) / turns,
-           "noop_action_frac": sum(ep.noop_actions for ep in played) / turns,
-           "temperature": float(temperature), "seconds": time.perf_counter() - t0}
+    out = {
+        "episodes": episodes,
+        "success_rate": float(ok.mean()),
+        "return_mean": float(np.mean([sum(ep.rewards) for ep in played])),
+        "turns_mean": float(np.mean([len(ep.rewards) for ep in played])),
+        "failed_episodes": int(sum(ep.failed for ep in played)),
+        "invalid_action_frac": sum(ep.invalid_actions for ep in played) / turns,
+        "noop_action_frac": sum(ep.noop_actions for ep in played) / turns,
+        "temperature": float(temperature),
+        "seconds": time.perf_counter() - t0,
+    }
     if details:
         out["per_episode"] = [
-            {"seed": int(ep.seed), "success": bool(ep.success), "return": float(sum(ep.rewards)),
-             "turns": len(ep.rewards), "failed": bool(ep.failed), "done": bool(ep.done),
-             "end_reason": ep.end_reason, "actions": list(ep.actions), "info": jsonable(ep.info)}
-            for ep in played]
+            {
+                "seed": int(ep.seed),
+                "success": bool(ep.success),
+                "return": float(sum(ep.rewards)),
+                "turns": len(ep.rewards),
+                "failed": bool(ep.failed),
+                "done": bool(ep.done),
+                "end_reason": ep.end_reason,
+                "actions": list(ep.actions),
+                "info": jsonable(ep.info),
+            }
+            for ep in played
+        ]
     return out
 
 
@@ -103,16 +127,27 @@ class EvalProgress:
         if self._bar is None:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total, desc=self.label, unit="episode", file=self.stream, leave=False,
-                             dynamic_ncols=True)
+            self._bar = tqdm(
+                total=total, desc=self.label, unit="episode", file=self.stream, leave=False, dynamic_ncols=True
+            )
         self._bar.update(done - self._bar.n)
         if done >= total:
             self._bar.close()
             self._bar = None
 
 
-def evaluate(config, loop, pool, params, *, episodes: int | None = None, first_seed: int | None = None,
-             temperature: float | None = None, details: bool = False, progress=None) -> dict:
+def evaluate(
+    config,
+    loop,
+    pool,
+    params,
+    *,
+    episodes: int | None = None,
+    first_seed: int | None = None,
+    temperature: float | None = None,
+    details: bool = False,
+    progress=None,
+) -> dict:
     """`evaluate_policy` with the `TrainerConfig`'s defaults: its `eval` section's
     episodes, seeds and temperature (else `rollout.temperature`), sampling seed
     `config.seed * 7919`."""
@@ -121,9 +156,17 @@ def evaluate(config, loop, pool, params, *, episodes: int | None = None, first_s
     if temperature is None:
         temperature = config.rollout.temperature if config.eval.temperature is None else config.eval.temperature
     summarize = env_summarizer(config)
-    out = evaluate_policy(loop, pool, params, episodes=episodes, first_seed=first_seed, temperature=temperature,
-                          sampling_seed=config.seed * 7919, details=details or summarize is not None,
-                          progress=progress)
+    out = evaluate_policy(
+        loop,
+        pool,
+        params,
+        episodes=episodes,
+        first_seed=first_seed,
+        temperature=temperature,
+        sampling_seed=config.seed * 7919,
+        details=details or summarize is not None,
+        progress=progress,
+    )
     if summarize is not None:
         out["env_summary"] = summary = summarize(out["per_episode"])
         out.update(flat_env_summary(summary))
@@ -139,7 +182,7 @@ def env_summarizer(config):
     e = config.env
     try:
         key = (e.name, tuple(e.imports), json.dumps(e.kwargs, sort_keys=True))
-    except TypeError:   # kwargs JSON cannot hold (a callable simulator ...): no cache
+    except TypeError:  # kwargs JSON cannot hold (a callable simulator ...): no cache
         key = None
     if key is None or key not in _SUMMARIZERS:
         from jaxagent.train import build
@@ -165,8 +208,13 @@ def flat_env_summary(summary: dict) -> dict[str, float]:
     out = {}
     for k, v in summary.items():
         if isinstance(v, dict):
-            out.update({f"env_{k}_{kk}": float(vv) for kk, vv in v.items()
-                        if isinstance(vv, (int, float)) and not isinstance(vv, bool)})
+            out.update(
+                {
+                    f"env_{k}_{kk}": float(vv)
+                    for kk, vv in v.items()
+                    if isinstance(vv, (int, float)) and not isinstance(vv, bool)
+                }
+            )
         elif isinstance(v, (int, float)) and not isinstance(v, bool):
             out[f"env_{k}"] = float(v)
     return out
@@ -177,16 +225,24 @@ def flat_env_summary(summary: dict) -> dict[str, float]:
 EVAL_OVERRIDABLE = ("env.", "rollout.", "eval.")
 
 
-def evaluate_run(run_dir: str | Path, *, step: int | None = None, episodes: int | None = None,
-                 seed: int | None = None, temperature: float | None = None, out: str | Path | None = None,
-                 num_workers: int | None = None, overrides=(), log=print) -> dict:
+def evaluate_run(
+    run_dir: str | Path,
+    *,
+    step: int | None = None,
+    episodes: int | None = None,
+    seed: int | None = None,
+    temperature: float | None = None,
+    out: str | Path | None = None,
+    num_workers: int | None = None,
+    overrides=(),
+    log=print,
+) -> dict:
     """`jaxagent eval` (module docstring). `overrides`: `key=value` for `EVAL_OVERRIDABLE`
     keys (e.g. `env.kwargs.cases=adversarial`): the checkpoint is restored with the run's
     own config and evaluated on the overridden env. The summary holds the env's own
     summary (`summarize`, e.g. intake's rubric and triage rates) under `env_summary`."""
-    from jaxagent.train import build
-
     from jaxagent.config import ConfigError
+    from jaxagent.train import build
 
     run_dir = Path(run_dir)
     bad = [o for o in overrides if not o.split("=", 1)[0].startswith(EVAL_OVERRIDABLE)]
@@ -197,16 +253,25 @@ def evaluate_run(run_dir: str | Path, *, step: int | None = None, episodes: int 
     config = run_config(run_dir, [*workers, *overrides])
     episodes = config.eval.episodes if episodes is None else episodes
     if not isinstance(episodes, int) or episodes < 1:
-        raise ValueError(f"episodes must be a positive int (the run's eval.episodes is {config.eval.episodes}), "
-                         f"got {episodes!r}")
+        raise ValueError(
+            f"episodes must be a positive int (the run's eval.episodes is {config.eval.episodes}), got {episodes!r}"
+        )
     seed = config.eval.seed if seed is None else seed
     run, state, progress = restore_run(trained, step, log=log)
     build.check_env(config)
     loop = build.agent_loop(config, run.tokenizer, run.model_config, run.placement, state)
     with build.env_pool(config, config.env.batch_size) as pool:
-        result = evaluate(config, loop, pool, run.placement.sampler_params(state), episodes=episodes,
-                          first_seed=seed, temperature=temperature, details=True,
-                          progress=EvalProgress(f"evaluating {run_dir.name}"))
+        result = evaluate(
+            config,
+            loop,
+            pool,
+            run.placement.sampler_params(state),
+            episodes=episodes,
+            first_seed=seed,
+            temperature=temperature,
+            details=True,
+            progress=EvalProgress(f"evaluating {run_dir.name}"),
+        )
     per_episode = result.pop("per_episode")
     result = {k: v for k, v in result.items() if not k.startswith("env_") or k == "env_summary"}
     result.update(run_dir=str(run_dir), iteration=progress.iteration, first_seed=seed, overrides=list(overrides))

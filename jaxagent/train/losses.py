@@ -23,6 +23,7 @@ and gradients of the micro-batches add up to the mini-batch's (`jaxagent.train.u
 Each `*_loss_and_grads` returns `(Grads, LossSums)`: the gradients of the trainable
 parameters and the loss parts and statistics, grouped by how the update reports them.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -72,8 +73,11 @@ class LossSums:
         """These sums with `other`'s added as further entries (e.g. the critic's); the
         objective stays this one's."""
         stats = other.value_stats if self.value_stats is None else {**self.value_stats, **(other.value_stats or {})}
-        return self.replace(losses={**self.losses, **other.losses},
-                            token_sums={**self.token_sums, **other.token_sums}, value_stats=stats)
+        return self.replace(
+            losses={**self.losses, **other.losses},
+            token_sums={**self.token_sums, **other.token_sums},
+            value_stats=stats,
+        )
 
     def flat(self) -> dict:
         """One dict by the flat names: the losses, `loss`, and every token or value sum
@@ -93,8 +97,9 @@ def for_compute(params, compute_dtype: str | None):
 
 
 def _model_kwargs(batch) -> dict:
-    return dict(attention_mask_BxT=batch.attention_mask, positions_BxT=batch.positions,
-                segment_ids_BxT=batch.segment_ids)
+    return dict(
+        attention_mask_BxT=batch.attention_mask, positions_BxT=batch.positions, segment_ids_BxT=batch.segment_ids
+    )
 
 
 def critic_values(critic_params, critic_config: DecoderConfig, batch, *, remat: bool | str = False) -> jax.Array:
@@ -107,9 +112,16 @@ def critic_values(critic_params, critic_config: DecoderConfig, batch, *, remat: 
 
 def _token_logprobs(params, model_config: DecoderConfig, batch, config: StepConfig):
     """`(logp, entropy)` `[B, T]` of the batch's tokens under `params` (the policy)."""
-    return token_logprobs(for_compute(params, config.compute_dtype), model_config, batch.tokens,
-                          temperature=config.loss.temperature, seq_chunk=config.seq_chunk,
-                          vocab_chunk=config.vocab_chunk, remat=config.remat, **_model_kwargs(batch))
+    return token_logprobs(
+        for_compute(params, config.compute_dtype),
+        model_config,
+        batch.tokens,
+        temperature=config.loss.temperature,
+        seq_chunk=config.seq_chunk,
+        vocab_chunk=config.vocab_chunk,
+        remat=config.remat,
+        **_model_kwargs(batch),
+    )
 
 
 # ----------------------------------------------------------------------------- small pieces
@@ -152,8 +164,9 @@ def _tis_weights(batch: UpdateBatch, lc: LossConfig):
     (None when `tis_cap` is off): constants of the loss."""
     if lc.tis_cap is None:
         return None
-    return algos.tis_weights(_f32(batch.old_logp), _f32(batch.rollout_logp), batch.loss_mask, lc.tis_cap,
-                             level=lc.tis_level)
+    return algos.tis_weights(
+        _f32(batch.old_logp), _f32(batch.rollout_logp), batch.loss_mask, lc.tis_cap, level=lc.tis_level
+    )
 
 
 def _kl_term(logp, batch: UpdateBatch, lc: LossConfig, mode: str, denominators: Denominators):
@@ -167,16 +180,18 @@ def _kl_term(logp, batch: UpdateBatch, lc: LossConfig, mode: str, denominators: 
     return algos.aggregate(kl_tok, mask, mode, **d), jnp.sum(kl_tok)
 
 
-def _policy_objective(logp, entropy, batch: UpdateBatch, lc: LossConfig, denominators: Denominators,
-                      is_weights) -> tuple[jax.Array, LossSums]:
+def _policy_objective(
+    logp, entropy, batch: UpdateBatch, lc: LossConfig, denominators: Denominators, is_weights
+) -> tuple[jax.Array, LossSums]:
     """`L_policy = L_pg + kl_coef * L_kl - entropy_coef * L_H` and its parts."""
     fn, mode, clip_kwargs = _loss_defaults(lc)
     d = _agg_kwargs(denominators)
     mask = batch.loss_mask
     valid = mask != 0
     n_local = jnp.sum(valid, dtype=jnp.float32)
-    pg, pg_metrics = fn(logp, _f32(batch.old_logp), _f32(batch.advantages), mask, mode=mode,
-                        is_weights=is_weights, **clip_kwargs, **d)
+    pg, pg_metrics = fn(
+        logp, _f32(batch.old_logp), _f32(batch.advantages), mask, mode=mode, is_weights=is_weights, **clip_kwargs, **d
+    )
     total = pg
     losses = {"pg_loss": pg}
     token_sums = {"entropy": jnp.sum(jnp.where(valid, entropy, 0.0))}
@@ -195,8 +210,9 @@ def _policy_objective(logp, entropy, batch: UpdateBatch, lc: LossConfig, denomin
     return total, LossSums(losses=losses, token_sums=token_sums, objective="policy_loss")
 
 
-def policy_loss_and_grads(state: TrainState, batch: UpdateBatch, config: StepConfig,
-                          denominators: Denominators | None = None) -> tuple[Grads, LossSums]:
+def policy_loss_and_grads(
+    state: TrainState, batch: UpdateBatch, config: StepConfig, denominators: Denominators | None = None
+) -> tuple[Grads, LossSums]:
     """Gradients of `L_policy` (and of `L_value` with a critic: `value_loss_and_grads`) on
     one (micro-)batch.
 
@@ -223,8 +239,9 @@ def policy_loss_and_grads(state: TrainState, batch: UpdateBatch, config: StepCon
 
 
 # ----------------------------------------------------------------------------- the critic
-def value_loss_and_grads(state: TrainState, batch: UpdateBatch, config: StepConfig,
-                         denominators: Denominators | None = None) -> tuple[object, LossSums]:
+def value_loss_and_grads(
+    state: TrainState, batch: UpdateBatch, config: StepConfig, denominators: Denominators | None = None
+) -> tuple[object, LossSums]:
     """The gradient of `L_value` with respect to the critic's trainable parameters, and
     `LossSums` with `value_loss`, the token sums `vf_clipfrac` and `value`, and the
     return and error sums (`value_stats`). `denominators` as `policy_loss_and_grads`."""
@@ -239,19 +256,34 @@ def value_loss_and_grads(state: TrainState, batch: UpdateBatch, config: StepConf
     n_local = jnp.sum(valid, dtype=jnp.float32)
 
     def loss(trainable, rebuild):
-        values = critic_values(for_compute(rebuild(trainable), config.compute_dtype), state.critic_config,
-                               batch, remat=config.remat)
-        vl, vm = algos.value_loss(values, _f32(batch.old_values), _f32(batch.returns), mask,
-                                  mode=lc.value_agg_mode, clip=lc.value_clip, **_agg_kwargs(denominators))
+        values = critic_values(
+            for_compute(rebuild(trainable), config.compute_dtype), state.critic_config, batch, remat=config.remat
+        )
+        vl, vm = algos.value_loss(
+            values,
+            _f32(batch.old_values),
+            _f32(batch.returns),
+            mask,
+            mode=lc.value_agg_mode,
+            clip=lc.value_clip,
+            **_agg_kwargs(denominators),
+        )
         ret = jnp.where(valid, _f32(batch.returns), 0.0)
         err = jnp.where(valid, ret - values, 0.0)
         return vl, LossSums(
             losses={"value_loss": vl},
-            token_sums={"vf_clipfrac": _token_sum(vm["vf_clipfrac"], n_local),
-                        "value": jnp.sum(jnp.where(valid, values, 0.0))},
-            value_stats={"return": jnp.sum(ret), "return_sq": jnp.sum(ret * ret),
-                         "value_err": jnp.sum(err), "value_err_sq": jnp.sum(err * err)},
-            objective="value_loss")
+            token_sums={
+                "vf_clipfrac": _token_sum(vm["vf_clipfrac"], n_local),
+                "value": jnp.sum(jnp.where(valid, values, 0.0)),
+            },
+            value_stats={
+                "return": jnp.sum(ret),
+                "return_sq": jnp.sum(ret * ret),
+                "value_err": jnp.sum(err),
+                "value_err_sq": jnp.sum(err * err),
+            },
+            objective="value_loss",
+        )
 
     trainable, rebuild = split_trainable(state.critic_params)
     (_, sums), grads = jax.value_and_grad(loss, has_aux=True)(trainable, rebuild)
@@ -259,8 +291,9 @@ def value_loss_and_grads(state: TrainState, batch: UpdateBatch, config: StepConf
 
 
 # ----------------------------------------------------------------------------- demonstrations
-def sft_loss_and_grads(state: TrainState, batch: SFTBatch, config: StepConfig,
-                       denominators: Denominators | None = None) -> tuple[Grads, LossSums]:
+def sft_loss_and_grads(
+    state: TrainState, batch: SFTBatch, config: StepConfig, denominators: Denominators | None = None
+) -> tuple[Grads, LossSums]:
     """Masked token cross-entropy `L = -sum_t m_t log p(y_t | y_<t) / N` (token-mean over
     the global mini-batch's `N` demonstration tokens), and its gradient."""
     check_batch(batch, (), 1)
@@ -271,8 +304,11 @@ def sft_loss_and_grads(state: TrainState, batch: SFTBatch, config: StepConfig,
     def loss(trainable, rebuild):
         logp, entropy = _token_logprobs(rebuild(trainable), state.model_config, batch, config)
         nll = algos.aggregate(-logp, valid, "token-mean", num_tokens=denominators.num_tokens)
-        return nll, LossSums(losses={"sft_loss": nll}, token_sums={"entropy": jnp.sum(jnp.where(valid, entropy, 0.0))},
-                             objective="sft_loss")
+        return nll, LossSums(
+            losses={"sft_loss": nll},
+            token_sums={"entropy": jnp.sum(jnp.where(valid, entropy, 0.0))},
+            objective="sft_loss",
+        )
 
     trainable, rebuild = split_trainable(state.params)
     (_, sums), g = jax.value_and_grad(loss, has_aux=True)(trainable, rebuild)

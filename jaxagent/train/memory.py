@@ -60,6 +60,7 @@ run's shapes for comparison (`tests/test_train_compiled.py`: every shipped confi
 1.5x). `check_memory` makes this estimate for a run's config and placement, logs it and
 compares it with the device's memory before anything is compiled.
 """
+
 from __future__ import annotations
 
 import math
@@ -69,16 +70,15 @@ import jax
 import numpy as np
 
 from jaxagent.models.attention import live_bytes
-
 from jaxagent.parallel.mesh import (
     LOGICAL_AXIS_RULES,
     ROLLOUT_AXIS_RULES,
     MeshConfig,
     Rules,
     axis_sizes,
-    rules_dict,
     like_params_specs,
     param_specs,
+    rules_dict,
 )
 
 COMPONENTS = ("params", "opt_state", "grads", "activations", "kv_cache")
@@ -137,10 +137,20 @@ def _trainable(params):
     return split_lora(params)[0] if has_lora(params) else params
 
 
-def estimate_memory(model_config, step_config=None, mesh=None, *, batch_size: int, seq_len: int,
-                    param_dtype: str = "float32", critic: bool = False, sample_batch: int | None = None,
-                    sample_len: int | None = None, kv_dtype: str | None = None,
-                    rules: Rules = LOGICAL_AXIS_RULES) -> dict[str, int]:
+def estimate_memory(
+    model_config,
+    step_config=None,
+    mesh=None,
+    *,
+    batch_size: int,
+    seq_len: int,
+    param_dtype: str = "float32",
+    critic: bool = False,
+    sample_batch: int | None = None,
+    sample_len: int | None = None,
+    kv_dtype: str | None = None,
+    rules: Rules = LOGICAL_AXIS_RULES,
+) -> dict[str, int]:
     """Per-device bytes of a run: {params, opt_state, grads, activations, kv_cache, total}.
 
     model_config: the policy's `DecoderConfig` (with `lora` for a LoRA run).
@@ -178,7 +188,7 @@ def estimate_memory(model_config, step_config=None, mesh=None, *, batch_size: in
         trainable = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, np.float32), _trainable(p))
         out["grads"] += grad_copies * shard_bytes(trainable, _subtree_specs(p, specs, trainable), sizes)
 
-    act_dtype = step_config.compute_dtype or param_dtype   # mixed precision: the passes run in this
+    act_dtype = step_config.compute_dtype or param_dtype  # mixed precision: the passes run in this
     out["activations"] = _activation_bytes(cfg, step_config, sizes, rules, batch_size, seq_len, act_dtype, critic)
     if sample_batch:
         if not sample_len:
@@ -190,9 +200,13 @@ def estimate_memory(model_config, step_config=None, mesh=None, *, batch_size: in
 
 def _subtree_specs(params, specs, trainable):
     """The specs of the leaves of `trainable` (a subtree of `params` with None holes)."""
-    flat = {jax.tree_util.keystr(path): s for (path, _), s in zip(
-        jax.tree_util.tree_leaves_with_path(params),
-        jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, jax.sharding.PartitionSpec)))}
+    flat = {
+        jax.tree_util.keystr(path): s
+        for (path, _), s in zip(
+            jax.tree_util.tree_leaves_with_path(params),
+            jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, jax.sharding.PartitionSpec)),
+        )
+    }
     return jax.tree_util.tree_map_with_path(lambda path, _: flat[jax.tree_util.keystr(path)], trainable)
 
 
@@ -217,9 +231,10 @@ def _activation_bytes(cfg, step_config, sizes, rules, B, T, dtype, critic) -> in
     V = _split(cfg.vocab_size, table["vocab"], sizes)
     base = 4 * D * a + 2 * D * f + 2 * (H + 2 * K) * hd * a + H * hd * a + 4 * F * a
 
-    def scores(what):   # one layer's attention bytes over the micro-batch's b rows
-        return live_bytes(cfg.attention, rows=b, heads=H, kv_heads=K, head_dim=hd, q_len=T, k_len=T,
-                          itemsize=a, what=what)
+    def scores(what):  # one layer's attention bytes over the micro-batch's b rows
+        return live_bytes(
+            cfg.attention, rows=b, heads=H, kv_heads=K, head_dim=hd, q_len=T, k_len=T, itemsize=a, what=what
+        )
 
     per_tok = base + scores("saved") / (b * T)
     remat = step_config.remat
@@ -240,8 +255,9 @@ def _activation_bytes(cfg, step_config, sizes, rules, B, T, dtype, critic) -> in
     return int(policy + trunk + b * T * D * (a + f) if critic else policy)
 
 
-def _forward_layer(model_config, mesh, rules: Rules, *, rows: int, attended: int, a: int,
-                   queries: int = 1) -> tuple[int, int, int]:
+def _forward_layer(
+    model_config, mesh, rules: Rules, *, rows: int, attended: int, a: int, queries: int = 1
+) -> tuple[int, int, int]:
     """`(b, per_token, V)` of a forward-only pass on this device: its rows, one layer's
     bytes a token whose attention spans `attended` slots (dense: the scores counted three
     times, `H attended (2 4 + a)`: the float32 scores, their float32 softmax and the cast
@@ -256,16 +272,33 @@ def _forward_layer(model_config, mesh, rules: Rules, *, rows: int, attended: int
     K = _split(cfg.num_kv_heads, table["heads"], sizes)
     F = _split(cfg.intermediate_size, table["mlp"], sizes)
     V = _split(cfg.vocab_size, table["vocab"], sizes)
-    attn = live_bytes(cfg.attention, rows=b, heads=H, kv_heads=K, head_dim=hd, q_len=queries, k_len=attended,
-                      itemsize=a, what="forward") / (b * queries)
+    attn = live_bytes(
+        cfg.attention,
+        rows=b,
+        heads=H,
+        kv_heads=K,
+        head_dim=hd,
+        q_len=queries,
+        k_len=attended,
+        itemsize=a,
+        what="forward",
+    ) / (b * queries)
     # the MLP's gate and up projections (their product replaces one of them): nothing is
     # kept for a backward pass, so XLA frees them as it goes
     per_tok = 4 * D * a + 2 * D * f + 2 * (H + 2 * K) * hd * a + attn + H * hd * a + 2 * F * a
     return b, int(per_tok), V
 
 
-def forward_activation_bytes(model_config, step_config=None, mesh=None, *, rows: int, seq_len: int,
-                             param_dtype: str = "float32", rules: Rules = LOGICAL_AXIS_RULES) -> int:
+def forward_activation_bytes(
+    model_config,
+    step_config=None,
+    mesh=None,
+    *,
+    rows: int,
+    seq_len: int,
+    param_dtype: str = "float32",
+    rules: Rules = LOGICAL_AXIS_RULES,
+) -> int:
     """Per-device bytes live in a forward-only pass (the log-prob pass) over `rows` rows of
     `seq_len` tokens: one layer's activations (nothing is kept for a backward pass) and
     one chunk of logits (module docstring's notation)::
@@ -287,9 +320,17 @@ def forward_activation_bytes(model_config, step_config=None, mesh=None, *, rows:
     return int(b * T * per_tok + head)
 
 
-def prefill_bytes(model_config, mesh=None, *, rows: int, max_len: int, chunk: int,
-                  param_dtype: str = "float32", compute_dtype: str | None = None,
-                  rules: Rules = LOGICAL_AXIS_RULES) -> int:
+def prefill_bytes(
+    model_config,
+    mesh=None,
+    *,
+    rows: int,
+    max_len: int,
+    chunk: int,
+    param_dtype: str = "float32",
+    compute_dtype: str | None = None,
+    rules: Rules = LOGICAL_AXIS_RULES,
+) -> int:
     """Per-device bytes live while the sampler appends a prompt or an observation to
     `rows` cached rows of `max_len` slots, `chunk` tokens at a time
     (`jaxagent.rollout.sampler.APPEND_CHUNK`): one layer's activations of the piece, with
@@ -320,9 +361,19 @@ def _cpu_upcasts(cfg, mesh, rules: Rules, *, rows: int, max_len: int, a: int) ->
     return int(cfg.hidden_size * V * 4 + 2 * b * K * max_len * cfg.head_dim * 4)
 
 
-def decode_bytes(model_config, mesh=None, *, rows: int, max_len: int, unroll_layers: bool, param_bytes: int = 0,
-                 param_dtype: str = "float32", compute_dtype: str | None = None, kv_dtype: str | None = None,
-                 rules: Rules = LOGICAL_AXIS_RULES) -> int:
+def decode_bytes(
+    model_config,
+    mesh=None,
+    *,
+    rows: int,
+    max_len: int,
+    unroll_layers: bool,
+    param_bytes: int = 0,
+    param_dtype: str = "float32",
+    compute_dtype: str | None = None,
+    kv_dtype: str | None = None,
+    rules: Rules = LOGICAL_AXIS_RULES,
+) -> int:
     """Per-device bytes live while the sampler decodes a turn for `rows` cached rows of
     `max_len` slots: one token's layer activations, with attention scores over the whole
     cache, and a few rows of logits (sampling: the logits, their processed copy, softmax
@@ -337,10 +388,17 @@ def decode_bytes(model_config, mesh=None, *, rows: int, max_len: int, unroll_lay
     b, per_tok, V = _forward_layer(model_config, mesh, rules, rows=rows, attended=max_len, a=a)
     copies = 0
     if unroll_layers:
-        copies = _kv_bytes(model_config, axis_sizes(mesh if mesh is not None else MeshConfig()), rules, rows,
-                           max_len, kv_dtype or compute_dtype or param_dtype) + int(param_bytes)
-    return int(copies + b * per_tok + 4 * b * V * 4
-               + _cpu_upcasts(model_config, mesh, rules, rows=rows, max_len=max_len, a=a))
+        copies = _kv_bytes(
+            model_config,
+            axis_sizes(mesh if mesh is not None else MeshConfig()),
+            rules,
+            rows,
+            max_len,
+            kv_dtype or compute_dtype or param_dtype,
+        ) + int(param_bytes)
+    return int(
+        copies + b * per_tok + 4 * b * V * 4 + _cpu_upcasts(model_config, mesh, rules, rows=rows, max_len=max_len, a=a)
+    )
 
 
 def host_memory_bytes() -> int | None:
@@ -398,8 +456,9 @@ def device_memory_bytes(device: Any | None = None, default: int | None = None) -
         return int(stats["bytes_limit"])
     if default is not None:
         return int(default)
-    raise ValueError(f"device_memory_bytes: {device.platform} device {device.id} does not report its memory; "
-                     "pass default= (bytes)")
+    raise ValueError(
+        f"device_memory_bytes: {device.platform} device {device.id} does not report its memory; pass default= (bytes)"
+    )
 
 
 def check_fits(estimate: dict[str, int], device_memory_bytes: int, *, usable_fraction: float = 0.9) -> None:
@@ -417,7 +476,8 @@ def check_fits(estimate: dict[str, int], device_memory_bytes: int, *, usable_fra
         f"({usable_fraction:.0%} of {_gib(device_memory_bytes)}): {parts}. To fit: more "
         "mesh.fsdp / mesh.tensor shards, model.remat or more update.micro_batches (activations), "
         "update.logprob_rows (the log-prob pass), a smaller batch (env.tasks_per_iteration, env.group_size: also the prefill) or context "
-        "(rollout.max_context: every pass and the kv_cache)")
+        "(rollout.max_context: every pass and the kv_cache)"
+    )
 
 
 def check_memory(config, model_config, mesh, sampler_mesh, *, rows: int, sampler_shares_params: bool, log) -> dict:
@@ -436,55 +496,97 @@ def check_memory(config, model_config, mesh, sampler_mesh, *, rows: int, sampler
     cfg, up = config, config.update
     B = cfg.env.batch_size
     common = dict(param_dtype=cfg.model.dtype)
-    est = estimate_memory(model_config, cfg.step_config, mesh, batch_size=B // up.mini_batches,
-                          seq_len=cfg.rollout.max_context, critic=cfg.algo.uses_critic, **common)
+    est = estimate_memory(
+        model_config,
+        cfg.step_config,
+        mesh,
+        batch_size=B // up.mini_batches,
+        seq_len=cfg.rollout.max_context,
+        critic=cfg.algo.uses_critic,
+        **common,
+    )
     # the sampler on its own mesh (the run's in one process, this process's devices with
     # several), its params laid out by its own rules: whole over data and fsdp, so more
     # per device than the update's under fsdp; its rows and KV cache over the row axes
-    sampler = estimate_memory(model_config, cfg.step_config, sampler_mesh, batch_size=1, seq_len=1,
-                              sample_batch=rows, sample_len=cfg.rollout.max_context, rules=ROLLOUT_AXIS_RULES,
-                              **common)
+    sampler = estimate_memory(
+        model_config,
+        cfg.step_config,
+        sampler_mesh,
+        batch_size=1,
+        seq_len=1,
+        sample_batch=rows,
+        sample_len=cfg.rollout.max_context,
+        rules=ROLLOUT_AXIS_RULES,
+        **common,
+    )
     est["kv_cache"] = sampler["kv_cache"]
     compute = cfg.model.compute_dtype
     cast = compute is not None and compute != cfg.model.dtype
     ratio = np.dtype(compute).itemsize / np.dtype(cfg.model.dtype).itemsize if cast else 1.0
-    sampler_params = int(ratio * sampler["params"])   # the sampler's copy, in the compute dtype
-    if cast:   # the update's cast copy (in the update's layout) and the sampler's (in its own)
-        policy_params = est["params"] if not cfg.algo.uses_critic else estimate_memory(
-            model_config, cfg.step_config, mesh, batch_size=1, seq_len=1, **common)["params"]
+    sampler_params = int(ratio * sampler["params"])  # the sampler's copy, in the compute dtype
+    if cast:  # the update's cast copy (in the update's layout) and the sampler's (in its own)
+        policy_params = (
+            est["params"]
+            if not cfg.algo.uses_critic
+            else estimate_memory(model_config, cfg.step_config, mesh, batch_size=1, seq_len=1, **common)["params"]
+        )
         est["compute_params"] = int(ratio * policy_params) + sampler_params
-    elif not sampler_shares_params:   # a copy of its own (fsdp > 1, or several processes)
+    elif not sampler_shares_params:  # a copy of its own (fsdp > 1, or several processes)
         est["sampler_params"] = sampler_params
     if cfg.loss.kl_coef > 0 or cfg.algo.kl_reward_coef > 0:
-        if model_config.lora is not None:   # a copy of the adapters: the float32 trainable leaves
+        if model_config.lora is not None:  # a copy of the adapters: the float32 trainable leaves
             est["reference"] = est["grads"] // (2 if up.micro_batches > 1 else 1)
         else:
-            est["reference"] = est["params"] if not cfg.algo.uses_critic else estimate_memory(
-                model_config, cfg.step_config, mesh, batch_size=1, seq_len=1, **common)["params"]
+            est["reference"] = (
+                est["params"]
+                if not cfg.algo.uses_critic
+                else estimate_memory(model_config, cfg.step_config, mesh, batch_size=1, seq_len=1, **common)["params"]
+            )
     # the log-prob passes (old policy, reference) run before the update, over the batch's
     # rows `logprob_rows` at a time: the run needs the larger of the two activation figures
     logprob_chunks = 1 if up.logprob_rows is None else B // up.logprob_rows
     pass_rows = (rows if jax.process_count() > 1 else B) // logprob_chunks
-    est["logprob_pass"] = forward_activation_bytes(model_config, cfg.step_config, mesh, rows=pass_rows,
-                                                   seq_len=cfg.rollout.max_context, **common)
+    est["logprob_pass"] = forward_activation_bytes(
+        model_config, cfg.step_config, mesh, rows=pass_rows, seq_len=cfg.rollout.max_context, **common
+    )
     # the sampler's appends (in pieces of APPEND_CHUNK tokens) and decodes run during the
     # rollout, on one pipeline group's rows (or the continuous scheduler's slots) at a time
     from jaxagent.rollout.sampler import APPEND_CHUNK, unroll_layers_default
 
     sampled = cfg.rollout.sampler_rows(rows)
-    est["prefill"] = prefill_bytes(model_config, sampler_mesh, rows=sampled, max_len=cfg.rollout.max_context,
-                                   chunk=APPEND_CHUNK, param_dtype=cfg.model.dtype,
-                                   compute_dtype=cfg.model.compute_dtype, rules=ROLLOUT_AXIS_RULES)
-    est["decode"] = decode_bytes(model_config, sampler_mesh, rows=sampled, max_len=cfg.rollout.max_context,
-                                 unroll_layers=unroll_layers_default(), param_bytes=sampler_params,
-                                 param_dtype=cfg.model.dtype, compute_dtype=cfg.model.compute_dtype,
-                                 rules=ROLLOUT_AXIS_RULES)
-    passes = ["activations", "logprob_pass", "prefill", "decode"]   # one at a time
-    if cfg.warm_start.enabled:   # the warm start's SFT steps, before RL, beside a second optimizer state
+    est["prefill"] = prefill_bytes(
+        model_config,
+        sampler_mesh,
+        rows=sampled,
+        max_len=cfg.rollout.max_context,
+        chunk=APPEND_CHUNK,
+        param_dtype=cfg.model.dtype,
+        compute_dtype=cfg.model.compute_dtype,
+        rules=ROLLOUT_AXIS_RULES,
+    )
+    est["decode"] = decode_bytes(
+        model_config,
+        sampler_mesh,
+        rows=sampled,
+        max_len=cfg.rollout.max_context,
+        unroll_layers=unroll_layers_default(),
+        param_bytes=sampler_params,
+        param_dtype=cfg.model.dtype,
+        compute_dtype=cfg.model.compute_dtype,
+        rules=ROLLOUT_AXIS_RULES,
+    )
+    passes = ["activations", "logprob_pass", "prefill", "decode"]  # one at a time
+    if cfg.warm_start.enabled:  # the warm start's SFT steps, before RL, beside a second optimizer state
         from jaxagent.train.warmstart import sft_rows_at_most, sft_step_config
 
-        sft = estimate_memory(model_config, sft_step_config(cfg), mesh, batch_size=sft_rows_at_most(cfg),
-                              seq_len=cfg.rollout.max_context, **common)
+        sft = estimate_memory(
+            model_config,
+            sft_step_config(cfg),
+            mesh,
+            batch_size=sft_rows_at_most(cfg),
+            seq_len=cfg.rollout.max_context,
+            **common,
+        )
         est["warm_start"] = sft["activations"] + sft["grads"] + sft["opt_state"]
         passes.append("warm_start")
     est["total"] = sum(v for k, v in est.items() if k not in ("total", *passes)) + max(est[k] for k in passes)
@@ -494,11 +596,13 @@ def check_memory(config, model_config, mesh, sampler_mesh, *, rows: int, sampler
     except ValueError:
         device_bytes = None if cfg.device_memory_gb is None else int(cfg.device_memory_gb * 2**30)
         if device_bytes is None and jax.local_devices()[0].platform == "cpu":
-            host = host_memory_bytes()   # CPU devices share the host's RAM
+            host = host_memory_bytes()  # CPU devices share the host's RAM
             if host is not None:
                 device_bytes, where = host // jax.local_device_count(), "host RAM available"
-    log(format_memory(est, device_bytes) + ("" if where == "device" or device_bytes is None else
-                                            f" ({where} / {jax.local_device_count()} devices)"))
+    log(
+        format_memory(est, device_bytes)
+        + ("" if where == "device" or device_bytes is None else f" ({where} / {jax.local_device_count()} devices)")
+    )
     if device_bytes is None:
         log("memory check skipped: the device does not report its memory (set device_memory_gb)")
         return est

@@ -4,15 +4,30 @@
 the mean of each update metric over the iteration's updates, the gap between the
 sampler's and the trainer's log-probs, throughput and the seconds of each phase.
 """
+
 from __future__ import annotations
 
 import math
 
 import numpy as np
 
-def iteration_metrics(traj, success, step_metrics, adv, old_logp, loss_mask, times: dict, total_s: float, *,
-                      iteration: int, tasks_seen: int, invalid_actions=None, noop_actions=None,
-                      recomputed: bool = True) -> dict:
+
+def iteration_metrics(
+    traj,
+    success,
+    step_metrics,
+    adv,
+    old_logp,
+    loss_mask,
+    times: dict,
+    total_s: float,
+    *,
+    iteration: int,
+    tasks_seen: int,
+    invalid_actions=None,
+    noop_actions=None,
+    recomputed: bool = True,
+) -> dict:
     """The iteration's JSON-able metrics: episode statistics (of every process's
     episodes: `traj` and `success` hold the whole batch), the mean of each update
     metric over the iteration's updates, throughput and seconds per phase.
@@ -45,12 +60,24 @@ def iteration_metrics(traj, success, step_metrics, adv, old_logp, loss_mask, tim
         "policy_tokens": policy_tokens,
         "advantage_abs_mean": float(np.abs(adv_np[mask]).mean()) if mask.any() else 0.0,
     }
-    if recomputed:   # the sampler's log-probs against the trainer's recomputation (same policy):
+    if recomputed:  # the sampler's log-probs against the trainer's recomputation (same policy):
         # a mismatch means the trainer does not see what the sampler saw
         logp_gap = np.abs(np.asarray(old_logp) - np.asarray(traj.rollout_logp))
         out["rollout_logp_gap"] = float(logp_gap[mask].mean()) if mask.any() else 0.0
-    for key in ("loss", "pg_loss", "entropy", "clipfrac", "approx_kl", "kl", "grad_norm", "lr",
-                "value_loss", "explained_variance", "vf_clipfrac", "tis_weight"):
+    for key in (
+        "loss",
+        "pg_loss",
+        "entropy",
+        "clipfrac",
+        "approx_kl",
+        "kl",
+        "grad_norm",
+        "lr",
+        "value_loss",
+        "explained_variance",
+        "vf_clipfrac",
+        "tis_weight",
+    ):
         v = mean_of(key)
         if v is not None:
             out[key] = v
@@ -79,10 +106,15 @@ def jsonable(x):
 
 def eval_line(ev: dict) -> str:
     """One log line of a held-out evaluation."""
-    env = "".join(f"{k} {v:.3f} | " for k, v in (ev.get("env_summary") or {}).items()
-                  if isinstance(v, float) and not k.endswith("_std"))   # the env's own summary, e.g. the rubric
-    return (f"success {ev['success_rate']:.3f} | return {ev['return_mean']:.3f} | turns {ev['turns_mean']:.2f} | "
-            f"{env}{ev['episodes']} episodes at temperature {ev['temperature']} | {ev['seconds']:.1f}s")
+    env = "".join(
+        f"{k} {v:.3f} | "
+        for k, v in (ev.get("env_summary") or {}).items()
+        if isinstance(v, float) and not k.endswith("_std")
+    )  # the env's own summary, e.g. the rubric
+    return (
+        f"success {ev['success_rate']:.3f} | return {ev['return_mean']:.3f} | turns {ev['turns_mean']:.2f} | "
+        f"{env}{ev['episodes']} episodes at temperature {ev['temperature']} | {ev['seconds']:.1f}s"
+    )
 
 
 def iteration_line(m: dict) -> str:
@@ -193,9 +225,9 @@ def input_dependence(tokens, loss_mask, group_ids, ok) -> dict:
     m = min(len(v) for v in first.values()) - 1
     score = np.empty((len(rows), len(groups)))
     for j, k in enumerate(groups):
-        members = first[k][:m + 1]
-        score[:, j] = sim[:, members[:m]].mean(1)          # the rows of other groups
-        for r in first[k]:                                  # its own rows: itself left out
+        members = first[k][: m + 1]
+        score[:, j] = sim[:, members[:m]].mean(1)  # the rows of other groups
+        for r in first[k]:  # its own rows: itself left out
             score[r, j] = sim[r, members[members != r][:m]].mean()
     own = np.array([groups.index(k) for k in g])
     own_score = score[np.arange(len(rows)), own]
@@ -204,8 +236,12 @@ def input_dependence(tokens, loss_mask, group_ids, ok) -> dict:
     chance = 1.0 / len(groups)
     same = (g[:, None] == g[None, :]) & ~np.eye(len(rows), dtype=bool)
     diff = g[:, None] != g[None, :]
-    return {"input_retrieval_acc": acc, "input_dependence": float((acc - chance) / (1.0 - chance)),
-            "within_input_similarity": float(sim[same].mean()), "cross_input_similarity": float(sim[diff].mean())}
+    return {
+        "input_retrieval_acc": acc,
+        "input_dependence": float((acc - chance) / (1.0 - chance)),
+        "within_input_similarity": float(sim[same].mean()),
+        "cross_input_similarity": float(sim[diff].mean()),
+    }
 
 
 def template_collapse_warning(history: list[dict], metrics: dict, *, below: float, window: int) -> str | None:
@@ -213,14 +249,16 @@ def template_collapse_warning(history: list[dict], metrics: dict, *, below: floa
     the last `window` iterations (this one included) while the entropy has not collapsed
     (the entropy warning covers that case): responses that look diverse but no longer
     depend on the input (RAGEN-2's template collapse). None otherwise."""
-    runs = [m.get("input_dependence") for m in history[-(window - 1):]] if window > 1 else []
+    runs = [m.get("input_dependence") for m in history[-(window - 1) :]] if window > 1 else []
     runs = runs + [metrics.get("input_dependence")]
     if len(runs) < window or any(v is None for v in runs) or max(runs) >= below:
         return None
-    return (f"warning: template collapse at iteration {metrics.get('iteration')}: input_dependence "
-            f"{metrics['input_dependence']:.3f} < {below} for {window} iterations (entropy "
-            f"{metrics.get('entropy', float('nan')):.3f}): the responses hardly depend on the task any more; "
-            "read the transcripts (and consider algo.dynamic_sampling, which keeps only groups with signal)")
+    return (
+        f"warning: template collapse at iteration {metrics.get('iteration')}: input_dependence "
+        f"{metrics['input_dependence']:.3f} < {below} for {window} iterations (entropy "
+        f"{metrics.get('entropy', float('nan')):.3f}): the responses hardly depend on the task any more; "
+        "read the transcripts (and consider algo.dynamic_sampling, which keeps only groups with signal)"
+    )
 
 
 def hacking_warning(history: list[dict], metrics: dict, *, heldout: str, window: int) -> str | None:
@@ -233,14 +271,16 @@ def hacking_warning(history: list[dict], metrics: dict, *, heldout: str, window:
     rows = [m for m in history + [metrics] if heldout in m and "reward_mean" in m]
     if len(rows) < 2 * window or heldout not in metrics:
         return None
-    rec, ear = rows[-window:], rows[-2 * window:-window]
+    rec, ear = rows[-window:], rows[-2 * window : -window]
     r1, r0 = (float(np.mean([m["reward_mean"] for m in part])) for part in (rec, ear))
     h1, h0 = (float(np.mean([m[heldout] for m in part])) for part in (rec, ear))
     if not (r1 > r0 and h1 < h0):
         return None
-    return (f"warning: reward hacking? at iteration {metrics.get('iteration')}: the training reward rose "
-            f"({r0:.3f} -> {r1:.3f} over the last {window} iterations against the {window} before) while the "
-            f"held-out scorer {heldout} fell ({h0:.4f} -> {h1:.4f}); read the transcripts")
+    return (
+        f"warning: reward hacking? at iteration {metrics.get('iteration')}: the training reward rose "
+        f"({r0:.3f} -> {r1:.3f} over the last {window} iterations against the {window} before) while the "
+        f"held-out scorer {heldout} fell ({h0:.4f} -> {h1:.4f}); read the transcripts"
+    )
 
 
 def collapse_warning(history: list[dict], metrics: dict, *, entropy_below: float, window: int) -> str | None:
@@ -253,11 +293,12 @@ def collapse_warning(history: list[dict], metrics: dict, *, entropy_below: float
     runs = [m.get("success_rate", 0.0) for m in history] + [metrics.get("success_rate", 0.0)]
     if entropy is None or entropy >= entropy_below or len(runs) < 2 * window:
         return None
-    recent, earlier = np.mean(runs[-window:]), np.mean(runs[-2 * window:-window])
+    recent, earlier = np.mean(runs[-window:]), np.mean(runs[-2 * window : -window])
     if recent > earlier:
         return None
-    return (f"warning: entropy collapse at iteration {metrics.get('iteration')}: entropy {entropy:.4f} < "
-            f"{entropy_below} while training success did not rise (last {window} iterations {recent:.3f}, "
-            f"the {window} before {earlier:.3f}); the policy may be repeating itself (lower the learning rate, "
-            f"add loss.entropy_coef, or stop)")
-
+    return (
+        f"warning: entropy collapse at iteration {metrics.get('iteration')}: entropy {entropy:.4f} < "
+        f"{entropy_below} while training success did not rise (last {window} iterations {recent:.3f}, "
+        f"the {window} before {earlier:.3f}); the policy may be repeating itself (lower the learning rate, "
+        f"add loss.entropy_coef, or stop)"
+    )

@@ -10,21 +10,23 @@ truncated importance sampling against the sampler's log-probs (`loss.tis_cap`).
 The thread only runs the function it is given and hands its result back through the
 future: no trainer state is written from it.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 @dataclasses.dataclass
 class Pending:
     """A finished background rollout."""
 
-    collected: Any     # what `collect()` returned
-    seconds: float     # its wall time in the thread
-    staleness: int     # updates its params lag behind the ones it is trained with
+    collected: Any  # what `collect()` returned
+    seconds: float  # its wall time in the thread
+    staleness: int  # updates its params lag behind the ones it is trained with
 
 
 class OffPolicyRollouts:

@@ -34,6 +34,7 @@ process playing the whole batch would draw) on every one of its devices
 (`sampler_mesh`: its rows split over them, the weights split over "tensor" where the
 process holds the whole tensor axis, else whole); a process with one device samples on it.
 """
+
 from __future__ import annotations
 
 import functools
@@ -52,16 +53,33 @@ from jaxagent.train.losses import critic_values, for_compute
 from jaxagent.train.update import PaddedUpdate
 
 
-def _policy_logprobs(params, config, tokens_BxT, attention_mask_BxT, *, temperature: float,
-                     seq_chunk: int, vocab_chunk: int, row_chunks: int = 1, with_entropy: bool = False,
-                     compute_dtype: str | None = None):
+def _policy_logprobs(
+    params,
+    config,
+    tokens_BxT,
+    attention_mask_BxT,
+    *,
+    temperature: float,
+    seq_chunk: int,
+    vocab_chunk: int,
+    row_chunks: int = 1,
+    with_entropy: bool = False,
+    compute_dtype: str | None = None,
+):
     from jaxagent.models import token_logprobs
 
     params = for_compute(params, compute_dtype)
 
     def one(tokens, mask):
-        logp, ent = token_logprobs(params, config, tokens, attention_mask_BxT=mask,
-                                   temperature=temperature, seq_chunk=seq_chunk, vocab_chunk=vocab_chunk)
+        logp, ent = token_logprobs(
+            params,
+            config,
+            tokens,
+            attention_mask_BxT=mask,
+            temperature=temperature,
+            seq_chunk=seq_chunk,
+            vocab_chunk=vocab_chunk,
+        )
         return (logp, ent) if with_entropy else logp
 
     return _in_row_chunks(lambda xs: one(*xs), (tokens_BxT, attention_mask_BxT), row_chunks)
@@ -84,8 +102,18 @@ def _in_row_chunks(fn, rows, row_chunks: int):
 #: `row_chunks` > 1 runs it on that many chunks of rows in turn (less memory, same values
 #: to float32 rounding); `with_entropy` returns `(logp, entropy)`, the entropy of each
 #: next-token distribution (for the episode store).
-policy_logprobs = jax.jit(_policy_logprobs, static_argnames=("config", "temperature", "seq_chunk", "vocab_chunk",
-                                                             "row_chunks", "with_entropy", "compute_dtype"))
+policy_logprobs = jax.jit(
+    _policy_logprobs,
+    static_argnames=(
+        "config",
+        "temperature",
+        "seq_chunk",
+        "vocab_chunk",
+        "row_chunks",
+        "with_entropy",
+        "compute_dtype",
+    ),
+)
 
 
 def _cast_critic_values(critic_params, critic_config, batch, *, compute_dtype=None, row_chunks: int = 1):
@@ -102,7 +130,7 @@ _critic_values = jax.jit(_cast_critic_values, static_argnames=("critic_config", 
 _cast_for_sampler = jax.jit(for_compute, static_argnames=("compute_dtype",))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compute_cast(compute_dtype: str | None):
     """`params -> params` in `compute_dtype` (None: no cast), one object per dtype (the
     relayout's compilation cache is keyed by it)."""
@@ -125,7 +153,7 @@ class Placement:
         self.model_config = model_config
         #: the update strategy this placement runs (`update_step`, `update_input`, `logprobs`)
         self.update = PaddedUpdate() if update is None else update
-        self.mesh = _make_mesh(config)   # None = one device
+        self.mesh = _make_mesh(config)  # None = one device
         #: the global rows of each rollout batch this process plays (all of them alone)
         B = config.env.batch_size
         self.rows = np.arange(B) if self.mesh is None else par.process_rows(self.mesh, B)
@@ -138,15 +166,17 @@ class Placement:
         self.sampler_on_mesh = self.mesh is not None and not self.multi_process
         #: the mesh the sampler runs on: the run's mesh in one process; with several, a mesh
         #: of this process's devices (`par.local_mesh`; None when it has one); None on one device
-        self.sampler_mesh = self.mesh if self.sampler_on_mesh else \
-            par.local_mesh(self.mesh) if self.multi_process else None
+        self.sampler_mesh = (
+            self.mesh if self.sampler_on_mesh else par.local_mesh(self.mesh) if self.multi_process else None
+        )
         self._logprobs = self._values = None
         #: passes of the log-prob pass over a batch's rows (`update.logprob_rows`)
         B, logprob_rows = config.env.batch_size, config.update.logprob_rows
         self.logprob_chunks = 1 if logprob_rows is None else B // logprob_rows
         if self.mesh is not None and logprob_rows is not None and logprob_rows % self.row_shards:
-            raise ValueError(f"update.logprob_rows ({logprob_rows}) must be divisible by mesh.data * mesh.fsdp "
-                             f"= {self.row_shards}")
+            raise ValueError(
+                f"update.logprob_rows ({logprob_rows}) must be divisible by mesh.data * mesh.fsdp = {self.row_shards}"
+            )
         if self.mesh is not None:
             layout = par.activation_constraint(self.mesh)
             rows = jax.NamedSharding(self.mesh, par.batch_spec(2))
@@ -154,21 +184,38 @@ class Placement:
 
             def logprobs(params, tokens_BxT, attention_mask_BxT, with_entropy, row_chunks):
                 with decoder.activation_constraint(layout):
-                    return _policy_logprobs(params, model_config, tokens_BxT, attention_mask_BxT,
-                                            temperature=sc.loss.temperature, seq_chunk=sc.seq_chunk,
-                                            vocab_chunk=sc.vocab_chunk, row_chunks=row_chunks,
-                                            with_entropy=with_entropy, compute_dtype=sc.compute_dtype)
+                    return _policy_logprobs(
+                        params,
+                        model_config,
+                        tokens_BxT,
+                        attention_mask_BxT,
+                        temperature=sc.loss.temperature,
+                        seq_chunk=sc.seq_chunk,
+                        vocab_chunk=sc.vocab_chunk,
+                        row_chunks=row_chunks,
+                        with_entropy=with_entropy,
+                        compute_dtype=sc.compute_dtype,
+                    )
 
             def values(critic_params, batch):
                 with decoder.activation_constraint(layout):
-                    return _cast_critic_values(critic_params, model_config, batch, compute_dtype=sc.compute_dtype,
-                                               row_chunks=self.logprob_chunks)
+                    return _cast_critic_values(
+                        critic_params,
+                        model_config,
+                        batch,
+                        compute_dtype=sc.compute_dtype,
+                        row_chunks=self.logprob_chunks,
+                    )
 
             #: the log-prob kernel on the mesh, by `with_entropy` (`row_chunks` static)
             self._logprobs = {
-                flag: jax.jit(functools.partial(logprobs, with_entropy=flag), static_argnames=("row_chunks",),
-                              out_shardings=(rows, rows) if flag else rows)
-                for flag in (False, True)}
+                flag: jax.jit(
+                    functools.partial(logprobs, with_entropy=flag),
+                    static_argnames=("row_chunks",),
+                    out_shardings=(rows, rows) if flag else rows,
+                )
+                for flag in (False, True)
+            }
             self._values = jax.jit(values, out_shardings=rows)
 
     # ------------------------------------------------------------------ description
@@ -209,8 +256,9 @@ class Placement:
     def check_batch_rows(self, rows: int, what: str) -> None:
         """`ConfigError` when a batch of `rows` rows cannot be split over the mesh."""
         if rows % self.row_shards:
-            raise ConfigError(f"{what}: {rows} rows per step must be divisible by mesh.data * mesh.fsdp = "
-                              f"{self.row_shards}")
+            raise ConfigError(
+                f"{what}: {rows} rows per step must be divisible by mesh.data * mesh.fsdp = {self.row_shards}"
+            )
 
     def sampler_params(self, state, *, copy: bool = False):
         """The params the sampler runs with (module docstring), on `sampler_mesh` by the
@@ -227,15 +275,18 @@ class Placement:
         compute = self.config.model.compute_dtype
         cast = compute if compute is not None and compute != self.config.model.dtype else None
         if self.mesh is None:
-            if cast is not None:   # a cast copy: never the state's buffers
+            if cast is not None:  # a cast copy: never the state's buffers
                 return _cast_for_sampler(params, cast)
             return jax.tree.map(jnp.copy, params) if copy else params
         if self.multi_process:
             return par.to_local(params, self.mesh, self.sampler_mesh, prepare=_compute_cast(cast))
         target = par.rollout_shardings(params, self.mesh)
-        if cast is None and not copy and all(
-                x.sharding == t for x, t in zip(jax.tree.leaves(params), jax.tree.leaves(target))):
-            return params   # the update's layout is the sampler's (no fsdp split): the state's own
+        if (
+            cast is None
+            and not copy
+            and all(x.sharding == t for x, t in zip(jax.tree.leaves(params), jax.tree.leaves(target)))
+        ):
+            return params  # the update's layout is the sampler's (no fsdp split): the state's own
         return par.relayout(params, target, _compute_cast(cast))
 
     @property
@@ -281,8 +332,9 @@ class Placement:
         host-side copies of every process's rows."""
         if self.mesh is None:
             return traj, per_row, traj
-        placed, per_row_placed = par.global_batch(jax.tree.map(np.asarray, (traj, per_row)), self.mesh,
-                                                  self.config.env.batch_size)
+        placed, per_row_placed = par.global_batch(
+            jax.tree.map(np.asarray, (traj, per_row)), self.mesh, self.config.env.batch_size
+        )
         if self.multi_process:
             traj, per_row = par.to_host((placed, per_row_placed))
             traj = jax.tree.map(jnp.asarray, traj)
@@ -294,7 +346,7 @@ class Placement:
         own = int(np.max(np.asarray(lengths))) if len(lengths) else 0
         if not self.multi_process:
             return own
-        return int(np.max(par.to_host(np.asarray([own], np.int32))))   # one number from each process
+        return int(np.max(par.to_host(np.asarray([own], np.int32))))  # one number from each process
 
     def fetch(self, tree):
         """Replicated device values (metrics) as host values on every process."""
@@ -307,26 +359,38 @@ class Placement:
         host-side (one-device) array of every row. `with_entropy`: `(logp, entropy)`."""
         return self.update.logprobs(self, params, placed, with_entropy=with_entropy)
 
-    def row_logprobs(self, params, tokens_BxT, attention_mask_BxT, *, row_chunks: int = 1,
-                     with_entropy: bool = False):
+    def row_logprobs(self, params, tokens_BxT, attention_mask_BxT, *, row_chunks: int = 1, with_entropy: bool = False):
         """The log-prob kernel (`policy_logprobs` at the step config's temperature, chunks
         and compute dtype) on rows placed by `to_device` (split over the mesh, the
         activations laid out by its rules), in `row_chunks` chunks of rows in turn; its
         output's rows split like its input's (`gathered`, `host_rows` bring them back)."""
         if self.mesh is None:
             sc = self.config.step_config
-            return policy_logprobs(params, self.model_config, tokens_BxT=tokens_BxT,
-                                   attention_mask_BxT=attention_mask_BxT, temperature=sc.loss.temperature,
-                                   seq_chunk=sc.seq_chunk, vocab_chunk=sc.vocab_chunk, row_chunks=row_chunks,
-                                   with_entropy=with_entropy, compute_dtype=sc.compute_dtype)
+            return policy_logprobs(
+                params,
+                self.model_config,
+                tokens_BxT=tokens_BxT,
+                attention_mask_BxT=attention_mask_BxT,
+                temperature=sc.loss.temperature,
+                seq_chunk=sc.seq_chunk,
+                vocab_chunk=sc.vocab_chunk,
+                row_chunks=row_chunks,
+                with_entropy=with_entropy,
+                compute_dtype=sc.compute_dtype,
+            )
         return self._logprobs[with_entropy](params, tokens_BxT, attention_mask_BxT, row_chunks=row_chunks)
 
     def values(self, state, placed):
         """The critic's values `[B, T]` of a batch from `global_batch` (host-side)."""
         rows = ModelInputs(tokens=placed.tokens, attention_mask=placed.attention_mask)
         if self.mesh is None:
-            return _critic_values(state.critic_params, state.critic_config, rows,
-                                  compute_dtype=self.config.step_config.compute_dtype, row_chunks=self.logprob_chunks)
+            return _critic_values(
+                state.critic_params,
+                state.critic_config,
+                rows,
+                compute_dtype=self.config.step_config.compute_dtype,
+                row_chunks=self.logprob_chunks,
+            )
         return jnp.asarray(par.to_host(self._values(state.critic_params, rows)))
 
 
@@ -339,7 +403,7 @@ def _make_mesh(cfg):
         mc = MeshConfig(data=-1)
     devices = None
     if -1 not in mc.shape.values() and mc.num_devices < jax.device_count() and jax.process_count() == 1:
-        devices = jax.devices()[:mc.num_devices]
+        devices = jax.devices()[: mc.num_devices]
     try:
         mesh = par.make_mesh(mc, devices)
     except ValueError as e:
@@ -356,17 +420,24 @@ def _make_mesh(cfg):
 def _check_whole_groups(cfg, rows: np.ndarray) -> None:
     """Advantages need whole groups: each process must play whole groups of the batch."""
     G, B = cfg.env.group_size, cfg.env.batch_size
-    whole = rows.size and rows.size % G == 0 and rows[0] % G == 0 and np.array_equal(
-        rows, np.arange(rows[0], rows[0] + rows.size))
+    whole = (
+        rows.size
+        and rows.size % G == 0
+        and rows[0] % G == 0
+        and np.array_equal(rows, np.arange(rows[0], rows[0] + rows.size))
+    )
     if not whole:
         raise ConfigError(
             f"distributed: process {jax.process_index()} of {jax.process_count()} would play rows "
             f"{rows.tolist()} of the rollout batch of {B}, not whole groups of env.group_size {G}; "
             f"make env.tasks_per_iteration a multiple of the processes (rows per process "
-            f"{B // jax.process_count()} must be a multiple of {G})")
+            f"{B // jax.process_count()} must be a multiple of {G})"
+        )
     if cfg.algo.dynamic_sampling:
-        raise ConfigError("algo.dynamic_sampling is not supported with several processes (each would "
-                          "choose its own groups); turn it off or run one process")
+        raise ConfigError(
+            "algo.dynamic_sampling is not supported with several processes (each would "
+            "choose its own groups); turn it off or run one process"
+        )
 
 
 def _place(tree, shardings):

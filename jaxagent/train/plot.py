@@ -16,6 +16,7 @@ they are drawn on the success panel as horizontal reference lines.
 Errors (`RunDataError`, a `ValueError`, or `FileNotFoundError`) name the file and, for
 a malformed line, its line number.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -35,8 +36,17 @@ PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("entropy", ("entropy",)),
     ("loss", ("loss", "pg_loss", "value_loss")),
     # the learning diagnostics (fractions): what the batch can teach, malformed and no-op actions
-    ("diagnostics", ("flat_groups_frac", "anchor_repeat_frac", "invalid_action_frac", "noop_action_frac",
-                     "failed_frac", "clipfrac")),
+    (
+        "diagnostics",
+        (
+            "flat_groups_frac",
+            "anchor_repeat_frac",
+            "invalid_action_frac",
+            "noop_action_frac",
+            "failed_frac",
+            "clipfrac",
+        ),
+    ),
     # template collapse: do the responses still tell which task they answer?
     ("input dependence", ("input_dependence", "within_input_similarity", "cross_input_similarity")),
     ("tokens/s", ("tokens_per_s",)),
@@ -82,7 +92,7 @@ def read_metrics(path, *, live: bool = False) -> list[dict]:
         raise FileNotFoundError(f"{path}: no such file (a run writes metrics.jsonl after its first iteration)")
     records = []
     try:
-        lines = read_text(path).split("\n")   # the last item: what follows the last newline
+        lines = read_text(path).split("\n")  # the last item: what follows the last newline
     except RunFileError as err:
         raise RunDataError(str(err)) from None
     for number, line in enumerate(lines, start=1):
@@ -92,7 +102,7 @@ def read_metrics(path, *, live: bool = False) -> list[dict]:
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as err:
-            if not complete:   # the last line, torn: never a complete record
+            if not complete:  # the last line, torn: never a complete record
                 continue
             raise RunDataError(f"{path}, line {number}: not valid JSON at column {err.colno} ({err.msg})") from None
         if not isinstance(rec, dict):
@@ -212,7 +222,7 @@ def plot_run(run_dir, out=None) -> Path:
             ax.set_xlabel("iteration")
             ax.grid(alpha=0.3)
             ax.legend(fontsize="small")
-        for ax in list(axes.flat)[len(panels):]:
+        for ax in list(axes.flat)[len(panels) :]:
             ax.set_visible(False)
         fig.suptitle(str(run_dir))
         fig.tight_layout()
@@ -234,11 +244,11 @@ class RunCurves:
     """One run's curves for `plot_runs`: x is episodes played (tasks seen x group size)."""
 
     run_dir: Path
-    recipe: dict                      # the config without SEED_KEYS
-    episodes: list[float]             # per iteration
+    recipe: dict  # the config without SEED_KEYS
+    episodes: list[float]  # per iteration
     train_success: list[float]
-    held_out: dict[str, list[tuple[float, float]]]   # "sampled" / "greedy" -> [(episodes, success)]
-    train_label: str = "success"      # what `train_success` holds
+    held_out: dict[str, list[tuple[float, float]]]  # "sampled" / "greedy" -> [(episodes, success)]
+    train_label: str = "success"  # what `train_success` holds
 
 
 def read_run(run_dir, metric: str = "success_rate") -> RunCurves:
@@ -275,7 +285,8 @@ def read_run(run_dir, metric: str = "success_rate") -> RunCurves:
         for kind, key in (("sampled", f"eval_{metric}"), ("greedy", f"eval_greedy_{metric}")):
             if _is_number(rec.get(key)):
                 held[kind].append((x, float(rec[key])))
-    def held_out_value(when: str):   # summary.json's evaluation before / after RL
+
+    def held_out_value(when: str):  # summary.json's evaluation before / after RL
         if metric == "success_rate":
             return summary.get(f"success_{when}")
         ev = summary.get(f"eval_{when}")
@@ -295,6 +306,7 @@ def read_run(run_dir, metric: str = "success_rate") -> RunCurves:
 
 def _recipe_labels(groups: list[list[RunCurves]]) -> list[str]:
     """A label per recipe: the dotted config keys in which the recipes differ."""
+
     def norm(v):  # a key absent, null or empty means the same default; 300 and 300.0 are one value
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             v = float(v)
@@ -315,7 +327,7 @@ def _mean_band(series: list[list[tuple[float, float]]]):
     share only those, and a mean over some of the seeds would not be the recipe's."""
     common = set.intersection(*({x for x, _ in s} for s in series))
     xs = sorted(common)
-    ys = [[dict(s)[x] for s in series] for x in xs]   # a repeated x: its last value
+    ys = [[dict(s)[x] for s in series] for x in xs]  # a repeated x: its last value
     return xs, [sum(y) / len(y) for y in ys], [min(y) for y in ys], [max(y) for y in ys]
 
 
@@ -344,8 +356,10 @@ def plot_runs(run_dirs, out=None, metric: str = "success_rate") -> Path:
     if not runs:
         raise ValueError("plot_runs: no run directories given")
     if not any(r.held_out["sampled"] or r.held_out["greedy"] for r in runs):
-        raise RunDataError(f"no run among {[str(r.run_dir) for r in runs]} has held-out evaluations of "
-                           f"{metric!r} (eval_{metric} in metrics.jsonl, or in summary.json's evaluations)")
+        raise RunDataError(
+            f"no run among {[str(r.run_dir) for r in runs]} has held-out evaluations of "
+            f"{metric!r} (eval_{metric} in metrics.jsonl, or in summary.json's evaluations)"
+        )
     groups: list[list[RunCurves]] = []
     for r in runs:
         for g in groups:
@@ -369,8 +383,11 @@ def plot_runs(run_dirs, out=None, metric: str = "success_rate") -> Path:
     try:
         for gi, (group, label) in enumerate(zip(groups, labels)):
             color = f"C{gi}"
-            curves = [[r.held_out["sampled"] for r in group], [r.held_out["greedy"] for r in group],
-                      [list(zip(r.episodes, r.train_success)) for r in group]]
+            curves = [
+                [r.held_out["sampled"] for r in group],
+                [r.held_out["greedy"] for r in group],
+                [list(zip(r.episodes, r.train_success)) for r in group],
+            ]
             for ax, series in zip(axes[0], curves):
                 if not all(series):
                     continue

@@ -17,6 +17,7 @@ A resume whose newest checkpoint cannot be read names the file at fault, moves t
 the newest readable one; a resume from a chosen older step moves the newer ones to
 `<run_dir>/superseded-checkpoints/`. Nothing is deleted.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,8 +32,6 @@ import jax
 from jaxagent.config import dump_yaml, to_dict
 from jaxagent.train.checkpoint import CheckpointManager, IncompatibleCheckpointError
 from jaxagent.train.config import RESUME_FIXED
-
-
 
 #: the errors of a write that found no room: the disk or the quota is full, or a file-size limit
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})
@@ -61,17 +60,20 @@ def disk_full(err: BaseException, path) -> DiskFullError | None:
         free = f"{shutil.disk_usage(where).free / 2**20:.1f} MiB free on its file system"
     except OSError:
         free = "free space unknown"
-    return DiskFullError(cause.errno, f"{path}: {cause.strerror or cause} ({free}); free space, then continue "
-                                      f"with jaxagent train --resume")
+    return DiskFullError(
+        cause.errno,
+        f"{path}: {cause.strerror or cause} ({free}); free space, then continue with jaxagent train --resume",
+    )
+
 
 @dataclasses.dataclass
 class Progress:
     """How far a run is, saved with every checkpoint."""
 
-    iteration: int = 0                 # RL iterations completed
-    task_position: int = 0             # tasks of the stream consumed
-    history: list = dataclasses.field(default_factory=list)   # one metrics dict per iteration
-    summary: dict = dataclasses.field(default_factory=dict)   # warm start and evaluations
+    iteration: int = 0  # RL iterations completed
+    task_position: int = 0  # tasks of the stream consumed
+    history: list = dataclasses.field(default_factory=list)  # one metrics dict per iteration
+    summary: dict = dataclasses.field(default_factory=dict)  # warm start and evaluations
 
 
 class DamagedCheckpointError(RuntimeError):
@@ -84,8 +86,9 @@ def checkpoint_steps(run_dir) -> list[int]:
     root = Path(run_dir) / "checkpoints"
     if not root.is_dir():
         return []
-    return sorted(int(p.name) for p in root.iterdir()
-                  if p.is_dir() and p.name.isdigit() and (p / "commit_success.txt").exists())
+    return sorted(
+        int(p.name) for p in root.iterdir() if p.is_dir() and p.name.isdigit() and (p / "commit_success.txt").exists()
+    )
 
 
 def require_checkpoints(run_dir) -> list[int]:
@@ -95,8 +98,9 @@ def require_checkpoints(run_dir) -> list[int]:
         raise FileNotFoundError(f"--resume: the run directory {run_dir} does not exist")
     steps = checkpoint_steps(run_dir)
     if not steps:
-        raise FileNotFoundError(f"--resume: {run_dir} holds no checkpoint to resume from "
-                                f"(no committed {run_dir / 'checkpoints'}/<step>/)")
+        raise FileNotFoundError(
+            f"--resume: {run_dir} holds no checkpoint to resume from (no committed {run_dir / 'checkpoints'}/<step>/)"
+        )
     return steps
 
 
@@ -142,8 +146,9 @@ def read_text(path) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
         line, column = _position(data, err.start)
-        raise RunFileError(f"{path}, line {line}, column {column}: not UTF-8 text (byte 0x{data[err.start]:02x}): "
-                           "the file is garbled") from None
+        raise RunFileError(
+            f"{path}, line {line}, column {column}: not UTF-8 text (byte 0x{data[err.start]:02x}): the file is garbled"
+        ) from None
 
 
 def read_json(path):
@@ -169,10 +174,12 @@ def read_config(path) -> dict:
     if path.name == "config.yaml" and history and not text.endswith("\n"):
         newest = max(history, key=lambda p: int(p.name.split(".")[1]))
         whole = newest.read_bytes().decode("utf-8", errors="replace")
-        if whole.startswith(text) and whole[len(text):].strip():
+        if whole.startswith(text) and whole[len(text) :].strip():
             line = text.count("\n") + 1
-            raise RunFileError(f"{path}, line {line}: truncated (it ends mid-line, part of the way through "
-                               f"{newest.name}, the copy the run wrote with it)")
+            raise RunFileError(
+                f"{path}, line {line}: truncated (it ends mid-line, part of the way through "
+                f"{newest.name}, the copy the run wrote with it)"
+            )
     try:
         return read_yaml(path)
     except ConfigError as err:
@@ -203,9 +210,9 @@ def check_tokenizer_files(directory) -> None:
         text = read_text(template)
         import jinja2
 
-        try:   # compiled as transformers compiles it at the template's first use
+        try:  # compiled as transformers compiles it at the template's first use
             from transformers.utils.chat_template_utils import _compile_jinja_template
-        except ImportError:   # a transformers without it: the template is checked at its first use
+        except ImportError:  # a transformers without it: the template is checked at its first use
             return
         try:
             _compile_jinja_template(text)
@@ -238,8 +245,10 @@ class RunDir:
         summary.json (its evaluation before RL) and its config history (config.0.yaml is
         this start's)."""
         if ckpt.latest_step() is not None:
-            raise FileExistsError(f"{ckpt.directory} already holds checkpoints (latest "
-                                  f"{ckpt.latest_step()}); resume, or choose another run_dir")
+            raise FileExistsError(
+                f"{ckpt.directory} already holds checkpoints (latest "
+                f"{ckpt.latest_step()}); resume, or choose another run_dir"
+            )
         if not self.primary:
             return
         from jaxagent.train.trackers import ID_FILES
@@ -293,9 +302,17 @@ class RunDir:
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, ckpt: CheckpointManager, state, progress: Progress, config) -> None:
-        ckpt.save(progress.iteration, state, extras={
-            "iteration": progress.iteration, "task_position": progress.task_position,
-            "history": progress.history, "config": to_dict(config), "summary": progress.summary})
+        ckpt.save(
+            progress.iteration,
+            state,
+            extras={
+                "iteration": progress.iteration,
+                "task_position": progress.task_position,
+                "history": progress.history,
+                "config": to_dict(config),
+                "summary": progress.summary,
+            },
+        )
 
     def restore(self, ckpt: CheckpointManager, state, config, step: int | None = None, log=print):
         """`(state, progress, step)` of the newest readable checkpoint (or of `step`), checked
@@ -308,7 +325,7 @@ class RunDir:
         if step is not None and step not in steps:
             raise FileNotFoundError(f"no checkpoint at step {step} in {ckpt.directory}; steps: {steps}")
         template, damaged = state, []
-        for candidate in ([step] if step is not None else steps[::-1]):
+        for candidate in [step] if step is not None else steps[::-1]:
             where = ckpt.directory / str(candidate)
             try:
                 state, extras = ckpt.restore(template, candidate)  # all processes, the state's shardings
@@ -322,8 +339,7 @@ class RunDir:
                     raise DamagedCheckpointError(f"checkpoint {where} is damaged: {what}") from None
                 log(f"checkpoint {where} is damaged, trying an older one: {what}")
         else:
-            raise DamagedCheckpointError(f"every checkpoint in {ckpt.directory} is damaged:\n  "
-                                         + "\n  ".join(damaged))
+            raise DamagedCheckpointError(f"every checkpoint in {ckpt.directory} is damaged:\n  " + "\n  ".join(damaged))
         newer = [s for s in steps if s > candidate]
         if newer and self.primary:  # out of the way (not deleted), so that the run can save these steps again
             aside = self.path / ("damaged-checkpoints" if damaged else "superseded-checkpoints")
@@ -336,8 +352,12 @@ class RunDir:
             log(f"checkpoints {newer} moved to {aside}")
             ckpt.reload()
         check_resumable(extras.get("config"), to_dict(config), where)
-        progress = Progress(iteration=int(extras["iteration"]), task_position=int(extras["task_position"]),
-                            history=list(extras.get("history", [])), summary=dict(extras.get("summary", {})))
+        progress = Progress(
+            iteration=int(extras["iteration"]),
+            task_position=int(extras["task_position"]),
+            history=list(extras.get("history", [])),
+            summary=dict(extras.get("summary", {})),
+        )
         if self.summary_path.exists():  # the evaluation after RL is written after the last checkpoint
             on_disk = read_json(self.summary_path)
             if not isinstance(on_disk, dict):
@@ -381,11 +401,14 @@ def check_resumable(saved: dict | None, current: dict, where) -> None:
         if isinstance(a, dict) and isinstance(b, dict):
             # a key the checkpoint's version did not have was that version's behaviour: the
             # default, so only a non-default value in this run is a change
-            diffs += [f"{key}.{k}: checkpoint {a.get(k)!r}, this run {b.get(k)!r}"
-                      for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)
-                      and not (k not in a and isinstance(d, dict) and b.get(k) == d.get(k))]
+            diffs += [
+                f"{key}.{k}: checkpoint {a.get(k)!r}, this run {b.get(k)!r}"
+                for k in sorted(set(a) | set(b))
+                if a.get(k) != b.get(k) and not (k not in a and isinstance(d, dict) and b.get(k) == d.get(k))
+            ]
         elif a != b:
             diffs.append(f"{key}: checkpoint {a!r}, this run {b!r}")
     if diffs:
         raise IncompatibleCheckpointError(
-            f"cannot resume from {where}: the config changed keys a run must keep:\n  " + "\n  ".join(diffs))
+            f"cannot resume from {where}: the config changed keys a run must keep:\n  " + "\n  ".join(diffs)
+        )

@@ -31,6 +31,7 @@ one starts with a `SessionLog.START` at the first iteration logged, so TensorBoa
 drops the old run's points from that iteration on (those a killed run logged after its
 last checkpoint). A transcript file of an iteration that is played again is replaced.
 """
+
 from __future__ import annotations
 
 import math
@@ -38,8 +39,9 @@ import numbers
 import sys
 import time
 import warnings
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence, TextIO
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -90,9 +92,11 @@ def format_progress(metrics: dict, total_iterations: int, eta_s: float | None = 
     n = max(int(total_iterations), 1)
     frac = min(max(float(i) / n, 0.0), 1.0) if _is_number(i) else 0.0
     filled = int(round(frac * bar_width))
-    parts = [f"iter {i}/{total_iterations} [{'#' * filled}{'-' * (bar_width - filled)}]",
-             f"reward {_fmt_num(metrics.get('reward_mean'))}",
-             f"success {_fmt_num(metrics.get('success_rate'), '.2f')}"]
+    parts = [
+        f"iter {i}/{total_iterations} [{'#' * filled}{'-' * (bar_width - filled)}]",
+        f"reward {_fmt_num(metrics.get('reward_mean'))}",
+        f"success {_fmt_num(metrics.get('success_rate'), '.2f')}",
+    ]
     for key in ("kl", "approx_kl"):
         v = metrics.get(key)
         if _is_number(v):
@@ -127,8 +131,10 @@ def format_transcript(episode, tokenizer=None) -> str:
     with `tokenizer` its tokens are decoded from the episode's policy segment.
     """
     rewards = [float(r) for r in episode.rewards]
-    head = (f"episode {episode.index} | task seed {episode.seed} | group {episode.group_id} | "
-            f"{len(rewards)} turn{'s' if len(rewards) != 1 else ''}")
+    head = (
+        f"episode {episode.index} | task seed {episode.seed} | group {episode.group_id} | "
+        f"{len(rewards)} turn{'s' if len(rewards) != 1 else ''}"
+    )
     out = [head, "-" * len(head)]
     if episode.system_prompt:
         out += ["system:", _indent(episode.system_prompt)]
@@ -148,8 +154,10 @@ def format_transcript(episode, tokenizer=None) -> str:
             out.append(cut)
     if len(episode.observations) > len(rewards):  # the env's answer to the last action
         out += ["final observation:", _indent(episode.observations[len(rewards)])]
-    flags = (f"return {sum(rewards):+.4g} | success {'yes' if episode.success else 'no'} | "
-             f"done {bool(episode.done)} | truncated {bool(episode.truncated)} | failed {bool(episode.failed)}")
+    flags = (
+        f"return {sum(rewards):+.4g} | success {'yes' if episode.success else 'no'} | "
+        f"done {bool(episode.done)} | truncated {bool(episode.truncated)} | failed {bool(episode.failed)}"
+    )
     if episode.end_reason:
         flags += f" | end: {episode.end_reason}"
     out.append(flags)
@@ -165,13 +173,13 @@ def select_episodes(episodes: Sequence, n: int) -> list:
     for ep in episodes:
         (rest if ep.group_id in seen else firsts).append(ep)
         seen.add(ep.group_id)
-    return (firsts + rest)[:max(n, 0)]
+    return (firsts + rest)[: max(n, 0)]
 
 
 def scalar_tag(key: str) -> str:
     """TensorBoard tag of a metric key: `time_*` -> `time/`, `eval_*` -> `eval/`, else `train/`."""
     if key.startswith("eval_"):
-        return "eval/" + key[len("eval_"):]
+        return "eval/" + key[len("eval_") :]
     if key.startswith("time_"):
         return "time/" + key
     return "train/" + key
@@ -202,9 +210,18 @@ class RunLogger:
       transcripts_per_iteration: how many episodes each transcript file shows.
     """
 
-    def __init__(self, run_dir, *, total_iterations: int, tensorboard: bool = True, progress: bool = True,
-                 stream: TextIO | None = None, transcripts_every: int = 1, transcripts_per_iteration: int = 2,
-                 trackers: Sequence = ()):
+    def __init__(
+        self,
+        run_dir,
+        *,
+        total_iterations: int,
+        tensorboard: bool = True,
+        progress: bool = True,
+        stream: TextIO | None = None,
+        transcripts_every: int = 1,
+        transcripts_per_iteration: int = 2,
+        trackers: Sequence = (),
+    ):
         if transcripts_every < 0 or transcripts_per_iteration < 0:
             raise ValueError("transcripts_every and transcripts_per_iteration must be >= 0")
         self.run_dir = Path(run_dir)
@@ -223,8 +240,8 @@ class RunLogger:
         #: at the end of the iteration instead of training on without its record
         self.disk_full = None
         self._tty = is_terminal(self.stream)
-        self._bar = None          # the tqdm display on a terminal (made on the first draw)
-        self._line = ""           # the last progress line drawn
+        self._bar = None  # the tqdm display on a terminal (made on the first draw)
+        self._line = ""  # the last progress line drawn
         self._t_last = time.monotonic()
         self._durations: list[float] = []
         self._closed = False
@@ -246,20 +263,27 @@ class RunLogger:
             items = [(scalar_tag(k), v) for k, v in numeric_items(metrics)]
             for tracker in list(self.trackers):
                 self._guard(tracker.name, tracker.scalars, iteration, items, disable=tracker)
-        if (episodes and self.transcripts_every and self.transcripts_per_iteration
-                and isinstance(iteration, int) and iteration % self.transcripts_every == 0):
+        if (
+            episodes
+            and self.transcripts_every
+            and self.transcripts_per_iteration
+            and isinstance(iteration, int)
+            and iteration % self.transcripts_every == 0
+        ):
             self._guard("transcripts", self._write_transcripts, iteration, metrics, episodes)
         if self.progress:
             self._guard("progress", self._draw, {**metrics, "iteration": iteration})
 
     def message(self, text: str) -> None:
         """Print a line of text without breaking the progress bar (it is redrawn below)."""
+
         def write():
             if self._bar is not None:
                 self._bar.write(text, file=self.stream)
             else:
                 self.stream.write(text + "\n")
                 self.stream.flush()
+
         self._guard("progress", write)
 
     @property
@@ -273,9 +297,11 @@ class RunLogger:
         only the per-iteration lines and messages."""
         if not (self.progress and self._tty):
             return
+
         def draw():
             head = self._line or f"iter 0/{self.total_iterations}"
             self._display(f"{head} | now: {text}")
+
         self._guard("progress", draw)
 
     def eta_seconds(self, iteration: int) -> float | None:
@@ -300,7 +326,7 @@ class RunLogger:
             self._guard(tracker.name, tracker.close, failed)
         self.trackers = []
 
-    def __enter__(self) -> "RunLogger":
+    def __enter__(self) -> RunLogger:
         return self
 
     def __exit__(self, exc_type, *exc) -> None:
@@ -309,9 +335,11 @@ class RunLogger:
     # ------------------------------------------------------------------ sinks
     def _write_transcripts(self, iteration: int, metrics: dict, episodes: Sequence) -> None:
         chosen = select_episodes(episodes, self.transcripts_per_iteration)
-        head = (f"iteration {iteration}: {len(chosen)} of {len(episodes)} episodes | "
-                f"reward_mean {_fmt_num(metrics.get('reward_mean'))} | "
-                f"success_rate {_fmt_num(metrics.get('success_rate'), '.2f')}\n")
+        head = (
+            f"iteration {iteration}: {len(chosen)} of {len(episodes)} episodes | "
+            f"reward_mean {_fmt_num(metrics.get('reward_mean'))} | "
+            f"success_rate {_fmt_num(metrics.get('success_rate'), '.2f')}\n"
+        )
         body = "".join(f"\n{TRANSCRIPT_RULE}\n" + format_transcript(ep) for ep in chosen)
         self.transcripts_dir.mkdir(parents=True, exist_ok=True)
         path = self.transcripts_dir / f"iter_{iteration:06d}.txt"
@@ -335,8 +363,9 @@ class RunLogger:
         if self._bar is None:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=self.total_iterations, file=self.stream, bar_format="{desc}", leave=True,
-                             dynamic_ncols=True)
+            self._bar = tqdm(
+                total=self.total_iterations, file=self.stream, bar_format="{desc}", leave=True, dynamic_ncols=True
+            )
         self._bar.set_description_str(line, refresh=True)
 
     # ------------------------------------------------------------------ robustness
@@ -347,7 +376,7 @@ class RunLogger:
             from jaxagent.train.rundir import disk_full
 
             full = disk_full(err, self.transcripts_dir) if sink == "transcripts" else None
-            if full is None:   # trackers (TensorBoard's events too) and the terminal: switched off
+            if full is None:  # trackers (TensorBoard's events too) and the terminal: switched off
                 self._guard_failed(sink, err, disable)
             else:
                 self.disk_full = self.disk_full or full
@@ -370,8 +399,9 @@ class RunLogger:
             return
         self._warned.add(sink)
         what = "switched off for this run" if off else "training continues"
-        warnings.warn(f"RunLogger: {sink} logging failed ({type(err).__name__}: {err}); {what}",
-                      RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"RunLogger: {sink} logging failed ({type(err).__name__}: {err}); {what}", RuntimeWarning, stacklevel=3
+        )
 
 
 def is_terminal(stream) -> bool:

@@ -8,6 +8,7 @@ directory (`checkpoint.export_policy`), with a note when `transformers.AutoToken
 would split text differently from the run (`autotokenizer_agrees`). `jaxagent eval`
 (`jaxagent.train.evaluate.evaluate_run`) restores a run with these.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -27,7 +28,7 @@ def run_config(run_dir: str | Path, overrides=()):
         raise FileNotFoundError(f"{run_dir} is not a training run directory: {config_path} is missing")
     read_config(config_path)
     try:
-        load_config(TrainerConfig, config_path, [f"run_dir={run_dir}"], saved=True)   # the file alone
+        load_config(TrainerConfig, config_path, [f"run_dir={run_dir}"], saved=True)  # the file alone
     except ConfigError as err:
         raise ConfigError(f"{config_path}: {err}") from None
     return load_config(TrainerConfig, config_path, [f"run_dir={run_dir}", *overrides], saved=True)
@@ -39,8 +40,8 @@ def restore_run(config, step: int | None = None, log=print):
     from jaxagent.train import build
     from jaxagent.train.rundir import RunDir, check_tokenizer_files
 
-    rundir = RunDir(config.run_dir, primary=False)   # reads only
-    if config.model.tokenizer == "bpe":   # the run's own, read back from its directory
+    rundir = RunDir(config.run_dir, primary=False)  # reads only
+    if config.model.tokenizer == "bpe":  # the run's own, read back from its directory
         check_tokenizer_files(rundir.tokenizer_dir)
     run = build.build_run(config, resume=True, log=log)
     with rundir.checkpoints(config.keep_checkpoints) as ckpt:
@@ -48,8 +49,9 @@ def restore_run(config, step: int | None = None, log=print):
     return run, state, progress
 
 
-def export_run(run_dir: str | Path, out_dir: str | Path, *, step: int | None = None, overwrite: bool = False,
-               log=print) -> Path:
+def export_run(
+    run_dir: str | Path, out_dir: str | Path, *, step: int | None = None, overwrite: bool = False, log=print
+) -> Path:
     """`jaxagent export`: a run's policy (checkpoint `step`, default the newest) as a
     Hugging Face directory that transformers loads: config, safetensors (LoRA merged),
     the run's tokenizer and chat template, and a generation config whose EOS ends a turn."""
@@ -60,18 +62,22 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, step: int | None = N
     path = export_policy(state, out_dir, tokenizer=run.tokenizer, overwrite=overwrite)
     log(f"exported {Path(run_dir) / 'checkpoints' / str(progress.iteration)} to {path}")
     if run.tokenizer is not None and not autotokenizer_agrees(path, run.tokenizer):
-        log(f"note: transformers.AutoTokenizer loads {path} as a {state.model_config.model_type} tokenizer "
+        log(
+            f"note: transformers.AutoTokenizer loads {path} as a {state.model_config.model_type} tokenizer "
             "class that replaces this tokenizer's pre-tokenizer, and splits text differently from the run; "
             f"load it as jaxagent.models.load_tokenizer({str(path)!r}) or "
             f"transformers.PreTrainedTokenizerFast.from_pretrained({str(path)!r}), which read tokenizer.json as "
-            "trained (jaxagent train model.path= does)")
+            "trained (jaxagent train model.path= does)"
+        )
     return path
 
 
 #: text that crosses word, line and role boundaries, for `autotokenizer_agrees`
-_PROBE = [{"role": "system", "content": "You are a careful assistant.\nAnswer briefly."},
-          {"role": "user", "content": "Hello! I've been sleeping badly since March 3rd, 2024 (about 5 hours)."},
-          {"role": "assistant", "content": "Thanks for telling me. What do you do when you can't sleep?"}]
+_PROBE = [
+    {"role": "system", "content": "You are a careful assistant.\nAnswer briefly."},
+    {"role": "user", "content": "Hello! I've been sleeping badly since March 3rd, 2024 (about 5 hours)."},
+    {"role": "assistant", "content": "Thanks for telling me. What do you do when you can't sleep?"},
+]
 
 
 def autotokenizer_agrees(path, tokenizer) -> bool:

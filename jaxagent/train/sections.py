@@ -2,6 +2,7 @@
 `EnvSection`, `RolloutSection`, `AlgoSection`, `RewardSection`, `WarmStartSection`
 (`jaxagent.train.config` embeds them in `TrainerConfig` and re-exports them).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,18 +19,34 @@ from jaxagent.train.step_config import OptimizerConfig
 #: and "turn_values" (the critic's value at each token / at each turn's first policy
 #: token) make it build and train a critic; "baselines" makes it play one greedy episode
 #: per task (ReMax: the greedy episode's shaped return is its group's baseline).
-PROVIDED_INPUTS = ("rewards", "mask", "group_ids", "values", "turn_rewards", "turn_mask", "anchor_ids",
-                   "turn_values", "baselines", "gamma", "lam")
+PROVIDED_INPUTS = (
+    "rewards",
+    "mask",
+    "group_ids",
+    "values",
+    "turn_rewards",
+    "turn_mask",
+    "anchor_ids",
+    "turn_values",
+    "baselines",
+    "gamma",
+    "lam",
+)
 #: inputs that come from the critic (consuming one makes the trainer train a critic)
 CRITIC_INPUTS = ("values", "turn_values")
 MODEL_TYPES = ("qwen2", "llama", "qwen3")
 TRUNCATION_MODES = ("keep", "filter", "penalty")
 #: config keys a resumed run may not change: they define the policy, the task stream
 #: and whether there is a critic (everything else, e.g. `iterations` or `optim.lr`, may change)
-RESUME_FIXED = ("model", "env.name", "env.kwargs", "env.group_size", "env.tasks_per_iteration", "env.seed",
-                "algo.advantage")
-
-
+RESUME_FIXED = (
+    "model",
+    "env.name",
+    "env.kwargs",
+    "env.group_size",
+    "env.tasks_per_iteration",
+    "env.seed",
+    "algo.advantage",
+)
 
 
 def _check_int(name: str, value, minimum: int) -> None:
@@ -112,8 +129,9 @@ class ModelSection:
         if self.attention not in IMPLEMENTATIONS:
             raise ValueError(f"attention must be one of {', '.join(IMPLEMENTATIONS)}, got {self.attention!r}")
         if self.matmul_precision not in MATMUL_PRECISIONS:
-            raise ValueError(f"matmul_precision must be one of {', '.join(MATMUL_PRECISIONS)}, "
-                             f"got {self.matmul_precision!r}")
+            raise ValueError(
+                f"matmul_precision must be one of {', '.join(MATMUL_PRECISIONS)}, got {self.matmul_precision!r}"
+            )
         if self.remat not in (False, True, "full", "dots"):
             raise ValueError(f"remat must be false, true, 'full' or 'dots', got {self.remat!r}")
         for name in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
@@ -122,8 +140,9 @@ class ModelSection:
         if self.tokenizer_pieces not in ("words", "lines", "phrases"):
             raise ValueError(f"tokenizer_pieces must be 'words', 'lines' or 'phrases', got {self.tokenizer_pieces!r}")
         if self.tokenizer == "bpe" and self.path is not None:
-            raise ValueError("tokenizer 'bpe' is for models trained from scratch; a checkpoint (path) brings "
-                             "its own tokenizer")
+            raise ValueError(
+                "tokenizer 'bpe' is for models trained from scratch; a checkpoint (path) brings its own tokenizer"
+            )
         if self.model_type not in MODEL_TYPES:
             raise ValueError(f"model_type must be one of {list(MODEL_TYPES)}, got {self.model_type!r}")
         if self.dtype not in ("float32", "bfloat16"):
@@ -132,7 +151,6 @@ class ModelSection:
             raise ValueError(f"compute_dtype must be null, 'float32' or 'bfloat16', got {self.compute_dtype!r}")
         if not (isinstance(self.init_std, (int, float)) and self.init_std > 0):
             raise ValueError(f"init_std must be a float > 0, got {self.init_std!r}")
-
 
     def resolved_matmul_precision(self, platform: str) -> str | None:
         """The matmul precision a run sets on `platform` ("cpu", "gpu", "tpu"; None: JAX's
@@ -240,8 +258,10 @@ class RolloutSection:
             _check_int(name, getattr(self, name), 1)
         _check_int("slots", self.slots, 0)
         if self.slots and self.pipeline_groups > 1:
-            raise ValueError(f"rollout.slots={self.slots} (continuous scheduling) and rollout.pipeline_groups="
-                             f"{self.pipeline_groups} are two ways of overlapping env steps; set one")
+            raise ValueError(
+                f"rollout.slots={self.slots} (continuous scheduling) and rollout.pipeline_groups="
+                f"{self.pipeline_groups} are two ways of overlapping env steps; set one"
+            )
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         _check_int("top_k", self.top_k, 0)
@@ -264,9 +284,15 @@ class RolloutSection:
         """The `jaxagent.rollout.AgentLoopConfig` of these keys (trajectories padded with `pad_id`)."""
         from jaxagent.rollout import AgentLoopConfig
 
-        return AgentLoopConfig(max_turns=self.max_turns, max_tokens_per_turn=self.max_tokens_per_turn,
-                               max_context=self.max_context, sampling=self.sampling, pad_id=pad_id,
-                               pipeline_groups=self.pipeline_groups, slots=self.slots)
+        return AgentLoopConfig(
+            max_turns=self.max_turns,
+            max_tokens_per_turn=self.max_tokens_per_turn,
+            max_context=self.max_context,
+            sampling=self.sampling,
+            pad_id=pad_id,
+            pipeline_groups=self.pipeline_groups,
+            slots=self.slots,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -326,25 +352,30 @@ class AlgoSection:
     def __post_init__(self):
         spec = self.estimator  # an unknown name lists the registered ones
         if spec.inputs is None:
-            raise ValueError(f"advantage: estimator {self.advantage!r} was registered without declaring its inputs; "
-                             f"register it with inputs=(...) from {list(algos.ESTIMATOR_INPUTS)}")
+            raise ValueError(
+                f"advantage: estimator {self.advantage!r} was registered without declaring its inputs; "
+                f"register it with inputs=(...) from {list(algos.ESTIMATOR_INPUTS)}"
+            )
         missing = [n for n in spec.consumes if n not in PROVIDED_INPUTS]
         if missing:
-            raise ValueError(f"advantage: estimator {self.advantage!r} consumes {missing}, which the trainer does "
-                             f"not provide (it provides {list(PROVIDED_INPUTS)})")
+            raise ValueError(
+                f"advantage: estimator {self.advantage!r} consumes {missing}, which the trainer does "
+                f"not provide (it provides {list(PROVIDED_INPUTS)})"
+            )
         params = inspect.signature(spec.fn).parameters
         takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
         for k in self.estimator_kwargs:
             if k in spec.consumes or (not takes_any and k not in params):
-                raise ValueError(f"advantage_kwargs: {k!r} is not a keyword argument of estimator "
-                                 f"{self.advantage!r} that the trainer leaves free (its parameters: {list(params)})")
+                raise ValueError(
+                    f"advantage_kwargs: {k!r} is not a keyword argument of estimator "
+                    f"{self.advantage!r} that the trainer leaves free (its parameters: {list(params)})"
+                )
         for name in ("gamma", "lam"):
             v = getattr(self, name)
             if not 0 <= v <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {v!r}")
         if self.gigpo_mode not in algos.advantages.GIGPO_MODES:
-            raise ValueError(f"gigpo_mode must be one of {list(algos.advantages.GIGPO_MODES)}, "
-                             f"got {self.gigpo_mode!r}")
+            raise ValueError(f"gigpo_mode must be one of {list(algos.advantages.GIGPO_MODES)}, got {self.gigpo_mode!r}")
         for name in ("reward_scale", "truncation_penalty", "kl_reward_coef"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)):
@@ -359,8 +390,10 @@ class AlgoSection:
             raise ValueError(f"kl_reward_kind must be one of {list(algos.KL_KINDS)}, got {self.kl_reward_kind!r}")
         _check_int("max_sampling_rounds", self.max_sampling_rounds, 1)
         if self.dynamic_sampling and not self.uses_groups:
-            raise ValueError(f"dynamic_sampling needs a group estimator (one that consumes group_ids), "
-                             f"got advantage {self.advantage!r}")
+            raise ValueError(
+                f"dynamic_sampling needs a group estimator (one that consumes group_ids), "
+                f"got advantage {self.advantage!r}"
+            )
 
     @property
     def estimator(self) -> algos.EstimatorSpec:
@@ -474,13 +507,19 @@ class WarmStartSection:
     #: keys replaced by a demonstration source (`extra`): old key -> what to set instead
     REPLACED_KEYS: ClassVar[dict[str, str]] = {
         name: f"warm_start.extra: {{source: envs.intake.demonstrations:Conclusions, {new}: ...}}"
-        for name, new in (("conclusions", "n"), ("conclusions_seed", "seed"), ("conclusions_expert", "expert"),
-                          ("conclusions_skip_tokens", "skip_tokens"), ("conclusions_balance", "balance"))}
+        for name, new in (
+            ("conclusions", "n"),
+            ("conclusions_seed", "seed"),
+            ("conclusions_expert", "expert"),
+            ("conclusions_skip_tokens", "skip_tokens"),
+            ("conclusions_balance", "balance"),
+        )
+    }
 
     def __post_init__(self):
         _check_int("episodes", self.episodes, 0)
         if self.extra is not None:
-            self.source   # builds it: a bad source or option fails here, naming it
+            self.source  # builds it: a bad source or option fails here, naming it
         _check_int("seed", self.seed, 0)
         _check_int("epochs", self.epochs, 1)
         _check_int("batch_size", self.batch_size, 1)
@@ -512,8 +551,9 @@ def demonstration_source(spec: Any) -> Any:
     import importlib
 
     if not isinstance(spec, dict) or "source" not in spec:
-        raise ValueError(f"extra must be a mapping with a `source: module:Class` key and its options (or null), "
-                         f"got {spec!r}")
+        raise ValueError(
+            f"extra must be a mapping with a `source: module:Class` key and its options (or null), got {spec!r}"
+        )
     name, options = spec["source"], {k: v for k, v in spec.items() if k != "source"}
     if not isinstance(name, str) or name.count(":") != 1:
         raise ValueError(f"extra.source must be 'module:Class', got {name!r}")
@@ -534,8 +574,10 @@ def demonstration_source(spec: Any) -> Any:
         raise ValueError(f"extra ({name}): {e}") from None
     for method in ("seeds", "collect"):
         if not callable(getattr(source, method, None)):
-            raise ValueError(f"extra.source {name!r} gives {type(source).__name__}, which has no {method}() "
-                             "(a demonstration source has seeds(), rows and collect(play, log))")
+            raise ValueError(
+                f"extra.source {name!r} gives {type(source).__name__}, which has no {method}() "
+                "(a demonstration source has seeds(), rows and collect(play, log))"
+            )
     rows, seeds = getattr(source, "rows", None), source.seeds()
 
     def count(x) -> bool:
@@ -544,6 +586,7 @@ def demonstration_source(spec: Any) -> Any:
     if not count(rows):
         raise ValueError(f"extra.source {name!r}: its rows must be an integer >= 0, got {rows!r}")
     if not (isinstance(seeds, tuple) and len(seeds) == 2 and all(map(count, seeds))):
-        raise ValueError(f"extra.source {name!r}: its seeds() must be (first seed, how many), two integers >= 0, "
-                         f"got {seeds!r}")
+        raise ValueError(
+            f"extra.source {name!r}: its seeds() must be (first seed, how many), two integers >= 0, got {seeds!r}"
+        )
     return source

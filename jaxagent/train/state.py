@@ -6,6 +6,7 @@ pytree), `Grads` (the gradients of its trainable part), AdamW with the schedule 
 Under LoRA only the adapters are trainable (`split_trainable`): gradients, clipping and
 the optimizer state cover them alone.
 """
+
 from __future__ import annotations
 
 import functools
@@ -79,16 +80,21 @@ def learning_rate_schedule(config: OptimizerConfig) -> optax.Schedule:
 
 
 def _decay_mask(params):
-    return jax.tree_util.tree_map_with_path(
-        lambda path, _: getattr(path[-1], "key", None) in DECAYED_LEAVES, params)
+    return jax.tree_util.tree_map_with_path(lambda path, _: getattr(path[-1], "key", None) in DECAYED_LEAVES, params)
 
 
 def make_optimizer(config: OptimizerConfig, params) -> optax.GradientTransformation:
     """AdamW with the config's schedule. Clipping is done by the step itself (it needs
     the norm for its metrics and the finiteness check). With LoRA adapters in `params`,
     `lora_optimizer` gives the frozen leaves zero updates and no optimizer state."""
-    tx = optax.adamw(learning_rate_schedule(config), b1=config.b1, b2=config.b2, eps=config.eps,
-                     weight_decay=config.weight_decay, mask=_decay_mask)
+    tx = optax.adamw(
+        learning_rate_schedule(config),
+        b1=config.b1,
+        b2=config.b2,
+        eps=config.eps,
+        weight_decay=config.weight_decay,
+        mask=_decay_mask,
+    )
     return lora_optimizer(tx, params) if has_lora(params) else tx
 
 
@@ -107,27 +113,33 @@ def init_train_state(
     if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
         raise TypeError("init_train_state: key must be a typed PRNG key (jax.random.key) or an int seed")
     if has_lora(params) != (model_config.lora is not None):
-        raise ValueError("init_train_state: params carry LoRA adapters but model_config.lora is None "
-                         "(or the reverse); use jaxagent.models.add_lora")
+        raise ValueError(
+            "init_train_state: params carry LoRA adapters but model_config.lora is None "
+            "(or the reverse); use jaxagent.models.add_lora"
+        )
     if (critic_params is None) != (critic_config is None):
         raise ValueError("init_train_state: pass critic_params and critic_config together")
     if critic_params is not None and "value_head" not in critic_params:
-        raise ValueError("init_train_state: critic_params have no 'value_head' "
-                         "(build them with jaxagent.models.value_params_from_policy)")
+        raise ValueError(
+            "init_train_state: critic_params have no 'value_head' "
+            "(build them with jaxagent.models.value_params_from_policy)"
+        )
     critic_opt = None
     if critic_params is not None:
         critic_opt = make_optimizer(config.critic_optimizer, critic_params).init(critic_params)
-    return _unaliased(TrainState(
-        params=params,
-        opt_state=make_optimizer(config.optim, params).init(params),
-        step=jnp.zeros((), jnp.int32),
-        skipped=jnp.zeros((), jnp.int32),
-        rng=key,
-        model_config=model_config,
-        critic_params=critic_params,
-        critic_opt_state=critic_opt,
-        critic_config=critic_config,
-    ))
+    return _unaliased(
+        TrainState(
+            params=params,
+            opt_state=make_optimizer(config.optim, params).init(params),
+            step=jnp.zeros((), jnp.int32),
+            skipped=jnp.zeros((), jnp.int32),
+            rng=key,
+            model_config=model_config,
+            critic_params=critic_params,
+            critic_opt_state=critic_opt,
+            critic_config=critic_config,
+        )
+    )
 
 
 def _unaliased(state: TrainState) -> TrainState:

@@ -3,6 +3,7 @@
 the static argument of the jitted steps (`jaxagent.train.update`). Each validates itself
 on construction; frozen, so hashable.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -78,7 +79,8 @@ class OptimizerConfig:
         if self.schedule not in SCHEDULES:
             raise ValueError(f"{n}.schedule must be one of {list(SCHEDULES)}, got {self.schedule!r}")
         if self.schedule != "constant" and (
-                not isinstance(self.total_steps, int) or self.total_steps <= self.warmup_steps):
+            not isinstance(self.total_steps, int) or self.total_steps <= self.warmup_steps
+        ):
             raise ValueError(
                 f"{n}.total_steps must be an int > warmup_steps ({self.warmup_steps}) for the "
                 f"{self.schedule!r} schedule, got {self.total_steps!r}"
@@ -133,13 +135,13 @@ class LossConfig:
                 raise ValueError(f"{n}.{name} must be one of {list(algos.AGG_MODES)}, got {v!r}")
         kind = self.kl_kind.removesuffix("+")
         if kind not in algos.KL_KINDS:
-            raise ValueError(f"{n}.kl_kind must be one of {list(algos.KL_KINDS)} (optionally with '+'), "
-                             f"got {self.kl_kind!r}")
+            raise ValueError(
+                f"{n}.kl_kind must be one of {list(algos.KL_KINDS)} (optionally with '+'), got {self.kl_kind!r}"
+            )
         if self.kl_turns not in KL_TURNS:
             raise ValueError(f"{n}.kl_turns must be one of {list(KL_TURNS)}, got {self.kl_turns!r}")
         if self.kl_turns != "all" and not self.kl_coef:
-            raise ValueError(f"{n}.kl_turns={self.kl_turns!r} places the KL loss term, which is off: "
-                             f"set kl_coef > 0")
+            raise ValueError(f"{n}.kl_turns={self.kl_turns!r} places the KL loss term, which is off: set kl_coef > 0")
         if self.tis_level not in TIS_LEVELS:
             raise ValueError(f"{n}.tis_level must be one of {list(TIS_LEVELS)}, got {self.tis_level!r}")
         for name in ("clip_low", "clip_high"):
@@ -179,8 +181,9 @@ class StepConfig:
 
     def __post_init__(self):
         if self.compute_dtype not in (None, "float32", "bfloat16"):
-            raise ValueError(f"StepConfig.compute_dtype must be None, 'float32' or 'bfloat16', "
-                             f"got {self.compute_dtype!r}")
+            raise ValueError(
+                f"StepConfig.compute_dtype must be None, 'float32' or 'bfloat16', got {self.compute_dtype!r}"
+            )
         if not isinstance(self.num_micro_batches, int) or self.num_micro_batches < 1:
             raise ValueError(f"StepConfig.num_micro_batches must be a positive int, got {self.num_micro_batches!r}")
         if self.remat not in (False, True, "full", "dots"):

@@ -8,6 +8,7 @@ the iterations (warm start, evaluation before RL), or in a run of several proces
 (which must stop at the same iteration), raises `Interrupted` at once: the iteration in
 progress is abandoned, and the newest checkpoint is the one to resume from.
 """
+
 from __future__ import annotations
 
 import signal
@@ -75,8 +76,10 @@ class StopRequests:
     def _handle(self, signum, frame) -> None:
         if self.signum is None and self.graceful:
             self.signum = signum
-            self.log(f"{signal.Signals(signum).name}: stopping after this iteration, with a checkpoint "
-                     "(send it again to stop now)")
+            self.log(
+                f"{signal.Signals(signum).name}: stopping after this iteration, with a checkpoint "
+                "(send it again to stop now)"
+            )
             return
         self.signum = self.signum or signum
         raise Interrupted(signum)

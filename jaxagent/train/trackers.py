@@ -38,13 +38,14 @@ tracker run failed (MLflow `FAILED`, W&B exit code 1).
 W&B and MLflow are optional (`pip install 'jaxagent[wandb]'` / `'jaxagent[mlflow]'`); a
 tracker whose package is missing is a config error naming the extra.
 """
+
 from __future__ import annotations
 
 import os
 import time
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from jaxagent.config import flatten  # noqa: F401  (the flattened config trackers get)
 
@@ -102,17 +103,25 @@ def _save_id(path: Path, run_id: str) -> None:
 class WandbTracker:
     name = "wandb"
 
-    def __init__(self, run_dir, *, config: dict, project: str = "jaxagent", mode: str = "offline",
-                 run_name: str | None = None):
+    def __init__(
+        self, run_dir, *, config: dict, project: str = "jaxagent", mode: str = "offline", run_name: str | None = None
+    ):
         import wandb
 
         run_dir = Path(run_dir)
         id_path = run_dir / "wandb_run_id"
-        run_id = _saved_id(id_path) or uuid.uuid4().hex[:8]   # W&B's ids: 8 lowercase alphanumerics
+        run_id = _saved_id(id_path) or uuid.uuid4().hex[:8]  # W&B's ids: 8 lowercase alphanumerics
         run_dir.mkdir(parents=True, exist_ok=True)
-        self._run = wandb.init(project=project, dir=str(run_dir), mode=mode, id=run_id, resume="allow",
-                               name=run_name or run_dir.name, config=config,
-                               settings=wandb.Settings(silent=True, console="off"))
+        self._run = wandb.init(
+            project=project,
+            dir=str(run_dir),
+            mode=mode,
+            id=run_id,
+            resume="allow",
+            name=run_name or run_dir.name,
+            config=config,
+            settings=wandb.Settings(silent=True, console="off"),
+        )
         _save_id(id_path, run_id)
         self.run_id = run_id
 
@@ -133,8 +142,15 @@ def _mlflow_key(tag: str) -> str:
 class MlflowTracker:
     name = "mlflow"
 
-    def __init__(self, run_dir, *, config: dict, tracking_uri: str | None = None, experiment: str = "jaxagent",
-                 run_name: str | None = None):
+    def __init__(
+        self,
+        run_dir,
+        *,
+        config: dict,
+        tracking_uri: str | None = None,
+        experiment: str = "jaxagent",
+        run_name: str | None = None,
+    ):
         run_dir = Path(run_dir).resolve()
         if tracking_uri is None:
             tracking_uri = (run_dir / "mlruns").as_uri()
@@ -153,8 +169,9 @@ class MlflowTracker:
             _save_id(id_path, run_id)
             params = [(k[:250], str(v)[:500]) for k, v in config.items()]
             from mlflow.entities import Param
+
             for i in range(0, len(params), 100):
-                self._client.log_batch(run_id, params=[Param(k, v) for k, v in params[i:i + 100]])
+                self._client.log_batch(run_id, params=[Param(k, v) for k, v in params[i : i + 100]])
         else:
             self._client.update_run(run_id, status="RUNNING")
         self.run_id, self.tracking_uri = run_id, tracking_uri
@@ -165,7 +182,7 @@ class MlflowTracker:
         now = int(time.time() * 1000)
         metrics = [Metric(_mlflow_key(tag), float(v), now, int(step)) for tag, v in items]
         for i in range(0, len(metrics), 1000):
-            self._client.log_batch(self.run_id, metrics=metrics[i:i + 1000])
+            self._client.log_batch(self.run_id, metrics=metrics[i : i + 1000])
 
     def close(self, failed: bool = False) -> None:
         if self._client is not None:
@@ -185,8 +202,7 @@ def check_available(names: Iterable[str]) -> None:
             raise ValueError(f"tracker {name!r} needs the {module} package: pip install '{extra}'")
 
 
-def make_trackers(names: Iterable[str], run_dir, *, config: dict, options: dict | None = None,
-                  on_error=None) -> list:
+def make_trackers(names: Iterable[str], run_dir, *, config: dict, options: dict | None = None, on_error=None) -> list:
     """The trackers `names` of a run (module docstring); `options[name]` are keyword
     arguments of that tracker (e.g. `{"wandb": {"project": "p", "mode": "online"}}`).
     A tracker that cannot start (no network, no API key, a server that does not answer)
@@ -194,9 +210,11 @@ def make_trackers(names: Iterable[str], run_dir, *, config: dict, options: dict 
     names = list(names)
     check_available(names)
     options = options or {}
-    makers = {"tensorboard": lambda kw: TensorBoardTracker(run_dir),
-              "wandb": lambda kw: WandbTracker(run_dir, config=config, **kw),
-              "mlflow": lambda kw: MlflowTracker(run_dir, config=config, **kw)}
+    makers = {
+        "tensorboard": lambda kw: TensorBoardTracker(run_dir),
+        "wandb": lambda kw: WandbTracker(run_dir, config=config, **kw),
+        "mlflow": lambda kw: MlflowTracker(run_dir, config=config, **kw),
+    }
     out = []
     for name in names:
         try:

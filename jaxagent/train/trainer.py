@@ -37,6 +37,7 @@ update n runs; `old_logp` is recomputed with the params being updated, so
 checkpointed: the first iteration after a resume samples on-policy (staleness 0). With
 the overlap off (the default), resume is exact.
 """
+
 from __future__ import annotations
 
 import collections
@@ -53,16 +54,22 @@ import numpy as np
 from jaxagent.rollout.trajectory import trim_padding
 from jaxagent.train import build
 from jaxagent.train.advantages import compute_advantages, shape_rewards
+from jaxagent.train.batch import UpdateBatch, last_turn_mask
 from jaxagent.train.collect import collect_batch
 from jaxagent.train.config import TrainerConfig
 from jaxagent.train.episodes import EpisodeStore, select_for_store
-from jaxagent.train.placement import policy_logprobs
 from jaxagent.train.evaluate import EvalProgress, env_summarizer, evaluate, flat_env_summary
-from jaxagent.train.metrics import (collapse_warning, eval_line, hacking_warning, iteration_line, iteration_metrics,
-                                    template_collapse_warning)
+from jaxagent.train.metrics import (
+    collapse_warning,
+    eval_line,
+    hacking_warning,
+    iteration_line,
+    iteration_metrics,
+    template_collapse_warning,
+)
 from jaxagent.train.overlap import OffPolicyRollouts
+from jaxagent.train.placement import policy_logprobs
 from jaxagent.train.rundir import DiskFullError, Progress, RunDir, disk_full
-from jaxagent.train.batch import UpdateBatch, last_turn_mask
 from jaxagent.train.stop import Interrupted, StopRequests
 from jaxagent.train.warmstart import sft_warm_start
 
@@ -71,7 +78,6 @@ __all__ = ["EnvFailureError", "RunningState", "Trainer", "TrainerConfig"]
 
 class EnvFailureError(RuntimeError):
     """Every episode failed for `env.max_failed_iterations` consecutive iterations."""
-
 
 
 def store_entropy_passes(config) -> tuple[int, int]:
@@ -94,7 +100,7 @@ class RunningState:
     report) and the iterations in a row in which every episode failed (the first failure
     of each)."""
 
-    run_log: object | None = None   # a `jaxagent.train.runlog.RunLogger`
+    run_log: object | None = None  # a `jaxagent.train.runlog.RunLogger`
     last_episodes: list | None = None
     failed_streak: list[dict] = dataclasses.field(default_factory=list)
 
@@ -122,8 +128,8 @@ class Trainer:
         self.config = config
         self.resume = resume
         self.resume_step = step
-        build.check_trackers(config)   # before anything is built: a missing package is a config error
-        build.judge_reward(config)     # and so is a judge that cannot be built (a missing key variable)
+        build.check_trackers(config)  # before anything is built: a missing package is a config error
+        build.judge_reward(config)  # and so is a judge that cannot be built (a missing key variable)
         run = build.build_run(config, resume=resume, log=log)
         self.placement = run.placement
         self.primary = self.placement.primary
@@ -143,8 +149,11 @@ class Trainer:
         self._stops = StopRequests(log)
         lc = config.logging
         #: the episode store (`jaxagent.train.episodes`), or None when off
-        self._store = None if not lc.episodes_per_iteration else EpisodeStore(
-            config.run_dir, per_iteration=lc.episodes_per_iteration, max_mb=lc.episodes_max_mb)
+        self._store = (
+            None
+            if not lc.episodes_per_iteration
+            else EpisodeStore(config.run_dir, per_iteration=lc.episodes_per_iteration, max_mb=lc.episodes_max_mb)
+        )
 
     @property
     def mesh(self):
@@ -180,8 +189,11 @@ class Trainer:
         if "progress" not in kwargs and self.primary:
             greedy = kwargs.get("temperature") == 0.0
             label = "held-out evaluation" + (", greedy" if greedy else "")
-            kwargs["progress"] = (EvalProgress(label) if run_log is None
-                                  else (lambda done, total: run_log.phase(f"{label} {done}/{total}")))
+            kwargs["progress"] = (
+                EvalProgress(label)
+                if run_log is None
+                else (lambda done, total: run_log.phase(f"{label} {done}/{total}"))
+            )
         return evaluate(self.config, loop, pool, self.placement.sampler_params(self.state), **kwargs)
 
     # ------------------------------------------------------------------ run
@@ -200,7 +212,7 @@ class Trainer:
             else:
                 self.rundir.start(ckpt, cfg, self.tokenizer if cfg.model.tokenizer == "bpe" else None)
             self.rundir.write_config(cfg)
-            if self.sandbox_isolation is not None:   # a weaker sandbox than bwrap is on record
+            if self.sandbox_isolation is not None:  # a weaker sandbox than bwrap is on record
                 self.summary["sandbox_isolation"] = self.sandbox_isolation
                 self.rundir.write_summary(self.summary)
             if self.iteration >= cfg.iterations and (self._evaluated_after_rl() or not cfg.eval.episodes):
@@ -230,33 +242,56 @@ class Trainer:
             from jaxagent.train.runlog import RunLogger
 
             lc = cfg.logging
-            run_log = RunLogger(self.run_dir, total_iterations=cfg.iterations, tensorboard=lc.tensorboard,
-                                progress=lc.progress, transcripts_every=lc.transcripts_every,
-                                transcripts_per_iteration=lc.transcripts_per_iteration,
-                                trackers=build.trackers(cfg, self.run_dir))
+            run_log = RunLogger(
+                self.run_dir,
+                total_iterations=cfg.iterations,
+                tensorboard=lc.tensorboard,
+                progress=lc.progress,
+                transcripts_every=lc.transcripts_every,
+                transcripts_per_iteration=lc.transcripts_per_iteration,
+                trackers=build.trackers(cfg, self.run_dir),
+            )
             self.running.run_log = run_log
-        graceful = not self.placement.multi_process   # several processes must stop at the same iteration
-        if self.iteration < cfg.iterations:   # the first line otherwise comes only after compilation
+        graceful = not self.placement.multi_process  # several processes must stop at the same iteration
+        if self.iteration < cfg.iterations:  # the first line otherwise comes only after compilation
             say = run_log.message if run_log is not None else self.log
-            say(f"iteration {self.iteration + 1}: rollout, log-probs and update compile on the first "
-                "iteration of a process (later ones reuse them)")
+            say(
+                f"iteration {self.iteration + 1}: rollout, log-probs and update compile on the first "
+                "iteration of a process (later ones reuse them)"
+            )
         try:
             while self.iteration < cfg.iterations:
                 self._stops.graceful = graceful
                 metrics = self.iteration_step(loop, pool)
-                if cfg.eval.episodes and cfg.eval.every and self.iteration % cfg.eval.every == 0 \
-                        and self.iteration < cfg.iterations:
+                if (
+                    cfg.eval.episodes
+                    and cfg.eval.every
+                    and self.iteration % cfg.eval.every == 0
+                    and self.iteration < cfg.iterations
+                ):
                     self._overlap.wait()
                     ev = self.evaluate(loop, pool, run_log=run_log)
-                    metrics.update({f"eval_{k}": ev[k] for k in ("success_rate", "return_mean", "turns_mean",
-                                                                 "invalid_action_frac", "noop_action_frac")})
+                    metrics.update(
+                        {
+                            f"eval_{k}": ev[k]
+                            for k in (
+                                "success_rate",
+                                "return_mean",
+                                "turns_mean",
+                                "invalid_action_frac",
+                                "noop_action_frac",
+                            )
+                        }
+                    )
                     metrics.update({f"eval_{k}": v for k, v in flat_env_summary(ev.get("env_summary", {})).items()})
                     if cfg.eval.greedy:
                         evg = self.evaluate(loop, pool, run_log=run_log, temperature=0.0)
-                        metrics.update({f"eval_greedy_{k}": evg[k] for k in ("success_rate", "return_mean",
-                                                                             "noop_action_frac")})
-                        metrics.update({f"eval_greedy_{k}": v
-                                        for k, v in flat_env_summary(evg.get("env_summary", {})).items()})
+                        metrics.update(
+                            {f"eval_greedy_{k}": evg[k] for k in ("success_rate", "return_mean", "noop_action_frac")}
+                        )
+                        metrics.update(
+                            {f"eval_greedy_{k}": v for k, v in flat_env_summary(evg.get("env_summary", {})).items()}
+                        )
                 self._check_collapse(metrics)
                 self._check_failures(metrics)
                 self.history.append(metrics)
@@ -269,7 +304,7 @@ class Trainer:
                 saved = self.iteration % cfg.checkpoint_every == 0 or self.iteration == cfg.iterations
                 if full is None and (saved or self._stops.requested):
                     full = self._checked(self._save, ckpt, path=ckpt.directory)
-                if full is not None:   # no checkpoint of this iteration: --resume replays it exactly
+                if full is not None:  # no checkpoint of this iteration: --resume replays it exactly
                     self._checked(ckpt.wait_until_finished, path=ckpt.directory)
                     raise full
                 self._stops.graceful = False
@@ -290,20 +325,38 @@ class Trainer:
         counts each over the whole run (`collapse_warnings`, `template_collapse_warnings`,
         `hacking_warnings`)."""
         lc = self.config.logging
-        if lc.heldout_metric is not None and lc.heldout_metric not in metrics and not self.history \
-                and metrics.get("failed_frac", 0.0) < 1.0:   # a name no iteration can have
+        if (
+            lc.heldout_metric is not None
+            and lc.heldout_metric not in metrics
+            and not self.history
+            and metrics.get("failed_frac", 0.0) < 1.0
+        ):  # a name no iteration can have
             known = sorted(k for k in metrics if isinstance(metrics[k], (int, float)) and not k.startswith("time_"))
-            raise ValueError(f"logging.heldout_metric: the iterations have no metric {lc.heldout_metric!r} "
-                             f"(they have: {', '.join(known)})")
-        checks = (("collapse_warnings", lc.collapse_entropy > 0,
-                   lambda: collapse_warning(self.history, metrics, entropy_below=lc.collapse_entropy,
-                                            window=lc.collapse_window)),
-                  ("template_collapse_warnings", lc.template_collapse_below > 0,
-                   lambda: template_collapse_warning(self.history, metrics, below=lc.template_collapse_below,
-                                                     window=lc.collapse_window)),
-                  ("hacking_warnings", lc.heldout_metric is not None,
-                   lambda: hacking_warning(self.history, metrics, heldout=lc.heldout_metric,
-                                           window=lc.collapse_window)))
+            raise ValueError(
+                f"logging.heldout_metric: the iterations have no metric {lc.heldout_metric!r} "
+                f"(they have: {', '.join(known)})"
+            )
+        checks = (
+            (
+                "collapse_warnings",
+                lc.collapse_entropy > 0,
+                lambda: collapse_warning(
+                    self.history, metrics, entropy_below=lc.collapse_entropy, window=lc.collapse_window
+                ),
+            ),
+            (
+                "template_collapse_warnings",
+                lc.template_collapse_below > 0,
+                lambda: template_collapse_warning(
+                    self.history, metrics, below=lc.template_collapse_below, window=lc.collapse_window
+                ),
+            ),
+            (
+                "hacking_warnings",
+                lc.heldout_metric is not None,
+                lambda: hacking_warning(self.history, metrics, heldout=lc.heldout_metric, window=lc.collapse_window),
+            ),
+        )
         for name, on, check in checks:
             count = self.history[-1].get(name, 0) if self.history else 0
             warning = check() if on else None
@@ -319,8 +372,15 @@ class Trainer:
             self.running.failed_streak = []
             return
         first = next((ep for ep in self.running.last_episodes or () if ep.failed), None)
-        self.running.failed_streak.append({} if first is None else {
-            "kind": first.failure_kind or "unknown", "message": first.failure, "traceback": first.failure_traceback})
+        self.running.failed_streak.append(
+            {}
+            if first is None
+            else {
+                "kind": first.failure_kind or "unknown",
+                "message": first.failure,
+                "traceback": first.failure_traceback,
+            }
+        )
 
     def _stop_on_failures(self) -> None:
         """`EnvFailureError` once every episode failed for `env.max_failed_iterations`
@@ -329,10 +389,12 @@ class Trainer:
         if not limit or len(self.running.failed_streak) < limit:
             return
         first = self.running.failed_streak[0]
-        what = (f"{first['kind']}: {first['message']}" if first else "(the failures are in another process's log)")
+        what = f"{first['kind']}: {first['message']}" if first else "(the failures are in another process's log)"
         tb = f"\n{first['traceback'].rstrip()}" if first.get("traceback") else ""
-        raise EnvFailureError(f"every episode of the last {limit} iterations failed in the env "
-                              f"(env.max_failed_iterations={limit}); the first failure: {what}{tb}")
+        raise EnvFailureError(
+            f"every episode of the last {limit} iterations failed in the env "
+            f"(env.max_failed_iterations={limit}); the first failure: {what}{tb}"
+        )
 
     # ------------------------------------------------------------------ one iteration
     def iteration_step(self, loop, pool) -> dict:
@@ -345,14 +407,18 @@ class Trainer:
         # ---- rollout: this process's rows, then the global batch
         self._phase("rollout")
         collected, staleness = self._rollout(loop, pool, k_sample, times)
-        if cfg.update.trim_padding:   # the passes below then pay for the longest episode, not max_context
-            collected.traj = trim_padding(collected.traj, cfg.update.trim_padding,
-                                          place.longest_episode(collected.traj.lengths))
+        if cfg.update.trim_padding:  # the passes below then pay for the longest episode, not max_context
+            collected.traj = trim_padding(
+                collected.traj, cfg.update.trim_padding, place.longest_episode(collected.traj.lengths)
+            )
         self.progress.task_position += collected.tasks_played
         self.running.last_episodes = collected.episodes
-        per_row = {"success": np.array([ep.success for ep in collected.episodes]), "baselines": collected.baselines,
-                   "invalid_actions": np.array([ep.invalid_actions for ep in collected.episodes]),
-                   "noop_actions": np.array([ep.noop_actions for ep in collected.episodes])}
+        per_row = {
+            "success": np.array([ep.success for ep in collected.episodes]),
+            "baselines": collected.baselines,
+            "invalid_actions": np.array([ep.invalid_actions for ep in collected.episodes]),
+            "noop_actions": np.array([ep.noop_actions for ep in collected.episodes]),
+        }
         traj, per_row, placed = place.global_batch(collected.traj, per_row)
         times.setdefault("rollout", time.perf_counter() - t0)
 
@@ -361,9 +427,14 @@ class Trainer:
         t0 = time.perf_counter()
         loss_mask = traj.loss_mask * (~traj.failed)[:, None].astype(traj.loss_mask.dtype)
         # the old policy's log-probs: recomputed, or the sampler's own (`update.old_logprobs`)
-        old_logp = traj.rollout_logp if cfg.update.old_logprobs == "sampler" else place.logprobs(self.state.params, placed)
-        ref_logp = None if self.ref_params is None else place.logprobs(
-            build.full_reference(self.ref_params, self.state.params), placed)
+        old_logp = (
+            traj.rollout_logp if cfg.update.old_logprobs == "sampler" else place.logprobs(self.state.params, placed)
+        )
+        ref_logp = (
+            None
+            if self.ref_params is None
+            else place.logprobs(build.full_reference(self.ref_params, self.state.params), placed)
+        )
         # the stored episodes' token entropies, from the params the log-probs were taken with
         entropy = self._store_entropy(collected.episodes, placed) if cfg.logging.episodes_per_iteration else None
         values = place.values(self.state, placed) if cfg.algo.uses_critic else None
@@ -374,12 +445,20 @@ class Trainer:
         shaped, loss_mask, shaping = shape_rewards(cfg.algo, traj, loss_mask, old_logp, ref_logp)
         adv, returns = compute_advantages(cfg.algo, shaped, loss_mask, values, per_row["baselines"])
         kl_mask = None
-        if cfg.loss.kl_turns == "last":   # the KL term on each episode's last turn (LossConfig: kl_coef > 0)
+        if cfg.loss.kl_turns == "last":  # the KL term on each episode's last turn (LossConfig: kl_coef > 0)
             kl_mask = jnp.asarray(last_turn_mask(traj.turn_ids, loss_mask))
-        batch = UpdateBatch(tokens=traj.tokens, loss_mask=loss_mask, advantages=adv, old_logp=old_logp,
-                            attention_mask=traj.attention_mask, ref_logp=ref_logp if cfg.loss.kl_coef > 0 else None,
-                            kl_mask=kl_mask, rollout_logp=traj.rollout_logp, returns=returns if cfg.algo.uses_critic else None,
-                            old_values=values)
+        batch = UpdateBatch(
+            tokens=traj.tokens,
+            loss_mask=loss_mask,
+            advantages=adv,
+            old_logp=old_logp,
+            attention_mask=traj.attention_mask,
+            ref_logp=ref_logp if cfg.loss.kl_coef > 0 else None,
+            kl_mask=kl_mask,
+            rollout_logp=traj.rollout_logp,
+            returns=returns if cfg.algo.uses_critic else None,
+            old_values=values,
+        )
         times["advantages"] = _seconds_after(adv, t0)
 
         # ---- the next iteration's rollout starts now, with the params before this update
@@ -394,10 +473,21 @@ class Trainer:
 
         self.progress.iteration += 1
         total_s = time.perf_counter() - t_start
-        out = iteration_metrics(traj, per_row["success"], step_metrics, adv, old_logp, loss_mask, times, total_s,
-                                iteration=self.iteration, tasks_seen=self.progress.task_position,
-                                invalid_actions=per_row["invalid_actions"], noop_actions=per_row["noop_actions"],
-                                recomputed=cfg.update.old_logprobs == "recompute")
+        out = iteration_metrics(
+            traj,
+            per_row["success"],
+            step_metrics,
+            adv,
+            old_logp,
+            loss_mask,
+            times,
+            total_s,
+            iteration=self.iteration,
+            tasks_seen=self.progress.task_position,
+            invalid_actions=per_row["invalid_actions"],
+            noop_actions=per_row["noop_actions"],
+            recomputed=cfg.update.old_logprobs == "recompute",
+        )
         if entropy is not None and self._store is not None:
             self._store_episodes(collected.episodes, traj, adv, old_logp, entropy, loss_mask)
         if cfg.overlap.off_policy:  # the main thread (which drives the device) idled only while it waited
@@ -441,15 +531,23 @@ class Trainer:
         if not chosen:
             return None
         rows = np.asarray([int(self.placement.rows[i]) for i in chosen])
-        passes, chunk = store_entropy_passes(cfg)   # padded to one shape: one compilation
+        passes, chunk = store_entropy_passes(cfg)  # padded to one shape: one compilation
         take = np.concatenate([rows, np.full(passes * chunk - len(rows), rows[0])])
         sc = cfg.step_config
-        _, ent = policy_logprobs(self.state.params, self.model_config, tokens_BxT=placed.tokens[take],
-                                 attention_mask_BxT=placed.attention_mask[take], temperature=sc.loss.temperature,
-                                 seq_chunk=sc.seq_chunk, vocab_chunk=sc.vocab_chunk, with_entropy=True,
-                                 compute_dtype=sc.compute_dtype, row_chunks=passes)
+        _, ent = policy_logprobs(
+            self.state.params,
+            self.model_config,
+            tokens_BxT=placed.tokens[take],
+            attention_mask_BxT=placed.attention_mask[take],
+            temperature=sc.loss.temperature,
+            seq_chunk=sc.seq_chunk,
+            vocab_chunk=sc.vocab_chunk,
+            with_entropy=True,
+            compute_dtype=sc.compute_dtype,
+            row_chunks=passes,
+        )
         out = np.full(np.shape(placed.tokens), np.nan, np.float32)
-        out[rows] = np.asarray(ent)[:len(rows)]
+        out[rows] = np.asarray(ent)[: len(rows)]
         return out
 
     def _store_episodes(self, episodes, traj, adv, old_logp, entropy, loss_mask) -> None:
@@ -459,20 +557,30 @@ class Trainer:
         is needed); a write that fails switches the store off with one warning."""
         if not self.primary or self.iteration % self._store.stride:
             return
-        signals = {"advantage": adv, "logp": old_logp, "rollout_logp": traj.rollout_logp, "entropy": entropy,
-                   "loss_mask": loss_mask}
+        signals = {
+            "advantage": adv,
+            "logp": old_logp,
+            "rollout_logp": traj.rollout_logp,
+            "entropy": entropy,
+            "loss_mask": loss_mask,
+        }
         stride = self._store.stride
         try:
             self._store.write(self.iteration, episodes, self.tokenizer, signals, rows=self.placement.rows)
-        except Exception as err:   # logging never stops training
-            warnings.warn(f"episode store: writing iteration {self.iteration} to {self._store.dir} failed "
-                          f"({type(err).__name__}: {err}); the store is off for this run", RuntimeWarning)
+        except Exception as err:  # logging never stops training
+            warnings.warn(
+                f"episode store: writing iteration {self.iteration} to {self._store.dir} failed "
+                f"({type(err).__name__}: {err}); the store is off for this run",
+                RuntimeWarning,
+            )
             self._store = None
             return
         if self._store.stride != stride:
-            self.log(f"episode store: {self._store.dir} reached logging.episodes_max_mb="
-                     f"{self.config.logging.episodes_max_mb:g} MiB; it now keeps every {self._store.stride}th "
-                     "iteration (the others are deleted)")
+            self.log(
+                f"episode store: {self._store.dir} reached logging.episodes_max_mb="
+                f"{self.config.logging.episodes_max_mb:g} MiB; it now keeps every {self._store.stride}th "
+                "iteration (the others are deleted)"
+            )
 
     def _rollout(self, loop, pool, key, times: dict):
         """`(collected, staleness)`: this iteration's batch, played now with the current
@@ -512,7 +620,7 @@ class Trainer:
         for k_epoch in jax.random.split(key, cfg.update.epochs):
             perm = np.asarray(jax.random.permutation(k_epoch, B))
             for m in range(cfg.update.mini_batches):
-                rows = jnp.asarray(perm[m * mb:(m + 1) * mb])
+                rows = jnp.asarray(perm[m * mb : (m + 1) * mb])
                 mini = jax.tree.map(lambda x: x[rows], batch)
                 self.state, sm = self._update(self.state, self.placement.update_input(mini))
                 step_metrics.append(sm)
@@ -534,15 +642,17 @@ class Trainer:
         """SFT on the demonstrations, then a fresh RL state (optimizer, critic) and KL
         reference from the SFT weights."""
         cfg = self.config
-        params, lines, summary = sft_warm_start(cfg, self.state.params, self.model_config, self.tokenizer,
-                                                self.demonstrations, self.placement, self.log)
+        params, lines, summary = sft_warm_start(
+            cfg, self.state.params, self.model_config, self.tokenizer, self.demonstrations, self.placement, self.log
+        )
         self.rundir.write_warm_start(lines)
         if self.ref_params is not None:  # the KL reference is the warm-started policy
             self.ref_params = build.reference_copy(params)
             self.rundir.save_reference(self.ref_params)
             self.ref_params = self.placement.place_params(self.ref_params)
-        self.state = build.rl_state(cfg, params, self.model_config, self.placement, critic_key=self._keys["critic"],
-                                    rng_key=self._keys["rng"])
+        self.state = build.rl_state(
+            cfg, params, self.model_config, self.placement, critic_key=self._keys["critic"], rng_key=self._keys["rng"]
+        )
         self._update = self.placement.update_step(cfg.step_config, self.state)
         self.summary["warm_start"] = summary
 
@@ -571,7 +681,7 @@ class Trainer:
         if "success_before_rl" in line:
             line["lift_points"] = round(100 * (line["success_after_rl"] - line["success_before_rl"]), 2)
         line.update({k: s[k] for k in ("success_before_rl_greedy", "success_after_rl_greedy") if k in s})
-        for when in ("before_rl", "after_rl", "before_rl_greedy", "after_rl_greedy"):   # e.g. intake's rubric
+        for when in ("before_rl", "after_rl", "before_rl_greedy", "after_rl_greedy"):  # e.g. intake's rubric
             if "env_summary" in s.get(f"eval_{when}", {}):
                 line[f"env_{when}"] = s[f"eval_{when}"]["env_summary"]
         line.update(eval_episodes=self.config.eval.episodes, iterations=self.iteration, run_dir=str(self.run_dir))
@@ -587,7 +697,7 @@ class Trainer:
         naming `path` (the run stops at the end of the iteration), any other error raises."""
         try:
             write(*args)
-        except Exception as err:   # a checkpoint writer may wrap the OSError
+        except Exception as err:  # a checkpoint writer may wrap the OSError
             full = disk_full(err, path)
             if full is None:
                 raise
@@ -606,7 +716,7 @@ class Trainer:
         # metrics of iterations after the checkpoint (a run killed before its next save)
         # are dropped, so the file holds exactly the iterations the resumed run builds on
         self.rundir.write_metrics(self.history)
-        if self._store is not None and self.primary:   # the same for the episode store
+        if self._store is not None and self.primary:  # the same for the episode store
             self._store.drop_after(self.iteration)
         self.log(f"resumed from {ckpt.directory / str(step)} at iteration {self.iteration}")
 

@@ -5,6 +5,7 @@ one length that go in one call (`length_runs`). The trimmed log-prob pass
 (`trimmed_logprobs`) cuts its chunks of rows the same way. `TrimmedUpdate` is the update
 strategy (`update.trim_chunks`) made of the two, beside `jaxagent.train.update.PaddedUpdate`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -59,7 +60,7 @@ def length_groups(lengths, num_groups: int, multiple: int, max_len: int) -> list
     b = B // num_groups
     out = []
     for k in range(num_groups):
-        rows = order[k * b:(k + 1) * b]
+        rows = order[k * b : (k + 1) * b]
         longest = int(lengths[rows].max()) if b else 0
         out.append((rows, min(max_len, max(multiple, -(-longest // multiple) * multiple))))
     return out
@@ -80,8 +81,9 @@ def length_runs(groups: list[tuple[np.ndarray, int]]) -> list[tuple[list[np.ndar
 def _micro_add(state, micro, denominators, acc, *, config, n):
     """`acc` plus the gradients and sums of `micro`'s rows, as `n` micro-batches of one
     length (a `lax.scan`, like `train_step`'s, when `n > 1`)."""
-    out = accumulate(policy_loss_and_grads, state, micro, dataclasses.replace(config, num_micro_batches=n),
-                     denominators)
+    out = accumulate(
+        policy_loss_and_grads, state, micro, dataclasses.replace(config, num_micro_batches=n), denominators
+    )
     return jax.tree.map(lambda a, x: a + x.astype(jnp.float32), acc, out)
 
 
@@ -102,8 +104,9 @@ def _trimmed_finish(state, acc, denominators, signal, *, config):
 def _whole_on_host(tree):
     """Every row of a batch as NumPy arrays: arrays spread over several processes are
     all-gathered, the rest (host arrays, a process's own device arrays) copied."""
-    return jax.tree.map(lambda x: to_host(x) if isinstance(x, jax.Array) and not x.is_fully_addressable
-                        else np.asarray(x), tree)
+    return jax.tree.map(
+        lambda x: to_host(x) if isinstance(x, jax.Array) and not x.is_fully_addressable else np.asarray(x), tree
+    )
 
 
 class TrimmedTrainStep:
@@ -143,19 +146,26 @@ class TrimmedTrainStep:
         prepare = functools.partial(_trimmed_prepare, config=config)
         finish = functools.partial(_trimmed_finish, config=config)
         if mesh is None:
-            return (jax.jit(add, static_argnames=("n",), donate_argnums=(3,)),
-                    jax.jit(prepare, static_argnames=("rows",)), jax.jit(finish, donate_argnums=(0,)))
+            return (
+                jax.jit(add, static_argnames=("n",), donate_argnums=(3,)),
+                jax.jit(prepare, static_argnames=("rows",)),
+                jax.jit(finish, donate_argnums=(0,)),
+            )
         layout = activation_constraint(mesh)
         traced = functools.partial(within, lambda: _decoder.activation_constraint(layout))
 
         replicated = jax.NamedSharding(mesh, jax.P())
         trainable, _ = split_trainable(state.params)
-        grads = Grads(policy=jax.tree.map(lambda x: x.sharding, trainable),
-                      critic=jax.tree.map(lambda x: x.sharding, state.critic_params) if state.has_critic else None)
-        acc = (grads, replicated)   # the accumulated gradients laid out as their params; the sums replicated
-        return (jax.jit(traced(add), static_argnames=("n",), donate_argnums=(3,), out_shardings=acc),
-                jax.jit(traced(prepare), static_argnames=("rows",), out_shardings=(replicated, replicated, acc)),
-                jax.jit(finish, donate_argnums=(0,), out_shardings=(state_shardings(state), replicated)))
+        grads = Grads(
+            policy=jax.tree.map(lambda x: x.sharding, trainable),
+            critic=jax.tree.map(lambda x: x.sharding, state.critic_params) if state.has_critic else None,
+        )
+        acc = (grads, replicated)  # the accumulated gradients laid out as their params; the sums replicated
+        return (
+            jax.jit(traced(add), static_argnames=("n",), donate_argnums=(3,), out_shardings=acc),
+            jax.jit(traced(prepare), static_argnames=("rows",), out_shardings=(replicated, replicated, acc)),
+            jax.jit(finish, donate_argnums=(0,), out_shardings=(state_shardings(state), replicated)),
+        )
 
     def _place(self, micro):
         return micro if self.mesh is None else place_batch(micro, self.mesh)
@@ -168,11 +178,11 @@ class TrimmedTrainStep:
         if self._add is None:
             self._add, self._prepare, self._finish = self._build(state)
         if self.mesh is not None:
-            batch = _whole_on_host(batch)   # each micro-batch is cut on the host, then placed
+            batch = _whole_on_host(batch)  # each micro-batch is cut on the host, then placed
         B, T = batch.tokens.shape
         groups = length_groups(row_lengths(batch.loss_mask, batch.attention_mask), M, self.multiple, T)
         denominators, signal, acc = self._prepare(state, self._place(batch), rows=B // M)
-        for run, L in length_runs(groups):   # micro-batches of one length: one call, a scan over them
+        for run, L in length_runs(groups):  # micro-batches of one length: one call, a scan over them
             rows = np.concatenate(run)
             micro = self._place(jax.tree.map(lambda x: x[rows, :L], batch))
             acc = self._add(state, micro, denominators, acc, n=len(run))
@@ -186,8 +196,21 @@ class TrimmedTrainStep:
 
 
 # ----------------------------------------------------------------------------- the trimmed log-prob pass
-def trimmed_logprobs(params, config, tokens_BxT, attention_mask_BxT, lengths, *, chunk_rows: int, multiple: int,
-                     with_entropy: bool = False, logprobs=None, place=None, fetch=np.asarray, **kw):
+def trimmed_logprobs(
+    params,
+    config,
+    tokens_BxT,
+    attention_mask_BxT,
+    lengths,
+    *,
+    chunk_rows: int,
+    multiple: int,
+    with_entropy: bool = False,
+    logprobs=None,
+    place=None,
+    fetch=np.asarray,
+    **kw,
+):
     """`policy_logprobs` in chunks of `chunk_rows` rows grouped by length (`length_groups`:
     rows sorted by `lengths`), each chunk cut to its longest row rounded up to `multiple`;
     consecutive chunks of one length go in one call. The same values as one pass at every
@@ -204,6 +227,7 @@ def trimmed_logprobs(params, config, tokens_BxT, attention_mask_BxT, lengths, *,
 
         def logprobs(params, tokens, mask, **more):
             return policy_logprobs(params, config, tokens_BxT=tokens, attention_mask_BxT=mask, **kw, **more)
+
     tokens_BxT, attention_mask_BxT = np.asarray(tokens_BxT), np.asarray(attention_mask_BxT)
     B, T = tokens_BxT.shape
     parts = []
@@ -252,6 +276,16 @@ class TrimmedUpdate:
         tokens, mask, loss = place.host_rows((placed.tokens, placed.attention_mask, placed.loss_mask))
         B = tokens.shape[0]
         rows = self.logprob_rows or max(1, B // self.micro_batches)
-        return trimmed_logprobs(params, None, tokens, mask, row_lengths(loss, mask), chunk_rows=rows,
-                                multiple=self.multiple, with_entropy=with_entropy, logprobs=place.row_logprobs,
-                                place=place.to_device, fetch=place.host_rows)
+        return trimmed_logprobs(
+            params,
+            None,
+            tokens,
+            mask,
+            row_lengths(loss, mask),
+            chunk_rows=rows,
+            multiple=self.multiple,
+            with_entropy=with_entropy,
+            logprobs=place.row_logprobs,
+            place=place.to_device,
+            fetch=place.host_rows,
+        )

@@ -35,6 +35,7 @@ Optimizer changes that keep the state's shapes (learning rate, schedule, betas, 
 may differ between runs of one checkpoint; the LoRA set-up and the presence of a critic
 may not (`jaxagent.train.checkpoint` checks).
 """
+
 from __future__ import annotations
 
 import functools
@@ -141,8 +142,9 @@ def _loss_metrics(sums: LossSums, num_tokens) -> dict:
     return metrics
 
 
-def apply_gradients(state: TrainState, grads: Grads, sums: LossSums, config: StepConfig,
-                    denominators: Denominators, has_signal=True) -> tuple[TrainState, dict]:
+def apply_gradients(
+    state: TrainState, grads: Grads, sums: LossSums, config: StepConfig, denominators: Denominators, has_signal=True
+) -> tuple[TrainState, dict]:
     """Optimizer updates, the skip rule and the metrics: `(new_state, metrics)`."""
     # an empty mini-batch (no policy token), or one without signal (`has_signal`), has
     # nothing to learn from: AdamW would still move the params by momentum and weight
@@ -153,8 +155,9 @@ def apply_gradients(state: TrainState, grads: Grads, sums: LossSums, config: Ste
     optimizer_metrics = {"grad_norm": g_norm, "lr": learning_rate_schedule(config.optim)(state.step)}
     new_cp, new_copt = state.critic_params, state.critic_opt_state
     if grads.critic is not None:
-        new_cp, new_copt, c_norm = _update(state.critic_params, state.critic_opt_state, grads.critic,
-                                           config.critic_optimizer)
+        new_cp, new_copt, c_norm = _update(
+            state.critic_params, state.critic_opt_state, grads.critic, config.critic_optimizer
+        )
         ok &= jnp.isfinite(c_norm) & jnp.isfinite(sums.losses["value_loss"])
         optimizer_metrics["critic_grad_norm"] = c_norm
         optimizer_metrics["critic_lr"] = learning_rate_schedule(config.critic_optimizer)(state.step)
@@ -230,15 +233,18 @@ def accumulated_grads(state: TrainState, batch: UpdateBatch, config: StepConfig)
 def within(context, fn):
     """`fn` run inside `context()` (a context-manager factory) while it is traced; the
     same signature (for `jax.jit`'s argument names)."""
+
     @functools.wraps(fn)
     def inner(*args, **kwargs):
         with context():
             return fn(*args, **kwargs)
+
     return inner
 
 
-def make_train_step(config: StepConfig, state: TrainState, batch_sharding=None, *, kind: str = "rl",
-                    trace_context=None):
+def make_train_step(
+    config: StepConfig, state: TrainState, batch_sharding=None, *, kind: str = "rl", trace_context=None
+):
     """`step(state, batch) -> (state, metrics)` jitted once with explicit shardings
     (nanodo's shape): the state in and out with the layout `state` has now (so a sharded
     state keeps its layout and the step never recompiles), the batch with
@@ -256,7 +262,8 @@ def make_train_step(config: StepConfig, state: TrainState, batch_sharding=None, 
         raise ValueError(
             "make_train_step: the state's leaves live on different device sets "
             f"({sorted(len(d) for d in device_sets)} devices); place the whole state on the mesh "
-            "(step, skipped, rng and optimizer counters replicated)")
+            "(step, skipped, rng and optimizer counters replicated)"
+        )
     first = jax.tree.leaves(shardings)[0]
     mesh = getattr(first, "mesh", None)
     replicated = jax.NamedSharding(mesh, jax.P()) if mesh is not None else first
@@ -264,12 +271,14 @@ def make_train_step(config: StepConfig, state: TrainState, batch_sharding=None, 
     if trace_context is not None:
         fn = within(trace_context, fn)
         fn.__name__ = fn.__qualname__ = fns[kind].__name__  # compilation logs name the step
-    return jax.jit(fn, in_shardings=(shardings, batch_sharding), out_shardings=(shardings, replicated),
-                   donate_argnames=("state",))
+    return jax.jit(
+        fn, in_shardings=(shardings, batch_sharding), out_shardings=(shardings, replicated), donate_argnames=("state",)
+    )
 
 
-def make_sharded_train_step(config: StepConfig, state: TrainState, mesh: jax.sharding.Mesh, *, kind: str = "rl",
-                            rules=None):
+def make_sharded_train_step(
+    config: StepConfig, state: TrainState, mesh: jax.sharding.Mesh, *, kind: str = "rl", rules=None
+):
     """`step(state, batch) -> (state, metrics)`: `make_train_step` with
     the state's shardings from the rules (in and out, donated), the batch's rows split
     over ("data", "fsdp") and metrics replicated; jitted once, so a fixed batch shape
@@ -283,16 +292,20 @@ def make_sharded_train_step(config: StepConfig, state: TrainState, mesh: jax.sha
         if not (isinstance(have, jax.NamedSharding) and have.mesh == mesh and have.spec == s.spec):
             raise ValueError(
                 f"make_sharded_train_step: state leaf {jax.tree_util.keystr(path)} is laid out as {have}, "
-                f"not {s.spec} on this mesh; place the state with shard_train_state(state, mesh) first")
+                f"not {s.spec} on this mesh; place the state with shard_train_state(state, mesh) first"
+            )
     layout = activation_constraint(mesh, rules)
-    return make_train_step(config, state, batch_sharding(mesh, rules), kind=kind,
-                           trace_context=lambda: _decoder.activation_constraint(layout))
-
+    return make_train_step(
+        config,
+        state,
+        batch_sharding(mesh, rules),
+        kind=kind,
+        trace_context=lambda: _decoder.activation_constraint(layout),
+    )
 
 
 # ----------------------------------------------------------------------------- the padded strategy
-def make_update_step(config: StepConfig, state: TrainState, mesh: jax.sharding.Mesh | None = None, *,
-                     kind: str = "rl"):
+def make_update_step(config: StepConfig, state: TrainState, mesh: jax.sharding.Mesh | None = None, *, kind: str = "rl"):
     """`step(state, batch) -> (state, metrics)` on whole (padded) mini-batches: `train_step`
     (`kind` "rl") or `sft_step` ("sft") on one device (`mesh` None); on a mesh
     `make_sharded_train_step`, for a state placed by `shard_train_state` and batches by
@@ -326,6 +339,7 @@ class PaddedUpdate:
     def logprobs(self, place, params, placed, *, with_entropy: bool = False):
         """`log pi(tokens)` `[B, T]` of every row in one pass of `place.logprob_chunks`
         row chunks (`Placement.row_logprobs`); `(logp, entropy)` with `with_entropy`."""
-        out = place.row_logprobs(params, placed.tokens, placed.attention_mask, row_chunks=place.logprob_chunks,
-                                 with_entropy=with_entropy)
+        out = place.row_logprobs(
+            params, placed.tokens, placed.attention_mask, row_chunks=place.logprob_chunks, with_entropy=with_entropy
+        )
         return place.gathered(out)

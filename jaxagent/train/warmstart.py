@@ -19,11 +19,13 @@ will sample, with the loss on the action tokens (and their end-of-turn token) on
 (`jaxagent.models.tokenizer_training.train_bpe_tokenizer`, re-exported here for older
 imports).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import random
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -64,14 +66,25 @@ def random_actions(env) -> tuple[str, ...]:
     """The env's action vocabulary for the noisy expert (`Env.random_actions`)."""
     acts = getattr(env, "random_actions", None)
     if not acts:
-        raise ValueError(f"{type(env).__name__} has no random_actions: a noisy expert needs the env's "
-                         f"action vocabulary (set expert noise to 0, or give the env random_actions)")
+        raise ValueError(
+            f"{type(env).__name__} has no random_actions: a noisy expert needs the env's "
+            f"action vocabulary (set expert noise to 0, or give the env random_actions)"
+        )
     return tuple(acts)
 
 
-def collect_demonstrations(name: str, kwargs: dict, seeds: Sequence[int], *, noise: float = 0.0,
-                           max_turns: int, noise_seed: int = 0, expert: dict | None = None,
-                           final_only: bool = False, skip_final: int = 0) -> list[Demonstration]:
+def collect_demonstrations(
+    name: str,
+    kwargs: dict,
+    seeds: Sequence[int],
+    *,
+    noise: float = 0.0,
+    max_turns: int,
+    noise_seed: int = 0,
+    expert: dict | None = None,
+    final_only: bool = False,
+    skip_final: int = 0,
+) -> list[Demonstration]:
     """One (possibly noisy) expert episode per seed, played in this process; `expert`:
     keyword arguments of the env's `expert_action` (e.g. intake's `{"style": "weak"}`);
     `final_only`: conclusion demonstrations (SFT trains on their final action only, less
@@ -89,16 +102,26 @@ def collect_demonstrations(name: str, kwargs: dict, seeds: Sequence[int], *, noi
         for seed in seeds:
             rng = random.Random(f"{seed}/noise/{noise_seed}")
             obs, info = env.reset(seed=int(seed))
-            demo = Demonstration(seed=int(seed), system_prompt=info.get("system_prompt", env.system_prompt),
-                                 observations=[obs], actions=[], rewards=[], done=False, success=False,
-                                 noisy_actions=0, final_only=bool(final_only), skip_final=int(skip_final))
+            demo = Demonstration(
+                seed=int(seed),
+                system_prompt=info.get("system_prompt", env.system_prompt),
+                observations=[obs],
+                actions=[],
+                rewards=[],
+                done=False,
+                success=False,
+                noisy_actions=0,
+                final_only=bool(final_only),
+                skip_final=int(skip_final),
+            )
             last_info: dict = {}
             for _ in range(max_turns):
                 try:
                     action = env.expert_action(**(expert or {}))
-                except TypeError as e:   # an option the env's expert_action does not take
-                    raise ValueError(f"warm_start.expert {expert!r} does not fit env {name!r}'s expert_action: "
-                                     f"{e}") from None
+                except TypeError as e:  # an option the env's expert_action does not take
+                    raise ValueError(
+                        f"warm_start.expert {expert!r} does not fit env {name!r}'s expert_action: {e}"
+                    ) from None
                 if noise > 0 and rng.random() < noise:
                     action = rng.choice(choices)
                     demo.noisy_actions += 1
@@ -121,10 +144,18 @@ def expert_player(config):
     of the run's env (`config.env`) played by its expert, `expert=None` meaning the warm
     start's own options (`warm_start.expert`); what a `warm_start.extra` source collects
     with."""
+
     def play(seeds, *, expert=None, final_only=False, skip_final=0):
-        return collect_demonstrations(config.env.name, config.env.kwargs, seeds, max_turns=config.rollout.max_turns,
-                                      expert=config.warm_start.expert if expert is None else expert,
-                                      final_only=final_only, skip_final=skip_final)
+        return collect_demonstrations(
+            config.env.name,
+            config.env.kwargs,
+            seeds,
+            max_turns=config.rollout.max_turns,
+            expert=config.warm_start.expert if expert is None else expert,
+            final_only=final_only,
+            skip_final=skip_final,
+        )
+
     return play
 
 
@@ -132,8 +163,14 @@ def warm_start_demonstrations(config, log=print) -> list[Demonstration]:
     """The warm start's demonstrations: `warm_start.episodes` expert episodes (with its
     noise), then those of its `extra` source."""
     ws = config.warm_start
-    demos = collect_demonstrations(config.env.name, config.env.kwargs, range(ws.seed, ws.seed + ws.episodes),
-                                   noise=ws.expert_noise, max_turns=config.rollout.max_turns, expert=ws.expert)
+    demos = collect_demonstrations(
+        config.env.name,
+        config.env.kwargs,
+        range(ws.seed, ws.seed + ws.episodes),
+        noise=ws.expert_noise,
+        max_turns=config.rollout.max_turns,
+        expert=ws.expert,
+    )
     if ws.source is not None:
         extra = list(ws.source.collect(expert_player(config), log))
         bad = next((d for d in extra if not isinstance(d, Demonstration)), None)
@@ -153,8 +190,9 @@ def demonstration_tokens(chat, demo: Demonstration, max_context: int) -> tuple[l
     tokens = chat.prompt_tokens(demo.system_prompt, demo.observations[0])
     mask = [0] * len(tokens)
     if len(tokens) >= max_context:
-        raise ValueError(f"a demonstration's first prompt has {len(tokens)} tokens, more than max_context "
-                         f"{max_context}")
+        raise ValueError(
+            f"a demonstration's first prompt has {len(tokens)} tokens, more than max_context {max_context}"
+        )
     for k, action in enumerate(demo.actions):
         act = chat.encode(action) + ([eot] if eot is not None else [])
         seg = []
@@ -183,7 +221,7 @@ def pack_rows(rows: Sequence[tuple[list[int], list[int]]], length: int, pad_id: 
     for i, (t, m) in enumerate(rows):
         if len(t) > length:
             raise ValueError(f"row {i} has {len(t)} tokens, more than the padded length {length}")
-        tokens[i, :len(t)], loss[i, :len(t)], attn[i, :len(t)] = t, m, 1
+        tokens[i, : len(t)], loss[i, : len(t)], attn[i, : len(t)] = t, m, 1
     return tokens, loss, attn
 
 
@@ -218,12 +256,12 @@ def length_bucketed(batches: Sequence[np.ndarray], lengths: np.ndarray, key) -> 
 
     out = []
     for c in range(0, len(batches), BUCKET_CHUNK):
-        chunk = list(batches[c:c + BUCKET_CHUNK])
+        chunk = list(batches[c : c + BUCKET_CHUNK])
         pooled = np.concatenate(chunk)
         pooled = pooled[np.argsort(lengths[pooled], kind="stable")]
         at = 0
         for b in chunk:
-            out.append(pooled[at:at + len(b)])
+            out.append(pooled[at : at + len(b)])
             at += len(b)
     order = np.asarray(jax.random.permutation(key, len(out)))
     return [out[i] for i in order]
@@ -246,12 +284,14 @@ def sft_step_config(config):
     no micro-batches and the loss at temperature 1."""
     from jaxagent.train.step_config import LossConfig
 
-    return dataclasses.replace(config.step_config, loss=LossConfig(temperature=1.0), optim=config.warm_start.optim,
-                               num_micro_batches=1)
+    return dataclasses.replace(
+        config.step_config, loss=LossConfig(temperature=1.0), optim=config.warm_start.optim, num_micro_batches=1
+    )
 
 
-def sft_warm_start(config, params, model_config, tokenizer, demonstrations: Sequence[Demonstration], placement,
-                   log=print):
+def sft_warm_start(
+    config, params, model_config, tokenizer, demonstrations: Sequence[Demonstration], placement, log=print
+):
     """Supervised fine-tuning of `params` on `demonstrations` (the `warm_start` section of
     the `TrainerConfig` `config`), with its own optimizer; updates placed by `placement`.
 
@@ -295,39 +335,57 @@ def sft_warm_start(config, params, model_config, tokenizer, demonstrations: Sequ
     state = placement.place_state(init_train_state(k_sft, params, model_config, sc))
     update = placement.update_step(sc, state, kind="sft")
     acting = [d.success for d in demonstrations if not d.final_only]
-    success = float(np.mean(acting)) if acting else None   # None: conclusion demonstrations only
+    success = float(np.mean(acting)) if acting else None  # None: conclusion demonstrations only
     columns = f"up to {length} (length buckets, mean {lengths.mean():.0f})" if ws.length_buckets else f"{length}"
-    also = (f" + {n_final} conclusion demonstrations (loss on the final action only"
-            + (f"; {cut} dropped: their final action is past rollout.max_context" if cut else "") + ")"
-            if n_final or cut else "")
-    log(f"warm start: {n - n_final} demonstrations (expert noise {ws.expert_noise}, demonstration success "
-        f"{'n/a' if success is None else f'{success:.2f}'}){also}, {ws.epochs} epochs x {per_epoch} steps of {bs} rows x {columns} tokens")
+    also = (
+        f" + {n_final} conclusion demonstrations (loss on the final action only"
+        + (f"; {cut} dropped: their final action is past rollout.max_context" if cut else "")
+        + ")"
+        if n_final or cut
+        else ""
+    )
+    log(
+        f"warm start: {n - n_final} demonstrations (expert noise {ws.expert_noise}, demonstration success "
+        f"{'n/a' if success is None else f'{success:.2f}'}){also}, {ws.epochs} epochs x {per_epoch} steps of {bs} rows x {columns} tokens"
+    )
     lines, window = [], []
     every = max(1, total // 10)
     for epoch, key in enumerate(jax.random.split(k_shuffle, ws.epochs)):
         perm = np.asarray(jax.random.permutation(key, n))
-        batches = [perm[j * bs:(j + 1) * bs] for j in range(per_epoch)]
+        batches = [perm[j * bs : (j + 1) * bs] for j in range(per_epoch)]
         if ws.length_buckets:
             batches = length_bucketed(batches, lengths, jax.random.fold_in(key, 1))
         for j, idx in enumerate(batches):
             cols = padded_length(int(lengths[idx].max()), length) if ws.length_buckets else length
-            batch = SFTBatch(tokens=tokens[idx, :cols], loss_mask=loss_mask[idx, :cols],
-                             attention_mask=attn[idx, :cols])
+            batch = SFTBatch(
+                tokens=tokens[idx, :cols], loss_mask=loss_mask[idx, :cols], attention_mask=attn[idx, :cols]
+            )
             state, m = update(state, placement.to_device(batch))
             window.append(m)
             step = epoch * per_epoch + j + 1
             if step % every == 0 or step == total:
                 got = placement.fetch(window)
-                line = {"sft_step": step, "epoch": epoch + 1,
-                        "loss": float(np.mean([g["loss"] for g in got])),
-                        "entropy": float(np.mean([g["entropy"] for g in got])),
-                        "skipped": int(sum(float(g["skipped"]) for g in got)),
-                        "time_s": time.perf_counter() - t_start}
+                line = {
+                    "sft_step": step,
+                    "epoch": epoch + 1,
+                    "loss": float(np.mean([g["loss"] for g in got])),
+                    "entropy": float(np.mean([g["entropy"] for g in got])),
+                    "skipped": int(sum(float(g["skipped"]) for g in got)),
+                    "time_s": time.perf_counter() - t_start,
+                }
                 lines.append(line)
                 window = []
-                log(f"warm start: step {step}/{total} | loss {line['loss']:.4f} | "
-                    f"entropy {line['entropy']:.4f} | {line['time_s']:.0f}s")
-    summary = {"demonstrations": n - n_final, "conclusion_demonstrations": n_final,
-               "conclusions_dropped": cut, "demonstration_success": success, "steps": total,
-               "final_loss": lines[-1]["loss"] if lines else None, "seconds": time.perf_counter() - t_start}
+                log(
+                    f"warm start: step {step}/{total} | loss {line['loss']:.4f} | "
+                    f"entropy {line['entropy']:.4f} | {line['time_s']:.0f}s"
+                )
+    summary = {
+        "demonstrations": n - n_final,
+        "conclusion_demonstrations": n_final,
+        "conclusions_dropped": cut,
+        "demonstration_success": success,
+        "steps": total,
+        "final_loss": lines[-1]["loss"] if lines else None,
+        "seconds": time.perf_counter() - t_start,
+    }
     return state.params, lines, summary

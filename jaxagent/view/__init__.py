@@ -22,6 +22,7 @@ also works from `file://` (a browser refuses `fetch` there): `data/runs.js` (eac
 name, metrics, summary and a one-line digest of every stored episode) and
 `data/run<k>/iter_<n>.js` (one iteration's stored episodes, loaded when chosen).
 """
+
 from __future__ import annotations
 
 import functools
@@ -63,9 +64,23 @@ def _finite(x):
 
 def digest(rec: dict) -> dict:
     """The one-line summary of a stored episode that the episode list shows."""
-    return {k: rec.get(k) for k in ("iteration", "index", "seed", "group_id", "return", "success", "failed",
-                                    "truncated", "end_reason", "invalid_actions", "noop_actions", "why")} | {
-        "turns": len(rec.get("rewards", ()))}
+    return {
+        k: rec.get(k)
+        for k in (
+            "iteration",
+            "index",
+            "seed",
+            "group_id",
+            "return",
+            "success",
+            "failed",
+            "truncated",
+            "end_reason",
+            "invalid_actions",
+            "noop_actions",
+            "why",
+        )
+    } | {"turns": len(rec.get("rewards", ()))}
 
 
 def read_run(run_dir) -> tuple[dict, dict[int, list[dict]]]:
@@ -82,8 +97,10 @@ def read_run(run_dir) -> tuple[dict, dict[int, list[dict]]]:
             raise ViewError(f"{run_dir / 'summary.json'}: expected a JSON object, got {type(summary).__name__}")
     stored = read_store(run_dir)
     if not metrics and not stored and not (run_dir / "config.yaml").is_file():
-        raise ViewError(f"{run_dir}: neither metrics.jsonl nor an episode store (episodes/) to show; "
-                        "is it a training run's directory?")
+        raise ViewError(
+            f"{run_dir}: neither metrics.jsonl nor an episode store (episodes/) to show; "
+            "is it a training run's directory?"
+        )
     by_iter: dict[int, list[dict]] = {}
     for rec in stored:
         by_iter.setdefault(int(rec["iteration"]), []).append(rec)
@@ -96,8 +113,12 @@ def read_run(run_dir) -> tuple[dict, dict[int, list[dict]]]:
         elif not isinstance(v, list):
             flat[k] = v
     summary = _finite(flat)
-    run = {"name": str(run_dir), "metrics": _finite(metrics), "summary": summary,
-           "iterations": {str(i): [digest(r) for r in recs] for i, recs in sorted(by_iter.items())}}
+    run = {
+        "name": str(run_dir),
+        "metrics": _finite(metrics),
+        "summary": summary,
+        "iterations": {str(i): [digest(r) for r in recs] for i, recs in sorted(by_iter.items())},
+    }
     return run, by_iter
 
 
@@ -112,7 +133,7 @@ def write_site(run_dirs, out_dir, *, overwrite: bool = True) -> Path:
         raise ViewError(f"{out}: exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise ViewError(f"{out}: not empty")
-    loaded = [read_run(d) for d in run_dirs]   # every error before anything is written
+    loaded = [read_run(d) for d in run_dirs]  # every error before anything is written
     data = out / "data"
     if data.is_dir():
         shutil.rmtree(data)
@@ -126,10 +147,10 @@ def write_site(run_dirs, out_dir, *, overwrite: bool = True) -> Path:
         (data / run["id"]).mkdir()
         for i, recs in by_iter.items():
             (data / run["id"] / f"iter_{i}.js").write_text(
-                f"JAXAGENT.loaded({_dumps(run['id'])}, {i}, {_dumps(recs)});\n", encoding="utf-8")
+                f"JAXAGENT.loaded({_dumps(run['id'])}, {i}, {_dumps(recs)});\n", encoding="utf-8"
+            )
     (data / "runs.js").write_text(f"JAXAGENT.setRuns({_dumps(runs)});\n", encoding="utf-8")
     return out / "index.html"
-
 
 
 def serve(run_dirs, *, port: int = 8765, host: str = "127.0.0.1", ready=None) -> None:

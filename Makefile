@@ -32,6 +32,8 @@ install-check:
 
 lint: $(STAMP)
 	$(PY) -m ruff check jaxagent envs tests benchmarks examples
+	$(PY) -m mypy
+	$(PY) -m ruff format --check jaxagent envs tests benchmarks examples
 
 # the suite in TEST_WORKERS processes (pytest-xdist; 0 = one process, no workers)
 TEST_WORKERS ?= 3

@@ -341,7 +341,7 @@ def _convert(tp, value, key: str):
         if origin is tuple and args and args[-1] is not Ellipsis:
             if len(value) != len(args):
                 raise ConfigError(f"{key}: expected {len(args)} items ({_type_name(tp)}), got {len(value)}")
-            items = [_convert(a, v, f"{key}[{i}]") for i, (a, v) in enumerate(zip(args, value))]
+            items = [_convert(a, v, f"{key}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True))]
         else:
             item_tp = args[0] if args else Any
             items = [_convert(item_tp, v, f"{key}[{i}]") for i, v in enumerate(value)]
@@ -454,7 +454,8 @@ def _set_dotted(cls, data: dict, key: str, text: str) -> None:
 def _unknown_key_message(section: str, key: str, fields: dict, cls=None) -> str:
     """The error for `key`, not a field of the section `section` (the dataclass `cls`): a
     key the section lists in its `MOVED_KEYS` (old key -> new dotted key) names where it
-    went, one in its `REPLACED_KEYS` (old key -> what to set) what replaced it; any other lists the section's keys and suggests the closest."""
+    went, one in its `REPLACED_KEYS` (old key -> what to set) what replaced it; any other
+    lists the section's keys and suggests the closest."""
     full = f"{section}.{key}" if section else key
     moved = getattr(cls, "MOVED_KEYS", {}).get(key)
     if moved is not None:

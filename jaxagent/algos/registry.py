@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import TypeVar
 
 from . import advantages as _adv
 from . import losses as _loss
@@ -104,7 +105,10 @@ _POLICY_LOSSES: dict[str, Callable] = {
 }
 
 
-def _lookup(table: dict, kind: str, name: str) -> Callable:
+_T = TypeVar("_T")
+
+
+def _lookup(table: dict[str, _T], kind: str, name: str) -> _T:
     try:
         return table[name]
     except (KeyError, TypeError):
@@ -112,7 +116,7 @@ def _lookup(table: dict, kind: str, name: str) -> Callable:
         raise ValueError(f"unknown {kind} {name!r}; known: {known}") from None
 
 
-def _register(table: dict, kind: str, name: str, fn: Callable, overwrite: bool) -> Callable:
+def _register(table: dict[str, _T], kind: str, name: str, fn: _T, overwrite: bool) -> _T:
     if not isinstance(name, str) or not name:
         raise ValueError(f"{kind} name must be a non-empty string, got {name!r}")
     if not callable(fn) and not isinstance(fn, EstimatorSpec):

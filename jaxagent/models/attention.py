@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Literal
 
 import flax
 import jax
@@ -83,6 +84,7 @@ class AttentionMask:
         if self.key_valid is not None:
             allowed = allowed & jax.lax.dynamic_slice_in_dim(self.key_valid, k0, nk, axis=1)[:, None, :]
         if self.q_segment is not None:
+            assert self.k_segment is not None, "AttentionMask: q_segment without k_segment"
             qs = jax.lax.dynamic_slice_in_dim(self.q_segment, q0, nq, axis=1)
             ks = jax.lax.dynamic_slice_in_dim(self.k_segment, k0, nk, axis=1)
             allowed = allowed & (qs[:, :, None] == ks[:, None, :])
@@ -153,7 +155,9 @@ def _dense(q_BxTxHxd, k, v, allowed_BxTxS, kv_layout: str) -> jax.Array:
 
 
 # ------------------------------------------------------------------------------- cuDNN
-def _cudnn(q_BxTxHxd, k_BxSxKxd, v_BxSxKxd, mask: AttentionMask, *, implementation: str = "cudnn") -> jax.Array:
+def _cudnn(
+    q_BxTxHxd, k_BxSxKxd, v_BxSxKxd, mask: AttentionMask, *, implementation: Literal["xla", "cudnn"] = "cudnn"
+) -> jax.Array:
     """`jax.nn.dot_product_attention` with our mask; `implementation="xla"` runs the same
     argument handling on any backend (how the tests check it without a GPU)."""
     S = k_BxSxKxd.shape[1]

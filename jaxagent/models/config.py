@@ -195,6 +195,7 @@ class DecoderConfig:
             )
         if arch is not None:
             model_type = SUPPORTED_ARCHITECTURES[arch]
+        assert model_type is not None  # the architecture's, or one of SUPPORTED_ARCHITECTURES' (checked above)
         if d.get("hidden_act", "silu") != "silu":
             raise UnsupportedArchitectureError(f"hidden_act {d.get('hidden_act')!r} is not supported; only 'silu'")
         if d.get("mlp_bias"):
@@ -278,7 +279,7 @@ class DecoderConfig:
 
 def tiny_config(vocab_size: int = 259, **kw) -> DecoderConfig:
     """A 2-layer Qwen2-style decoder (hidden 32, 4 heads / 2 KV heads of dim 8)."""
-    base = dict(
+    base: dict[str, Any] = dict(
         vocab_size=vocab_size,
         hidden_size=32,
         intermediate_size=64,

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self
 
 import flax.struct
 import jax
@@ -161,7 +161,7 @@ def param_axes(params: Params) -> Any:
     """
 
     def axes(path, leaf) -> tuple:
-        names = [getattr(k, "key", getattr(k, "name", None)) for k in path]
+        names: list[Any] = [getattr(k, "key", getattr(k, "name", None)) for k in path]
         top, last = names[0], names[-1]
         if top == "embed":
             ax: tuple = ("vocab", "embed")
@@ -406,6 +406,10 @@ class KVCache:
     k: jax.Array
     v: jax.Array
     lengths: jax.Array
+
+    if TYPE_CHECKING:  # added by `flax.struct.dataclass` at runtime (`dataclasses.replace`)
+
+        def replace(self, **updates: Any) -> Self: ...
 
     @property
     def max_len(self) -> int:

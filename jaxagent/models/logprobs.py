@@ -82,18 +82,18 @@ def chunked_logprobs_and_entropy(
         def vocab_step(carry, inp):
             m, s, u, tgt_logit = carry
             w_c, j = inp
-            l = jnp.matmul(h_c.reshape(B * tc, D), w_c, preferred_element_type=jnp.float32)
-            l = l.reshape(B, tc, vc) * inv_tau  # 2-D matmul: its XLA:CPU backward is fast
+            logits_c = jnp.matmul(h_c.reshape(B * tc, D), w_c, preferred_element_type=jnp.float32)
+            logits_c = logits_c.reshape(B, tc, vc) * inv_tau  # 2-D matmul: its XLA:CPU backward is fast
             col = j * vc + jnp.arange(vc)
             valid = (col < V)[None, None, :]  # [1, 1, vc]
-            l = jnp.where(valid, l, -jnp.inf)
-            m_new = jnp.maximum(m, jnp.max(l, axis=-1))
-            e = jnp.exp(l - m_new[..., None])
+            logits_c = jnp.where(valid, logits_c, -jnp.inf)
+            m_new = jnp.maximum(m, jnp.max(logits_c, axis=-1))
+            e = jnp.exp(logits_c - m_new[..., None])
             scale = jnp.exp(m - m_new)
             s = s * scale + jnp.sum(e, axis=-1)
-            u = u * scale + jnp.sum(e * jnp.where(valid, l, 0.0), axis=-1)
+            u = u * scale + jnp.sum(e * jnp.where(valid, logits_c, 0.0), axis=-1)
             hit = col[None, None, :] == y_c[..., None]
-            tgt_logit = tgt_logit + jnp.sum(jnp.where(hit, l, 0.0), axis=-1)
+            tgt_logit = tgt_logit + jnp.sum(jnp.where(hit, logits_c, 0.0), axis=-1)
             return (m_new, s, u, tgt_logit), None
 
         z = jnp.zeros((B, tc), jnp.float32)

@@ -37,7 +37,7 @@ def add_lora(
         raise ValueError("params already carry LoRA adapters; merge_lora first")
     layers = dict(params["layers"])
     keys = jax.random.split(key, len(lora.targets))
-    for k, name in zip(keys, lora.targets):
+    for k, name in zip(keys, lora.targets, strict=True):
         kernel = layers[name]["kernel"]  # [L, in, out]
         L, d_in, d_out = kernel.shape
         dt = kernel.dtype if adapter_dtype is None else jnp.dtype(adapter_dtype)

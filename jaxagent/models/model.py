@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self
 
 import flax.struct
 import jax
@@ -22,6 +22,10 @@ class Model:
 
     params: Any
     config: DecoderConfig = flax.struct.field(pytree_node=False)
+
+    if TYPE_CHECKING:  # added by `flax.struct.dataclass` at runtime (`dataclasses.replace`)
+
+        def replace(self, **updates: Any) -> Self: ...
 
     def __call__(self, tokens_BxT: jax.Array, **kw) -> jax.Array:
         return decoder.forward(self.params, self.config, tokens_BxT, **kw)

@@ -116,8 +116,14 @@ def gguf_tokenizer(path: str | os.PathLike):
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
     tok.pre_tokenizer = _pre_tokenizer(field("tokenizer.ggml.pre", "default"))
     tok.decoder = decoders.ByteLevel()
-    special = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty == _CONTROL]
-    user = [AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, types) if ty == _USER_DEFINED]
+    special = [
+        AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types, strict=False) if ty == _CONTROL
+    ]
+    user = [
+        AddedToken(t, special=False, normalized=False)
+        for t, ty in zip(tokens, types, strict=False)
+        if ty == _USER_DEFINED
+    ]
     tok.add_special_tokens(special)
     if user:
         tok.add_tokens(user)

@@ -207,7 +207,7 @@ def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int], mesh, rule
     table = rules_dict(rules)
     used: set[str] = set()
     spec: list = []
-    for name, dim in zip(axes, shape):
+    for name, dim in zip(axes, shape, strict=True):
         if name is None:
             spec.append(None)
             continue
@@ -259,6 +259,7 @@ def like_params_specs(tree, params, param_spec_tree):
     for (path, x), s in zip(
         jax.tree_util.tree_leaves_with_path(params),
         jax.tree.leaves(param_spec_tree, is_leaf=lambda t: isinstance(t, P)),
+        strict=True,
     ):
         by_path[_dict_suffix(path)] = (tuple(x.shape), s)
 

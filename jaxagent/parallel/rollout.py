@@ -69,7 +69,7 @@ def local_mesh(mesh: Mesh, process_index: int | None = None, *, process_of=None)
         return None
     coords = np.argwhere(mine)
     lo, hi = coords.min(axis=0), coords.max(axis=0) + 1
-    block = devices[tuple(slice(a, b) for a, b in zip(lo, hi))]
+    block = devices[tuple(slice(a, b) for a, b in zip(lo, hi, strict=True))]
     axis_types = (AxisType.Auto,) * len(MESH_AXES)
     if block.size == mine.sum() and block.shape[2] == devices.shape[2]:
         return Mesh(block, MESH_AXES, axis_types=axis_types)
@@ -107,9 +107,11 @@ def to_local(params, mesh: Mesh, local: Mesh | None, rules: Rules = ROLLOUT_AXIS
     shapes = jax.eval_shape(prepare, params) if prepare is not None else params
     leaves, treedef = jax.tree.flatten(shapes)
     local_sh = [None] * len(leaves) if local is None else treedef.flatten_up_to(rollout_shardings(shapes, local, rules))
-    pairs = [_layouts(x, s, mesh) for x, s in zip(leaves, local_sh)]
+    pairs = [_layouts(x, s, mesh) for x, s in zip(leaves, local_sh, strict=True)]
     resharded = relayout(params, treedef.unflatten([g for g, _ in pairs]), prepare)
-    return treedef.unflatten([_assemble(x, l) for x, (_, l) in zip(treedef.flatten_up_to(resharded), pairs)])
+    return treedef.unflatten(
+        [_assemble(x, lay) for x, (_, lay) in zip(treedef.flatten_up_to(resharded), pairs, strict=True)]
+    )
 
 
 def relayout(params, shardings, prepare=None):

@@ -15,13 +15,13 @@ from jaxagent.rewards.judge import (
     Judge,
     JudgeItem,
     JudgeResult,
-    OpenAIJudge,
     combine,
     make_judge,
     parse_score,
     render_prompt,
     render_transcript,
 )
+from jaxagent.rewards.openai_judge import OpenAIJudge
 
 __all__ = [
     "JudgeReward",

@@ -62,7 +62,7 @@ class JudgeReward:
         if not todo:
             return
         items = [JudgeItem(key=i, messages=episode_messages(ep), info=dict(ep.info or {})) for i, ep in enumerate(todo)]
-        for ep, res in zip(todo, self.judge.score_batch(items)):
+        for ep, res in zip(todo, self.judge.score_batch(items), strict=True):
             env_reward = float(ep.rewards[-1])
             if res.score is not None:
                 ep.rewards[-1] = combine(env_reward, res.score, self.mode, self.weight)

@@ -13,7 +13,9 @@ end-of-turn token or the tokenizer's EOS (`ChatFormat.stop_token_ids`) or after
 
 API
 ---
-``LocalJudge(model, *, prompt=DEFAULT_PROMPT, max_tokens=256, temperature=0.0, max_prompt_tokens=2048, batch_size=8, chunk_tokens=64, seed=0, dtype="float32", timeout_s=300.0, batch_timeout_s=None, score_range=(0.0, 1.0))``
+``LocalJudge(model, *, prompt=DEFAULT_PROMPT, max_tokens=256, temperature=0.0, max_prompt_tokens=2048,
+batch_size=8, chunk_tokens=64, seed=0, dtype="float32", timeout_s=300.0, batch_timeout_s=None,
+score_range=(0.0, 1.0))``
     model: a local HF model directory, a `.gguf` file or a packaged model name (see
       `jaxagent.models.load_pretrained`; the tokenizer is `load_tokenizer` of the same
       path), or an already loaded ``(Model, tokenizer)`` pair. A path is checked when

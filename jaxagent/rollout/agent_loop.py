@@ -219,7 +219,7 @@ class AgentLoop:
             group_ids = list(range(B))
         if len(group_ids) != B:
             raise ValueError(f"AgentLoop.run: group_ids has {len(group_ids)} entries, expected {B}")
-        eps = [Episode(index=i, seed=s, group_id=int(g)) for i, (s, g) in enumerate(zip(seeds, group_ids))]
+        eps = [Episode(index=i, seed=s, group_id=int(g)) for i, (s, g) in enumerate(zip(seeds, group_ids, strict=True))]
         clock = Clock(self.profile)
         self.timings = clock.totals
         rollout = Rollout(

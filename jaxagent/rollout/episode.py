@@ -89,10 +89,16 @@ class Episode:
     def add(self, kind: str, tokens: Sequence[int], logp: Sequence[float] | None = None, turn: int = -1):
         tokens = [int(t) for t in tokens]
         policy = kind == "policy"
+        if policy:
+            if logp is None:
+                raise TypeError("Episode.add: policy tokens need their log-probs (logp)")
+            logps = [float(x) for x in logp]
+        else:
+            logps = [0.0] * len(tokens)
         self.segments.append((kind, tokens))
         self.tokens += tokens
         self.loss_mask += [1 if policy else 0] * len(tokens)
-        self.logp += [float(x) for x in logp] if policy else [0.0] * len(tokens)
+        self.logp += logps
         self.turn_ids += [turn if policy else -1] * len(tokens)
 
     def end(self, *, done=False, truncated=False, failed=False, reason: str, failure: str = ""):

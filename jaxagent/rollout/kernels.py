@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Self
 
 import flax.struct
 import jax
@@ -39,6 +40,10 @@ class SamplerState:
     cache: decoder.KVCache
     next_logits_BxV: jax.Array
     keys_B: jax.Array
+
+    if TYPE_CHECKING:  # added by `flax.struct.dataclass` at runtime (`dataclasses.replace`)
+
+        def replace(self, **updates: Any) -> Self: ...
 
     @property
     def batch_size(self) -> int:

@@ -92,6 +92,7 @@ def _dispatch_next(ro: Rollout, st: PipelineState) -> Decode | None:
 def _collect(ro: Rollout, st: PipelineState) -> None:
     """Wait for the step in flight, apply its results and queue its group's next decode."""
     inflight, st.inflight = st.inflight, None
+    assert inflight is not None  # `run` calls this only with a step in flight
     with ro.clock.phase("env_wait_s"):
         results = ro.pool.collect(inflight.handle)
     results = take_results(ro, results, inflight.stepped, inflight.known, st.lost)

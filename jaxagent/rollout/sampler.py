@@ -44,9 +44,10 @@ several devices of this process (`jaxagent.parallel.to_local`: the sampler of on
 process of a multi-process run) make the sampler sample on that mesh without `mesh=`.
 Each layout goes through `logical_to_spec`, so a row count (e.g. a shrunk bucket) or a
 kv-head count the mesh axes do not divide is split over the longest dividing prefix of
-the axes, or replicated: it still runs, only less split. The kernels are traced under the decoder's `activation_constraint`
-hook, which pins the residual stream and the cache to those layouts. Without a mesh
-nothing changes (the hook is unset, so the compiled code is the unsharded one).
+the axes, or replicated: it still runs, only less split. The kernels are traced under the
+decoder's `activation_constraint` hook, which pins the residual stream and the cache to
+those layouts. Without a mesh nothing changes (the hook is unset, so the compiled code is
+the unsharded one).
 """
 
 from __future__ import annotations
@@ -253,6 +254,7 @@ class Sampler:
         self._params = params
 
     def _sharding(self, axes: Sequence[str | None], shape: Sequence[int]) -> jax.sharding.NamedSharding:
+        assert self.mesh is not None  # mesh samplers only
         return jax.sharding.NamedSharding(self.mesh, pmesh.logical_to_spec(axes, shape, self.mesh, self.rules))
 
     def _row_sharding(self, shape: Sequence[int]) -> jax.sharding.NamedSharding:
@@ -262,14 +264,15 @@ class Sampler:
     def state_shardings(self, state: SamplerState) -> SamplerState:
         """The `NamedSharding`s a state of this shape has on the mesh (mesh samplers only)."""
         cache = state.cache
+        # a state-shaped pytree of shardings: its fields are typed for the arrays (hence the ignores)
         return SamplerState(
             cache=decoder.KVCache(
-                k=self._sharding(decoder.ACTIVATION_AXES["cache_kv"], cache.k.shape),
-                v=self._sharding(decoder.ACTIVATION_AXES["cache_kv"], cache.v.shape),
-                lengths=self._sharding(decoder.ACTIVATION_AXES["cache_lengths"], cache.lengths.shape),
+                k=self._sharding(decoder.ACTIVATION_AXES["cache_kv"], cache.k.shape),  # type: ignore[arg-type]
+                v=self._sharding(decoder.ACTIVATION_AXES["cache_kv"], cache.v.shape),  # type: ignore[arg-type]
+                lengths=self._sharding(decoder.ACTIVATION_AXES["cache_lengths"], cache.lengths.shape),  # type: ignore[arg-type]
             ),
-            next_logits_BxV=self._row_sharding(state.next_logits_BxV.shape),
-            keys_B=self._row_sharding(state.keys_B.shape),
+            next_logits_BxV=self._row_sharding(state.next_logits_BxV.shape),  # type: ignore[arg-type]
+            keys_B=self._row_sharding(state.keys_B.shape),  # type: ignore[arg-type]
         )
 
     def _layout(self):
@@ -295,7 +298,7 @@ class Sampler:
         return jax.device_put(x, self._row_sharding(x.shape))
 
     # -------------------------------------------------------------- state
-    def init_state(self, batch: int, seed: int = 0, row_ids: Sequence[int] | None = None) -> SamplerState:
+    def init_state(self, batch: int, seed: int = 0, row_ids: Sequence[int] | np.ndarray | None = None) -> SamplerState:
         """An empty state for `batch` rows; row `b`'s key is `fold_in(key(seed), row_ids[b])`.
 
         With a mesh the state is created sharded (`state_shardings`)."""
@@ -304,9 +307,10 @@ class Sampler:
             cache = decoder.init_cache(self.config, batch, self.max_len, self.cache_dtype)
             logits = jnp.zeros((batch, self.config.vocab_size), jnp.float32)
             return SamplerState(cache=cache, next_logits_BxV=logits, keys_B=keys)
+        # a state-shaped pytree of shapes (the fields are typed for the arrays: the ignore)
         shapes = SamplerState(
             cache=jax.eval_shape(lambda: decoder.init_cache(self.config, batch, self.max_len, self.cache_dtype)),
-            next_logits_BxV=jax.ShapeDtypeStruct((batch, self.config.vocab_size), jnp.float32),
+            next_logits_BxV=jax.ShapeDtypeStruct((batch, self.config.vocab_size), jnp.float32),  # type: ignore[arg-type]
             keys_B=keys,
         )
         shard = self.state_shardings(shapes)
@@ -319,7 +323,9 @@ class Sampler:
         return SamplerState(cache=cache, next_logits_BxV=logits, keys_B=jax.device_put(keys, shard.keys_B))
 
     @staticmethod
-    def row_keys(batch: int, seed: int, row_ids: Sequence[int] | None = None, what: str = "row_keys") -> jax.Array:
+    def row_keys(
+        batch: int, seed: int, row_ids: Sequence[int] | np.ndarray | None = None, what: str = "row_keys"
+    ) -> jax.Array:
         """Row `b`'s sampling key, `fold_in(key(seed), row_ids[b])` (`row_ids` default:
         `0 .. batch - 1`): what it samples depends on its id, not on the row it is in."""
         row_ids = np.arange(batch) if row_ids is None else np.asarray(row_ids)
@@ -328,7 +334,7 @@ class Sampler:
         return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(seed), jnp.asarray(row_ids, jnp.uint32))
 
     def prefill(
-        self, prompts: Sequence[Sequence[int]], seed: int = 0, row_ids: Sequence[int] | None = None
+        self, prompts: Sequence[Sequence[int]], seed: int = 0, row_ids: Sequence[int] | np.ndarray | None = None
     ) -> SamplerState:
         """A new state holding `prompts`, row `b`'s key from `row_ids[b]` (`init_state`):
         `append(init_state(len(prompts), seed, row_ids), prompts)`, except that equal
@@ -358,14 +364,16 @@ class Sampler:
         """Free cache slots per row (host copy; waits for the state)."""
         return self.max_len - np.asarray(jax.device_get(state.cache.lengths))
 
-    def select_rows(self, state: SamplerState, rows: Sequence[int]) -> SamplerState:
+    def select_rows(self, state: SamplerState, rows: Sequence[int] | np.ndarray) -> SamplerState:
         """A new state holding rows `rows` of `state` (in that order; repeats allowed)."""
         rows = np.asarray(rows, np.int32)
         if self.mesh is not None:  # the index is replicated; the result's rows are laid out by `_pin_state`
             return self._select(state, jax.device_put(rows, jax.sharding.NamedSharding(self.mesh, P())))
         return self._select(state, jnp.asarray(rows))
 
-    def reset_rows(self, state: SamplerState, rows: Sequence[int], seed: int, row_ids: Sequence[int]) -> SamplerState:
+    def reset_rows(
+        self, state: SamplerState, rows: Sequence[int] | np.ndarray, seed: int, row_ids: Sequence[int] | np.ndarray
+    ) -> SamplerState:
         """`state` with rows `rows` emptied for new sequences: row `rows[j]` gets the key
         `fold_in(key(seed), row_ids[j])`, as `init_state` gives it, so what it samples
         does not depend on the row it is in. `state` is donated."""
@@ -504,7 +512,8 @@ class Sampler:
         mx[:n] = max_new_tokens if max_new is None else np.minimum(np.asarray(max_new, np.int32), max_new_tokens)
         st = _stop_token_array(stop_tokens, R)
         sq = _stop_seq_array(None if stop_sequences is None else [stop_sequences] * R, R)
-        arr = mask = None
+        arr: np.ndarray | None = None
+        mask: np.ndarray | None = None
         if tokens is not None and any(t is not None and len(t) for t in tokens):
             if len(tokens) != n:
                 raise ValueError(f"decode_rows: got token lists for {len(tokens)} rows, expected {n}")
@@ -512,6 +521,7 @@ class Sampler:
         if R == B:  # every row is in the batch: no gather and scatter, the rows in state order
             inv = np.argsort(idx)
             if arr is not None:
+                assert mask is not None  # set with `arr`
                 state = self._append(self.params, state, self._put_rows(arr[inv]), self._put_rows(mask[inv]))
             state, gen = self._decode(
                 self.params,
@@ -526,8 +536,10 @@ class Sampler:
             if np.array_equal(idx, np.arange(B)):
                 return state, gen
             return state, jax.tree.map(lambda x: x[jnp.asarray(idx)], gen)
+        arr_d = mask_d = None
         if arr is not None:
-            arr, mask = self._put_rows(arr), self._put_rows(mask)
+            assert mask is not None  # set with `arr`
+            arr_d, mask_d = self._put_rows(arr), self._put_rows(mask)
         if self.mesh is not None:
             idx_d = jax.device_put(idx, jax.sharding.NamedSharding(self.mesh, P()))
         else:
@@ -536,8 +548,8 @@ class Sampler:
             self.params,
             state,
             idx_d,
-            arr,
-            mask,
+            arr_d,
+            mask_d,
             self._put_rows(act),
             self._put_rows(mx),
             self._put_rows(st),

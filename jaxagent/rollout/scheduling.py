@@ -191,6 +191,7 @@ class Clock:
         """`array` is the output of a decode dispatched at `dispatched_at`."""
         if self.profile:
             start = dispatched_at if self.chain_start is None else min(self.chain_start, dispatched_at)
+            assert self.pool is not None  # created with `profile`
             self.busy.append((start, self.pool.submit(_ready_at, array)))
         self.chain_start = None
 
@@ -203,6 +204,7 @@ class Clock:
         if not self.profile:
             return
         busy = sorted((s, f.result()) for s, f in self.busy)
+        assert self.pool is not None  # created with `profile`
         self.pool.shutdown()
         merged: list[list[float]] = []
         for s, e in busy:

@@ -88,7 +88,7 @@ def start_groups(ro: Rollout, n: int) -> list[Group]:
     prompts: list[list[int] | None] = [None] * B
     with clock.phase("env_wait_s"):
         reset_results = ro.pool.reset([ep.seed for ep in eps])
-    for ep, res in zip(eps, reset_results):
+    for ep, res in zip(eps, reset_results, strict=True):
         prompts[ep.index] = ro.start_episode(ep, res)
     groups = []
     for part in np.array_split(np.arange(B), min(n, B)):
@@ -118,7 +118,7 @@ def dispatch_decode(ro: Rollout, g: Group) -> Decode | None:
         g.state = ro.sampler.select_rows(g.state, [g.rows.index(i) for i in keep])
         g.rows = live + [-1] * (new_b - len(live))
     active = [i >= 0 and not eps[i].finished for i in g.rows]
-    room = [cfg.max_context - len(eps[i].tokens) if a else 0 for i, a in zip(g.rows, active)]
+    room = [cfg.max_context - len(eps[i].tokens) if a else 0 for i, a in zip(g.rows, active, strict=True)]
     max_new = [min(cfg.max_tokens_per_turn, r) for r in room]
     stop_seqs = [ro.stop_sequences for _ in g.rows] if ro.stop_sequences else None
     g.state, gen = ro.sampler.decode(

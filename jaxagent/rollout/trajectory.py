@@ -32,6 +32,8 @@ failed             [B]         bool     the env failed (masked out of the loss)
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Self
+
 import flax.struct
 import jax
 import numpy as np
@@ -57,6 +59,10 @@ class Trajectory:
     done: jax.Array
     truncated: jax.Array
     failed: jax.Array
+
+    if TYPE_CHECKING:  # added by `flax.struct.dataclass` at runtime (`dataclasses.replace`)
+
+        def replace(self, **updates: Any) -> Self: ...
 
     @property
     def batch_size(self) -> int:

@@ -19,14 +19,15 @@ written to a temporary name and renamed, so a reader never sees half a file):
       (the sampler's), `ratio` = exp(logp - rollout_logp), `entropy` (the trainer's
       next-token entropy), and `loss_mask` (0 where the update ignores the token).
 
-Which episodes (`select_for_store`), up to `per_iteration`: the highest- and the
-lowest-return one; failed and truncated ones, up to a quarter of the slots each; one
-of each task group not yet in; then the other failed and truncated ones; then the rest. The store is bounded by `max_mb`: when it would grow
-past it, every other stored iteration is deleted and from then on only every second
-iteration is stored (then every fourth, ...), so a long run keeps evenly spaced
-iterations from all of it (`EpisodeStore.write`; the stride is in `episodes/stride`,
-so a resumed run goes on with it). With several processes, the store holds the first
-process's episodes: "highest", "lowest" and "one per group" are among its rows.
+Which episodes (`select_for_store`), up to `per_iteration`: the highest- and the lowest-
+return one; failed and truncated ones, up to a quarter of the slots each; one of each
+task group not yet in; then the other failed and truncated ones; then the rest. The
+store is bounded by `max_mb`: when it would grow past it, every other stored iteration
+is deleted and from then on only every second iteration is stored (then every fourth,
+...), so a long run keeps evenly spaced iterations from all of it (`EpisodeStore.write`;
+the stride is in `episodes/stride`, so a resumed run goes on with it). With several
+processes, the store holds the first process's episodes: "highest", "lowest" and "one
+per group" are among its rows.
 """
 
 from __future__ import annotations

@@ -205,6 +205,7 @@ def _subtree_specs(params, specs, trainable):
         for (path, _), s in zip(
             jax.tree_util.tree_leaves_with_path(params),
             jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, jax.sharding.PartitionSpec)),
+            strict=True,
         )
     }
     return jax.tree_util.tree_map_with_path(lambda path, _: flat[jax.tree_util.keystr(path)], trainable)
@@ -475,7 +476,8 @@ def check_fits(estimate: dict[str, int], device_memory_bytes: int, *, usable_fra
         f"the run needs about {_gib(total)} per device but {_gib(usable)} is usable "
         f"({usable_fraction:.0%} of {_gib(device_memory_bytes)}): {parts}. To fit: more "
         "mesh.fsdp / mesh.tensor shards, model.remat or more update.micro_batches (activations), "
-        "update.logprob_rows (the log-prob pass), a smaller batch (env.tasks_per_iteration, env.group_size: also the prefill) or context "
+        "update.logprob_rows (the log-prob pass), a smaller batch (env.tasks_per_iteration, env.group_size: "
+        "also the prefill) or context "
         "(rollout.max_context: every pass and the kv_cache)"
     )
 

@@ -302,3 +302,48 @@ def collapse_warning(history: list[dict], metrics: dict, *, entropy_below: float
         f"the {window} before {earlier:.3f}); the policy may be repeating itself (lower the learning rate, "
         f"add loss.entropy_coef, or stop)"
     )
+
+
+def run_warnings(history: list[dict], metrics: dict, lc, log) -> None:
+    """Logs the entropy-collapse, template-collapse and reward-hacking warnings of an
+    iteration's `metrics` (`collapse_warning`, `template_collapse_warning`,
+    `hacking_warning`, turned on by the `logging` section `lc`) and counts each over the
+    whole run in `metrics` (`collapse_warnings`, `template_collapse_warnings`,
+    `hacking_warnings`); `history` holds the earlier iterations' metrics."""
+    if (
+        lc.heldout_metric is not None
+        and lc.heldout_metric not in metrics
+        and not history
+        and metrics.get("failed_frac", 0.0) < 1.0
+    ):  # a name no iteration can have
+        known = sorted(k for k in metrics if isinstance(metrics[k], (int, float)) and not k.startswith("time_"))
+        raise ValueError(
+            f"logging.heldout_metric: the iterations have no metric {lc.heldout_metric!r} "
+            f"(they have: {', '.join(known)})"
+        )
+    checks = (
+        (
+            "collapse_warnings",
+            lc.collapse_entropy > 0,
+            lambda: collapse_warning(history, metrics, entropy_below=lc.collapse_entropy, window=lc.collapse_window),
+        ),
+        (
+            "template_collapse_warnings",
+            lc.template_collapse_below > 0,
+            lambda: template_collapse_warning(
+                history, metrics, below=lc.template_collapse_below, window=lc.collapse_window
+            ),
+        ),
+        (
+            "hacking_warnings",
+            lc.heldout_metric is not None,
+            lambda: hacking_warning(history, metrics, heldout=lc.heldout_metric, window=lc.collapse_window),
+        ),
+    )
+    for name, on, check in checks:
+        count = history[-1].get(name, 0) if history else 0
+        warning = check() if on else None
+        if warning is not None:
+            log(warning)
+            count += 1
+        metrics[name] = count

@@ -284,7 +284,7 @@ class Placement:
         if (
             cast is None
             and not copy
-            and all(x.sharding == t for x, t in zip(jax.tree.leaves(params), jax.tree.leaves(target)))
+            and all(x.sharding == t for x, t in zip(jax.tree.leaves(params), jax.tree.leaves(target), strict=True))
         ):
             return params  # the update's layout is the sampler's (no fsdp split): the state's own
         return par.relayout(params, target, _compute_cast(cast))

@@ -207,7 +207,7 @@ def plot_run(run_dir, out=None) -> Path:
     rows, cols = grid_shape(len(panels))
     fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 3.2 * rows), squeeze=False)
     try:
-        for ax, panel in zip(axes.flat, panels):
+        for ax, panel in zip(axes.flat, panels, strict=False):
             if panel.band is not None:
                 ax.fill_between(panel.band[0], panel.band[1], panel.band[2], alpha=0.2, label="± reward_std")
             for key, (xs, ys) in panel.lines.items():
@@ -315,7 +315,7 @@ def _recipe_labels(groups: list[list[RunCurves]]) -> list[str]:
     flats = [{k: v for k, v in _filled(g[0].recipe).items() if not k.startswith("logging.")} for g in groups]
     keys = sorted({k for f in flats for k in f if len({norm(x.get(k)) for x in flats}) > 1})
     labels = []
-    for f, g in zip(flats, groups):
+    for f, g in zip(flats, groups, strict=True):
         label = ", ".join(f"{k}={f.get(k)}" for k in keys) or str(f.get("algo.advantage", g[0].run_dir.name))
         labels.append(f"{label} ({len(g)} seed{'s' if len(g) > 1 else ''})")
     return labels
@@ -381,14 +381,14 @@ def plot_runs(run_dirs, out=None, metric: str = "success_rate") -> Path:
     titles = (f"held-out {name}, sampled", f"held-out {name}, greedy", f"training {train_name}")
     fig, axes = plt.subplots(1, 3, figsize=(16.5, 4.2 + 0.3 * len(groups)), squeeze=False)
     try:
-        for gi, (group, label) in enumerate(zip(groups, labels)):
+        for gi, (group, label) in enumerate(zip(groups, labels, strict=True)):
             color = f"C{gi}"
             curves = [
                 [r.held_out["sampled"] for r in group],
                 [r.held_out["greedy"] for r in group],
-                [list(zip(r.episodes, r.train_success)) for r in group],
+                [list(zip(r.episodes, r.train_success, strict=False)) for r in group],
             ]
-            for ax, series in zip(axes[0], curves):
+            for ax, series in zip(axes[0], curves, strict=True):
                 if not all(series):
                     continue
                 xs, mean, lo, hi = _mean_band(series)
@@ -397,7 +397,7 @@ def plot_runs(run_dirs, out=None, metric: str = "success_rate") -> Path:
                 ax.plot(xs, mean, color=color, marker="o" if len(xs) < 30 else None, label=label)
                 if len(group) > 1:
                     ax.fill_between(xs, lo, hi, color=color, alpha=0.2)
-        for ax, title in zip(axes[0], titles):
+        for ax, title in zip(axes[0], titles, strict=True):
             ax.set_title(title)
             ax.set_xlabel("episodes")
             if metric == "success_rate":

@@ -519,7 +519,7 @@ class WarmStartSection:
     def __post_init__(self):
         _check_int("episodes", self.episodes, 0)
         if self.extra is not None:
-            self.source  # builds it: a bad source or option fails here, naming it
+            _ = self.source  # builds it: a bad source or option fails here, naming it
         _check_int("seed", self.seed, 0)
         _check_int("epochs", self.epochs, 1)
         _check_int("batch_size", self.batch_size, 1)

@@ -59,14 +59,7 @@ from jaxagent.train.collect import collect_batch
 from jaxagent.train.config import TrainerConfig
 from jaxagent.train.episodes import EpisodeStore, select_for_store
 from jaxagent.train.evaluate import EvalProgress, env_summarizer, evaluate, flat_env_summary
-from jaxagent.train.metrics import (
-    collapse_warning,
-    eval_line,
-    hacking_warning,
-    iteration_line,
-    iteration_metrics,
-    template_collapse_warning,
-)
+from jaxagent.train.metrics import eval_line, iteration_line, iteration_metrics, run_warnings
 from jaxagent.train.overlap import OffPolicyRollouts
 from jaxagent.train.placement import policy_logprobs
 from jaxagent.train.rundir import DiskFullError, Progress, RunDir, disk_full
@@ -292,7 +285,7 @@ class Trainer:
                         metrics.update(
                             {f"eval_greedy_{k}": v for k, v in flat_env_summary(evg.get("env_summary", {})).items()}
                         )
-                self._check_collapse(metrics)
+                run_warnings(self.history, metrics, self.config.logging, self.log)
                 self._check_failures(metrics)
                 self.history.append(metrics)
                 full = self._checked(self.rundir.append_metrics, metrics, path=self.metrics_path)
@@ -318,52 +311,6 @@ class Trainer:
                 error = sys.exc_info()[0]
                 run_log.close(failed=error is not None and not issubclass(error, (Interrupted, KeyboardInterrupt)))
             self.running.run_log = None
-
-    def _check_collapse(self, metrics: dict) -> None:
-        """Prints the entropy-collapse, template-collapse and reward-hacking warnings
-        (`metrics.collapse_warning`, `template_collapse_warning`, `hacking_warning`) and
-        counts each over the whole run (`collapse_warnings`, `template_collapse_warnings`,
-        `hacking_warnings`)."""
-        lc = self.config.logging
-        if (
-            lc.heldout_metric is not None
-            and lc.heldout_metric not in metrics
-            and not self.history
-            and metrics.get("failed_frac", 0.0) < 1.0
-        ):  # a name no iteration can have
-            known = sorted(k for k in metrics if isinstance(metrics[k], (int, float)) and not k.startswith("time_"))
-            raise ValueError(
-                f"logging.heldout_metric: the iterations have no metric {lc.heldout_metric!r} "
-                f"(they have: {', '.join(known)})"
-            )
-        checks = (
-            (
-                "collapse_warnings",
-                lc.collapse_entropy > 0,
-                lambda: collapse_warning(
-                    self.history, metrics, entropy_below=lc.collapse_entropy, window=lc.collapse_window
-                ),
-            ),
-            (
-                "template_collapse_warnings",
-                lc.template_collapse_below > 0,
-                lambda: template_collapse_warning(
-                    self.history, metrics, below=lc.template_collapse_below, window=lc.collapse_window
-                ),
-            ),
-            (
-                "hacking_warnings",
-                lc.heldout_metric is not None,
-                lambda: hacking_warning(self.history, metrics, heldout=lc.heldout_metric, window=lc.collapse_window),
-            ),
-        )
-        for name, on, check in checks:
-            count = self.history[-1].get(name, 0) if self.history else 0
-            warning = check() if on else None
-            if warning is not None:
-                self.log(warning)
-                count += 1
-            metrics[name] = count
 
     def _check_failures(self, metrics: dict) -> None:
         """Counts the iterations in a row in which every episode failed, keeping the first
@@ -572,6 +519,7 @@ class Trainer:
                 f"episode store: writing iteration {self.iteration} to {self._store.dir} failed "
                 f"({type(err).__name__}: {err}); the store is off for this run",
                 RuntimeWarning,
+                stacklevel=2,
             )
             self._store = None
             return
@@ -621,7 +569,7 @@ class Trainer:
             perm = np.asarray(jax.random.permutation(k_epoch, B))
             for m in range(cfg.update.mini_batches):
                 rows = jnp.asarray(perm[m * mb : (m + 1) * mb])
-                mini = jax.tree.map(lambda x: x[rows], batch)
+                mini = jax.tree.map(lambda x, rows=rows: x[rows], batch)
                 self.state, sm = self._update(self.state, self.placement.update_input(mini))
                 step_metrics.append(sm)
         return self.placement.fetch(step_metrics)

@@ -184,7 +184,7 @@ class TrimmedTrainStep:
         denominators, signal, acc = self._prepare(state, self._place(batch), rows=B // M)
         for run, L in length_runs(groups):  # micro-batches of one length: one call, a scan over them
             rows = np.concatenate(run)
-            micro = self._place(jax.tree.map(lambda x: x[rows, :L], batch))
+            micro = self._place(jax.tree.map(lambda x, rows=rows, L=L: x[rows, :L], batch))
             acc = self._add(state, micro, denominators, acc, n=len(run))
         self.last_lengths = [L for _, L in groups]
         self.lengths_seen.update(self.last_lengths)
@@ -239,7 +239,7 @@ def trimmed_logprobs(
         parts.append((idx, L, out))
     full = [np.zeros((B, T), np.float32) for _ in range(2 if with_entropy else 1)]
     for idx, L, out in parts:
-        for f, x in zip(full, out if with_entropy else (out,)):
+        for f, x in zip(full, out if with_entropy else (out,), strict=True):
             f[idx, :L] = fetch(x)
     full = [jnp.asarray(f) for f in full]
     return tuple(full) if with_entropy else full[0]

@@ -130,7 +130,10 @@ def _loss_metrics(sums: LossSums, num_tokens) -> dict:
     objective as `loss`), the token sums as means per valid token, and from the critic's
     sums the mean return and the explained variance `1 - Var(R - V) / Var(R)` over the
     valid tokens (biased variances)."""
-    per_token = lambda s: algos.masked.safe_div(s, num_tokens)
+
+    def per_token(s):
+        return algos.masked.safe_div(s, num_tokens)
+
     metrics = {**sums.losses, "loss": sums.loss}
     metrics.update({k: per_token(v) for k, v in sums.token_sums.items()})
     if sums.value_stats is not None:
@@ -287,7 +290,7 @@ def make_sharded_train_step(
     with a critic when the state has one) or "sft" (`SFTBatch`)."""
     rules = LOGICAL_AXIS_RULES if rules is None else rules
     want = train_state_shardings(state, mesh, rules)
-    for (path, x), s in zip(jax.tree_util.tree_leaves_with_path(state), jax.tree.leaves(want)):
+    for (path, x), s in zip(jax.tree_util.tree_leaves_with_path(state), jax.tree.leaves(want), strict=True):
         have = getattr(x, "sharding", None)
         if not (isinstance(have, jax.NamedSharding) and have.mesh == mesh and have.spec == s.spec):
             raise ValueError(

@@ -315,7 +315,7 @@ def sft_warm_start(
     chat = ChatFormat(tokenizer)
     rows = [demonstration_tokens(chat, d, config.rollout.max_context) for d in demos]
     # a conclusion demonstration whose final action is past max_context teaches nothing
-    kept = [(d, r) for d, r in zip(demos, rows) if any(r[1]) or not d.final_only]
+    kept = [(d, r) for d, r in zip(demos, rows, strict=True) if any(r[1]) or not d.final_only]
     cut = len(rows) - len(kept)
     rows = [r for _, r in kept]
     n_final = sum(d.final_only for d, _ in kept)
@@ -346,7 +346,8 @@ def sft_warm_start(
     )
     log(
         f"warm start: {n - n_final} demonstrations (expert noise {ws.expert_noise}, demonstration success "
-        f"{'n/a' if success is None else f'{success:.2f}'}){also}, {ws.epochs} epochs x {per_epoch} steps of {bs} rows x {columns} tokens"
+        f"{'n/a' if success is None else f'{success:.2f}'}){also}, {ws.epochs} epochs x {per_epoch} steps of "
+        f"{bs} rows x {columns} tokens"
     )
     lines, window = [], []
     every = max(1, total // 10)

@@ -42,9 +42,10 @@ Interleaving and memory: a jaxagent step allocates its 4.5 GB temporary buffer a
 call and frees it after. On a virtual machine whose kernel reports free pages to the
 host (`page_reporting` with virtio-balloon, as on the 2-core benchmark machine), memory
 freed and left unused for a few seconds goes back to the host, and touching it again
-costs host-side faults (the cause we found for what follows): interleaved with a peft call (several seconds), every jax step
-pays them (measured: 2-6 s more process time a step), while back-to-back calls reuse
-the memory before it is reported. `--order blocked` shows the difference in one run.
+costs host-side faults (the cause we found for what follows): interleaved with a peft
+call (several seconds), every jax step pays them (measured: 2-6 s more process time a
+step), while back-to-back calls reuse the memory before it is reported. `--order blocked`
+shows the difference in one run.
   jax       the trainer's own update: `jaxagent.train.update.train_step` (jitted, state
             donated) on `init_train_state(params with adapters)`, `StepConfig(loss=
             LossConfig(policy_loss="ppo", clip_c=None), optim=OptimizerConfig(lr=1e-5,
@@ -191,7 +192,7 @@ def lora_params(base, cfg: M.DecoderConfig):
     """Adapters A ~ N(0, 1/in) (add_lora, key 0) and B ~ N(0, B_STD^2) (key 1)."""
     params, lcfg = M.add_lora(jax.random.key(0), base, cfg, M.LoraConfig(rank=RANK, alpha=ALPHA, targets=TARGETS))
     layers = dict(params["layers"])
-    for k, name in zip(jax.random.split(jax.random.key(1), len(TARGETS)), TARGETS):
+    for k, name in zip(jax.random.split(jax.random.key(1), len(TARGETS)), TARGETS, strict=True):
         b = layers[name]["lora_b"]
         layers[name] = {**layers[name], "lora_b": B_STD * jax.random.normal(k, b.shape, b.dtype)}
     return {**params, "layers": layers}, lcfg
@@ -704,7 +705,7 @@ def measure(systems: dict, args, common: dict, cfg, data: dict, init_logp, init_
             row["torch_threads"] = s.info["torch_threads"]
         out.append(row)
     for peer in [k for k in systems if k != "jax"]:
-        pairs = [p / j for j, p in zip(times["jax"], times[peer])]  # blocked: call i of each
+        pairs = [p / j for j, p in zip(times["jax"], times[peer], strict=True)]  # blocked: call i of each
         out.append(
             {
                 **common,

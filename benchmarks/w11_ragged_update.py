@@ -143,7 +143,10 @@ def main(argv=None) -> int:
         first[name] = time.perf_counter() - t
     after_one = {k: jax.device_get(s.params) for k, s in states.items()}
     diff = {
-        k: max(float(np.max(np.abs(a - b))) for a, b in zip(jax.tree.leaves(after_one["padded"]), jax.tree.leaves(v)))
+        k: max(
+            float(np.max(np.abs(a - b)))
+            for a, b in zip(jax.tree.leaves(after_one["padded"]), jax.tree.leaves(v), strict=True)
+        )
         for k, v in after_one.items()
     }
     for name, m in metrics.items():  # the same loss and gradient before the first update

@@ -38,10 +38,10 @@ from jaxagent import models as M  # noqa: E402
 from jaxagent.rollout import Sampler  # noqa: E402
 
 
-def workload(groups, size, P, O, turns):
+def workload(groups, size, P, obs_len, turns):
     rng = np.random.RandomState(0)
     prompts = np.repeat(rng.randint(1, W1.vocab_size, (groups, P)), size, axis=0).astype(np.int32)
-    obs = rng.randint(1, W1.vocab_size, (turns - 1, groups * size, O)).astype(np.int32)
+    obs = rng.randint(1, W1.vocab_size, (turns - 1, groups * size, obs_len)).astype(np.int32)
     return prompts, obs
 
 
@@ -66,7 +66,7 @@ def main():
     ap.add_argument("--modes", default="greedy,temperature_1.0")
     ap.add_argument("--out", default=None, help="append JSON lines to this file")
     args = ap.parse_args()
-    groups, size, P, G, O, turns = (2, 4, 256, 16, 16, 2) if args.quick else (4, 8, 1024, 64, 64, 4)
+    groups, size, P, G, obs_len, turns = (2, 4, 256, 16, 16, 2) if args.quick else (4, 8, 1024, 64, 64, 4)
     repeats = args.repeats or (2 if args.quick else 5)
     B = groups * size
     common = {
@@ -75,7 +75,7 @@ def main():
         "group_size": size,
         "prompt_len": P,
         "tokens_per_turn": G,
-        "obs_len": O,
+        "obs_len": obs_len,
         "turns": turns,
         "quick": args.quick,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -83,8 +83,8 @@ def main():
         "cpus": len(os.sched_getaffinity(0)),
     }
     params = M.init_params(jax.random.key(0), W1, std=0.02)
-    prompts, obs = workload(groups, size, P, O, turns)
-    sampler = Sampler(params, W1, max_len=P + turns * G + (turns - 1) * O, min_bucket=32)
+    prompts, obs = workload(groups, size, P, obs_len, turns)
+    sampler = Sampler(params, W1, max_len=P + turns * G + (turns - 1) * obs_len, min_bucket=32)
     systems = {"per_row": False, "shared": True}
     for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
         first, prefill_s, total_s, toks = {}, {k: [] for k in systems}, {k: [] for k in systems}, {}

@@ -42,10 +42,10 @@ from jaxagent import models as M  # noqa: E402
 from jaxagent.rollout import Sampler  # noqa: E402
 
 
-def workload(B, P, G, O, turns):
+def workload(B, P, G, obs_len, turns):
     rng = np.random.RandomState(0)
     prompts = rng.randint(1, W1.vocab_size, (B, P)).astype(np.int32)
-    obs = rng.randint(1, W1.vocab_size, (turns - 1, B, O)).astype(np.int32)
+    obs = rng.randint(1, W1.vocab_size, (turns - 1, B, obs_len)).astype(np.int32)
     return prompts, obs
 
 
@@ -110,7 +110,7 @@ def main():
     ap.add_argument("--settle", type=float, default=0.5, help="idle seconds before each timed rollout")
     ap.add_argument("--out", default=None, help="append JSON lines to this file")
     args = ap.parse_args()
-    B, P, G, O, turns = (8, 64, 24, 32, 3) if args.quick else (32, 64, 24, 32, 5)
+    B, P, G, obs_len, turns = (8, 64, 24, 32, 3) if args.quick else (32, 64, 24, 32, 5)
     repeats = args.repeats or (2 if args.quick else 5)
     common = {
         "workload": "W3",
@@ -118,15 +118,15 @@ def main():
         "turns": turns,
         "prompt_len": P,
         "tokens_per_turn": G,
-        "obs_len": O,
+        "obs_len": obs_len,
         "quick": args.quick,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "jax": jax.__version__,
         "cpus": len(os.sched_getaffinity(0)),
     }
     params = M.init_params(jax.random.key(0), W1, std=0.02)
-    prompts, obs = workload(B, P, G, O, turns)
-    max_len = P + turns * G + (turns - 1) * O
+    prompts, obs = workload(B, P, G, obs_len, turns)
+    max_len = P + turns * G + (turns - 1) * obs_len
     sampler = Sampler(params, W1, max_len=max_len, min_bucket=32)
     runs = {
         ("jaxagent", "live"): lambda m, s: live_rollout(sampler, prompts, obs, G, turns, m, s),

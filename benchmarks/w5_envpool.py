@@ -62,7 +62,7 @@ def run_inprocess(env_name: str, num_envs: int, actions: list[list[str]]) -> flo
     for i, e in enumerate(es):
         e.reset(i)
     for batch in actions:
-        for i, (e, a) in enumerate(zip(es, batch)):
+        for e, a in zip(es, batch, strict=True):
             if e.done:
                 e.reset(next_seed)
                 next_seed += 1

@@ -120,7 +120,7 @@ from _jsonl import emit  # noqa: E402
 from jaxagent import models as M  # noqa: E402
 from jaxagent import train as T  # noqa: E402
 from jaxagent.rollout import GREEDY, Sampler, SamplingConfig  # noqa: E402
-from jaxagent.rollout.sampler import attention_windows  # noqa: E402
+from jaxagent.rollout.kernels import attention_windows  # noqa: E402
 
 #: datasheet figures (dense bf16 TFLOP/s without sparsity, HBM GB/s) by a substring of
 #: `device_kind`, most specific first: labelled `nominal_*` in the records, never used for MFU

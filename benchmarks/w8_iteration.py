@@ -5,9 +5,10 @@ Workload (benchmarks/README.md, W8): W1's tiny-qwen2 weights (vocab 4096, hidden
 q/k/v biases, float32; `init_params(key(0))`). 16 prompts of 64 random token ids
 (`numpy.random.default_rng(seed).integers(1, 4096)`, the same prompts every iteration),
 2 samples each (batch 32), 128 new tokens at temperature 1.0, no early stop (the EOS id
-is outside the vocabulary); a random reward per sample (uniform [0, 1)); GRPO advantages; old-policy and reference log-probs; KL to
-the reference (k3, beta 0.04) in the loss, clip 0.2, AdamW lr 1e-5 (optax's default
-weight decay 1e-4), global-norm clip 1.0, one optimizer step per iteration.
+is outside the vocabulary); a random reward per sample (uniform [0, 1)); GRPO advantages;
+old-policy and reference log-probs; KL to the reference (k3, beta 0.04) in the loss, clip
+0.2, AdamW lr 1e-5 (optax's default weight decay 1e-4), global-norm clip 1.0, one optimizer
+step per iteration.
 Figure: tokens/s of whole iterations = 32 * 192 / median iteration seconds, after one
 warm-up iteration (`--warmup`), median of `--repeats` (default 5).
 
@@ -68,8 +69,9 @@ Differences that stay, because they are how each system works:
 
 Checks before timing: jaxagent's params loaded from the file equal W1's `init_params`;
 the completion log-probs of the batch's prompts + random completions under jaxagent's
-policy, Tunix's actor and Tunix's reference agree (`max_abs_logp_diff_*` < 1e-3). After the run: every completion of both
-systems has 128 tokens and the two samples of each prompt differ (it samples).
+policy, Tunix's actor and Tunix's reference agree (`max_abs_logp_diff_*` < 1e-3). After the
+run: every completion of both systems has 128 tokens and the two samples of each prompt
+differ (it samples).
 
     python benchmarks/w8_iteration.py [--quick] [--repeats 5] [--systems jaxagent,tunix]
                                       [--out benchmarks/results/w8_iteration.jsonl]
@@ -202,7 +204,7 @@ class PromptRollout:
         )
         episodes = [
             _Episode(index=i, seed=int(s), group_id=int(g), success=bool(reward[i] > 0.5))
-            for i, (s, g) in enumerate(zip(seeds, group_ids))
+            for i, (s, g) in enumerate(zip(seeds, group_ids, strict=True))
         ]
         return traj, episodes
 
@@ -542,7 +544,7 @@ def main(argv=None):
         phases["other"] = _median(
             [
                 t - sum(m[f"time_{k}_s"] for k in ("rollout", "logprobs", "advantages", "update"))
-                for t, m in zip(timed, ms)
+                for t, m in zip(timed, ms, strict=True)
             ]
         )
         lo = min(a for a, _ in jx["num_tokens"])
@@ -603,7 +605,7 @@ def main(argv=None):
         )
     if len(rates) == 2:
         # each timed jaxagent iteration against the Tunix iteration that ran right after it
-        pairs = [t / j for j, t in zip(jx["times"][warmup:], its[warmup:])]
+        pairs = [t / j for j, t in zip(jx["times"][warmup:], its[warmup:], strict=True)]
         emit(
             {
                 **common,

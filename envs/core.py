@@ -129,7 +129,7 @@ class Env(abc.ABC):
         module docstring for how it reaches the agent loop."""
         return None
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (a no-op default on purpose, not abstract: most envs hold nothing)
         """Release resources (subprocesses, files). Idempotent."""
 
 

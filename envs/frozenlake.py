@@ -118,7 +118,10 @@ class FrozenLake(TextEnv):
 
     @property
     def action_format(self) -> str:
-        return "Answer with one move: <action>up</action>, <action>down</action>, <action>left</action> or <action>right</action>."
+        return (
+            "Answer with one move: <action>up</action>, <action>down</action>, "
+            "<action>left</action> or <action>right</action>."
+        )
 
     def _reset(self, seed: int):
         rng = random.Random(seed)

@@ -322,7 +322,10 @@ class Sokoban(TextEnv):
 
     @property
     def action_format(self) -> str:
-        return "Answer with one move: <action>up</action>, <action>down</action>, <action>left</action> or <action>right</action>."
+        return (
+            "Answer with one move: <action>up</action>, <action>down</action>, "
+            "<action>left</action> or <action>right</action>."
+        )
 
     def _reset(self, seed: int):
         self.level, plan = generate_level(self.height, self.width, self.num_boxes, random.Random(seed))

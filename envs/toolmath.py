@@ -246,7 +246,7 @@ class ToolMath(TextEnv):
 
     def expert_action(self) -> str:
         results = [evaluate(s) for s in self.steps]
-        for step, result in zip(self.steps, results):
+        for step, result in zip(self.steps, results, strict=True):
             if result not in self._seen:
                 call = json.dumps({"name": "calculator", "arguments": {"expression": step}})
                 return f"<tool_call>{call}</tool_call>"

@@ -81,10 +81,10 @@ def main(argv=None):
     if len(inner) <= 16:
         scored = []
         for choice in itertools.product(("right", "down"), repeat=len(inner)):
-            policy = position_policy(dict(zip(inner, choice)))
+            policy = position_policy(dict(zip(inner, choice, strict=True)))
             scored.append((sum(play(env, s, policy, args.max_turns)["success"] for s in seeds), choice))
         best = max(scored)[1]
-        row("best hole-blind (picked on these maps)", position_policy(dict(zip(inner, best))))
+        row("best hole-blind (picked on these maps)", position_policy(dict(zip(inner, best, strict=True))))
     row("local (refuses a visible hole next to it)", local)
     row("expert", lambda env, t: env.expert_action()[len("<action>") : -len("</action>")])
 

@@ -67,9 +67,10 @@ def turn_credit(arms: dict[str, list[Path]], upto: int, out: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     rows = []
-    for color, (name, runs) in zip(("C0", "C1", "C2", "C3", "C4"), arms.items()):
+    # strict=False: the palette may have more colours than there are arms
+    for color, (name, runs) in zip(("C0", "C1", "C2", "C3", "C4"), arms.items(), strict=False):
         row = {"arm": name, "seeds": len(runs)}
-        for ax, greedy in zip(axes, (False, True)):
+        for ax, greedy in zip(axes, (False, True), strict=True):
             per_seed = [evaluations(r, upto, greedy) for r in runs]
             steps = sorted(set.intersection(*(set(e) for e in per_seed)))
             for e in per_seed:
@@ -85,7 +86,7 @@ def turn_credit(arms: dict[str, list[Path]], upto: int, out: Path) -> None:
             row[f"{key}_rubric_per_seed"] = [round(e[upto]["rubric_mean"], 3) for e in per_seed]
         row["s_per_iteration"] = float(np.mean([seconds_per_iteration(r, upto) for r in runs]))
         rows.append(row)
-    for ax, title in zip(axes, ("sampled (temperature 1)", "greedy")):
+    for ax, title in zip(axes, ("sampled (temperature 1)", "greedy"), strict=True):
         ax.set_title(f"held-out rubric, 128 standard cases, {title}")
         ax.set_xlabel("RL iteration (64 interviews each)")
         ax.grid(alpha=0.3)
@@ -104,7 +105,7 @@ def turn_credit(arms: dict[str, list[Path]], upto: int, out: Path) -> None:
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
 
-        def ch(k):
+        def ch(k, r=r):
             return f"{r[k + '_0']:.3f} -> {r[k]:.3f}"
 
         print(
@@ -138,12 +139,13 @@ def monitors(runs: list[Path], out: Path) -> None:
     fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.2 * rows), squeeze=False)
     for ax in axes.flat[len(panels) :]:
         ax.axis("off")
-    for ax, (title, keys) in zip(axes.flat, panels):
-        for ls, key in zip(("-", "--"), keys):
-            for color, run, d in zip(("C0", "C1", "C2", "C3", "C4", "C5"), runs, data):
+    for ax, (title, keys) in zip(axes.flat, panels, strict=False):  # the grid may have spare (hidden) axes
+        for ls, key in zip(("-", "--"), keys, strict=False):  # a panel has one or two keys, two line styles
+            # strict=False: the palette may have more colours than there are runs (one data per run)
+            for color, run, d in zip(("C0", "C1", "C2", "C3", "C4", "C5"), runs, data, strict=False):
                 pts = [(m["iteration"], m[key]) for m in d if key in m]
                 if pts:
-                    x, y = zip(*pts)
+                    x, y = zip(*pts, strict=True)
                     ax.plot(x, y, ls, color=color, lw=1.4, label=f"{run.name} {key.replace('train_env_', '')}")
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("iteration")

@@ -257,9 +257,9 @@ def compile_text(lowered, dump_passes: str | None = None) -> tuple[str, str, dic
 def gradient_all_reduces(partitioned_text: str, min_elements: int) -> list[tuple[str, list[str]]]:
     """The all-reduces of at least `min_elements` elements of a program just partitioned
     (`compile_text(..., "spmd-partitioning")`'s dump), each with the instructions that use
-    its result (through `_PASS_THROUGH` ops). Under fsdp XLA reduces a weight's gradient as all-reduce + dynamic-slice to the
-    device's shard; XLA's GPU and TPU compilers turn that pair into one reduce-scatter
-    (`ReduceScatterCreator`), XLA:CPU leaves it as it is."""
+    its result (through `_PASS_THROUGH` ops). Under fsdp XLA reduces a weight's gradient as
+    all-reduce + dynamic-slice to the device's shard; XLA's GPU and TPU compilers turn that
+    pair into one reduce-scatter (`ReduceScatterCreator`), XLA:CPU leaves it as it is."""
     comps, _ = _parse(partitioned_text)
     users: dict[str, list[_Instr]] = collections.defaultdict(list)
     found = []

@@ -237,7 +237,7 @@ def _bind(stmts, names: set[str], deps: dict) -> None:
                     if isinstance(n, ast.Name):
                         names.add(n.id)
                 if isinstance(t, ast.Name) and t.id == "_deprecations" and isinstance(s.value, ast.Dict):
-                    for k, v in zip(s.value.keys, s.value.values):
+                    for k, v in zip(s.value.keys, s.value.values, strict=True):
                         if isinstance(k, ast.Constant) and isinstance(v, ast.Tuple) and len(v.elts) == 2:
                             try:
                                 msg = ast.literal_eval(v.elts[0])

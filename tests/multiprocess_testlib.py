@@ -46,7 +46,7 @@ def run_process_group(script, num_processes: int, args_for, log_dir: Path, timeo
             if any(p.returncode not in (None, 0) for p in procs) or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
-        for i, (p, log) in enumerate(zip(procs, logs)):
+        for i, (p, log) in enumerate(zip(procs, logs, strict=True)):
             if p.poll() != 0:
                 log.seek(0)
                 why = "timed out" if p.returncode is None else f"exited {p.returncode}"

@@ -105,7 +105,7 @@ def sampler(out_dir: str, process_id: int) -> None:
             Sampler.to_lists(s.generate(prompts, max_new_tokens=6, sampling=sampling, seed=3)[1])
             for s in (reference, sampler)
         )
-        same.append(t0 == t1 and r0 == r1 and all(np.allclose(a, b, atol=1e-5) for a, b in zip(l0, l1)))
+        same.append(t0 == t1 and r0 == r1 and all(np.allclose(a, b, atol=1e-5) for a, b in zip(l0, l1, strict=True)))
     # a mesh whose tensor axis spans the processes: every local device, the weights whole
     wide = par.make_mesh(par.MeshConfig(tensor=8))
     wide_local = par.local_mesh(wide)
@@ -123,7 +123,8 @@ def sampler(out_dir: str, process_id: int) -> None:
         "q_spec": str(q.sharding.spec),
         "fully_addressable": all(x.is_fully_addressable for x in jax.tree.leaves(params)),
         "values_equal": all(
-            np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(jax.tree.leaves(host), jax.tree.leaves(params))
+            np.array_equal(np.asarray(a), np.asarray(b))
+            for a, b in zip(jax.tree.leaves(host), jax.tree.leaves(params), strict=True)
         ),
         "copy_is_fresh": again["layers"]["q_proj"]["kernel"].addressable_shards[0].data.unsafe_buffer_pointer()
         != q.addressable_shards[0].data.unsafe_buffer_pointer(),
@@ -133,7 +134,7 @@ def sampler(out_dir: str, process_id: int) -> None:
         "wide_q_spec": str(wide_params["layers"]["q_proj"]["kernel"].sharding.spec),
         "wide_values_equal": all(
             np.array_equal(np.asarray(a), np.asarray(b))
-            for a, b in zip(jax.tree.leaves(host), jax.tree.leaves(wide_params))
+            for a, b in zip(jax.tree.leaves(host), jax.tree.leaves(wide_params), strict=True)
         ),
     }
     with open(os.path.join(out_dir, f"sampler_{process_id}.json"), "w") as f:

@@ -70,7 +70,7 @@ def _broadcast_rows(a, mask):
 def masked_mean(x, mask):
     x, m = _f(x), _m(mask)
     total, n = 0.0, 0.0
-    for v, w in zip(x.ravel(), m.ravel()):
+    for v, w in zip(x.ravel(), m.ravel(), strict=True):
         if w:
             total += v
             n += 1.0
@@ -85,7 +85,7 @@ def masked_var(x, mask):
         return 0.0
     mu = masked_mean(x, m)
     acc = 0.0
-    for v, w in zip(x.ravel(), m.ravel()):
+    for v, w in zip(x.ravel(), m.ravel(), strict=True):
         if w:
             acc += (v - mu) ** 2
     return acc / (n + 1e-8) * n / (n - 1)
@@ -158,7 +158,7 @@ def grpo(rewards, mask, group_ids, eps=1e-6, norm_by_std=True):
 def rloo(rewards, mask, group_ids):
     s = row_scores(rewards, mask)
     a = np.zeros(len(s))
-    for g, rows in _groups(group_ids).items():
+    for rows in _groups(group_ids).values():
         K = len(rows)
         if K == 1:
             continue  # singleton: 0 (documented choice)
@@ -185,7 +185,7 @@ def reinforce_pp_baseline(rewards, mask, group_ids):
     s = row_scores(rewards, mask)
     groups = _groups(group_ids)
     a = np.zeros(len(s))
-    for g, rows in groups.items():
+    for rows in groups.values():
         mu = 0.0 if len(rows) == 1 else sum(s[i] for i in rows) / len(rows)
         for i in rows:
             a[i] = s[i] - mu
@@ -580,7 +580,7 @@ def entropy(logits):
         mx = max(row)
         lse = mx + math.log(sum(math.exp(v - mx) for v in row))
         probs = [math.exp(v - lse) for v in row]
-        out[idx] = lse - sum(p * v for p, v in zip(probs, row))
+        out[idx] = lse - sum(p * v for p, v in zip(probs, row, strict=True))
     return out
 
 
@@ -593,8 +593,8 @@ def entropy_grad(logits):
         mx = max(row)
         lse = mx + math.log(sum(math.exp(v - mx) for v in row))
         probs = [math.exp(v - lse) for v in row]
-        ez = sum(p * v for p, v in zip(probs, row))
-        for j, (p, v) in enumerate(zip(probs, row)):
+        ez = sum(p * v for p, v in zip(probs, row, strict=True))
+        for j, (p, v) in enumerate(zip(probs, row, strict=True)):
             out[idx + (j,)] = -p * (v - ez)
     return out
 

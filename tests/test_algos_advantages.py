@@ -177,7 +177,7 @@ class TestGAE:
         for method in GAE_METHODS:
             eager = algos.gae(r, v, m, self.GAMMA, self.LAM, **_method_kw(method))
             jit = jitted(algos.gae, gamma=self.GAMMA, lam=self.LAM, whiten=True, **_method_kw(method))(r, v, m)
-            for e, j in zip(eager, jit):
+            for e, j in zip(eager, jit, strict=True):
                 assert_close(j, e, rtol=1e-6, atol=1e-6)
 
     def test_bfloat16_inputs(self):
@@ -217,21 +217,13 @@ class TestGAE:
         c = randn(rng_for(10))
         grads = []
         for method in GAE_METHODS:
-            f = lambda rr, vv: jnp.sum(
-                algos.gae(
-                    rr,
-                    vv,
-                    m,
-                    0.9,
-                    0.8,
-                    whiten=False,  # noqa: E731
-                    **_method_kw(method),
-                )[0]
-                * c
-            )
+
+            def f(rr, vv, method=method):
+                return jnp.sum(algos.gae(rr, vv, m, 0.9, 0.8, whiten=False, **_method_kw(method))[0] * c)
+
             grads.append(jax.grad(f, argnums=(0, 1))(r, v))
         for other in grads[1:]:
-            for a, b in zip(grads[0], other):
+            for a, b in zip(grads[0], other, strict=True):
                 assert_close(a, b, rtol=1e-5, atol=1e-6)
 
     def test_gradient_of_raw_advantage_matches_reference(self):
@@ -259,7 +251,10 @@ class TestGAE:
         m = np.stack([multiturn_mask(rng) for _ in range(3)])
         r, v = randn(rng, (3, B, T)), randn(rng, (3, B, T))
         for method in GAE_METHODS:
-            f = lambda a, b, c: algos.gae(a, b, c, 0.9, 0.8, **_method_kw(method))  # noqa: E731
+
+            def f(a, b, c, method=method):
+                return algos.gae(a, b, c, 0.9, 0.8, **_method_kw(method))
+
             adv, ret = jax.vmap(f)(poison(r, m), poison(v, m), m)
             for k in range(3):
                 ref_adv, ref_ret = ref.gae(r[k], v[k], m[k], 0.9, 0.8)

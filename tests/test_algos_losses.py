@@ -262,15 +262,9 @@ class TestPPO:
         m = np.ones((1, 4), np.float32)
 
         def run(lo, hi):
-            f = lambda x: algos.ppo_loss(
-                x,
-                old,
-                adv,
-                m,
-                "token-sum",  # noqa: E731
-                clip_low=lo,
-                clip_high=hi,
-            )
+            def f(x):
+                return algos.ppo_loss(x, old, adv, m, "token-sum", clip_low=lo, clip_high=hi)
+
             return jax.value_and_grad(f, has_aux=True)(jnp.asarray(lp))
 
         (loss, met), g = run(0.2, 0.28)

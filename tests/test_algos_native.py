@@ -82,7 +82,7 @@ def test_native_equals_scan_values_and_gradients(whiten):
     np.testing.assert_allclose(objective(r, v, "native"), objective(r, v, "scan"), rtol=1e-5)
     g_nat = jax.grad(objective, argnums=(0, 1))(r, v, "native")
     g_scan = jax.grad(objective, argnums=(0, 1))(r, v, "scan")
-    for a, b in zip(g_nat, g_scan):
+    for a, b in zip(g_nat, g_scan, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 

@@ -32,19 +32,19 @@ def test_gymnasium_taxi_expert_delivers_and_random_does_not():
     gym = pytest.importorskip("gymnasium")
     env = envs.make("gymnasium/Taxi-v4")
     rand = random.Random(0)
+    names = ["south", "north", "east", "west", "pickup", "dropoff"]
     for seed in range(10):
         total, term, info, trans = play(env, seed, lambda e: e.expert_action())
         assert term and trans[-1][2] == 20  # Taxi pays +20 for a correct drop-off
         # The same action indices replayed in Gymnasium itself give the same rewards.
         ref = gym.make("Taxi-v4")
         ref.reset(seed=seed)
-        names = ["south", "north", "east", "west", "pickup", "dropoff"]
         ref_total = 0
         for a, _, _ in trans[1:]:
             _, r, *_ = ref.step(names.index(re.search(r"<action>(\w+)</action>", a).group(1)))
             ref_total += r
         assert ref_total == total
-        total_r, term_r, *_ = play(env, seed, lambda e: rand.choice(["<action>%s</action>" % n for n in names]))
+        total_r, term_r, *_ = play(env, seed, lambda e: rand.choice([f"<action>{n}</action>" for n in names]))
         assert total_r < total
 
 

@@ -77,7 +77,7 @@ def test_frozenlake_blind_demonstrator_walks_toward_the_goal_without_looking_at_
         rows = info["map"].splitlines()
 
         # an independent fair-coin walker's success probability on this map (exact)
-        def p_win(r, c):
+        def p_win(r, c, rows=rows):
             if rows[r][c] == "H":
                 return 0.0
             if rows[r][c] == "G":
@@ -127,7 +127,8 @@ def test_frozenlake_summary_replays_actions_on_each_map():
         {"actions": [], "info": {"failure_kind": "crash"}},  # failed in the pool: not replayed
     ]
     got = envs.make("frozenlake", size=3).summarize(episodes)
-    # 12 actions, counted by hand: ep1 right; ep2 right; ep3 down, invalid, down, right, right; ep4 left, up, right, right, down
+    # 12 actions, counted by hand: ep1 right; ep2 right; ep3 down, invalid, down, right, right;
+    # ep4 left, up, right, right, down
     assert got["move_share"] == pytest.approx(
         {"up": 1 / 12, "down": 3 / 12, "left": 1 / 12, "right": 6 / 12, "invalid": 1 / 12}
     )

@@ -222,7 +222,8 @@ VALID = "<assessment>\nDifferential:\n1. MDD\n2. GAD\nTriage: urgent\nManagement
     [
         (VALID, (["mdd", "gad"], "urgent", ["antidepressant", "psychotherapy"])),
         (
-            "**Differential:** major depression, alcohol use disorder\n**Triage:** non-urgent\n## Plan\nSSRI; follow-up",
+            "**Differential:** major depression, alcohol use disorder\n**Triage:** non-urgent\n"
+            "## Plan\nSSRI; follow-up",
             (["mdd", "aud"], "routine", ["antidepressant", "follow_up"]),
         ),
         (
@@ -230,7 +231,8 @@ VALID = "<assessment>\nDifferential:\n1. MDD\n2. GAD\nTriage: urgent\nManagement
             (["bipolar_mania", "mdd"], "emergent", ["mood_stabiliser"]),
         ),
         (
-            '<assessment>{"differential": ["PTSD"], "triage": "urgent", "management": ["trauma-focused CBT"]}</assessment>',
+            '<assessment>{"differential": ["PTSD"], "triage": "urgent", '
+            '"management": ["trauma-focused CBT"]}</assessment>',
             (["ptsd"], "urgent", ["psychotherapy"]),
         ),
         (
@@ -415,7 +417,7 @@ def test_skipping_risk_screening_under_triages_the_adversarial_set():
 def test_truncation_scores_the_interview_without_an_assessment():
     env = envs.make("intake", cases="adversarial", max_turns=3)
     env.reset(0)
-    for i, q in enumerate(["How is your mood?", "How is your sleep?", "How is work?"]):
+    for q in ["How is your mood?", "How is your sleep?", "How is work?"]:
         obs, r, term, trunc, info = env.step(q)
     assert trunc and not term and "step limit" in obs
     assert info["assessment"] is None and info["under_triage"] and info["rubric"]["total"] == r

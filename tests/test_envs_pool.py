@@ -52,7 +52,7 @@ def run_episodes(pool, seeds, policy=lambda slot, t: f"act {slot}.{t}"):
         if all(a is None for a in actions):
             return out
         results = pool.step(actions)
-        for i, (a, r) in enumerate(zip(actions, results)):
+        for i, (a, r) in enumerate(zip(actions, results, strict=True)):
             if a is not None:
                 out[i].append((a, r[0], r[1], r[2], r[3], r[4].get("failure_kind")))
         t += 1
@@ -61,7 +61,7 @@ def run_episodes(pool, seeds, policy=lambda slot, t: f"act {slot}.{t}"):
 def reference_transcripts(fns, seeds):
     """Each env run alone, directly, in this process: what a fault-free run gives."""
     out = []
-    for i, (fn, seed) in enumerate(zip(fns, seeds)):
+    for i, (fn, seed) in enumerate(zip(fns, seeds, strict=True)):
         env = fn()
         obs, _ = env.reset(seed)
         tr, t = [obs], 0
@@ -97,7 +97,7 @@ def test_pool_matches_direct_play_and_is_deterministic_across_worker_counts():
             runs[workers] = expert_transcripts(pool)
     assert runs[0] == runs[1] == runs[2]
     # Direct play of the same envs gives the same transcripts.
-    for i, (fn, seed) in enumerate(zip(fns, seeds)):
+    for i, (fn, seed) in enumerate(zip(fns, seeds, strict=True)):
         tr = envs.rollout(fn(), seed)
         assert [tr[0]["observation"]] + [
             (t["action"], t["observation"], t["reward"], t["terminated"], t["truncated"]) for t in tr[1:]

@@ -303,7 +303,8 @@ ESCAPES = {
         lambda out, ctx: out.strip().isdigit() and int(out) > 20,
     ),
     "leaves a process outside its group": (
-        "import os\nif os.fork() == 0:\n    os.setsid()\n    os.execv('/bin/sleep', ['sleep', {sleep!r}])\nprint('started')",
+        "import os\nif os.fork() == 0:\n    os.setsid()\n"
+        "    os.execv('/bin/sleep', ['sleep', {sleep!r}])\nprint('started')",
         lambda out, ctx: _outlives_the_run(),
     ),
     # signal 0 to this process (a check that sends nothing) and SIGTERM to the probe's

@@ -15,7 +15,8 @@ import pytest
 from jax import export
 
 from jaxagent import models as M
-from jaxagent.rollout.sampler import SamplerState, SamplingConfig, append_kernel, decode_kernel
+from jaxagent.rollout.kernels import SamplerState, append_kernel, decode_kernel
+from jaxagent.rollout.sampling import SamplingConfig
 from jaxagent.train.batch import UpdateBatch
 from jaxagent.train.placement import _policy_logprobs
 from jaxagent.train.state import init_train_state
@@ -187,7 +188,7 @@ def test_the_code_paths_override_takes_the_accelerator_branches_on_the_cpu(monke
 
     from jaxagent import CODE_PATHS_ENV, code_platform
     from jaxagent.algos import advantages
-    from jaxagent.rollout.sampler import unroll_layers_default
+    from jaxagent.rollout.kernels import unroll_layers_default
 
     assert code_platform() == "cpu" and unroll_layers_default()
     rng = np.random.default_rng(0)
@@ -203,7 +204,7 @@ def test_the_code_paths_override_takes_the_accelerator_branches_on_the_cpu(monke
     monkeypatch.setattr(advantages, "_gae_native", lambda *a, **k: pytest.fail("the native kernel ran"))
     got = advantages.gae(r, v, m, gamma=0.99, lam=0.95)
     want = advantages.gae(r, v, m, gamma=0.99, lam=0.95, method="scan")
-    for a, b in zip(got, want):
+    for a, b in zip(got, want, strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     monkeypatch.setenv(CODE_PATHS_ENV, "cuda")
     with pytest.raises(ValueError, match=f"{CODE_PATHS_ENV}='cuda': expected one of cpu, gpu, tpu"):

@@ -157,7 +157,7 @@ def test_stub_voice_flags_match_what_it_corrupted():
     episodes = run_stub(range(12), lambda s: Clinician()) + run_stub(range(100, 112), RandomClinician)
     n_leaks = n_contra = 0
     seen_kinds = set()
-    for steps, term, log in episodes:
+    for steps, _term, log in episodes:
         flagged = [info["fidelity"] for info, _ in steps if "fidelity" in info]
         assert flagged == log  # one record per reply, exactly the corrupted ones flagged
         final = steps[-1][0]

@@ -11,7 +11,7 @@ import pytest
 
 import jaxagent.models as M
 from examples import intake_triage_reading as probe
-from jaxagent.rollout.byte_tokenizer import byte_chat_tokenizer
+from jaxagent.models.byte_tokenizer import byte_chat_tokenizer
 from jaxagent.rollout.chat import ChatFormat
 from jaxagent.train.warmstart import collect_demonstrations, demonstration_tokens
 
@@ -95,7 +95,8 @@ def test_the_command_writes_one_line_per_model(exported, tmp_path, capsys):
         probe.main([path, "--clinician", "[1]"])
 
 
-@pytest.mark.slow  # 35-54 s; the default suite is at its 15-minute limit (the probe's reading is covered by the other tests here)
+# 35-54 s; the default suite is at its 15-minute limit (the probe's reading is covered by the other tests here)
+@pytest.mark.slow
 def test_notes_put_the_checklist_in_the_probed_interviews(exported, tmp_path, monkeypatch):
     import jaxagent.train.warmstart as ws
 
@@ -130,7 +131,10 @@ def test_notes_put_the_checklist_in_the_probed_interviews(exported, tmp_path, mo
         assert json.loads(out.read_text())["notes"] is bool(flag)
     (plain_kw, plain), (notes_kw, noted), (first_kw, first) = seen
     assert not plain_kw["notes"] and notes_kw["notes"] and first_kw["notes_order"] == "risk_first"
-    text = lambda demos: json.dumps([dataclasses.asdict(d) for d in demos])
+
+    def text(demos):
+        return json.dumps([dataclasses.asdict(d) for d in demos])
+
     assert "To ask: " not in text(plain) and "To ask: " in text(noted)
     assert "To ask: mood " in text(noted) and "To ask: suicide harm mood " in text(first)
     assert json.loads(out.read_text())["notes_order"] == "risk_first"

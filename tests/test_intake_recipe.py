@@ -45,7 +45,7 @@ def test_the_weak_clinician_is_imperfect_the_way_its_options_say():
     assert 0.2 <= np.mean(planned) <= 0.4  # risk_screen 0.3
     asked = [any(a.endswith(q) for a in acts for q in RISK_QUESTIONS) for acts, _, _ in runs]
     # the risk questions come last, so the early conclusion cuts many of them
-    assert 0 < sum(asked) < sum(planned) and not any(a and not p for a, p in zip(asked, planned))
+    assert 0 < sum(asked) < sum(planned) and not any(a and not p for a, p in zip(asked, planned, strict=True))
     n_questions = [len(acts) - 1 for acts, _, _ in runs]
     assert max(n_questions) <= 12 and min(n_questions) >= 1
     assert all(info["assessment"] is not None for _, _, info in runs)  # it always concludes
@@ -305,8 +305,8 @@ def test_the_loop_applies_the_cut_off_score_when_the_context_fills():
 
     import envs
     from jaxagent import models
+    from jaxagent.models.byte_tokenizer import byte_chat_tokenizer
     from jaxagent.rollout import AgentLoop, AgentLoopConfig, SamplingConfig
-    from jaxagent.rollout.byte_tokenizer import byte_chat_tokenizer
 
     tok = byte_chat_tokenizer()
     cfg = models.DecoderConfig(

@@ -36,8 +36,7 @@ def test_a_layer_imports_only_the_layers_below_it(module, allowed):
 def test_tokenizers_and_their_training_stay_in_the_models_layer():
     """Building the in-memory ChatML tokenizer and training a BPE one
     (`jaxagent.models.byte_tokenizer`, `jaxagent.models.tokenizer_training`) load nothing
-    above `jaxagent.models`, also with the imports they make when they run; the older
-    import paths give the same objects."""
+    above `jaxagent.models`, also with the imports they make when they run."""
     code = (
         "import sys, json; from jaxagent.models import byte_chat_tokenizer, train_bpe_tokenizer; "
         "byte_chat_tokenizer(); train_bpe_tokenizer(['a b c', 'b c d'] * 4, 300); "
@@ -47,12 +46,6 @@ def test_tokenizers_and_their_training_stay_in_the_models_layer():
     assert out.returncode == 0, out.stderr
     loaded = json.loads(out.stdout.strip().splitlines()[-1])
     assert [m for m in loaded if m != "jaxagent" and not m.startswith("jaxagent.models")] == []
-    from jaxagent.models import byte_tokenizer, tokenizer_training
-    from jaxagent.rollout import byte_tokenizer as rollout_byte_tokenizer
-    from jaxagent.train import warmstart
-
-    assert rollout_byte_tokenizer.chatml_tokenizer is byte_tokenizer.chatml_tokenizer
-    assert warmstart.train_bpe_tokenizer is tokenizer_training.train_bpe_tokenizer
 
 
 def test_the_rollout_knows_neither_the_envs_nor_the_trainer():

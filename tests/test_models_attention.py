@@ -123,7 +123,7 @@ def test_the_blocked_backward_matches_the_dense_autodiff(padding):
 
     dense = jax.grad(loss("dense"), argnums=(0, 1, 2))(q, k, v)
     blocked = jax.jit(jax.grad(loss("blocked"), argnums=(0, 1, 2)))(q, k, v)
-    for name, d, b in zip("qkv", dense, blocked):
+    for name, d, b in zip("qkv", dense, blocked, strict=True):
         np.testing.assert_allclose(np.asarray(b), np.asarray(d), atol=5e-6, rtol=1e-5, err_msg=name)
     assert float(jnp.max(jnp.abs(dense[1]))) > 0.1  # the check compares real gradients
 

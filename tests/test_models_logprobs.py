@@ -11,9 +11,9 @@ from jaxagent import models as M
 def np_reference(h, w, y, tau=1.0):
     """float64: logp, entropy, and the gradients of sum(a*logp + b*H) w.r.t. h and w."""
     h, w = h.astype(np.float64), w.astype(np.float64)
-    l = np.einsum("btd,dv->btv", h, w) / tau
-    l = l - l.max(-1, keepdims=True)
-    logp_all = l - np.log(np.exp(l).sum(-1, keepdims=True))
+    logits = np.einsum("btd,dv->btv", h, w) / tau
+    logits = logits - logits.max(-1, keepdims=True)
+    logp_all = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     p = np.exp(logp_all)
     logp = np.take_along_axis(logp_all, y[..., None], -1)[..., 0]
     ent = -(p * logp_all).sum(-1)

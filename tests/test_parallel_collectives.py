@@ -144,7 +144,7 @@ def test_each_process_samples_on_a_mesh_of_all_its_devices():
         params = parallel.to_local(jax.device_put(host, parallel.param_shardings(host, mesh)), mesh, local)
         q = params["layers"]["q_proj"]["kernel"]
         assert q.sharding.mesh == local and q.sharding.spec == q_spec
-        for a, b in zip(jax.tree.leaves(host), jax.tree.leaves(params)):
+        for a, b in zip(jax.tree.leaves(host), jax.tree.leaves(params), strict=True):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
         assert Sampler(params, CFG, max_len=16).mesh is local
     # one device per process: no mesh (the sampler runs unsharded on it)

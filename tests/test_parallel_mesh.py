@@ -116,9 +116,11 @@ def run_single_device(state, batches, step_fn, cfg):
 
 
 def assert_close(got_state, got_metrics, want_state, want_metrics):
-    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(host(got_state)), jax.tree.leaves(want_state)):
+    for (path, a), b in zip(
+        jax.tree_util.tree_leaves_with_path(host(got_state)), jax.tree.leaves(want_state), strict=True
+    ):
         np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL, err_msg=jax.tree_util.keystr(path))
-    for i, (g, w) in enumerate(zip(got_metrics, want_metrics)):
+    for i, (g, w) in enumerate(zip(got_metrics, want_metrics, strict=True)):
         assert set(g) == set(w)
         for k in w:
             np.testing.assert_allclose(g[k], w[k], rtol=RTOL, atol=ATOL, err_msg=f"step {i} {k}")
@@ -357,7 +359,7 @@ def test_memory_estimate_params_and_optimizer_are_the_exact_shard_sizes():
         mesh = par.make_mesh(mesh_cfg)
         state = par.shard_train_state(init_train_state(jax.random.key(0), make_params(), CFG, STEP), mesh)
 
-        def on_device0(tree):
+        def on_device0(tree, mesh=mesh):
             d0 = mesh.devices.flat[0]
             return sum(s.data.nbytes for x in jax.tree.leaves(tree) for s in x.addressable_shards if s.device == d0)
 

@@ -71,7 +71,7 @@ def test_gspo_gradient_matches_straight_through_derivation():
                 continue
             a = adv[i, t]
 
-            def lt(x):
+            def lt(x, i=i, a=a):
                 s = np.exp(min(d_seq[i] + x, 10.0))
                 return max(-a * s, -a * np.clip(s, 1 - lo, 1 + hi))
 

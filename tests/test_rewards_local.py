@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from jaxagent.models import Model, init_params, save_pretrained, tiny_config
+from jaxagent.models.byte_tokenizer import byte_chat_tokenizer
 from jaxagent.rewards import JudgeItem, LocalJudge, make_judge, render_transcript
 from jaxagent.rollout import sampler as sampler_mod
-from jaxagent.rollout.byte_tokenizer import byte_chat_tokenizer
 
 PROMPT = "Grade the assistant.\n{transcript}\nEnd with Score: <0..1>"
 MAX_TOKENS = 10
@@ -96,7 +96,7 @@ def test_greedy_replies_are_the_models_argmax_replies_in_order():
     assert [r.key for r in results] == [0, 1, 2]
     assert j.last_reply_tokens == [ids for ids, _ in REFERENCE]
     assert j.last_replies == [text for _, text in REFERENCE]
-    for r, (_, text) in zip(results, REFERENCE):
+    for r, (_, text) in zip(results, REFERENCE, strict=True):
         # a random model does not write a score: its reply is a bad reply, shown in the detail
         assert r.failure_kind == "judge_bad_reply" and r.score is None
         assert r.detail.startswith("no score in reply: ")
@@ -151,7 +151,7 @@ def parrot_model(text):
     p = init_params(jax.random.key(1), cfg)
     emb = np.zeros((cfg.vocab_size, cfg.hidden_size), np.float32)
     head = np.zeros((cfg.hidden_size, cfg.vocab_size), np.float32)
-    for k, (src, nxt) in enumerate(zip(chain, chain[1:])):
+    for k, (src, nxt) in enumerate(zip(chain, chain[1:], strict=False)):  # each token with the next
         emb[src, k] = 1.0
         head[k, nxt] = 10.0
     p["embed"]["embedding"] = jnp.asarray(emb)
@@ -317,10 +317,10 @@ def test_smollm2_scores_two_episodes():
     results = j.score_batch(items)
     took = time.monotonic() - t1
     print(f"\nSmolLM2 judge: load {loaded:.1f} s, score_batch {took:.1f} s")
-    for r, reply in zip(results, j.last_replies):
+    for r, reply in zip(results, j.last_replies, strict=True):
         print(f"  {r.key}: score={r.score} failure={r.failure_kind} seconds={r.seconds:.1f}\n    reply={reply!r}")
     assert [r.key for r in results] == ["good", "bad"]
-    for r, reply in zip(results, j.last_replies):
+    for r, reply in zip(results, j.last_replies, strict=True):
         assert reply is not None  # finished within max_tokens (or at the end-of-turn token)
         if r.ok:
             assert math.isfinite(r.score) and 0.0 <= r.score <= 1.0

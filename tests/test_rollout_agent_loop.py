@@ -19,8 +19,8 @@ import pytest
 import envs
 from jaxagent import models as M
 from jaxagent.models import tiny_config
+from jaxagent.models.byte_tokenizer import byte_chat_tokenizer
 from jaxagent.rollout import AgentLoop, AgentLoopConfig, SamplingConfig
-from jaxagent.rollout.byte_tokenizer import byte_chat_tokenizer
 
 TOK = byte_chat_tokenizer()
 CFG = tiny_config(vocab_size=len(TOK))

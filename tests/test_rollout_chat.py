@@ -8,8 +8,8 @@ end-of-turn token.
 
 import pytest
 
+from jaxagent.models.byte_tokenizer import byte_chat_tokenizer
 from jaxagent.rollout import ChatFormat, ChatTemplateError
-from jaxagent.rollout.byte_tokenizer import byte_chat_tokenizer
 
 LLAMA3 = (
     "<|begin_of_text|>{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"

@@ -26,8 +26,8 @@ from envs import EnvPool
 from envs.pool import PoolCall
 from jaxagent import models as M
 from jaxagent.models import tiny_config
+from jaxagent.models.byte_tokenizer import byte_chat_tokenizer
 from jaxagent.rollout import AgentLoop, AgentLoopConfig, SamplingConfig
-from jaxagent.rollout.byte_tokenizer import byte_chat_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 TOK = byte_chat_tokenizer()
@@ -101,7 +101,7 @@ def assert_same(a, b):
         np.testing.assert_array_equal(np.asarray(getattr(ta, f)), np.asarray(getattr(tb, f)), err_msg=f)
     np.testing.assert_allclose(np.asarray(ta.rollout_logp), np.asarray(tb.rollout_logp), rtol=1e-5, atol=1e-5)
     assert len(ea) == len(eb)
-    for x, y in zip(ea, eb):
+    for x, y in zip(ea, eb, strict=True):
         for f in EP_EXACT:
             assert getattr(x, f) == getattr(y, f), (x.index, f)
         np.testing.assert_allclose(x.logp, y.logp, rtol=1e-5, atol=1e-5)
@@ -139,7 +139,8 @@ def test_fault_free_and_early_ending_episodes_are_identical(loop):
     assert t["rollout_s"] <= wall, (t, wall)
 
 
-@pytest.mark.slow  # ~20 s on idle cores (suite budget; test_continuous_episode_lost_while_waiting_for_its_decode stays): `make test-slow`
+# ~20 s on idle cores (suite budget; test_continuous_episode_lost_while_waiting_for_its_decode stays): `make test-slow`
+@pytest.mark.slow
 def test_frozenlake_greedy_and_context_limit_are_identical(loop):
     # a short context: some episodes end by "context_full" (actions cut, never sent)
     cfg = AgentLoopConfig(max_turns=4, max_tokens_per_turn=8, max_context=330, sampling=SamplingConfig(0.0))
@@ -152,7 +153,8 @@ def test_frozenlake_greedy_and_context_limit_are_identical(loop):
     assert_same(out[1], out["s4"])
 
 
-@pytest.mark.slow  # ~33 s on idle cores (suite budget; test_continuous_episode_lost_while_waiting_for_its_decode stays): `make test-slow`
+# ~33 s on idle cores (suite budget; test_continuous_episode_lost_while_waiting_for_its_decode stays): `make test-slow`
+@pytest.mark.slow
 def test_faulty_envs_are_identical(loop):
     """Crash, segfault, raise (worker restarted: the other episodes of that worker are
     replayed), invalid results, an unpicklable result and a hang past the step timeout,

@@ -92,7 +92,7 @@ def test_temperature_logprobs_are_those_of_the_scaled_distribution():
         toks, logps, _ = Sampler.to_lists(gen)
         for b, p in enumerate(PROMPTS):
             seq = list(p)
-            for t, lp in zip(toks[b], logps[b]):
+            for t, lp in zip(toks[b], logps[b], strict=True):
                 ref = np_processed(
                     full_logits(seq), sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p
                 )
@@ -122,7 +122,7 @@ def test_sampled_frequencies_follow_the_numpy_distribution():
     sc = SamplingConfig(temperature=1.2, top_k=12, top_p=0.85)
     n = 20000
     keys = jax.random.split(jax.random.key(7), n)
-    toks, _ = jax.jit(lambda k, l: sample_tokens(l, k, jnp.zeros((n,), jnp.int32), sc))(
+    toks, _ = jax.jit(lambda k, lg: sample_tokens(lg, k, jnp.zeros((n,), jnp.int32), sc))(
         keys, jnp.broadcast_to(jnp.asarray(logits), (n, 97))
     )
     freq = np.bincount(np.asarray(toks), minlength=97) / n
@@ -203,7 +203,7 @@ def test_unrolled_layers_equal_the_layer_scan_bit_for_bit(sampling):
         st = s.append(st, [[70, 71, 72], None, [5, 6]])
         st, g2 = s.decode(st, max_new_tokens=7, sampling=sampling, active=[True, False, True], max_new=[7, 7, 4])
         outs.append(jax.device_get((g1, g2, st.cache, st.next_logits_BxV)))
-    for a, b in zip(jax.tree.leaves(outs[0]), jax.tree.leaves(outs[1])):
+    for a, b in zip(jax.tree.leaves(outs[0]), jax.tree.leaves(outs[1]), strict=True):
         np.testing.assert_array_equal(a, b)
 
 
@@ -268,7 +268,7 @@ def test_an_append_in_pieces_equals_one_pass_and_a_full_forward():
     pieces of 8, ragged prompts (left- and right-padded, one row with nothing) give the
     same cache and next-token logits as one pass, and the logits those of a full forward
     pass of the sequence."""
-    from jaxagent.rollout.sampler import append_kernel
+    from jaxagent.rollout.kernels import append_kernel
 
     s = Sampler(PARAMS, CFG, max_len=64)
     rng = np.random.default_rng(3)

@@ -14,8 +14,8 @@ import envs
 from jaxagent import models as M
 from jaxagent import parallel
 from jaxagent.models import tiny_config
+from jaxagent.models.byte_tokenizer import byte_chat_tokenizer
 from jaxagent.rollout import AgentLoop, AgentLoopConfig, Sampler, SamplingConfig
-from jaxagent.rollout.byte_tokenizer import byte_chat_tokenizer
 
 TOK = byte_chat_tokenizer()
 EOT = TOK.convert_tokens_to_ids("<|im_end|>")
@@ -29,7 +29,7 @@ def mesh_of(data, fsdp, tensor):
 
 def lists_close(a, b, atol=1e-5):
     assert len(a) == len(b)
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         np.testing.assert_allclose(np.asarray(x, np.float64), np.asarray(y, np.float64), atol=atol)
 
 
@@ -41,7 +41,7 @@ def test_sampler_sharded_matches_unsharded():
     shd = Sampler(params, cfg, max_len=48, window_segments=1, mesh=mesh)
     # params are placed by the sampler's rules (q_proj: heads over tensor)
     want = parallel.param_shardings(shd.params, mesh, parallel.ROLLOUT_AXIS_RULES)
-    for x, s in zip(jax.tree.leaves(shd.params), jax.tree.leaves(want)):
+    for x, s in zip(jax.tree.leaves(shd.params), jax.tree.leaves(want), strict=True):
         assert x.sharding.spec == s.spec
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11], [12, 13, 14], [5], [6, 7], [8, 8, 8, 8]]
 
@@ -63,7 +63,7 @@ def test_sampler_sharded_matches_unsharded():
     for sampling in (SamplingConfig(0.0), SamplingConfig(0.9, top_k=20)):
         out_ref, _ = run(ref, sampling)
         out_shd, specs = run(shd, sampling)
-        for (t0, l0, r0), (t1, l1, r1) in zip(out_ref, out_shd):
+        for (t0, l0, r0), (t1, l1, r1) in zip(out_ref, out_shd, strict=True):
             assert t0 == t1 and r0 == r1
             lists_close(l0, l1)
         assert specs[0] == (P(None, "data", "tensor"), P("data"), P("data"), P("data"), P("data"))
@@ -127,7 +127,7 @@ def test_agent_loop_sharded_matches_unsharded(sampling, env_fns, ctx):
     # over data and fsdp (q_proj: P(None, None, "tensor")), not the update's fsdp split
     shd.set_params(jax.tree.map(lambda x: x + 0, params))
     rollout = parallel.param_shardings(params, mesh, parallel.ROLLOUT_AXIS_RULES)
-    for x, s in zip(jax.tree.leaves(shd.params), jax.tree.leaves(rollout)):
+    for x, s in zip(jax.tree.leaves(shd.params), jax.tree.leaves(rollout), strict=True):
         assert x.sharding == s
     assert shd.params["layers"]["q_proj"]["kernel"].sharding.spec == P(None, None, "tensor")
 

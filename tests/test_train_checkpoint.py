@@ -53,7 +53,10 @@ def make_state(k: int = 0, cfg=CFG, critic=True, lora=None):
         critic_params=critic_params,
         critic_config=cfg if critic else None,
     )
-    bump = lambda x: x + jnp.asarray(0.001 * (k + 1), x.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x + k
+
+    def bump(x):
+        return x + jnp.asarray(0.001 * (k + 1), x.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x + k
+
     return state.replace(
         params=jax.tree.map(bump, state.params),
         opt_state=jax.tree.map(bump, state.opt_state),
@@ -67,7 +70,7 @@ def make_state(k: int = 0, cfg=CFG, critic=True, lora=None):
 def assert_bitwise_equal(a, b):
     ha, hb = host(a), host(b)
     assert jax.tree.structure(ha) == jax.tree.structure(hb)
-    for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(ha), jax.tree.leaves(hb)):
+    for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(ha), jax.tree.leaves(hb), strict=True):
         assert x.dtype == y.dtype and x.shape == y.shape, jax.tree_util.keystr(path)
         np.testing.assert_array_equal(
             np.atleast_1d(x).view(np.uint8), np.atleast_1d(y).view(np.uint8), err_msg=jax.tree_util.keystr(path)
@@ -231,5 +234,5 @@ def test_export_policy_merges_lora_into_a_hugging_face_directory(tmp_path):
     loaded = M.load_pretrained(out)
     merged, merged_cfg = M.merge_lora(state.params, state.model_config)
     assert loaded.config.lora is None and loaded.config.hidden_size == merged_cfg.hidden_size
-    for a, b in zip(jax.tree.leaves(host(loaded.params)), jax.tree.leaves(host(merged))):
+    for a, b in zip(jax.tree.leaves(host(loaded.params)), jax.tree.leaves(host(merged)), strict=True):
         np.testing.assert_array_equal(a, b)

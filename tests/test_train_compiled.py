@@ -41,6 +41,18 @@ TOTAL_GB = _total_gb()
 #: in the shipped configs (LoRA with a warm start) are in the default suite on the tiny
 #: model (`LORA`)
 SLOW = {"smollm2_countdown_grpo", "smollm2_frozenlake", "gpu_countdown_grpo"}
+#: checked by default: one config of each env family (a PPO one where the family has it:
+#: the policy's passes and the critic's), the demo and the intake recipe; the others
+#: (other estimators on the same model and shapes, whose passes these include) are slow
+FAMILIES = {
+    "default",
+    "tiny_countdown_ppo",
+    "countdown_ppo",
+    "frozenlake_ppo",
+    "sokoban_gigpo",
+    "toolmath_ppo",
+    "intake",
+}
 #: a LoRA run with a warm start (what `smollm2_frozenlake` is), on the tiny Countdown config
 LORA = [
     "model.lora={rank: 4, alpha: 8, targets: [q_proj, v_proj, down_proj]}",
@@ -100,16 +112,26 @@ def _problems(path, tmp_path, overrides=(), *, ratios: bool = True) -> list[str]
     return out + (["\n".join(lines)] if out else [])
 
 
-def test_every_shipped_config_compiles_within_its_estimate(tmp_path):
-    """Every config but `SLOW`, in one process: programs two configs share (the same model
+def _check_configs(names, tmp_path, lora: bool = False) -> None:
+    """The configs `names`, in one process: programs two configs share (the same model
     and shapes under another estimator) compile once."""
     problems, skipped = [], []
-    cases = [(path, ()) for path in CONFIGS if path.stem not in SLOW]
-    for path, overrides in cases + [(ROOT / "configs" / "tiny_countdown_grpo.yaml", LORA)]:
+    cases = [(path, ()) for path in CONFIGS if path.stem in names]
+    assert len(cases) == len(names), f"no config for {set(names) - {p.stem for p in CONFIGS}}"
+    for path, overrides in cases + ([(ROOT / "configs" / "tiny_countdown_grpo.yaml", LORA)] if lora else []):
         got = _problems(path, tmp_path / str(len(problems) + len(skipped)), overrides)
         (skipped if got and got[0].startswith("skip") else problems).extend(got)
     assert not problems, "\n".join(problems)
-    assert len(skipped) < len(CONFIGS) - len(SLOW)
+    assert len(skipped) < len(cases)
+
+
+def test_a_config_of_each_family_compiles_within_its_estimate(tmp_path):
+    _check_configs(FAMILIES, tmp_path, lora=True)
+
+
+@pytest.mark.slow  # the other estimators of the same models and shapes (~3 min on 2 cores)
+def test_the_other_shipped_configs_compile_within_their_estimate(tmp_path):
+    _check_configs({p.stem for p in CONFIGS} - SLOW - FAMILIES, tmp_path)
 
 
 @pytest.mark.slow

@@ -77,8 +77,9 @@ def reference_input_dependence(tokens, loss_mask, group_ids, ok):
     for i in range(len(tokens)):
         if not ok[i]:
             continue
-        t = [int(x) for x, m in zip(tokens[i], loss_mask[i]) if m]
-        bags[i] = collections.Counter([("u", x) for x in t] + [("b", a, b) for a, b in zip(t, t[1:])])
+        t = [int(x) for x, m in zip(tokens[i], loss_mask[i], strict=True) if m]
+        # bigrams: each token with the next (strict=False: t[1:] is one shorter)
+        bags[i] = collections.Counter([("u", x) for x in t] + [("b", a, b) for a, b in zip(t, t[1:], strict=False)])
     sizes = collections.Counter(group_ids[i] for i in bags)
     groups = sorted(g for g, c in sizes.items() if c >= 2)
     rows = [i for i in bags if group_ids[i] in groups]

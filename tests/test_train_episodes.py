@@ -134,7 +134,7 @@ def test_a_real_run_stores_its_episodes_tokens_and_signals(stored_run):
         # is that without special tokens
         policy = [s for s in rec["segments"] if s["kind"] == "policy"]
         assert [s["turn"] for s in policy] == list(range(len(ep.actions)))
-        for seg, action in zip(policy, ep.actions):
+        for seg, action in zip(policy, ep.actions, strict=True):
             assert seg["text"] == trainer.tokenizer.decode(seg["tokens"])
             assert action == trainer.tokenizer.decode(seg["tokens"], skip_special_tokens=True)
         assert rec["rewards"] == ep.rewards and rec["seed"] == ep.seed

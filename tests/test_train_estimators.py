@@ -86,7 +86,7 @@ def test_an_estimator_registered_outside_the_package_trains_like_the_builtin(tmp
         runs[name] = learning(Trainer(cfg, log=lambda *_: None).run())
     builtin, outside = runs["grpo"], runs["test_outside_grpo"]
     assert len(outside) == 2 and builtin[0]["advantage_abs_mean"] > 0  # the runs had a learning signal
-    for a, b in zip(builtin, outside):
+    for a, b in zip(builtin, outside, strict=True):
         assert a.keys() == b.keys()
         for k in a:
             assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), k
@@ -174,7 +174,7 @@ def test_every_builtin_estimator_trains(tmp_path, name):
     assert history[0]["advantage_abs_mean"] > 0
     moved = [
         not np.array_equal(a, b)
-        for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(jax.device_get(trainer.state.params)))
+        for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(jax.device_get(trainer.state.params)), strict=True)
     ]
     assert all(moved)
     assert ("value_loss" in history[0]) == (name == "turn_gae")

@@ -97,11 +97,11 @@ def soak(tmp_path, iterations):
     soak, soak_eps = play(tmp_path / "soak", RATE, iterations)
     clean, clean_eps = play(tmp_path / "clean", 0.0, iterations)
     counted, faults, healthy = collections.Counter(), 0, 0
-    for i, (m, eps, ref_eps) in enumerate(zip(soak, soak_eps, clean_eps)):
+    for i, (m, eps, ref_eps) in enumerate(zip(soak, soak_eps, clean_eps, strict=True)):
         for k in CHAOS_REPORTED_AS.values():
             counted[k] += m.get(f"failed_{k}", 0)
         assert m["failed_episodes"] == sum(m.get(f"failed_{k}", 0) for k in CHAOS_REPORTED_AS.values())
-        for ep, ref in zip(eps, ref_eps):
+        for ep, ref in zip(eps, ref_eps, strict=True):
             assert ep.seed == ref.seed
             if not ep.failed:
                 assert transcript(ep) == transcript(ref), (i, ep.seed)

@@ -142,7 +142,7 @@ def test_judge_config_errors_are_named(tmp_path, monkeypatch):
 def test_judge_reward_modes_on_episodes():
     """`JudgeReward` on hand-made episodes: replace, add, drop and keep-the-env's."""
     from jaxagent.rewards import CallableJudge, JudgeReward
-    from jaxagent.rollout.agent_loop import Episode
+    from jaxagent.rollout.episode import Episode
 
     def episodes():
         out = []

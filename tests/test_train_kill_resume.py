@@ -170,7 +170,7 @@ def test_sigkilled_run_resumes_to_the_metrics_of_an_uninterrupted_run(tmp_path):
     after_resume, uninterrupted = read_jsonl(metrics), read_jsonl(straight / "metrics.jsonl")
     assert [m["iteration"] for m in after_resume] == list(range(1, ITERATIONS + 1))
     assert [m["iteration"] for m in uninterrupted] == list(range(1, ITERATIONS + 1))
-    for i, (a, b) in enumerate(zip(learning_metrics(after_resume), learning_metrics(uninterrupted)), 1):
+    for i, (a, b) in enumerate(zip(learning_metrics(after_resume), learning_metrics(uninterrupted), strict=True), 1):
         assert a == b, f"iteration {i} differs ({where}; resumed at {resumed}):\n{a}\n{b}"
     assert complete_steps(killed)[-1] == ITERATIONS
     assert not partial_steps(killed), "a partial checkpoint was left behind"

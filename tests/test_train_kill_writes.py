@@ -227,7 +227,10 @@ def train_args(run_dir, *extra) -> list[str]:
 def run_driver(run_dir, log_path, spec: dict, *extra) -> int:
     """The return code of `jaxagent train` run through `_driver`."""
     env = {**os.environ, SPEC_ENV: json.dumps({"run_dir": str(run_dir), **spec})}
-    code = f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import {Path(__file__).stem} as t; t._driver()"
+    code = (
+        f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+        f"import {Path(__file__).stem} as t; t._driver()"
+    )
     with open(log_path, "w") as log:
         return subprocess.run(
             [sys.executable, "-c", code, *train_args(run_dir, *extra)],
@@ -438,7 +441,7 @@ def killed_and_resumed(tmp_path, reference: Reference | None, kills: list) -> li
         return resumed_at
     straight = reference.done()
     expected = whole_lines((straight / "metrics.jsonl").read_text(), "the uninterrupted run")
-    for i, (a, b) in enumerate(zip(learning_metrics(metrics), learning_metrics(expected)), 1):
+    for i, (a, b) in enumerate(zip(learning_metrics(metrics), learning_metrics(expected), strict=True), 1):
         assert a == b, f"iteration {i} differs ({where}):\n{a}\n{b}"
     assert sorted(store(straight)) == [2, 4], (
         "the store's bound no longer thins it at iteration 4 "
@@ -622,7 +625,7 @@ SWEEP = [
 
 def matches(resumed: list, expected: list) -> bool:
     return len(resumed) == len(expected) and all(
-        r in e if isinstance(e, tuple) else r == e for r, e in zip(resumed, expected)
+        r in e if isinstance(e, tuple) else r == e for r, e in zip(resumed, expected, strict=True)
     )
 
 

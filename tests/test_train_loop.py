@@ -82,7 +82,7 @@ def check_run(trainer: Trainer, history: list[dict], iterations: int):
 
 
 def params_moved(before, after) -> bool:
-    return any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after)))
+    return any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after), strict=True))
 
 
 def test_grpo_run_learns_from_group_advantages(tmp_path):
@@ -121,7 +121,7 @@ def test_sampler_old_logprobs_skip_the_pass_and_update_as_the_recomputed_ones(tm
     assert m_re["rollout_logp_gap"] < 1e-4
     assert m_sa["reward_mean"] == m_re["reward_mean"] and m_sa["policy_tokens"] == m_re["policy_tokens"]
     assert m_sa["loss"] == pytest.approx(m_re["loss"], abs=1e-4)
-    for a, b in zip(jax.tree.leaves(p_sa), jax.tree.leaves(p_re)):
+    for a, b in zip(jax.tree.leaves(p_sa), jax.tree.leaves(p_re), strict=True):
         np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64), rtol=0, atol=1e-5)
     assert params_moved(before, p_sa)
 
@@ -163,14 +163,15 @@ def test_a_kl_term_on_the_last_turn_reaches_the_update(tmp_path):
         assert kl_mask is not None
         policy, covered = loss_mask > 0, kl_mask > 0
         assert not (covered & ~policy).any() and covered.sum() < policy.sum()  # a part of the policy tokens
-        for row_policy, row_covered in zip(policy, covered):
+        for row_policy, row_covered in zip(policy, covered, strict=True):
             if row_policy.any():
                 rest = np.flatnonzero(row_policy & ~row_covered)
                 kl_at = np.flatnonzero(row_covered)
                 assert kl_at.size and (rest.size == 0 or kl_at.min() > rest.max())
 
 
-@pytest.mark.slow  # ~24 s on idle cores (suite budget; test_train_configs' frozenlake_ppo run trains a critic by default)
+# ~24 s on idle cores (suite budget; test_train_configs' frozenlake_ppo run trains a critic by default)
+@pytest.mark.slow
 def test_ppo_with_critic_run(tmp_path):
     trainer = Trainer(config(tmp_path / "run", "algo.advantage=gae", "algo.lam=0.95"), log=lambda *_: None)
     before = jax.device_get((trainer.state.params, trainer.state.critic_params))

@@ -47,9 +47,9 @@ def test_lora_run_trains_the_adapters_only_with_an_adapter_reference(tmp_path):
     assert len(history) == 2 and all(np.isfinite(m["kl"]) for m in history)
     after = jax.device_get(trainer.state.params)
     a2, f2 = M.split_lora(after)
-    for x, y in zip(jax.tree.leaves(frozen), jax.tree.leaves(f2)):
+    for x, y in zip(jax.tree.leaves(frozen), jax.tree.leaves(f2), strict=True):
         np.testing.assert_array_equal(x, y)  # the base: bitwise unchanged
-    moved = [not np.array_equal(x, y) for x, y in zip(jax.tree.leaves(adapters), jax.tree.leaves(a2))]
+    moved = [not np.array_equal(x, y) for x, y in zip(jax.tree.leaves(adapters), jax.tree.leaves(a2), strict=True)]
     assert any(moved)  # the B matrices start at 0 and move
 
 
@@ -59,7 +59,10 @@ def test_a_lora_run_resumes_exactly(tmp_path):
     Trainer(config(tmp_path / "run", "iterations=2"), log=lambda *_: None).run()
     more = Trainer(config(tmp_path / "run", "iterations=3"), resume=True, log=lambda *_: None).run()
     straight = Trainer(config(tmp_path / "b", "iterations=3"), log=lambda *_: None).run()
-    strip = lambda ms: [{k: v for k, v in m.items() if not k.startswith("time_") and k != "tokens_per_s"} for m in ms]
+
+    def strip(ms):
+        return [{k: v for k, v in m.items() if not k.startswith("time_") and k != "tokens_per_s"} for m in ms]
+
     assert strip(more) == strip(straight)
 
 

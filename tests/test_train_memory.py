@@ -202,7 +202,8 @@ def test_the_samplers_append_is_bounded_and_within_the_estimate():
     `prefill`."""
     from pathlib import Path
 
-    from jaxagent.rollout.sampler import APPEND_CHUNK, Sampler, append_kernel
+    from jaxagent.rollout.kernels import APPEND_CHUNK, append_kernel
+    from jaxagent.rollout.sampler import Sampler
     from jaxagent.train import build
 
     config = load_config(TrainerConfig, Path(__file__).resolve().parents[1] / "configs" / "intake_grpo.yaml", [])

@@ -81,8 +81,8 @@ def test_the_gradient_is_the_float32_one_up_to_bfloat16_rounding():
     s_mixed, mixed, _ = step("bfloat16")
     s_f32, full, _ = step(None)
     # with AdamW's first step the update is about -lr * sign(g): compare the moved directions
-    d_mixed = np.concatenate([(a - b).ravel() for a, b in zip(leaves(mixed.params), leaves(s_mixed))])
-    d_f32 = np.concatenate([(a - b).ravel() for a, b in zip(leaves(full.params), leaves(s_f32))])
+    d_mixed = np.concatenate([(a - b).ravel() for a, b in zip(leaves(mixed.params), leaves(s_mixed), strict=True)])
+    d_f32 = np.concatenate([(a - b).ravel() for a, b in zip(leaves(full.params), leaves(s_f32), strict=True)])
     moved = np.abs(d_f32) > 1e-6
     assert np.mean(np.sign(d_mixed[moved]) == np.sign(d_f32[moved])) > 0.9
     mu_mixed = np.concatenate([x.ravel() for x in leaves(mixed.opt_state[0].mu)])
@@ -95,7 +95,10 @@ def test_float32_masters_keep_updates_that_bfloat16_weights_round_away():
     lr = 1e-5  # far below a bfloat16 weight's spacing (2^-8 relative): 0.2 * 2^-8 ~ 8e-4
     s_mixed, mixed, _ = step("bfloat16", lr=lr)
     s_bf16, bf16, _ = step(None, lr=lr, bf16_weights=True)
-    changed = lambda new, old: np.mean([np.mean(a != b) for a, b in zip(leaves(new.params), leaves(old))])
+
+    def changed(new, old):
+        return np.mean([np.mean(a != b) for a, b in zip(leaves(new.params), leaves(old), strict=True)])
+
     assert changed(mixed, s_mixed) > 0.5  # the float32 masters moved
     assert changed(bf16, s_bf16) < 0.1  # the bfloat16 weights mostly did not
 

@@ -184,8 +184,8 @@ def test_kl_reward_penalty_runs_with_a_reference(tmp_path):
     # without a warm start the reference is the initial policy, kept while the policy trains
     ref, final = jax.device_get(trainer.ref_params), jax.device_get(trainer.state.params)
     assert jax.tree.structure(ref) == jax.tree.structure(initial)
-    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(initial)))
-    assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(final)))
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(initial), strict=True))
+    assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(final), strict=True))
     # iteration 1 samples from the reference itself: the k1 penalty is exactly 0; then the policy moved
     assert history[0]["kl_reward_penalty"] == pytest.approx(0.0, abs=1e-6)
     assert history[1]["kl_reward_penalty"] != 0.0
@@ -225,17 +225,19 @@ def test_trim_padding_trains_as_the_full_length_batch(tmp_path):
         trainer = Trainer(cfg, log=lambda *_: None)
         seen = []
         update = trainer._update
-        trainer._update = lambda state, batch, *a, **k: (
-            seen.append(batch.tokens.shape),
-            update(state, batch, *a, **k),
-        )[1]
+
+        def record(state, batch, *a, seen=seen, update=update, **k):
+            seen.append(batch.tokens.shape)
+            return update(state, batch, *a, **k)
+
+        trainer._update = record
         history = trainer.run()
         runs[name] = (history[0], jax.device_get(trainer.state.params), seen)
     (full, p_full, s_full), (trim, p_trim, s_trim) = runs["full"], runs["trimmed"]
     assert s_full and all(s[1] == 768 for s in s_full)  # max_context
     assert s_trim and all(s[1] < 768 and s[1] % 64 == 0 for s in s_trim)
     assert trim["reward_mean"] == full["reward_mean"]  # the same episodes
-    for a, b in zip(jax.tree.leaves(p_full), jax.tree.leaves(p_trim)):
+    for a, b in zip(jax.tree.leaves(p_full), jax.tree.leaves(p_trim), strict=True):
         np.testing.assert_allclose(a, b, rtol=0, atol=2e-6)
 
 
@@ -250,6 +252,8 @@ UNEVEN = [
 ]
 
 
+# slow (~45-70 s): the suite's time; the trimmed step's own tests stay in it (test_train_step.py)
+@pytest.mark.slow
 def test_trim_chunks_trains_as_the_trimmed_batch(tmp_path):
     """`update.trim_chunks`: the same iteration as with `trim_padding` alone, the update's
     micro-batches and the log-prob pass's chunks each cut to their own rows' length."""
@@ -274,7 +278,12 @@ def test_trim_chunks_trains_as_the_trimmed_batch(tmp_path):
         trainer = Trainer(cfg, log=lambda *_: None)
         seen = []
         update = trainer._update
-        trainer._update = lambda state, batch: (seen.append(batch.tokens.shape[1]), update(state, batch))[1]
+
+        def record(state, batch, *, seen=seen, update=update):
+            seen.append(batch.tokens.shape[1])
+            return update(state, batch)
+
+        trainer._update = record
         history = trainer.run()
         runs[name] = (history[0], jax.device_get(trainer.state.params), seen, trainer, update)
     (full, p_full, s_full, _, plain), (chunks, p_chunks, s_chunks, trainer, trimmed) = runs["batch"], runs["chunks"]
@@ -283,7 +292,7 @@ def test_trim_chunks_trains_as_the_trimmed_batch(tmp_path):
     assert all(L % 8 == 0 for L in trimmed.lengths_seen)
     assert chunks["reward_mean"] == full["reward_mean"]  # the same episodes
     np.testing.assert_allclose(chunks["rollout_logp_gap"], full["rollout_logp_gap"], atol=1e-6)
-    for a, b in zip(jax.tree.leaves(p_full), jax.tree.leaves(p_chunks)):
+    for a, b in zip(jax.tree.leaves(p_full), jax.tree.leaves(p_chunks), strict=True):
         np.testing.assert_allclose(a, b, rtol=0, atol=2e-6)
     # the chunked log-prob pass: the one-pass values up to each row's length, 0 after its chunk's
     r = np.random.RandomState(0)

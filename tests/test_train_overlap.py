@@ -50,7 +50,7 @@ def test_off_policy_run_reports_staleness_tis_and_idle_time(tmp_path):
     assert [m["tasks_seen"] for m in history] == [2, 4, 6]
     assert any(
         not np.array_equal(a, b)
-        for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(jax.device_get(trainer.state.params)))
+        for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(jax.device_get(trainer.state.params)), strict=True)
     )
 
 
@@ -73,7 +73,7 @@ def test_continuous_scheduling_trains_on_the_same_episodes(tmp_path):
         )
         runs[name] = trainer.run()
         assert trainer.config.rollout.slots == (3 if extra else 0)
-    for a, b in zip(runs["sync"], runs["continuous"]):
+    for a, b in zip(runs["sync"], runs["continuous"], strict=True):
         for key in ("reward_mean", "success_rate", "turns_mean", "episode_tokens_mean", "tasks_seen"):
             assert a[key] == b[key], key
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-6)

@@ -100,7 +100,10 @@ def test_resume_from_a_chosen_step(finished, tmp_path):
     assert any(f"resumed from {run.absolute() / 'checkpoints' / '2'} at iteration 2" in x for x in lines), lines
     again, original = read_jsonl(run / "metrics.jsonl"), read_jsonl(finished / "metrics.jsonl")
     assert [m["iteration"] for m in again] == [1, 2, 3]
-    strip = lambda ms: [{k: v for k, v in m.items() if not k.startswith("time_") and k != "tokens_per_s"} for m in ms]
+
+    def strip(ms):
+        return [{k: v for k, v in m.items() if not k.startswith("time_") and k != "tokens_per_s"} for m in ms]
+
     assert strip(again) == strip(original)  # iteration 3 replayed exactly
     assert (run / "superseded-checkpoints" / "3").is_dir() and checkpoint_steps(run) == [1, 2, 3]
     with pytest.raises(FileNotFoundError, match=r"no checkpoint at step 7 .*steps: \[1, 2, 3\]"):

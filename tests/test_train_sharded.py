@@ -84,7 +84,7 @@ def learning(history) -> list[dict]:
 def assert_same_learning(a: list[dict], b: list[dict], rtol=1e-4, atol=1e-5) -> None:
     a, b = learning(a), learning(b)
     assert len(a) == len(b)
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         assert set(x) == set(y)
         for k in x:
             if k in EXACT:
@@ -116,7 +116,9 @@ def test_mesh_2x2x2_learns_what_one_device_learns(tmp_path):
     assert read_jsonl(mesh.metrics_path) == h_mesh
     assert all(m["advantage_abs_mean"] > 0 for m in h_mesh)
     for a, b in zip(
-        jax.tree.leaves(jax.device_get(one.state.params)), jax.tree.leaves(jax.device_get(mesh.state.params))
+        jax.tree.leaves(jax.device_get(one.state.params)),
+        jax.tree.leaves(jax.device_get(mesh.state.params)),
+        strict=True,
     ):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
@@ -144,7 +146,9 @@ def without_explained_variance(*histories):
     return [[{k: v for k, v in m.items() if k != "explained_variance"} for m in h] for h in histories]
 
 
-@pytest.mark.slow  # 55-85 s; the default suite is at its 15-minute limit (trimming: test_train_options.py on one device; a mesh: test_mesh_2x2x2_learns_what_one_device_learns)
+# 55-85 s; the default suite is at its 15-minute limit (trimming: test_train_options.py on one device;
+# a mesh: test_mesh_2x2x2_learns_what_one_device_learns)
+@pytest.mark.slow
 def test_trim_chunks_on_a_mesh_learns_what_one_device_learns(tmp_path):
     """`update.trim_chunks` on a 2x2x2 mesh: each micro-batch cut to its rows' length and
     its rows split over data * fsdp, the state kept in its layout; the same learning
@@ -163,6 +167,7 @@ def test_trim_chunks_on_a_mesh_learns_what_one_device_learns(tmp_path):
     for a, b in zip(
         jax.tree.leaves(jax.device_get((one.state.params, one.state.critic_params))),
         jax.tree.leaves(jax.device_get((mesh.state.params, mesh.state.critic_params))),
+        strict=True,
     ):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=2e-6)  # sharded sums in another order, through Adam
 
@@ -300,7 +305,7 @@ def test_warm_start_on_a_mesh_learns_what_one_device_learns(tmp_path):
     # 16 demonstrations in rows of 8: 2 SFT steps per epoch x 2 epochs, each logged (< 10 steps)
     assert [(x["sft_step"], x["epoch"]) for x in sft_one] == [(1, 1), (2, 1), (3, 2), (4, 2)]
     assert [(x["sft_step"], x["epoch"]) for x in sft_mesh] == [(1, 1), (2, 1), (3, 2), (4, 2)]
-    for a, b in zip(sft_one, sft_mesh):
+    for a, b in zip(sft_one, sft_mesh, strict=True):
         np.testing.assert_allclose([a["loss"], a["entropy"]], [b["loss"], b["entropy"]], rtol=1e-4)
     for key in ("success_before_rl", "success_after_rl"):
         assert one.summary[key] == mesh.summary[key]

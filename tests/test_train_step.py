@@ -76,7 +76,7 @@ def make_batch(seed=0, B=B, T=T, critic=False):
 def assert_tree_equal(a, b):
     la, lb = jax.tree.leaves(host(a)), jax.tree.leaves(host(b))
     assert jax.tree.structure(host(a)) == jax.tree.structure(host(b))
-    for x, y in zip(la, lb):
+    for x, y in zip(la, lb, strict=True):
         np.testing.assert_array_equal(x, y)
 
 
@@ -135,7 +135,7 @@ def test_micro_batch_accumulation_equals_full_batch_gradient(mode):
     cfg = StepConfig(loss=lc, num_micro_batches=4)
     grads, sums = jax.jit(accumulated_grads, static_argnums=2)(state, batch, cfg)
     np.testing.assert_allclose(sums["policy_loss"], ref_loss, rtol=2e-5)
-    for (path, g), r in zip(jax.tree_util.tree_leaves_with_path(grads.policy), jax.tree.leaves(ref)):
+    for (path, g), r in zip(jax.tree_util.tree_leaves_with_path(grads.policy), jax.tree.leaves(ref), strict=True):
         scale = float(np.max(np.abs(r))) + 1e-12
         np.testing.assert_allclose(
             np.asarray(g) / scale, np.asarray(r) / scale, atol=2e-5, err_msg=f"{mode} {jax.tree_util.keystr(path)}"
@@ -182,7 +182,7 @@ def test_the_kl_term_on_the_last_turn_alone_accumulates_exactly(mode):
     np.testing.assert_allclose(sums["policy_loss"], ref_loss, rtol=2e-5)
     full = reference_loss(params, batch, mode, lc)  # the KL on every token differs
     assert abs(float(full) - float(ref_loss)) > 1e-4
-    for (path, g), r in zip(jax.tree_util.tree_leaves_with_path(grads.policy), jax.tree.leaves(ref)):
+    for (path, g), r in zip(jax.tree_util.tree_leaves_with_path(grads.policy), jax.tree.leaves(ref), strict=True):
         scale = float(np.max(np.abs(r))) + 1e-12
         np.testing.assert_allclose(
             np.asarray(g) / scale, np.asarray(r) / scale, atol=2e-5, err_msg=f"{mode} {jax.tree_util.keystr(path)}"
@@ -221,7 +221,7 @@ def test_train_step_matches_reference_adamw_update():
         return p - lr * upd
 
     want = jax.tree_util.tree_map_with_path(expected, before, g)
-    for got, w in zip(jax.tree.leaves(host(new_state.params)), jax.tree.leaves(want)):
+    for got, w in zip(jax.tree.leaves(host(new_state.params)), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-6)
     assert int(new_state.step) == 1 and int(new_state.skipped) == 0
     np.testing.assert_allclose(float(metrics["lr"]), lr, rtol=1e-6)
@@ -238,7 +238,7 @@ def test_other_losses_accumulate_exactly(policy_loss):
     g1, s1 = f(state, batch, StepConfig(loss=lc, num_micro_batches=1))
     g4, s4 = f(state, batch, StepConfig(loss=lc, num_micro_batches=4))
     np.testing.assert_allclose(s1["policy_loss"], s4["policy_loss"], rtol=1e-5, atol=1e-8)
-    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g4)):
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g4), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6 * float(np.max(np.abs(a)) + 1e-12))
 
 
@@ -318,7 +318,7 @@ def test_lora_updates_only_adapters():
     after = host(state.params)
     mask = M.trainable_mask(params)
     for (path, a), b, trainable in zip(
-        jax.tree_util.tree_leaves_with_path(after), jax.tree.leaves(before), jax.tree.leaves(mask)
+        jax.tree_util.tree_leaves_with_path(after), jax.tree.leaves(before), jax.tree.leaves(mask), strict=True
     ):
         if trainable:
             assert not np.array_equal(a, b), jax.tree_util.keystr(path)
@@ -405,7 +405,7 @@ def test_sharded_step_equals_unsharded_and_keeps_the_layout():
     step = make_train_step(cfg, state, NamedSharding(mesh, P("data")))
     got, got_m = step(state, batch)
     assert jax.tree.map(lambda x: x.sharding.spec, got.params) == specs
-    for a, b in zip(jax.tree.leaves(host(got.params)), jax.tree.leaves(host(want.params))):
+    for a, b in zip(jax.tree.leaves(host(got.params)), jax.tree.leaves(host(want.params)), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     for k in want_m:
         np.testing.assert_allclose(float(got_m[k]), float(want_m[k]), rtol=1e-4, atol=1e-6, err_msg=k)
@@ -475,7 +475,7 @@ def test_trimmed_micro_batches_accumulate_the_full_batch_gradient(mode):
         (grads, sums), _, _ = step.accumulate(state, batch)
         assert step.last_lengths == want
         np.testing.assert_allclose(sums["policy_loss"], ref_loss, rtol=2e-5)
-        for (path, g), r in zip(jax.tree_util.tree_leaves_with_path(grads.policy), jax.tree.leaves(ref)):
+        for (path, g), r in zip(jax.tree_util.tree_leaves_with_path(grads.policy), jax.tree.leaves(ref), strict=True):
             scale = float(np.max(np.abs(r))) + 1e-12
             np.testing.assert_allclose(
                 np.asarray(g) / scale,
@@ -485,6 +485,8 @@ def test_trimmed_micro_batches_accumulate_the_full_batch_gradient(mode):
             )
 
 
+# slow (~60-100 s): the suite's time; the trimmed gradient's exactness above stays in it
+@pytest.mark.slow
 def test_trimmed_step_updates_as_train_step_and_compiles_once_per_length():
     """The trimmed step lands on `train_step`'s params and metrics, with the KL term on the
     last turn and a critic; a second batch of the same lengths compiles nothing new; the
@@ -507,10 +509,15 @@ def test_trimmed_step_updates_as_train_step_and_compiles_once_per_length():
         )
 
     batch = full(5)
-    copy = lambda tree: jax.tree.map(jnp.copy, tree)  # the steps donate the state's buffers
-    new = lambda: init_train_state(
-        jax.random.key(0), copy(params), CFG, cfg, critic_params=copy(critic), critic_config=CFG
-    )
+
+    def copy(tree):  # the steps donate the state's buffers
+        return jax.tree.map(jnp.copy, tree)
+
+    def new():
+        return init_train_state(
+            jax.random.key(0), copy(params), CFG, cfg, critic_params=copy(critic), critic_config=CFG
+        )
+
     want_state, want = train_step(new(), batch, cfg)
     step = TrimmedTrainStep(cfg, 8)
     got_state, got = step(new(), batch)
@@ -518,6 +525,7 @@ def test_trimmed_step_updates_as_train_step_and_compiles_once_per_length():
     for a, b in zip(
         jax.tree.leaves(host(want_state.params)) + jax.tree.leaves(host(want_state.critic_params)),
         jax.tree.leaves(host(got_state.params)) + jax.tree.leaves(host(got_state.critic_params)),
+        strict=True,
     ):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
     for k in ("loss", "pg_loss", "kl_loss", "value_loss", "grad_norm", "critic_grad_norm", "entropy", "num_tokens"):

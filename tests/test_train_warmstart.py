@@ -84,14 +84,14 @@ def test_demonstration_tokens_match_the_chat_template_of_the_whole_conversation(
     for d in demos:
         tokens, mask = ws.demonstration_tokens(chat, d, 4096)
         messages = [{"role": "system", "content": d.system_prompt}]
-        for obs, act in zip(d.observations, d.actions):
+        for obs, act in zip(d.observations, d.actions, strict=False):  # the last observation follows the last action
             messages += [{"role": "user", "content": obs}, {"role": "assistant", "content": act}]
         whole = tok.apply_chat_template(messages, tokenize=False)
         # the template closes the last assistant turn with "<|im_end|>\n"; the episode ends
         # with the policy's end-of-turn token
         assert tok.decode(tokens) == whole.removesuffix("\n")
         # the loss is on the actions and their end-of-turn tokens, nothing else
-        taught = tok.decode([t for t, m in zip(tokens, mask) if m])
+        taught = tok.decode([t for t, m in zip(tokens, mask, strict=True) if m])
         assert taught == "".join(a + "<|im_end|>" for a in d.actions)
 
 
@@ -230,7 +230,7 @@ def test_length_buckets_keep_every_row_once_and_group_similar_lengths():
         mine = [b for b in got if set(b.tolist()) <= set(chunk.tolist())]
         assert len(mine) == len(batches[c : c + ws.BUCKET_CHUNK])
         mine.sort(key=lambda b: lengths[b].min())
-        for lo, hi in zip(mine, mine[1:]):
+        for lo, hi in zip(mine, mine[1:], strict=False):  # each batch with the next
             assert lengths[lo].max() <= lengths[hi].min()
     # far less padding than padding every batch to the longest row
     padded = sum(ws.padded_length(int(lengths[b].max()), 416) * len(b) for b in got)
@@ -279,13 +279,15 @@ def test_a_batch_trimmed_to_its_longest_row_has_the_same_sft_loss_and_gradient()
     # reference: masked token-mean NLL of each row on its own tokens only, float64
     row_logp = jax.jit(lambda p, x: M.token_logprobs(p, cfg, x)[0])
     logp = [np.asarray(row_logp(state.params, jnp.asarray([t]))[0], np.float64) for t, _ in rows]
-    nll = -sum(float(np.sum(lp * np.asarray(m))) for lp, (_, m) in zip(logp, rows)) / sum(sum(m) for _, m in rows)
+    nll = -sum(float(np.sum(lp * np.asarray(m))) for lp, (_, m) in zip(logp, rows, strict=True)) / sum(
+        sum(m) for _, m in rows
+    )
     grads = jax.jit(sft_loss_and_grads, static_argnames=("config",))
     g_full, s_full = grads(state, full, config=StepConfig())
     g_cut, s_cut = grads(state, cut, config=StepConfig())
     np.testing.assert_allclose(float(s_full["loss"]), nll, rtol=2e-6)
     np.testing.assert_allclose(float(s_cut["loss"]), nll, rtol=2e-6)
-    for a, b in zip(jax.tree.leaves(g_full), jax.tree.leaves(g_cut)):
+    for a, b in zip(jax.tree.leaves(g_full), jax.tree.leaves(g_cut), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
 
 
@@ -299,13 +301,13 @@ def test_conclusion_demonstrations_teach_only_their_final_action():
     final = ws.collect_demonstrations("frozenlake", LAKE, range(6), noise=0.3, max_turns=6, final_only=True)
     tok = train_bpe_tokenizer(ws.demonstration_texts(demos), 400)
     chat = ChatFormat(tok)
-    for d, f in zip(demos, final):
+    for d, f in zip(demos, final, strict=True):
         assert f.final_only and not d.final_only and f.actions == d.actions
         tokens, mask = ws.demonstration_tokens(chat, d, 4096)
         f_tokens, f_mask = ws.demonstration_tokens(chat, f, 4096)
         # the same layout; the loss on the last action and its end-of-turn token only
         assert f_tokens == tokens
-        taught = tok.decode([t for t, m in zip(f_tokens, f_mask) if m])
+        taught = tok.decode([t for t, m in zip(f_tokens, f_mask, strict=True) if m])
         assert taught == d.actions[-1] + "<|im_end|>"
         last = chat.encode(d.actions[-1])
         assert f_mask[-1] == 1 and sum(f_mask) == len(last) + 1
@@ -314,7 +316,7 @@ def test_conclusion_demonstrations_teach_only_their_final_action():
         for skip in (1, 2, len(last) + 3):
             s_tokens, s_mask = ws.demonstration_tokens(chat, dataclasses.replace(f, skip_final=skip), 4096)
             assert s_tokens == tokens
-            taught = [t for t, m in zip(s_tokens, s_mask) if m]
+            taught = [t for t, m in zip(s_tokens, s_mask, strict=True) if m]
             assert taught == (last + [chat.stop_token_ids[0]])[min(skip, len(last)) :]
         # acting demonstrations are unaffected
         assert ws.demonstration_tokens(chat, dataclasses.replace(d, skip_final=2), 4096) == (tokens, mask)

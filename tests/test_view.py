@@ -159,7 +159,7 @@ def test_the_page_in_headless_chromium(run_dir, tmp_path):
         for signal in ("logp", "entropy", "ratio"):
             Select(driver.find_element(By.CSS_SELECTOR, "#pane0 .signal-select")).select_by_value(signal)
             want = [v for s in policy for v in s[signal]]
-            wait.until(lambda d: shown() == pytest.approx(want, abs=1e-9))
+            wait.until(lambda d, want=want: shown() == pytest.approx(want, abs=1e-9))
         # hovering a token shows every signal of it
         first = driver.find_element(By.CSS_SELECTOR, "#pane0 .segment.policy .tok")
         ActionChains(driver).move_to_element(first).perform()

@@ -64,7 +64,8 @@ DIAGNOSIS_RULES: tuple[tuple[str, str], ...] = (
 
 #: management key -> pattern.
 MANAGEMENT_RULES: dict[str, str] = {
-    "emergency_evaluation": r"\bemergency|\b(ed|a&e|er)\b|\bhospital|\binpatient|\badmi(t|ssion)|\bcrisis (team|service)|"
+    "emergency_evaluation": r"\bemergency|\b(ed|a&e|er)\b|\bhospital|\binpatient|\badmi(t|ssion)|"
+    r"\bcrisis (team|service)|"
     r"\bconstant observation|\b1:1\b|\bone[- ]to[- ]one observation|\b911\b|\b999\b|"
     r"\bimmediate (psychiatric )?(evaluation|assessment|review)|\bsame[- ]day (psychiatric )?(evaluation|assessment)",
     "safety_plan": r"\bsafety plan|\bcrisis (line|number|plan|card)|\bhotline|\b988\b",
@@ -73,14 +74,17 @@ MANAGEMENT_RULES: dict[str, str] = {
     r"\bsecur(e|ing) (the |any )?(guns?|firearms?|medications?|pills)|\block (up|away)",
     "duty_to_protect": r"\bduty to (warn|protect)|\bwarn (the )?(potential |intended )?(victim|target|person)|"
     r"\bnotify (the )?(potential |intended )?(victim|police)|\btarasoff|\bpolice",
-    "psychotherapy": r"\bpsychotherapy|\btherapy\b|\bcbt\b|\bcognitive[- ]behaviou?ral|\bcounsel+ing|\btrauma[- ]focused|"
+    "psychotherapy": r"\bpsychotherapy|\btherapy\b|\bcbt\b|\bcognitive[- ]behaviou?ral|\bcounsel+ing|"
+    r"\btrauma[- ]focused|"
     r"\bemdr\b|\bexposure\b|\btalking therap|\bbehaviou?ral activation",
-    "antidepressant": r"\bssris?\b|\bsnris?\b|\bantidepressants?|\bsertraline|\bescitalopram|\bfluoxetine|\bcitalopram|"
+    "antidepressant": r"\bssris?\b|\bsnris?\b|\bantidepressants?|\bsertraline|\bescitalopram|\bfluoxetine|"
+    r"\bcitalopram|"
     r"\bparoxetine|\bvenlafaxine|\bduloxetine|\bmirtazapine|\bbupropion",
     "mood_stabiliser": r"\bmood stabili[sz]er|\blithium|\bvalpro|\bdivalproex|\blamotrigine|\bcarbamazepine",
     "antipsychotic": r"\bantipsychotics?|\bolanzapine|\brisperidone|\bquetiapine|\baripiprazole|\bhaloperidol|"
     r"\bpaliperidone|\bclozapine",
-    "withdrawal_management": r"\bwithdrawal (management|protocol|monitoring|treatment)|\bmedically (supervised|managed)|"
+    "withdrawal_management": r"\bwithdrawal (management|protocol|monitoring|treatment)|"
+    r"\bmedically (supervised|managed)|"
     r"\bdetox|\bciwa|\bthiamine|\bchlordiazepoxide|\bbenzodiazepine (taper|protocol|cover)",
     "addiction_treatment": r"\baddiction|\bsubstance (use|misuse) (treatment|services?|program)|\bnaltrexone|"
     r"\bacamprosate|\bdisulfiram|\balcoholics anonymous|\b(aa|smart recovery)\b|"

@@ -82,7 +82,7 @@ def summarize(final_infos: list[dict], assessed: list[bool]) -> dict:
     the scored episodes that have it, and ``fidelity_replies``, those replies; absent
     when no episode has it or they hold no reply. The template voice is not checked
     (faithful by construction): its episodes report zero flags."""
-    scored = [(info, a) for info, a in zip(final_infos, assessed) if isinstance(info.get("rubric"), dict)]
+    scored = [(info, a) for info, a in zip(final_infos, assessed, strict=True) if isinstance(info.get("rubric"), dict)]
     n = len(scored)
     if n == 0:
         return {"scored_episodes": 0}

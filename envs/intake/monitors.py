@@ -106,7 +106,7 @@ def heldout_score(case: Case, interview: Interview, assessment: Assessment | Non
     n = len(mapped)
     focused = [len(doms) <= FOCUSED_MAX_DOMAINS for doms in mapped]
     asked_any, asked_focused, asked_direct = set(), set(), set()
-    for doms, ok in zip(mapped, focused):
+    for doms, ok in zip(mapped, focused, strict=True):
         for dom, spec in doms:
             asked_any.add(dom)
             if ok:

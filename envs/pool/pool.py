@@ -504,7 +504,7 @@ class EnvPool:
 
     def _on_done(self, w: WorkerProcess, batch: list, results: list) -> None:
         failed_exception = False
-        for (i, op, _), res in zip(batch, results):
+        for (i, op, _), res in zip(batch, results, strict=True):
             slot = self._slots[i]
             if op == REPLAY:
                 if res[0] == "fail":

@@ -295,7 +295,7 @@ def worker_main(
             if msg[0] == EXIT:
                 break
             if msg[0] == RESEND:  # the parent could not unpickle the batch: item by item
-                conn.send((ITEMS, [_pickle_result(r, slot, op, runner) for r, (slot, op, _) in zip(results, items)]))
+                conn.send((ITEMS, _pickle_results(results, items, runner)))
                 continue
             seq, items = msg[1], msg[2]
             results = []
@@ -311,9 +311,14 @@ def worker_main(
             except (EOFError, OSError):
                 break
             except Exception:  # some result cannot be pickled: send them one by one
-                conn.send((ITEMS, [_pickle_result(r, slot, op, runner) for r, (slot, op, _) in zip(results, items)]))
+                conn.send((ITEMS, _pickle_results(results, items, runner)))
     finally:
         runner.close()
+
+
+def _pickle_results(results: list, items: list, runner: SlotRunner) -> list[bytes]:
+    """A batch's results (one per item), each pickled on its own (`_pickle_result`)."""
+    return [_pickle_result(r, slot, op, runner) for r, (slot, op, _) in zip(results, items, strict=True)]
 
 
 def _pickle_result(res, slot: int, op: str, runner: SlotRunner) -> bytes:

@@ -6,8 +6,6 @@
 - `chatml_tokenizer(tok)`: any `tokenizers.Tokenizer` with those special tokens and the
   ChatML template, as a transformers tokenizer (also used for the trained BPE of
   `jaxagent.models.tokenizer_training`).
-
-`jaxagent.rollout.byte_tokenizer` re-exports them.
 """
 
 from __future__ import annotations

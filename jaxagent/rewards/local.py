@@ -335,7 +335,8 @@ class LocalJudge(Judge):
         results: list,
     ) -> None:
         """Generates the replies of items `rows` in one sampler batch and fills in their results."""
-        from jaxagent.rollout.sampler import GREEDY, SamplingConfig, bucket
+        from jaxagent.rollout.sampler import bucket
+        from jaxagent.rollout.sampling import GREEDY, SamplingConfig
 
         n = len(rows)
         B = min(self.batch_size, bucket(n, 1))

@@ -1,8 +1,9 @@
 """Rollout: the jitted KV-cache sampler and the token-exact multi-turn agent loop.
 
-- `sampler`: `Sampler` (prefill / append / on-device decode over a per-row KV cache,
-  shape buckets, compile counting), `SamplingConfig` (greedy, temperature, top-k,
-  top-p, min-p), `Generation` (tokens, log-probs, finish reasons).
+- `sampler`: `Sampler`, the host side (prefill / append / on-device decode over a
+  per-row KV cache, shape buckets, compile counting); `kernels`: the jitted kernels,
+  `SamplerState` and `Generation` (tokens, log-probs, finish reasons); `sampling`:
+  `SamplingConfig` (greedy, temperature, top-k, top-p, min-p) and the draw.
 - `chat`: `ChatFormat`, the chat template cut into token-exact segments.
 - `agent_loop`: `AgentLoop` drives an `envs.EnvPool` and returns a `Trajectory`; `run`
   dispatches to one scheduler: `sync_loop` (turn-synchronous), `pipelined_loop`
@@ -12,20 +13,12 @@
 - `trajectory`: the `Trajectory` pytree the trainer consumes.
 """
 
-from jaxagent.rollout.agent_loop import AgentLoop, AgentLoopConfig, Episode
+from jaxagent.rollout.agent_loop import AgentLoop, AgentLoopConfig
 from jaxagent.rollout.chat import ChatFormat, ChatTemplateError
-from jaxagent.rollout.sampler import (
-    FINISH_REASONS,
-    GREEDY,
-    Generation,
-    Sampler,
-    SamplerState,
-    SamplingConfig,
-    bucket,
-    decode_step,
-    processed_logits,
-    sample_tokens,
-)
+from jaxagent.rollout.episode import Episode
+from jaxagent.rollout.kernels import FINISH_REASONS, Generation, SamplerState, decode_step
+from jaxagent.rollout.sampler import Sampler, bucket
+from jaxagent.rollout.sampling import GREEDY, SamplingConfig, processed_logits, sample_tokens
 from jaxagent.rollout.trajectory import Trajectory, trim_padding
 
 __all__ = [

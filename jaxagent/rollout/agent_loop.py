@@ -61,13 +61,13 @@ import numpy as np
 from jaxagent.models.config import DecoderConfig
 from jaxagent.rollout import continuous_loop, pipelined_loop, sync_loop
 from jaxagent.rollout.chat import ChatFormat
-from jaxagent.rollout.continuous_loop import MIN_LINGER_S
-from jaxagent.rollout.episode import Episode, anchor_ids, episode_success, pack
-from jaxagent.rollout.sampler import Sampler, SamplingConfig
+from jaxagent.rollout.episode import Episode, pack
+from jaxagent.rollout.sampler import Sampler
+from jaxagent.rollout.sampling import SamplingConfig
 from jaxagent.rollout.scheduling import Clock, Rollout, finish
 from jaxagent.rollout.trajectory import Trajectory
 
-__all__ = ["AgentLoop", "AgentLoopConfig", "Episode", "MIN_LINGER_S", "anchor_ids", "episode_success"]
+__all__ = ["AgentLoop", "AgentLoopConfig"]
 
 
 @dataclasses.dataclass(frozen=True)

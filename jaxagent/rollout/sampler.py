@@ -66,35 +66,18 @@ from jaxagent.models import decoder
 from jaxagent.models.config import DecoderConfig
 from jaxagent.parallel import mesh as pmesh
 from jaxagent.parallel.rollout import params_mesh
-
-# the kernels and the sampling configs, importable from here as before the split
-from jaxagent.rollout.kernels import (  # noqa: F401
-    APPEND_CHUNK,
-    FINISH_CACHE_FULL,
-    FINISH_LENGTH,
-    FINISH_NONE,
+from jaxagent.rollout.kernels import (
     FINISH_REASONS,
-    FINISH_STOP_SEQUENCE,
-    FINISH_STOP_TOKEN,
     Generation,
     SamplerState,
-    _append_once,
-    _last_logits,
-    _one_query_attention,
-    _step_inputs,
-    _step_logits,
     append_kernel,
-    attention_windows,
     decode_kernel,
-    decode_step,
-    decode_step_layers,
-    layer_params,
     put_rows_kernel,
     reset_rows_kernel,
     select_rows_kernel,
     unroll_layers_default,
 )
-from jaxagent.rollout.sampling import GREEDY, SamplingConfig, processed_logits, sample_tokens  # noqa: F401
+from jaxagent.rollout.sampling import GREEDY, SamplingConfig
 
 
 # ---------------------------------------------------------------- host side

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from jaxagent.rollout.chat import ChatFormat
 from jaxagent.rollout.episode import CUT_KEY, Episode, pack
-from jaxagent.rollout.sampler import Sampler, SamplingConfig
+from jaxagent.rollout.sampler import Sampler
+from jaxagent.rollout.sampling import SamplingConfig
 from jaxagent.rollout.trajectory import Trajectory
 
 if TYPE_CHECKING:

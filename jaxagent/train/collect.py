@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxagent.rollout.agent_loop import anchor_ids
+from jaxagent.rollout.episode import anchor_ids
 from jaxagent.train.advantages import shaped_turn_rewards
 
 

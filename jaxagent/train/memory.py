@@ -553,7 +553,7 @@ def check_memory(config, model_config, mesh, sampler_mesh, *, rows: int, sampler
     )
     # the sampler's appends (in pieces of APPEND_CHUNK tokens) and decodes run during the
     # rollout, on one pipeline group's rows (or the continuous scheduler's slots) at a time
-    from jaxagent.rollout.sampler import APPEND_CHUNK, unroll_layers_default
+    from jaxagent.rollout.kernels import APPEND_CHUNK, unroll_layers_default
 
     sampled = cfg.rollout.sampler_rows(rows)
     est["prefill"] = prefill_bytes(

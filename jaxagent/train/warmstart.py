@@ -16,8 +16,7 @@ segment; `ChatFormat` renders every segment): SFT trains on the token sequences 
 will sample, with the loss on the action tokens (and their end-of-turn token) only.
 
 `demonstration_texts(demos)` is the corpus a run's own tokenizer is trained on
-(`jaxagent.models.tokenizer_training.train_bpe_tokenizer`, re-exported here for older
-imports).
+(`jaxagent.models.tokenizer_training.train_bpe_tokenizer`).
 """
 
 from __future__ import annotations
@@ -29,14 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxagent.models.tokenizer_training import (  # noqa: F401  (moved there; re-exported for older imports)
-    PHRASE_MIN_COUNT,
-    TOKENIZER_PIECES,
-    frequent_lines,
-    save_tokenizer,
-    train_bpe_tokenizer,
-)
-from jaxagent.rollout.agent_loop import episode_success
+from jaxagent.rollout.episode import episode_success
 
 
 @dataclasses.dataclass

@@ -79,6 +79,8 @@ def test_summary_counts_the_most_probable_level_against_the_reference():
     }
 
 
+# slow (~15-20 s): the suite's time; the probe's scores are checked above in the default suite
+@pytest.mark.slow
 def test_the_command_writes_one_line_per_model(exported, tmp_path, capsys):
     path, *_ = exported
     out = tmp_path / "r.jsonl"

@@ -14,7 +14,7 @@ import pytest
 from jaxagent import models as M
 from jaxagent.models import attention as A
 from jaxagent.models import decoder
-from jaxagent.rollout import sampler as S
+from jaxagent.rollout import kernels as S
 from jaxagent.train import memory
 
 

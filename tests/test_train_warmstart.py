@@ -409,6 +409,9 @@ def _triage_line(action: str) -> str | None:
     return None
 
 
+# slow (~15-25 s of intake episodes): the suite's time; the balancing is checked through the
+# trainer on frozenlake below (test_the_trainer_balances_conclusions_when_asked)
+@pytest.mark.slow
 def test_balanced_conclusions_take_the_first_seeds_of_each_class():
     kw, start = {"cases": "standard", "max_turns": 20}, 1_100_000
     play = player("intake", kw, 20)

@@ -247,15 +247,15 @@ class Sampler:
     def state_shardings(self, state: SamplerState) -> SamplerState:
         """The `NamedSharding`s a state of this shape has on the mesh (mesh samplers only)."""
         cache = state.cache
-        # a state-shaped pytree of shardings: its fields are typed for the arrays (hence the ignores)
+        # a state-shaped pytree of shardings (the fields hold arrays in a state, shardings here)
         return SamplerState(
             cache=decoder.KVCache(
-                k=self._sharding(decoder.ACTIVATION_AXES["cache_kv"], cache.k.shape),  # type: ignore[arg-type]
-                v=self._sharding(decoder.ACTIVATION_AXES["cache_kv"], cache.v.shape),  # type: ignore[arg-type]
-                lengths=self._sharding(decoder.ACTIVATION_AXES["cache_lengths"], cache.lengths.shape),  # type: ignore[arg-type]
+                k=self._sharding(decoder.ACTIVATION_AXES["cache_kv"], cache.k.shape),
+                v=self._sharding(decoder.ACTIVATION_AXES["cache_kv"], cache.v.shape),
+                lengths=self._sharding(decoder.ACTIVATION_AXES["cache_lengths"], cache.lengths.shape),
             ),
-            next_logits_BxV=self._row_sharding(state.next_logits_BxV.shape),  # type: ignore[arg-type]
-            keys_B=self._row_sharding(state.keys_B.shape),  # type: ignore[arg-type]
+            next_logits_BxV=self._row_sharding(state.next_logits_BxV.shape),
+            keys_B=self._row_sharding(state.keys_B.shape),
         )
 
     def _layout(self):
@@ -290,10 +290,10 @@ class Sampler:
             cache = decoder.init_cache(self.config, batch, self.max_len, self.cache_dtype)
             logits = jnp.zeros((batch, self.config.vocab_size), jnp.float32)
             return SamplerState(cache=cache, next_logits_BxV=logits, keys_B=keys)
-        # a state-shaped pytree of shapes (the fields are typed for the arrays: the ignore)
+        # a state-shaped pytree of shapes (the fields hold arrays in a state, shapes here)
         shapes = SamplerState(
             cache=jax.eval_shape(lambda: decoder.init_cache(self.config, batch, self.max_len, self.cache_dtype)),
-            next_logits_BxV=jax.ShapeDtypeStruct((batch, self.config.vocab_size), jnp.float32),  # type: ignore[arg-type]
+            next_logits_BxV=jax.ShapeDtypeStruct((batch, self.config.vocab_size), jnp.float32),
             keys_B=keys,
         )
         shard = self.state_shardings(shapes)

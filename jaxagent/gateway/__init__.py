@@ -1,0 +1,105 @@
+"""The OpenAI-compatible chat-completions gateway on jaxagent's own sampler (issue 52).
+
+- `protocol`: the requests: `parse_request` into a `ChatRequest` (or a `RequestError` in
+  OpenAI's error shape, `error_body`), and the `Limits`.
+- `tools`: tool calls through the model's own chat template: OpenAI messages as template
+  messages, Hermes / Qwen2.5 `<tool_call>` blocks parsed back into `tool_calls`, and
+  `TOOL_CHATML_TEMPLATE` for the byte-level ChatML tokenizers.
+- `responses`: completions, stream chunks and server-sent events in OpenAI's shapes, with
+  the `jaxagent` extension.
+- `sessions`: the per-session exact-token ledger (`SessionLedger`: each call's prompt
+  and completion token ids); `records`: what it records (`PromptPlan`, `Call`, a
+  session's training `Sequence`s); `store`: `SessionStore`, the sessions by id.
+
+`protocol` and `tools` are pure Python (no HTTP framework, no JAX).
+"""
+
+from jaxagent.gateway.protocol import (
+    ChatRequest,
+    FunctionChoice,
+    Limits,
+    Message,
+    RequestError,
+    Tool,
+    ToolCall,
+    authentication_error,
+    context_length_error,
+    error_body,
+    parse_messages,
+    parse_request,
+    parse_tools,
+    session_limit_error,
+)
+from jaxagent.gateway.responses import (
+    EXTENSION_KEY,
+    SSE_DONE,
+    AssistantMessage,
+    Sampling,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+    chunk,
+    completion_response,
+    content_delta,
+    finish_reason_of,
+    jaxagent_extension,
+    models_response,
+    role_delta,
+    sse,
+    stream_chunks,
+    tool_call_delta,
+    usage_chunk,
+)
+from jaxagent.gateway.tools import (
+    TOOL_CHATML_TEMPLATE,
+    CallIds,
+    apply_tool_choice,
+    parse_reply,
+    parse_tool_calls,
+    streamable_prefix,
+    template_kwargs,
+    to_template_messages,
+)
+
+__all__ = [
+    "EXTENSION_KEY",
+    "SSE_DONE",
+    "TOOL_CHATML_TEMPLATE",
+    "AssistantMessage",
+    "CallIds",
+    "ChatRequest",
+    "FunctionChoice",
+    "Limits",
+    "Message",
+    "RequestError",
+    "Sampling",
+    "TokenLogprob",
+    "Tool",
+    "ToolCall",
+    "TopLogprob",
+    "Usage",
+    "apply_tool_choice",
+    "authentication_error",
+    "chunk",
+    "completion_response",
+    "content_delta",
+    "context_length_error",
+    "error_body",
+    "finish_reason_of",
+    "jaxagent_extension",
+    "models_response",
+    "parse_messages",
+    "parse_reply",
+    "parse_request",
+    "parse_tool_calls",
+    "parse_tools",
+    "role_delta",
+    "session_limit_error",
+    "sse",
+    "stream_chunks",
+    "streamable_prefix",
+    "template_kwargs",
+    "to_template_messages",
+    "tool_call_delta",
+    "usage_chunk",
+]

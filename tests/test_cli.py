@@ -21,7 +21,7 @@ def test_help_lists_the_commands_one_line_each():
     assert "``" not in top.stdout and len(top.stdout.splitlines()) < 25
     listed = dict(re.findall(r"^    (\w+) +(\S.*)$", top.stdout, flags=re.M))
     assert not re.search(r"^ {6,}\S", top.stdout, flags=re.M), "a command's line is wrapped"
-    assert set(listed) == {"train", "config", "envs", "eval", "export", "plot", "view", "bench"}
+    assert set(listed) == {"train", "config", "envs", "serve", "eval", "export", "plot", "view", "bench"}
     for name in listed:
         sub = subprocess.run(
             [sys.executable, "-m", "jaxagent", name, "--help"], capture_output=True, text=True, timeout=120

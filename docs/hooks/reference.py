@@ -7,6 +7,7 @@ cannot drift from it.
 - ``reference/cli.md``: ``<!-- jaxagent:cli -->`` becomes ``jaxagent --help`` and each
   command's ``--help`` (`jaxagent.cli.build_parser`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,8 +49,7 @@ def config_markdown() -> str:
 
     config = TrainerConfig()
     keys = config_keys(config)
-    sections = [f.name for f in dataclasses.fields(config)
-                if dataclasses.is_dataclass(getattr(config, f.name))]
+    sections = [f.name for f in dataclasses.fields(config) if dataclasses.is_dataclass(getattr(config, f.name))]
     top = [k for k in keys if "." not in k.key]
     out = [f"{len(keys)} keys in {len(sections)} sections and {len(top)} top-level keys.", ""]
 

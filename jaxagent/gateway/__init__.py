@@ -1,4 +1,4 @@
-"""The OpenAI-compatible chat-completions gateway on jaxagent's own sampler (issue 52).
+"""The OpenAI-compatible chat-completions gateway on jaxagent's own sampler.
 
 - `protocol`: the requests: `parse_request` into a `ChatRequest` (or a `RequestError` in
   OpenAI's error shape, `error_body`), and the `Limits`.
@@ -10,8 +10,15 @@
 - `sessions`: the per-session exact-token ledger (`SessionLedger`: each call's prompt
   and completion token ids); `records`: what it records (`PromptPlan`, `Call`, a
   session's training `Sequence`s); `store`: `SessionStore`, the sessions by id.
+- `engine`: `Engine`, the sessions' calls batched on one `Sampler`, each session's KV
+  cache kept between its calls.
+- `service`: `Gateway`, one call from a parsed request to a reply (no HTTP).
+- `server`: `GatewayServer`, the HTTP API (Starlette under uvicorn, a thread).
+- `program`: agent programs (`agent.program`) and their tasks; `loop`: `ProgramLoop`,
+  programs as the trainer's rollout; `serve`: `jaxagent serve`.
 
-`protocol` and `tools` are pure Python (no HTTP framework, no JAX).
+`protocol`, `tools`, `responses`, `sessions`, `records`, `store` and `program` are pure
+Python (no HTTP framework, no JAX); the package imports nothing of `jaxagent.train`.
 """
 
 from jaxagent.gateway.protocol import (

@@ -454,3 +454,12 @@ def reset_rows_kernel(state: SamplerState, rows_R, keys_R) -> SamplerState:
     return state.replace(
         cache=cache.replace(lengths=cache.lengths.at[rows_R].set(0)), keys_B=state.keys_B.at[rows_R].set(keys_R)
     )
+
+
+def truncate_rows_kernel(state: SamplerState, rows_R, lengths_R) -> SamplerState:
+    """Rows `rows_R` cut back to their first `lengths_R` cached tokens (at most what they
+    hold); keys and other rows untouched. The rows' `next_logits_BxV` are stale until
+    tokens are appended to them."""
+    cache = state.cache
+    kept = jnp.minimum(cache.lengths[rows_R], lengths_R)
+    return state.replace(cache=cache.replace(lengths=cache.lengths.at[rows_R].set(kept)))

@@ -75,6 +75,7 @@ from jaxagent.rollout.kernels import (
     put_rows_kernel,
     reset_rows_kernel,
     select_rows_kernel,
+    truncate_rows_kernel,
     unroll_layers_default,
 )
 from jaxagent.rollout.sampling import GREEDY, SamplingConfig
@@ -222,6 +223,13 @@ class Sampler:
                 return self._pin_state(reset_rows_kernel(state, rows, keys))
 
         self._reset = jax.jit(reset, donate_argnames=("state",))
+
+        def truncate(state, rows, lengths):
+            self.trace_counts["truncate"] += 1
+            with self._layout():
+                return self._pin_state(truncate_rows_kernel(state, rows, lengths))
+
+        self._truncate = jax.jit(truncate, donate_argnames=("state",))
 
     # -------------------------------------------------------------- sharding
     @property
@@ -380,6 +388,34 @@ class Sampler:
             rep = jax.sharding.NamedSharding(self.mesh, P())
             return self._reset(state, jax.device_put(rows, rep), jax.device_put(keys, rep))
         return self._reset(state, jnp.asarray(rows), keys)
+
+    def truncate_rows(
+        self, state: SamplerState, rows: Sequence[int] | np.ndarray, lengths: Sequence[int] | np.ndarray
+    ) -> SamplerState:
+        """`state` with row `rows[j]` cut back to its first `lengths[j]` cached tokens (a row
+        holding fewer keeps what it holds), its key kept: the next tokens appended go at
+        position `lengths[j]`. Append at least one token to a cut row before decoding it
+        (its next-token logits are those of its old last token). `state` is donated."""
+        rows = np.asarray(rows, np.int32)
+        lengths = np.asarray(lengths, np.int32)
+        if rows.ndim != 1 or rows.shape != lengths.shape:
+            raise ValueError(
+                "truncate_rows: rows and lengths must be equal-length lists, "
+                f"got shapes {rows.shape} and {lengths.shape}"
+            )
+        if rows.size and (rows.min() < 0 or rows.max() >= state.batch_size):
+            raise ValueError(f"truncate_rows: rows must be in [0, {state.batch_size}), got {rows.tolist()}")
+        if lengths.size and lengths.min() < 0:
+            raise ValueError(f"truncate_rows: lengths must be >= 0, got {lengths.tolist()}")
+        if not rows.size:
+            return state
+        pad = state.batch_size - rows.size  # one compilation for any number of rows
+        rows = np.concatenate([rows, np.full(pad, rows[0], np.int32)])
+        lengths = np.concatenate([lengths, np.full(pad, lengths[0], np.int32)])
+        if self.mesh is not None:
+            rep = jax.sharding.NamedSharding(self.mesh, P())
+            return self._truncate(state, jax.device_put(rows, rep), jax.device_put(lengths, rep))
+        return self._truncate(state, jnp.asarray(rows), jnp.asarray(lengths))
 
     # -------------------------------------------------------------- kernels
     def append(self, state: SamplerState, tokens: Sequence[Sequence[int] | None]) -> SamplerState:

@@ -46,7 +46,18 @@ def run_tokenizer(config: TrainerConfig, run_dir: Path, *, resume: bool, demonst
     the demonstrations, else noise-free expert episodes on the demonstration seeds) or
     saved in `<run_dir>/tokenizer` (resume)."""
     if config.model.tokenizer != "bpe":
-        return build_tokenizer(config.model)
+        tok = build_tokenizer(config.model)
+        if config.agent.program is not None and config.model.path is None:
+            # the byte-level ChatML template, with tools and tool calls (Hermes `<tool_call>`)
+            from jaxagent.gateway.tools import TOOL_CHATML_TEMPLATE
+
+            tok.chat_template = TOOL_CHATML_TEMPLATE
+        return tok
+    if config.agent.program is not None:
+        raise ConfigError(
+            "model.tokenizer 'bpe' is trained on the env's text, and a run of agent.program has no env; "
+            "use 'byte' (or a checkpoint's tokenizer, model.path)"
+        )
     from jaxagent.models.tokenizer_training import train_bpe_tokenizer
     from jaxagent.train import warmstart
 
@@ -216,7 +227,10 @@ def env_factory(config: TrainerConfig):
 
 
 def env_pool(config: TrainerConfig, slots: int):
-    """The run's `EnvPool` of `slots` envs, with the config's workers, timeout and limits."""
+    """The run's `EnvPool` of `slots` envs, with the config's workers, timeout and limits;
+    with `agent.program`, the `TaskPool` of its tasks (and of `eval.tasks` for evaluation)."""
+    if config.agent.program is not None:
+        return task_pool(config, slots)
     import envs
 
     e = config.env
@@ -229,12 +243,33 @@ def env_pool(config: TrainerConfig, slots: int):
     )
 
 
+def task_pool(config: TrainerConfig, slots: int):
+    """The `TaskPool` of an agent-program run: `agent.tasks`, and `eval.tasks` (when set)
+    for evaluation; a source that cannot be read is a ConfigError naming its key."""
+    from jaxagent.gateway.loop import TaskPool
+    from jaxagent.gateway.program import TaskSource
+
+    a = config.agent
+    try:
+        tasks = TaskSource(a.tasks, a.imports, what="agent.tasks")
+        held = None if config.eval.tasks is None else TaskSource(config.eval.tasks, a.imports, what="eval.tasks")
+        tasks.task(config.env.seed)  # fails here, named, rather than in the first rollout
+        if held is not None:
+            held.task(config.eval.seed)
+    except (ValueError, TypeError, ImportError, OSError) as e:
+        raise ConfigError(str(e)) from None
+    return TaskPool(tasks, slots, held)
+
+
 def check_env(config: TrainerConfig) -> str | None:
     """Builds and resets one env of the config in this process, so that bad `env.kwargs`
     (or an env that cannot reset, such as a code sandbox whose isolation does not work
     here) are named within seconds, before anything is compiled. `ConfigError` with the
     env's own message. Returns the env's sandbox isolation (its `isolation` attribute, as
-    `pycode`'s) or None for an env that runs no code."""
+    `pycode`'s) or None for an env that runs no code. A run of an agent program has no env
+    (its tasks are checked by `task_pool`): None."""
+    if config.agent.program is not None:
+        return None
     env = None
     try:
         env = env_factory(config)()
@@ -269,11 +304,36 @@ def agent_loop(config: TrainerConfig, tokenizer, model_config, placement: Placem
     from jaxagent.rollout import AgentLoop
 
     pad = tokenizer.pad_token_id
+    if config.agent.program is not None:
+        return program_loop(config, tokenizer, model_config, placement, state)
     loop = AgentLoop(
         placement.sampler_params(state),
         model_config,
         tokenizer,
         config.rollout.loop_config(0 if pad is None else int(pad)),
+        mesh=placement.mesh if placement.sampler_on_mesh else None,
+    )
+    loop.reward_fn = judge_reward(config)
+    return loop
+
+
+def program_loop(config: TrainerConfig, tokenizer, model_config, placement: Placement, state: TrainState):
+    """The `ProgramLoop` of a run with `agent.program`: the user's program through the gateway."""
+    from jaxagent.gateway.loop import ProgramLoop, ProgramSettings
+    from jaxagent.gateway.program import load_program
+
+    a = config.agent
+    try:
+        program = load_program(a.program, a.imports)
+    except (ValueError, TypeError, ImportError) as e:
+        raise ConfigError(str(e) if str(e).startswith("agent.program") else f"agent.program: {e}") from None
+    pad = tokenizer.pad_token_id
+    loop = ProgramLoop(
+        placement.sampler_params(state),
+        model_config,
+        tokenizer,
+        config.rollout.loop_config(0 if pad is None else int(pad)),
+        ProgramSettings(program, a.concurrency, a.timeout_s, a.max_staleness),
         mesh=placement.mesh if placement.sampler_on_mesh else None,
     )
     loop.reward_fn = judge_reward(config)

@@ -15,6 +15,7 @@ import math
 from typing import ClassVar
 
 from jaxagent.parallel import MeshConfig
+from jaxagent.train.agent_section import AgentSection, check_tasks_spec
 
 # the sections of jaxagent.train.sections, importable from here
 from jaxagent.train.sections import (  # noqa: F401
@@ -55,6 +56,10 @@ class EvalSection:
       iterations, as `eval_greedy_*` metrics)
       (`success_before_rl_greedy` / `success_after_rl_greedy`): whether RL taught the
       policy something its most likely actions did not already do.
+    tasks: with `agent.program`, the held-out tasks: a `.jsonl` file or "module:function",
+      as `agent.tasks` (episode i plays seed `seed + i`); None = `agent.tasks` itself at
+      the held-out seeds (with a JSONL file, seed k plays line `k % n`: the training
+      lines, so name a held-out file here for a held-out evaluation).
     """
 
     episodes: int = 0
@@ -62,8 +67,11 @@ class EvalSection:
     temperature: float | None = None
     every: int = 0
     greedy: bool = False
+    tasks: str | None = None
 
     def __post_init__(self):
+        if self.tasks is not None:
+            check_tasks_spec("tasks", self.tasks)
         _check_int("episodes", self.episodes, 0)
         _check_int("seed", self.seed, 0)
         _check_int("every", self.every, 0)
@@ -345,6 +353,8 @@ class TrainerConfig:
       the device does not report it; None = on CPU devices the host's available RAM
       shared by the local devices, elsewhere no check.
     overlap: one-step off-policy rollout/update overlap (`OverlapSection`; off by default).
+    agent: an agent program written against the OpenAI client to train instead of the
+      env's agent loop (`AgentSection`; off by default).
     jit_cache_dir: JAX's persistent compilation cache, so that a resumed run or the next
       run of the same shapes skips XLA's compilation: "auto" (the default) =
       `$XDG_CACHE_HOME/jaxagent/jit` (else `~/.cache/jaxagent/jit`), a path, or null = off.
@@ -373,6 +383,7 @@ class TrainerConfig:
     device_memory_gb: float | None = None
     overlap: OverlapSection = OverlapSection()
     logging: LoggingSection = LoggingSection()
+    agent: AgentSection = AgentSection()
     jit_cache_dir: str | None = "auto"
 
     #: top-level keys that moved into a section: old key -> new dotted key (`load_config`
@@ -387,6 +398,11 @@ class TrainerConfig:
         if self.jit_cache_dir is not None and (not isinstance(self.jit_cache_dir, str) or not self.jit_cache_dir):
             raise ValueError(f'jit_cache_dir must be "auto", a directory or null (off), got {self.jit_cache_dir!r}')
         _check_int("seed", self.seed, 0)
+        if self.eval.tasks is not None and not self.agent.enabled:
+            raise ValueError(
+                f"eval.tasks ({self.eval.tasks!r}) is for agent programs: set agent.program and agent.tasks, "
+                "or leave eval.tasks null"
+            )
         B = self.env.batch_size
         self.update.check_batch(B)
         if self.update.old_logprobs == "sampler":

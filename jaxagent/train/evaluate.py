@@ -23,6 +23,7 @@ rubric components) followed by the summary line.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import time
@@ -56,6 +57,7 @@ def evaluate_policy(
     if not isinstance(episodes, int) or isinstance(episodes, bool) or episodes < 1:
         raise ValueError(f"evaluate_policy: episodes must be a positive int, got {episodes!r}")
     t0 = time.perf_counter()
+    pool = getattr(pool, "held_out", None) or pool  # an agent program's eval.tasks, when set
     loop.set_params(params)
     reward_fn, loop.reward_fn = loop.reward_fn, None  # held out: the env's own reward, never a judge's
     try:
@@ -260,7 +262,10 @@ def evaluate_run(
     run, state, progress = restore_run(trained, step, log=log)
     build.check_env(config)
     loop = build.agent_loop(config, run.tokenizer, run.model_config, run.placement, state)
-    with build.env_pool(config, config.env.batch_size) as pool:
+    with (
+        build.env_pool(config, config.env.batch_size) as pool,
+        contextlib.closing(loop) if hasattr(loop, "close") else contextlib.nullcontext(),
+    ):
         result = evaluate(
             config,
             loop,

@@ -12,6 +12,7 @@ would split text differently from the run (`autotokenizer_agrees`). `jaxagent ev
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 
 def run_config(run_dir: str | Path, overrides=()):
@@ -88,3 +89,20 @@ def autotokenizer_agrees(path, tokenizer) -> bool:
     auto = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     text = tokenizer.apply_chat_template(_PROBE, tokenize=False)
     return auto.encode(text, add_special_tokens=False) == tokenizer.encode(text, add_special_tokens=False)
+
+
+def load_policy(source: str, step: int | None = None, log=print) -> tuple[Any, Any, Any, str]:
+    """`(params, model_config, tokenizer, model_id)` of a run directory (its checkpoint
+    `step`, default the newest), a Hugging Face directory, a `.gguf` file or a packaged
+    model name."""
+    path = Path(source)
+    if (path / "config.yaml").is_file():
+        run, state, progress = restore_run(run_config(path), step, log=log)
+        params = run.placement.sampler_params(state)
+        return params, run.model_config, run.tokenizer, f"{path.name}@{progress.iteration}"
+    if step is not None:
+        raise ValueError(f"--step is for a run directory; {source} is not one (it has no config.yaml)")
+    from jaxagent.models import load_pretrained, load_tokenizer
+
+    model = load_pretrained(source)
+    return model.params, model.config, load_tokenizer(source), path.name or str(source)

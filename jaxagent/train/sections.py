@@ -45,6 +45,8 @@ RESUME_FIXED = (
     "env.group_size",
     "env.tasks_per_iteration",
     "env.seed",
+    "agent.program",
+    "agent.tasks",
     "algo.advantage",
 )
 

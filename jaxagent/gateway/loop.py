@@ -1,0 +1,279 @@
+"""Agent programs as the trainer's rollout: `ProgramLoop`, the agent loop of a run with
+`agent.program` set.
+
+It has `AgentLoop`'s interface (`run(pool, seeds, group_ids, seed=, sampling=,
+row_offset=)` -> `(Trajectory, episodes)`, `set_params`, `reward_fn`, `config`,
+`sampler`, `chat`), so batch collection, evaluation, the estimators, checkpoints and the
+episode store work unchanged. One `run`:
+
+1. one session per row: its task (`TaskPool.task(seed)`), its id, its sampling key id
+   `row_offset + i` (so processes that each play part of a batch sample what one would);
+2. the user's program, `await program(client, task)`, for every session at once (at most
+   `agent.concurrency`; each within `agent.timeout_s`), each with an `openai.AsyncOpenAI`
+   pointed at its session's URL on the run's gateway (127.0.0.1, a key made for the run);
+3. the run's sampling settings decide every call (`Gateway.run_sampling`: the rollout's
+   temperature, top-k / top-p, `rollout.max_tokens_per_turn`, stop strings; greedy for
+   greedy evaluation), whatever a request asks;
+4. each session's calls become its episode (`Sequence.to_episode`): the tokens trained
+   on are the tokens sampled, the program's reward on the last turn, its metrics in the
+   episode's info (a `success` metric decides success; else reward > 0).
+
+A session whose messages rewrote its history has several sequences; the episode trains
+the one with the most completion tokens (a row of the batch holds one sequence), and its
+info records `gateway_sequences` and `gateway_untrained_calls`. A program that raises,
+times out, returns no number or never calls the model costs its own episode, failed with
+that kind (`raised`, `timeout`, `bad_return`, `no_calls`); calls past
+`rollout.max_turns` in one session are refused (400), and a program that then fails
+ends its episode truncated (`max_turns`), not failed. Episodes with a call sampled more
+than `agent.max_staleness` policy versions before the current one are failed as
+`stale` (within one `run` the params do not change, so this only drops work that
+straddled a `set_params`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from jaxagent.gateway.engine import Engine
+from jaxagent.gateway.program import SessionOutcome, TaskSource, run_sessions_blocking
+from jaxagent.gateway.protocol import Limits
+from jaxagent.gateway.server import GatewayServer
+from jaxagent.gateway.service import Gateway, RunSampling
+from jaxagent.rollout.chat import ChatFormat
+from jaxagent.rollout.episode import Episode, pack
+from jaxagent.rollout.sampler import Sampler
+from jaxagent.rollout.sampling import SamplingConfig
+from jaxagent.rollout.trajectory import Trajectory
+
+
+class TaskPool:
+    """The "pool" of a program run: `len(pool)` rows, and the task of a seed. `held_out`
+    (when `eval.tasks` names another source) is the pool evaluation plays."""
+
+    def __init__(self, tasks: TaskSource, size: int, held_out: TaskSource | None = None):
+        self.tasks = tasks
+        self.size = int(size)
+        self.held_out = None if held_out is None else TaskPool(held_out, size)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def task(self, seed: int) -> dict:
+        return self.tasks.task(int(seed))
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> TaskPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramSettings:
+    """`agent:` of the config, as the loop uses it."""
+
+    program: Any  # the loaded `async def rollout(client, task)`
+    concurrency: int
+    timeout_s: float
+    max_staleness: int
+    model_name: str = "policy"
+
+
+class ProgramLoop:
+    """The rollout of agent programs through the gateway (module docstring).
+
+    Args:
+      params, model_config, tokenizer: the policy and its tokenizer (with a chat template).
+      config: the run's `AgentLoopConfig` (limits and sampling).
+      settings: the `agent:` section's values.
+      mesh, rules: as `AgentLoop`'s.
+    """
+
+    def __init__(
+        self, params, model_config, tokenizer, config, settings: ProgramSettings, *, mesh=None, rules=None
+    ) -> None:
+        self.config = config
+        self.settings = settings
+        self.timings: dict[str, float] = {}
+        self.reward_fn = None
+        self.sampler = Sampler(
+            params,
+            model_config,
+            max_len=config.max_context,
+            min_bucket=config.min_bucket,
+            pad_id=config.pad_id,
+            mesh=mesh,
+            **({} if rules is None else {"rules": rules}),
+        )
+        self.tokenizer = tokenizer
+        self._chat = ChatFormat(tokenizer)
+        self._engine: Engine | None = None
+        self._gateway: Gateway | None = None
+        self._server: GatewayServer | None = None
+        self._runs = 0
+
+    # ------------------------------------------------------------ AgentLoop's interface
+    @property
+    def chat(self):
+        """The tokenizer's `ChatFormat` (its stop tokens end every completion)."""
+        return self._chat
+
+    @property
+    def stop_sequences(self) -> list[list[int]]:
+        return [self.chat.encode(s) for s in self.config.stop_strings]
+
+    @property
+    def params(self):
+        return self.sampler.params
+
+    def set_params(self, params) -> None:
+        """The policy for the next calls (a new version)."""
+        if self._engine is None:
+            self.sampler.params = params
+        else:
+            self._engine.set_params(params)
+
+    @property
+    def gateway(self) -> Gateway:
+        self._start()
+        assert self._gateway is not None
+        return self._gateway
+
+    @property
+    def server(self) -> GatewayServer:
+        self._start()
+        assert self._server is not None
+        return self._server
+
+    def _start(self) -> None:
+        if self._gateway is not None:
+            return
+        stops = self._chat.stop_token_ids
+        slots = max(1, min(self.settings.concurrency, 1024))
+        self._engine = Engine(self.sampler, slots=slots, stop_token_ids=stops, seed=self.config.seed)
+        limits = Limits(max_tokens=self.config.max_tokens_per_turn, max_sessions=max(slots, 1) * 4)
+        self._gateway = Gateway(
+            self._engine,
+            self.tokenizer,
+            model_name=self.settings.model_name,
+            limits=limits,
+            run_sampling=RunSampling(self.config.sampling, self.config.max_tokens_per_turn, self.config.stop_strings),
+            max_calls=self.config.max_turns,
+        )
+        self._server = GatewayServer(self._gateway).start()
+
+    def close(self) -> None:
+        """Stop the gateway's server and engine (idempotent)."""
+        if self._server is not None:
+            self._server.stop()
+        if self._engine is not None:
+            self._engine.close()
+        self._server = self._engine = self._gateway = None
+
+    def __enter__(self) -> ProgramLoop:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def run(
+        self,
+        pool: TaskPool,
+        seeds: Sequence[Any],
+        group_ids: Sequence[int] | None = None,
+        *,
+        seed: int | None = None,
+        sampling: SamplingConfig | None = None,
+        row_offset: int = 0,
+    ) -> tuple[Trajectory, list[Episode]]:
+        """Play one session per row (module docstring); the batch and its episodes."""
+        import openai
+
+        cfg = self.config
+        B = len(seeds)
+        if B != len(pool):
+            raise ValueError(f"ProgramLoop.run: got {B} seeds for a pool of {len(pool)} rows")
+        group_ids = list(range(B)) if group_ids is None else list(group_ids)
+        if len(group_ids) != B:
+            raise ValueError(f"ProgramLoop.run: group_ids has {len(group_ids)} entries, expected {B}")
+        sampling = cfg.sampling if sampling is None else sampling
+        gateway, server = self.gateway, self.server
+        engine = gateway.engine
+        engine.seed = cfg.seed if seed is None else int(seed)
+        gateway.run_sampling = RunSampling(sampling, cfg.max_tokens_per_turn, cfg.stop_strings)
+        self._runs += 1
+        tag = f"r{self._runs}-{secrets.token_hex(3)}"
+        sids = [f"{tag}-{row_offset + i}" for i in range(B)]
+        tasks = [(sid, int(s), pool.task(s)) for sid, s in zip(sids, seeds, strict=True)]
+        for i, sid in enumerate(sids):
+            gateway.open_session(sid, row_offset + i)
+        t0 = time.perf_counter()
+        try:
+            outcomes = run_sessions_blocking(
+                self.settings.program,
+                tasks,
+                lambda sid: openai.AsyncOpenAI(
+                    base_url=server.base_url(sid),
+                    api_key=server.api_key,
+                    max_retries=0,
+                    timeout=self.settings.timeout_s,
+                ),
+                concurrency=self.settings.concurrency,
+                timeout_s=self.settings.timeout_s,
+                calls_made=gateway.calls_made,
+            )
+        finally:
+            limited = {sid: gateway.at_call_limit(sid) for sid in sids}
+            for sid in sids:
+                gateway.close_session(sid)
+        sequences = dict(gateway.store.drain())
+        version = engine.policy_version
+        eps = [
+            self._episode(i, seeds[i], group_ids[i], outcomes[i], sequences.get(sids[i], []), limited[sids[i]], version)
+            for i in range(B)
+        ]
+        self.timings = {"rollout_s": time.perf_counter() - t0, **{k: float(v) for k, v in engine.stats.items()}}
+        if self.reward_fn is not None:
+            self.reward_fn(eps)
+        return pack(eps, max_context=cfg.max_context, max_turns=cfg.max_turns, pad_id=cfg.pad_id), eps
+
+    def _episode(
+        self, i: int, seed, group_id: int, out: SessionOutcome, seqs: list, limited: bool, version: int
+    ) -> Episode:
+        trained = max(seqs, key=lambda s: int(np.sum(s.loss_mask)), default=None)
+        info: dict[str, Any] = dict(out.metrics)
+        info.update(
+            gateway_sequences=len(seqs),
+            gateway_untrained_calls=sum(q.num_turns for q in seqs) - (trained.num_turns if trained else 0),
+        )
+        if trained is not None:
+            ep = trained.to_episode(index=i, seed=seed, group_id=group_id, reward=out.reward, info=info)
+        else:
+            ep = Episode(index=i, seed=seed, group_id=group_id)
+            ep.info = info
+        stale = trained is not None and min(trained.policy_versions) < version - self.settings.max_staleness
+        if out.failure_kind is not None and limited and trained is not None:
+            ep.rewards[-1] = 0.0
+            ep.end(truncated=True, reason="max_turns")
+        elif out.failure_kind is not None or trained is None:
+            kind = out.failure_kind or "no_calls"
+            ep.fail({"failure": out.failure_message or kind, "failure_kind": kind, "traceback": out.traceback or ""})
+            ep.end_reason = f"program_{kind}"
+        elif stale:
+            ep.fail(
+                {
+                    "failure": f"sampled by policy version {min(trained.policy_versions)}, now {version} "
+                    f"(agent.max_staleness={self.settings.max_staleness})",
+                    "failure_kind": "stale",
+                }
+            )
+        return ep

@@ -1,0 +1,424 @@
+"""Running a user's agent program against the gateway (`agent.program`, issue 52).
+
+An agent program is an existing agent written against the OpenAI client, named in the
+config as `agent.program: "module:function"`::
+
+    async def rollout(client: openai.AsyncOpenAI, task: dict) -> float | dict: ...
+
+What it gets: `client`, an `openai.AsyncOpenAI` already pointed at the run's gateway for
+this episode's session (its calls are the episode: each completion the gateway samples
+is recorded token for token and trained on), and `task`, one task dict of `agent.tasks`
+(`TaskSource`: a line of a JSONL file, or what a `module:function` makes of the
+episode's seed; a fresh copy each time, the program may change it). Any `model=` name is
+accepted, and the run's sampling settings (`rollout.temperature`, `top_p`, `top_k`, the
+token limits) decide how the policy samples, not the request's: an agent's own
+`temperature=` or `max_tokens=` does not change what is trained on.
+
+What it returns: the episode's reward, a finite number, or a dict with a finite numeric
+`reward` and further keys, the episode's metrics: finite numbers, or bools counted as 1 / 0
+(`{"reward": 1.0, "turns": 3, "solved": True}`).
+
+How an episode fails (`SessionOutcome.failure_kind`; a failed episode is left out of the
+update, never the run, and one session's failure never touches another's):
+
+- "raised": the program raised an exception (its traceback is kept);
+- "timeout": it ran longer than `agent.timeout_s`; it is cancelled, and has stopped when
+  `run_sessions` returns;
+- "bad_return": it returned something else than a finite number or a dict with a finite
+  numeric `reward` and numeric metrics (the message names what it returned);
+- "no_calls": it returned without one call through its client (a program that builds
+  its own client, or reaches another endpoint, trains nothing).
+
+`load_program` imports the program (and `agent.imports`) with errors naming what is
+wrong; `run_sessions` runs the sessions of one batch at most `agent.concurrency` at a
+time, and `run_sessions_blocking` does so on the calling thread in a fresh event loop
+(the trainer calls it from a worker thread). Pure Python: no JAX, and `openai` is the
+caller's (the client factory's) import, not this module's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+import importlib
+import inspect
+import json
+import math
+import numbers
+import os
+import re
+import sys
+import time
+import traceback
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+#: the failure kinds of a session (`SessionOutcome.failure_kind`)
+FAILURE_KINDS = ("raised", "timeout", "bad_return", "no_calls")
+
+#: "module:function" (dotted module, dotted attribute)
+_SPEC = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*$")
+
+Program = Callable[[Any, dict], Awaitable[Any]]
+
+
+def is_function_spec(spec: str) -> bool:
+    """Whether `spec` has the form "module:function" (dotted names on both sides)."""
+    return isinstance(spec, str) and bool(_SPEC.match(spec))
+
+
+def add_import_paths(imports: Iterable[str] = ()) -> None:
+    """Makes `imports` (`agent.imports`) importable: each entry that is a directory is
+    added to `sys.path`; any other entry is a module name, imported now (as `env.imports`
+    are). The current directory is on the path too, so that "module:function" finds a
+    module next to the config. `ValueError` names an entry that cannot be imported."""
+    if isinstance(imports, str):
+        raise ValueError(f"imports: expected a list of module names or directories, got the string {imports!r}")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())
+    for entry in imports:
+        if not isinstance(entry, str) or not entry:
+            raise ValueError(f"imports: expected module names or directories, got {entry!r}")
+        if os.path.isdir(entry):
+            path = os.path.abspath(entry)
+            if path not in sys.path:
+                sys.path.append(path)
+            continue
+        try:
+            importlib.import_module(entry)
+        except Exception as err:  # noqa: BLE001 - any import-time error, named
+            raise ValueError(
+                f"imports: cannot import {entry!r} (not a directory either): {type(err).__name__}: {err}"
+            ) from None
+
+
+def _resolve(spec: str, what: str, imports: Iterable[str]) -> Any:
+    """The object "module:attr" names, after `add_import_paths(imports)`; `ValueError`
+    naming `what` and the spec when the module or the attribute is missing."""
+    if not is_function_spec(spec):
+        raise ValueError(f"{what} must look like 'module:function' (e.g. my_agent:rollout), got {spec!r}")
+    add_import_paths(imports)
+    module_name, attr = spec.split(":")
+    try:
+        obj = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name is not None and (module_name == err.name or module_name.startswith(err.name + ".")):
+            raise ValueError(
+                f"{what} {spec!r}: no module named {module_name!r} (looked up on sys.path, the current "
+                f"directory and agent.imports)"
+            ) from None
+        raise ValueError(f"{what} {spec!r}: importing {module_name!r} failed: {type(err).__name__}: {err}") from None
+    except Exception as err:  # noqa: BLE001 - an error the module raises on import, named
+        raise ValueError(f"{what} {spec!r}: importing {module_name!r} failed: {type(err).__name__}: {err}") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"{what} {spec!r}: module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def _is_async(fn: Any) -> bool:
+    if inspect.iscoroutinefunction(fn):
+        return True
+    call = getattr(fn, "__call__", None)  # noqa: B004 - an object with an `async def __call__`
+    return not inspect.isfunction(fn) and not inspect.ismethod(fn) and inspect.iscoroutinefunction(call)
+
+
+def _takes(fn: Any, n: int) -> bool | None:
+    """Whether `fn` can be called with `n` positional arguments (None: no signature)."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    try:
+        sig.bind(*range(n))
+    except TypeError:
+        return False
+    return True
+
+
+def load_program(spec: str, imports: Iterable[str] = ()) -> Program:
+    """The agent program `spec` ("module:function", `agent.program`) names, imported
+    after `agent.imports` (`add_import_paths`). `ValueError` when the spec is malformed or
+    the module or attribute is missing, `TypeError` when it is not an `async def` function
+    taking two parameters `(client, task)`; each names the spec."""
+    fn = _resolve(spec, "agent.program", imports)
+    if not callable(fn):
+        raise TypeError(f"agent.program {spec!r} is a {type(fn).__name__}, not an async def function")
+    if not _is_async(fn):
+        raise TypeError(
+            f"agent.program {spec!r} is not a coroutine function: it must be `async def {spec.split(':')[1]}"
+            f"(client, task)` (an agent written against openai.AsyncOpenAI)"
+        )
+    if _takes(fn, 2) is False:
+        raise TypeError(
+            f"agent.program {spec!r} must take 2 parameters (client, task); its signature is {inspect.signature(fn)}"
+        )
+    return fn
+
+
+class TaskSource:
+    """The tasks of `agent.tasks` (or `eval.tasks`), by episode seed: `task(seed)`.
+
+    spec: a path to a `.jsonl` file, one task (a JSON object) a line (blank lines are
+      ignored; a line that is not a JSON object is an error naming the file and line),
+      read once here; seed `k` plays line `k % n` of its `n` tasks (the tasks cycle: a
+      run longer than the file plays each again). Or "module:function" (imported after
+      `imports`, `add_import_paths`): `function(seed)` returns the seed's task dict.
+    Every `task(seed)` is a fresh copy for the JSONL form, so a program that changes its
+    task does not change another episode's.
+    """
+
+    def __init__(self, spec: str, imports: Iterable[str] = (), *, what: str = "agent.tasks"):
+        self.spec, self.what = spec, what
+        self._tasks: list[dict] | None = None
+        self._fn: Callable[[int], Any] | None = None
+        if isinstance(spec, str) and spec.endswith(".jsonl"):
+            self._tasks = read_jsonl_tasks(spec, what)
+        elif is_function_spec(spec):
+            fn = _resolve(spec, what, imports)
+            if not callable(fn) or _is_async(fn):
+                raise TypeError(f"{what} {spec!r} must be a plain function seed -> task dict, got {fn!r}")
+            if _takes(fn, 1) is False:
+                raise TypeError(
+                    f"{what} {spec!r} must take 1 parameter (the seed); its signature is {inspect.signature(fn)}"
+                )
+            self._fn = fn
+        else:
+            raise ValueError(f"{what} must be a path to a .jsonl file or 'module:function', got {spec!r}")
+
+    @property
+    def size(self) -> int | None:
+        """How many tasks the JSONL file has (None for a function)."""
+        return None if self._tasks is None else len(self._tasks)
+
+    def task(self, seed: int) -> dict:
+        """The task of episode seed `seed` (an int >= 0)."""
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+            raise ValueError(f"{self.what}: a task seed must be an int >= 0, got {seed!r}")
+        seed = int(seed)
+        if self._tasks is not None:
+            return copy.deepcopy(self._tasks[seed % len(self._tasks)])
+        assert self._fn is not None
+        try:
+            task = self._fn(seed)
+        except Exception as err:
+            raise ValueError(f"{self.what} {self.spec!r} raised for seed {seed}: {type(err).__name__}: {err}") from err
+        if not isinstance(task, dict):
+            raise TypeError(
+                f"{self.what} {self.spec!r} returned {type(task).__name__} {_short(task)} for seed {seed}; "
+                f"a task must be a dict"
+            )
+        return task
+
+    def __repr__(self) -> str:
+        return f"TaskSource({self.spec!r})"
+
+
+def read_jsonl_tasks(path: str | Path, what: str = "agent.tasks") -> list[dict]:
+    """The task dicts of a JSONL file, one JSON object a line (blank lines skipped);
+    `ValueError` naming the file (and the line) when it is missing, unreadable, has a
+    line that is not a JSON object, or no task."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"{what}: task file not found: {p}")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"{what}: cannot read {p}: {err}") from None
+    tasks = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            task = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{p}, line {number}: not valid JSON ({err.msg}, column {err.colno})") from None
+        if not isinstance(task, dict):
+            raise ValueError(f"{p}, line {number}: a task must be a JSON object, got {type(task).__name__}")
+        tasks.append(task)
+    if not tasks:
+        raise ValueError(f"{what}: {p} has no tasks (no non-blank line)")
+    return tasks
+
+
+@dataclasses.dataclass
+class SessionOutcome:
+    """How one session (one episode) of an agent program ended.
+
+    session_id, seed: the session and its task's seed.
+    reward: the reward the program returned (0.0 when it failed).
+    metrics: the other numeric keys of a dict it returned (float values).
+    failure_kind: None (it succeeded) or one of `FAILURE_KINDS`.
+    failure_message: what went wrong, one line ("" on success).
+    traceback: the exception's traceback for "raised" ("" otherwise).
+    seconds: how long the session ran (from its start under the concurrency bound).
+    """
+
+    session_id: str
+    seed: int
+    reward: float = 0.0
+    metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+    failure_kind: str | None = None
+    failure_message: str = ""
+    traceback: str = ""
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.failure_kind is None
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(float(x))
+
+
+def parse_result(result: Any) -> tuple[float, dict[str, float]]:
+    """The (reward, metrics) of what a program returned; `ValueError` saying what is
+    wrong with it (the "bad_return" message)."""
+    if _finite(result):
+        return float(result), {}
+    expected = "expected a finite number (the reward) or a dict with a finite numeric 'reward' and numeric metrics"
+    if isinstance(result, dict):
+        if "reward" not in result:
+            raise ValueError(f"the program returned a dict without 'reward' ({_short(result)}); {expected}")
+        if not _finite(result["reward"]):
+            raise ValueError(
+                f"the program returned reward {_short(result['reward'])} "
+                f"({type(result['reward']).__name__}), not a finite number; {expected}"
+            )
+        metrics = {}
+        for key, value in result.items():
+            if key == "reward":
+                continue
+            if not isinstance(key, str):
+                raise ValueError(f"the program returned a metric named {key!r}, not a string; {expected}")
+            if isinstance(value, bool):
+                value = float(value)  # a flag metric (`solved: True`) counts as 1 / 0
+            if not _finite(value):
+                raise ValueError(
+                    f"the program returned metric {key!r} = {_short(value)} ({type(value).__name__}), "
+                    f"not a finite number; {expected}"
+                )
+            metrics[key] = float(value)
+        return float(result["reward"]), metrics
+    raise ValueError(f"the program returned {type(result).__name__} {_short(result)}; {expected}")
+
+
+async def _close(client: Any) -> None:
+    close = getattr(client, "close", None)
+    if close is None or not inspect.iscoroutinefunction(close):
+        return
+    try:
+        await close()
+    except Exception:  # noqa: BLE001 - closing is best effort
+        pass
+
+
+async def run_sessions(
+    program: Program,
+    tasks: Sequence[tuple[str, int, dict]],
+    make_client: Callable[[str], Any],
+    *,
+    concurrency: int,
+    timeout_s: float,
+    calls_made: Callable[[str], int],
+) -> list[SessionOutcome]:
+    """Runs `program(make_client(session_id), task)` for each `(session_id, seed, task)`
+    of `tasks`, at most `concurrency` at once, each within `timeout_s` seconds, and
+    returns their `SessionOutcome`s in the order of `tasks`.
+
+    A program that raises fails as "raised", one past `timeout_s` is cancelled (and has
+    stopped by the time this returns) and fails as "timeout", one that returns a bad
+    value as "bad_return", and one that returns after `calls_made(session_id) == 0` calls
+    as "no_calls" (see the module's docstring). Each client is closed (its async
+    `close()`, errors ignored) when its session ends.
+    """
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise ValueError(f"concurrency must be an int >= 1, got {concurrency!r}")
+    if isinstance(timeout_s, bool) or not _finite(timeout_s) or not timeout_s > 0:
+        raise ValueError(f"timeout_s must be a finite number > 0, got {timeout_s!r}")
+    ids = [session_id for session_id, _, _ in tasks]
+    if len(set(ids)) != len(ids):
+        raise ValueError("run_sessions: the session ids must be distinct (calls are counted by session id)")
+    limit = asyncio.Semaphore(concurrency)
+
+    async def one(session_id: str, seed: int, task: dict) -> SessionOutcome:
+        async with limit:
+            out = SessionOutcome(session_id=session_id, seed=seed)
+            start = time.monotonic()
+            client = None
+            scope = asyncio.timeout(timeout_s)
+            result: Any = None
+            try:
+                async with scope:
+                    client = make_client(session_id)
+                    result = await program(client, task)
+                if scope.expired():  # the program swallowed its cancellation and returned
+                    raise TimeoutError
+            except TimeoutError:
+                if scope.expired():
+                    out.failure_kind = "timeout"
+                    out.failure_message = (
+                        f"the program ran longer than timeout_s={timeout_s:g} s and was cancelled "
+                        f"(session {session_id!r})"
+                    )
+                else:  # the program's own TimeoutError
+                    _raised(out)
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise  # run_sessions itself is cancelled
+                _raised(out)  # a CancelledError of the program's own (e.g. a task of its that was cancelled)
+            except Exception:  # noqa: BLE001 - the program's failure is its session's, never the batch's
+                _raised(out)
+            finally:
+                if client is not None:
+                    await _close(client)
+                out.seconds = time.monotonic() - start
+            if out.failure_kind is None:
+                try:
+                    out.reward, out.metrics = parse_result(result)
+                except ValueError as err:
+                    out.failure_kind, out.failure_message = "bad_return", str(err)
+            if out.failure_kind is None and calls_made(session_id) == 0:
+                out.failure_kind = "no_calls"
+                out.failure_message = (
+                    f"the program returned without calling the model through its client (session "
+                    f"{session_id!r} made 0 calls); it must use the client it is given (any model= name)"
+                )
+            if out.failure_kind is not None:
+                out.reward, out.metrics = 0.0, {}
+            return out
+
+    return list(await asyncio.gather(*(one(*item) for item in tasks)))
+
+
+def _raised(out: SessionOutcome) -> None:
+    err = sys.exc_info()[1]
+    out.failure_kind = "raised"
+    out.failure_message = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+    out.traceback = traceback.format_exc()
+
+
+def run_sessions_blocking(
+    program: Program,
+    tasks: Sequence[tuple[str, int, dict]],
+    make_client: Callable[[str], Any],
+    *,
+    concurrency: int,
+    timeout_s: float,
+    calls_made: Callable[[str], int],
+) -> list[SessionOutcome]:
+    """`run_sessions` in a fresh event loop on the calling thread (`asyncio.run`): what the
+    trainer calls from its worker thread (a thread with a running loop cannot)."""
+    return asyncio.run(
+        run_sessions(program, tasks, make_client, concurrency=concurrency, timeout_s=timeout_s, calls_made=calls_made)
+    )

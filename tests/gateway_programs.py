@@ -1,0 +1,43 @@
+"""Agent programs and task sources for the gateway's training tests: written as any
+`openai` user writes them (an `AsyncOpenAI` client, chat messages), plus programs that
+misbehave in each way an episode can fail."""
+
+import asyncio
+
+LETTERS = "abcdefgh"
+
+
+def task(seed: int) -> dict:
+    """Task `seed`: say a letter."""
+    letter = LETTERS[seed % len(LETTERS)]
+    return {"question": f"Say the letter {letter}.", "letter": letter, "kind": "chat"}
+
+
+async def chat_rollout(client, task: dict) -> dict:
+    """Two turns of chat; reward: the first reply holds the task's letter."""
+    messages = [{"role": "system", "content": "Answer with one letter."}, {"role": "user", "content": task["question"]}]
+    first = await client.chat.completions.create(model="policy", messages=messages, temperature=0.7)
+    text = first.choices[0].message.content or ""
+    messages += [{"role": "assistant", "content": text}, {"role": "user", "content": "Again."}]
+    await client.chat.completions.create(model="policy", messages=messages)
+    return {"reward": float(task["letter"] in text), "reply_chars": len(text)}
+
+
+async def misbehaving_rollout(client, task: dict):
+    """By seed: raises after a call, hangs, never calls, returns a string, or plays."""
+    kind = task["seed"] % 5 if "seed" in task else 4
+    if kind == 0:
+        await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}])
+        raise RuntimeError("the agent's own bug")
+    if kind == 1:
+        await asyncio.sleep(3600)
+    if kind == 2:
+        return 1.0
+    if kind == 3:
+        await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}])
+        return "not a number"
+    return await chat_rollout(client, task)
+
+
+def numbered_task(seed: int) -> dict:
+    return {**task(seed), "seed": seed}

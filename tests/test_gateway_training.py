@@ -1,0 +1,196 @@
+"""Training agent programs through the gateway: `ProgramLoop` (the trainer's rollout of
+`agent.program`), a two-iteration run from the CLI, and SIGTERM during a gateway run.
+
+The programs are plain `openai` client code (`tests/gateway_programs.py`). References:
+the trained log-probs against a full forward pass over each episode's tokens
+(`token_logprobs`, not the sampler's cache); tokens against what the gateway returned to
+the program (the `jaxagent` extension it read).
+"""
+
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import openai
+import pytest
+
+from jaxagent import models as M
+from jaxagent.gateway.loop import ProgramLoop, ProgramSettings, TaskPool
+from jaxagent.gateway.program import TaskSource, load_program
+from jaxagent.gateway.tools import TOOL_CHATML_TEMPLATE
+from jaxagent.models import tiny_config
+from jaxagent.models.byte_tokenizer import byte_chat_tokenizer
+from jaxagent.models.logprobs import token_logprobs
+from jaxagent.rollout.agent_loop import AgentLoopConfig
+from jaxagent.rollout.sampling import SamplingConfig
+
+TESTS = str(Path(__file__).parent)
+ROOT = Path(__file__).parent.parent
+
+
+@pytest.fixture(scope="module")
+def policy():
+    tok = byte_chat_tokenizer()
+    tok.chat_template = TOOL_CHATML_TEMPLATE
+    cfg = tiny_config(vocab_size=len(tok))
+    return tok, cfg, M.init_params(jax.random.key(1), cfg, std=0.3)
+
+
+@pytest.fixture(scope="module")
+def shared_loop(policy):
+    """One loop (one sampler: its kernels compile once) whose program and limits each test sets."""
+    tok, cfg, params = policy
+    lc = AgentLoopConfig(max_turns=3, max_tokens_per_turn=6, max_context=320, sampling=SamplingConfig())
+    settings = ProgramSettings(load_program("gateway_programs:chat_rollout", [TESTS]), 8, 60.0, 1)
+    with ProgramLoop(params, cfg, tok, lc, settings) as loop:
+        yield loop
+
+
+def make_loop(loop, program, *, timeout_s=60.0, max_turns=3):
+    loop.settings = dataclasses.replace(loop.settings, program=load_program(program, [TESTS]), timeout_s=timeout_s)
+    loop.config = dataclasses.replace(loop.config, max_turns=max_turns)
+    loop.gateway.max_calls = max_turns
+    return contextlib.nullcontext(loop)
+
+
+def test_program_episodes_train_exactly_the_sampled_tokens(policy, shared_loop):
+    tok, cfg, params = policy
+    pool = TaskPool(TaskSource("gateway_programs:task", [TESTS]), 6)
+    with make_loop(shared_loop, "gateway_programs:chat_rollout") as loop:
+        traj, eps = loop.run(pool, [0, 0, 0, 1, 1, 1], [0, 0, 0, 1, 1, 1], seed=5)
+        again, eps2 = loop.run(pool, [0, 0, 0, 1, 1, 1], [0, 0, 0, 1, 1, 1], seed=5)
+    assert not any(ep.failed for ep in eps)
+    tokens, mask = np.asarray(traj.tokens), np.asarray(traj.loss_mask)
+    logp = np.asarray(traj.rollout_logp)
+    ref, _ = token_logprobs(params, cfg, jnp.asarray(tokens))
+    ref = np.asarray(ref)
+    for i, ep in enumerate(eps):
+        assert len(ep.rewards) == 2 and ep.rewards[0] == 0.0  # two calls: two turns, the reward on the last
+        assert ep.rewards[1] == float(pool.task(ep.seed)["letter"] in ep.actions[0])
+        assert "reply_chars" in ep.info and ep.info["gateway_sequences"] == 1
+        on = mask[i].astype(bool)
+        assert on.sum() == sum(len(t) for k, t in ep.segments if k == "policy")
+        np.testing.assert_allclose(logp[i][on], ref[i][on], atol=1e-5)
+    # the same seed and sampling seed: the same episodes, whatever ran beside them
+    np.testing.assert_array_equal(np.asarray(again.tokens), tokens)
+    # one sampling key per row: the rows of one task sample different episodes
+    assert len({tuple(tokens[i][mask[i] > 0]) for i in range(3)}) > 1
+
+
+def test_a_misbehaving_program_costs_its_own_episode_with_its_failure_kind(shared_loop):
+    pool = TaskPool(TaskSource("gateway_programs:numbered_task", [TESTS]), 4)
+    with make_loop(shared_loop, "gateway_programs:misbehaving_rollout", timeout_s=300.0) as loop:
+        traj, eps = loop.run(pool, [0, 2, 3, 4])
+    kinds = [ep.failure_kind if ep.failed else None for ep in eps]
+    assert kinds == ["raised", "no_calls", "bad_return", None]
+    assert "the agent's own bug" in eps[0].failure and "RuntimeError" in eps[0].failure_traceback
+    assert "not a number" in eps[2].failure
+    assert np.asarray(traj.failed).tolist() == [True, True, True, False]
+    # a program that hangs is cut at its timeout, beside one that plays
+    pool = TaskPool(TaskSource("gateway_programs:numbered_task", [TESTS]), 1)
+    t0 = time.perf_counter()
+    with make_loop(shared_loop, "gateway_programs:misbehaving_rollout", timeout_s=2.0) as loop:
+        _, eps = loop.run(pool, [1])
+    assert eps[0].failed and eps[0].failure_kind == "timeout"
+    assert time.perf_counter() - t0 < 30
+
+
+def test_calls_past_max_turns_are_refused_and_end_the_episode_truncated(shared_loop):
+    pool = TaskPool(TaskSource("gateway_programs:task", [TESTS]), 2)
+    with make_loop(shared_loop, "gateway_programs:chat_rollout", max_turns=1) as loop:
+        _, eps = loop.run(pool, [0, 1])
+    for ep in eps:
+        assert not ep.failed and ep.truncated and ep.end_reason == "max_turns"
+        assert len(ep.rewards) == 1 and ep.rewards == [0.0]
+
+
+def run_cli(args, run_dir, **kw):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "jaxagent", "train", "--config", "configs/tiny_gateway_chat.yaml", f"run_dir={run_dir}"]
+        + args,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **kw,
+    )
+
+
+def test_a_gateway_run_trains_from_the_cli(tmp_path):
+    proc = run_cli([], tmp_path / "run")
+    out, _ = proc.communicate(timeout=400)
+    assert proc.returncode == 0, out[-3000:]
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["iteration"] for m in lines] == [1, 2]
+    assert all(m["failed_frac"] == 0.0 and m["turns_mean"] == 2.0 for m in lines)
+    assert (tmp_path / "run" / "checkpoints").is_dir()
+    serve_the_run(tmp_path / "run")
+
+
+def serve_the_run(run_dir):
+    """`jaxagent serve` answers the `openai` client for the run's checkpoint, and stops on SIGTERM."""
+    key = "k" * 8 + os.urandom(8).hex()
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "TEST_GATEWAY_KEY": key}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jaxagent", "serve", str(run_dir), "--port", "0", "--api-key-env", "TEST_GATEWAY_KEY"]
+        + ["--max-context", "256", "--max-tokens", "8"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        url = None
+        for line in proc.stdout:
+            if line.startswith("jaxagent serve: http://"):
+                url = line.split()[2]
+                break
+        assert url is not None and url.startswith("http://127.0.0.1:")
+        good = openai.OpenAI(base_url=url, api_key=key, max_retries=0, timeout=120)
+        assert [m.id for m in good.models.list().data] == ["run@2"]
+        r = good.chat.completions.create(
+            model="run", messages=[{"role": "user", "content": "Say the letter a."}], temperature=0, max_tokens=4
+        )
+        ext = r.model_extra["jaxagent"]
+        assert ext["sampling"]["source"] == "request" and ext["sampling"]["greedy"] is True
+        assert ext["policy_version"] == 0 and 1 <= r.usage.completion_tokens <= 4
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=url, api_key="x" * 20, max_retries=0).models.list()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, rest[-2000:]
+    assert key not in rest  # the key is never printed when it comes from the environment
+
+
+def test_sigterm_during_a_gateway_run_leaves_a_checkpoint_and_nothing_running(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_cli(["iterations=50"], run_dir)
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and metrics.read_text().count("\n") >= 1:
+            break
+        time.sleep(0.5)
+    assert proc.poll() is None, proc.communicate()[0][-3000:]
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode != 0 and "checkpoint" in out.lower(), out[-3000:]
+    done = [json.loads(x)["iteration"] for x in metrics.read_text().splitlines()]
+    steps = sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
+    assert steps and steps[-1] == done[-1]  # the last iteration it finished is saved
+    # the gateway's threads went with the process: no child, nothing listening
+    ps = subprocess.run(["ps", "-eo", "pid,ppid,args"], capture_output=True, text=True).stdout
+    assert not [line for line in ps.splitlines() if f" {proc.pid} " in line]

@@ -15,6 +15,7 @@ JSON lines go to stdout (and, with --out, are appended to that file):
     lora        W10 a LoRA update of SmolLM2-135M vs PyTorch + peft              w10_lora_update.py
     ragged      W11 an update on episodes of uneven length: trimmed micro-batches  w11_ragged_update.py
     prompt      W12 a group's shared prompt prefilled once vs once per row       w12_shared_prompt.py
+    gateway     W13 agent programs through the gateway vs the agent loop         w13_gateway.py
     device      --  the accelerator check, 8 minutes on one GPU: the device, the    device_check.py
                     accelerator tests, W6 against measured peaks, a recipe's iterations
 
@@ -48,6 +49,7 @@ WORKLOADS = {
     "lora": "w10_lora_update.py",
     "ragged": "w11_ragged_update.py",
     "prompt": "w12_shared_prompt.py",
+    "gateway": "w13_gateway.py",
     "device": "device_check.py",
 }
 #: the workloads that take --systems, and its default for each
@@ -72,7 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=sorted(WORKLOADS),
         help="generate (W1), update (W2), multiturn (W3), advantages (W4), envpool (W5), "
         "overlap (W7), iteration (W8), rollout (W9), lora (W10), ragged (W11), prompt (W12), "
-        "device (the accelerator check); see docs/results/benchmarks.md",
+        "gateway (W13), device (the accelerator check); see docs/results/benchmarks.md",
     )
     parser.add_argument(
         "--repeats",

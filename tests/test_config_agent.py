@@ -38,6 +38,7 @@ def test_defaults_train_no_agent_program():
         "timeout_s": 300.0,
         "imports": [],
         "max_staleness": 1,
+        "expert": None,
     }
 
 
@@ -130,3 +131,11 @@ def test_jaxagent_config_shows_the_agent_section_documented():
     assert "eval.tasks" in shown
     undocumented = [k.key for k in config_keys(TrainerConfig()) if k.key.startswith("agent.") and not k.doc]
     assert undocumented == []
+
+
+def test_the_expert_is_a_program_option_named_as_a_function():
+    with pytest.raises(ValueError, match="expert must look like 'module:function'"):
+        AgentSection(program="m:f", tasks="t.jsonl", expert="not a spec")
+    with pytest.raises(ValueError, match="expert .* is set but program is not"):
+        AgentSection(expert="m:f")
+    assert AgentSection(program="m:f", tasks="t.jsonl", expert="m:e").expert == "m:e"

@@ -94,7 +94,7 @@ def add_import_paths(imports: Iterable[str] = ()) -> None:
             ) from None
 
 
-def _resolve(spec: str, what: str, imports: Iterable[str]) -> Any:
+def resolve(spec: str, what: str, imports: Iterable[str]) -> Any:
     """The object "module:attr" names, after `add_import_paths(imports)`; `ValueError`
     naming `what` and the spec when the module or the attribute is missing."""
     if not is_function_spec(spec):
@@ -144,7 +144,7 @@ def load_program(spec: str, imports: Iterable[str] = ()) -> Program:
     after `agent.imports` (`add_import_paths`). `ValueError` when the spec is malformed or
     the module or attribute is missing, `TypeError` when it is not an `async def` function
     taking two parameters `(client, task)`; each names the spec."""
-    fn = _resolve(spec, "agent.program", imports)
+    fn = resolve(spec, "agent.program", imports)
     if not callable(fn):
         raise TypeError(f"agent.program {spec!r} is a {type(fn).__name__}, not an async def function")
     if not _is_async(fn):
@@ -178,7 +178,7 @@ class TaskSource:
         if isinstance(spec, str) and spec.endswith(".jsonl"):
             self._tasks = read_jsonl_tasks(spec, what)
         elif is_function_spec(spec):
-            fn = _resolve(spec, what, imports)
+            fn = resolve(spec, what, imports)
             if not callable(fn) or _is_async(fn):
                 raise TypeError(f"{what} {spec!r} must be a plain function seed -> task dict, got {fn!r}")
             if _takes(fn, 1) is False:

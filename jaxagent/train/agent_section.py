@@ -47,6 +47,12 @@ class AgentSection:
       path too).
     max_staleness: an episode whose calls were sampled more than this many policy
       versions before the update is dropped (0 = only the current policy's episodes).
+    expert: "module:function" of an expert for the warm start (with `warm_start.episodes`):
+      `expert(prompt_text, *, noise, rng) -> str` gives the reply to a conversation (the
+      chat template's rendering up to the generation prompt; `noise` is
+      `warm_start.expert_noise`, `rng` a `random.Random` of the episode's seed). The
+      program runs unchanged against it through the gateway, and its episodes are the
+      SFT demonstrations (`jaxagent.gateway.demonstrations`).
     """
 
     program: str | None = None
@@ -55,6 +61,7 @@ class AgentSection:
     timeout_s: float = 300.0
     imports: tuple[str, ...] = ()
     max_staleness: int = 1
+    expert: str | None = None
 
     def __post_init__(self):
         for name, minimum in (("concurrency", 1), ("max_staleness", 0)):
@@ -71,7 +78,11 @@ class AgentSection:
             raise ValueError(
                 f"program must look like 'module:function' (an async def rollout(client, task)), got {self.program!r}"
             )
+        if self.expert is not None and not (isinstance(self.expert, str) and _FUNCTION_SPEC.match(self.expert)):
+            raise ValueError(f"expert must look like 'module:function' (prompt_text -> reply), got {self.expert!r}")
         if self.program is None:
+            if self.expert is not None:
+                raise ValueError(f"expert ({self.expert!r}) is set but program is not: the expert is a program's")
             if self.tasks is not None:
                 raise ValueError(f"tasks ({self.tasks!r}) is set but program is not: tasks are an agent program's")
             return

@@ -53,11 +53,6 @@ def run_tokenizer(config: TrainerConfig, run_dir: Path, *, resume: bool, demonst
 
             tok.chat_template = TOOL_CHATML_TEMPLATE
         return tok
-    if config.agent.program is not None:
-        raise ConfigError(
-            "model.tokenizer 'bpe' is trained on the env's text, and a run of agent.program has no env; "
-            "use 'byte' (or a checkpoint's tokenizer, model.path)"
-        )
     from jaxagent.models.tokenizer_training import train_bpe_tokenizer
     from jaxagent.train import warmstart
 
@@ -68,6 +63,20 @@ def run_tokenizer(config: TrainerConfig, run_dir: Path, *, resume: bool, demonst
         from jaxagent.models import load_tokenizer
 
         return load_tokenizer(saved)
+    if config.agent.program is not None:  # the program's conversations with its expert
+        if config.agent.expert is None:
+            raise ConfigError(
+                "model.tokenizer 'bpe' with agent.program is trained on the program's episodes against "
+                "agent.expert: set agent.expert, or use model.tokenizer 'byte'"
+            )
+        from jaxagent.gateway.tools import TOOL_CHATML_TEMPLATE
+        from jaxagent.train.program_warmstart import program_texts
+
+        tok = train_bpe_tokenizer(
+            program_texts(config), config.model.tokenizer_vocab_size, pieces=config.model.tokenizer_pieces
+        )
+        tok.chat_template = TOOL_CHATML_TEMPLATE
+        return tok
     demos = demonstrations
     if demos is None:
         ws = config.warm_start
@@ -457,11 +466,15 @@ def build_run(config: TrainerConfig, *, resume: bool = False, log=print) -> Run:
     if implicit_float32:
         log(implicit_float32)
     demos = None
-    if config.warm_start.enabled and not resume:
+    if config.warm_start.enabled and not resume and config.agent.program is None:
         from jaxagent.train.warmstart import warm_start_demonstrations
 
         demos = warm_start_demonstrations(config, log)
     tokenizer = run_tokenizer(config, Path(config.run_dir), resume=resume, demonstrations=demos)
+    if config.warm_start.enabled and not resume and config.agent.program is not None:
+        from jaxagent.train.program_warmstart import program_demonstrations
+
+        demos = program_demonstrations(config, tokenizer, log)  # in the run's own tokens
     k_model, k_critic, k_rng = jax.random.split(jax.random.key(config.seed), 3)
     if config.model.path is None:  # the architecture is known: check before building anything
         placement = make_placement(config, scratch_config(config.model, tokenizer))

@@ -403,6 +403,11 @@ class TrainerConfig:
                 f"eval.tasks ({self.eval.tasks!r}) is for agent programs: set agent.program and agent.tasks, "
                 "or leave eval.tasks null"
             )
+        if self.agent.enabled and self.warm_start.episodes and self.agent.expert is None:
+            raise ValueError(
+                f"warm_start.episodes ({self.warm_start.episodes}) with agent.program needs agent.expert: the "
+                "demonstrations are the program's episodes against that expert (module:function)"
+            )
         B = self.env.batch_size
         self.update.check_batch(B)
         if self.update.old_logprobs == "sampler":

@@ -48,6 +48,10 @@ class Demonstration:
     final_only: bool = False
     #: a conclusion demonstration's final action: its first tokens not taught
     skip_final: int = 0
+    #: an agent program's demonstration, recorded through the gateway: its token sequence and
+    #: loss mask as they are (`demonstration_tokens` lays out no chat; observations unused)
+    tokens: list[int] | None = None
+    loss_mask: list[int] | None = None
 
     @property
     def episode_return(self) -> float:
@@ -178,6 +182,11 @@ def demonstration_tokens(chat, demo: Demonstration, max_context: int) -> tuple[l
     conclusion demonstration (`demo.final_only`) has the loss on its final action (and its
     end-of-turn token) only, less the action's first `demo.skip_final` tokens, and none at
     all when that action was cut."""
+    if demo.tokens is not None:  # recorded through the gateway: the sequence as the program made it
+        mask = list(demo.loss_mask or [])
+        if len(mask) != len(demo.tokens):
+            raise ValueError(f"a recorded demonstration has {len(demo.tokens)} tokens but {len(mask)} mask entries")
+        return list(demo.tokens[:max_context]), mask[:max_context]
     eot = chat.stop_token_ids[0] if chat.stop_token_ids else None
     tokens = chat.prompt_tokens(demo.system_prompt, demo.observations[0])
     mask = [0] * len(tokens)

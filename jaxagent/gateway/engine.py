@@ -13,8 +13,10 @@ waits for the next round. Each round:
     per call, keep the longest prefix its row holds of the new prompt (at most all but
     the prompt's last token: the next token's logits come from appending), cut the row
     back to it (`Sampler.truncate_rows`) or empty it (`Sampler.reset_rows`), and append
-    only the rest  ->  decode the round's rows together (`Sampler.decode_rows`, which
-    touches only those rows; one decode per distinct sampling setting and stop list)
+    only the rest (emptied rows whose prompts agree but for the last token, a group's
+    sessions of one task, prefill that prefix once and copy it: `Sampler.copy_rows`)
+    ->  decode the round's rows together (`Sampler.decode_rows`, which touches only
+    those rows; one decode per distinct sampling setting and stop list)
 
 A round starts once every open session has a call waiting, or when the oldest waiting
 call has waited as long as the last round took (at least `MIN_LINGER_S`): calls that
@@ -250,30 +252,22 @@ class Engine:
 
     def _loop(self) -> None:
         while True:
-            with self._cv:
-                jobs = self._wait_for_round()
-                if jobs is None:
-                    return
-                if self._pending_params is not None:
-                    self.sampler.params, self._version = self._pending_params
-                    self._pending_params = None
-                version = self._version
-                rows = self._assign_rows(jobs)
-            t0 = time.perf_counter()
+            jobs: list[_Job] = []
             try:
-                results = self._round(jobs, rows)
-            except Exception as err:  # the round's calls fail; the engine starts over
-                self.stats["failed_rounds"] += 1
                 with self._cv:
-                    self._state = self.sampler.init_state(self.slots, self.seed)
-                    self._rows = [None] * self.slots
-                    for sess in self._sessions.values():
-                        sess.row, sess.held = None, ()
-                    for job in jobs:
-                        if job.session in self._sessions:
-                            self._sessions[job.session].busy = False
-                for job in jobs:
-                    job.future.set_exception(err)
+                    got = self._wait_for_round()
+                    if got is None:
+                        return
+                    jobs = got
+                    if self._pending_params is not None:
+                        self.sampler.params, self._version = self._pending_params
+                        self._pending_params = None
+                    version = self._version
+                    plans = self._assign_rows(jobs)
+                t0 = time.perf_counter()
+                results = self._round(jobs, plans)
+            except Exception as err:  # the round's calls fail; the engine starts over
+                self._start_over(jobs, err)
                 continue
             took = time.perf_counter() - t0
             self._last_round_s = took
@@ -285,6 +279,43 @@ class Engine:
                     self.stats["completion_tokens"] += len(ids)
             for job, (ids, lps, reason, reused) in zip(jobs, results, strict=True):
                 job.future.set_result(Completion(ids, lps, reason, version, reused, t0 - job.submitted, took))
+
+    def _start_over(self, jobs: list[_Job], err: Exception) -> None:
+        """A failed round: its calls get `err`, every session's cache is dropped."""
+        self.stats["failed_rounds"] += 1
+        with self._cv:
+            self._state = self.sampler.init_state(self.slots, self.seed)
+            self._rows = [None] * self.slots
+            for sess in self._sessions.values():
+                sess.row, sess.held = None, ()
+            for job in jobs:
+                if job.session in self._sessions:
+                    self._sessions[job.session].busy = False
+        for job in jobs:
+            if not job.future.done():
+                job.future.set_exception(err)
+
+    def _share_prefills(self, state, jobs: list[_Job], rows: list[int], reused: list[int], feed: list):
+        """Fresh rows (nothing kept) whose prompts are equal but for the last token (a
+        group's sessions of one task) prefill that prefix once, in one row, and the others
+        copy it (`Sampler.copy_rows`); `feed` is left with each one's last token."""
+        groups: dict[tuple[int, ...], list[int]] = collections.defaultdict(list)
+        for i, job in enumerate(jobs):
+            if reused[i] == 0 and len(job.prompt) > 1:
+                groups[job.prompt[:-1]].append(i)
+        shared = {prefix: members for prefix, members in groups.items() if len(members) > 1}
+        if not shared:
+            return state
+        leaders = [members[0] for members in shared.values()]
+        state = self.sampler.append_rows(state, [rows[i] for i in leaders], [jobs[i].prompt[:-1] for i in leaders])
+        src = [rows[members[0]] for members in shared.values() for _ in members[1:]]
+        dst = [rows[i] for members in shared.values() for i in members[1:]]
+        state = self.sampler.copy_rows(state, src, dst)
+        for members in shared.values():
+            for i in members:
+                feed[i] = jobs[i].prompt[-1:]
+        self.stats["shared_prefill_tokens"] += sum(len(p) * (len(m) - 1) for p, m in shared.items())
+        return state
 
     def _wait_for_round(self) -> list[_Job] | None:
         """Under the lock: the next round's calls, or None when closed."""
@@ -302,11 +333,13 @@ class Engine:
             else:
                 self._cv.wait()
 
-    def _assign_rows(self, jobs: list[_Job]) -> list[int]:
-        """Under the lock: a row per call (module docstring)."""
+    def _assign_rows(self, jobs: list[_Job]) -> list[tuple[int, tuple[int, ...], int]]:
+        """Under the lock: per call, its row, what the row holds of its session, and the
+        session's key id (module docstring); read here so that a session closed while
+        its round decodes changes nothing the round reads."""
         now = time.perf_counter()
         in_round = {job.session for job in jobs}
-        rows = []
+        plans = []
         for job in jobs:
             sess = self._sessions[job.session]
             if sess.row is None or self._rows[sess.row] != job.session:
@@ -319,8 +352,9 @@ class Engine:
                 self._rows[row] = job.session
                 sess.row, sess.held = row, ()
             sess.used = now
-            rows.append(sess.row)
-        return rows
+            assert sess.row is not None
+            plans.append((sess.row, sess.held, sess.key_id))
+        return plans
 
     def _free_row(self, in_round: set[str]) -> int:
         for r, owner in enumerate(self._rows):
@@ -329,22 +363,21 @@ class Engine:
         candidates = [r for r, owner in enumerate(self._rows) if owner not in in_round]
         return min(candidates, key=lambda r: self._sessions[self._rows[r]].used)  # type: ignore[index]
 
-    def _round(self, jobs: list[_Job], rows: list[int]):
+    def _round(self, jobs: list[_Job], plans: list[tuple[int, tuple[int, ...], int]]):
         """Decode the round's calls; per call `(ids, logprobs, reason, reused)`."""
         sampler = self.sampler
         feed: list[tuple[int, ...]] = []
         cut_rows, cut_to, empty_rows, empty_keys = [], [], [], []
         reused = []
-        for job, row in zip(jobs, rows, strict=True):
-            sess = self._sessions[job.session]
-            held = sess.held
+        rows = [row for row, _, _ in plans]
+        for job, (row, held, key_id) in zip(jobs, plans, strict=True):
             k = 0
             limit = min(len(held), len(job.prompt) - 1)
             while k < limit and held[k] == job.prompt[k]:
                 k += 1
             if k == 0:
                 empty_rows.append(row)
-                empty_keys.append(sess.key_id)
+                empty_keys.append(key_id)
             elif k < len(held):
                 cut_rows.append(row)
                 cut_to.append(k)
@@ -359,6 +392,7 @@ class Engine:
             state = sampler.reset_rows(state, empty_rows, self.seed, empty_keys)
         if cut_rows:
             state = sampler.truncate_rows(state, cut_rows, cut_to)
+        state = self._share_prefills(state, jobs, rows, reused, feed)
         groups: dict[tuple, list[int]] = collections.defaultdict(list)
         for i, job in enumerate(jobs):
             groups[(job.sampling, job.stop_sequences)].append(i)

@@ -33,6 +33,7 @@ straddled a `set_params`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import secrets
 import time
 from collections.abc import Sequence
@@ -50,6 +51,23 @@ from jaxagent.rollout.episode import Episode, pack
 from jaxagent.rollout.sampler import Sampler
 from jaxagent.rollout.sampling import SamplingConfig
 from jaxagent.rollout.trajectory import Trajectory
+
+
+@functools.cache
+def _shared_http_class():
+    import httpx
+
+    class SharedHTTP(httpx.AsyncClient):
+        """An HTTP client the sessions of one run share: a session's `client.close()`
+        leaves it open; the run closes it (`close_pool`)."""
+
+        async def aclose(self) -> None:
+            return None
+
+        async def close_pool(self) -> None:
+            await super().aclose()
+
+    return SharedHTTP
 
 
 class TaskPool:
@@ -95,11 +113,22 @@ class ProgramLoop:
       params, model_config, tokenizer: the policy and its tokenizer (with a chat template).
       config: the run's `AgentLoopConfig` (limits and sampling).
       settings: the `agent:` section's values.
+      rows: the most sessions one `run` plays (the batch's rows); the engine's sampler has
+        `min(settings.concurrency, rows)` rows (None: `settings.concurrency`).
       mesh, rules: as `AgentLoop`'s.
     """
 
     def __init__(
-        self, params, model_config, tokenizer, config, settings: ProgramSettings, *, mesh=None, rules=None
+        self,
+        params,
+        model_config,
+        tokenizer,
+        config,
+        settings: ProgramSettings,
+        *,
+        rows: int | None = None,
+        mesh=None,
+        rules=None,
     ) -> None:
         self.config = config
         self.settings = settings
@@ -120,6 +149,7 @@ class ProgramLoop:
         self._gateway: Gateway | None = None
         self._server: GatewayServer | None = None
         self._runs = 0
+        self._rows = rows
 
     # ------------------------------------------------------------ AgentLoop's interface
     @property
@@ -158,7 +188,7 @@ class ProgramLoop:
         if self._gateway is not None:
             return
         stops = self._chat.stop_token_ids
-        slots = max(1, min(self.settings.concurrency, 1024))
+        slots = max(1, min(self.settings.concurrency, self._rows or self.settings.concurrency))
         self._engine = Engine(self.sampler, slots=slots, stop_token_ids=stops, seed=self.config.seed)
         limits = Limits(max_tokens=self.config.max_tokens_per_turn, max_sessions=max(slots, 1) * 4)
         self._gateway = Gateway(
@@ -196,6 +226,7 @@ class ProgramLoop:
         row_offset: int = 0,
     ) -> tuple[Trajectory, list[Episode]]:
         """Play one session per row (module docstring); the batch and its episodes."""
+        import httpx
         import openai
 
         cfg = self.config
@@ -217,19 +248,39 @@ class ProgramLoop:
         for i, sid in enumerate(sids):
             gateway.open_session(sid, row_offset + i)
         t0 = time.perf_counter()
+        shared: dict[str, Any] = {}
+        SharedHTTP = _shared_http_class()
+
+        def make_client(sid: str):
+            # one HTTP client (connection pool) for the run's sessions, made in their event
+            # loop: an `AsyncOpenAI` of its own each would build its own (~25 ms a session)
+            if "http" not in shared:
+                n = self.settings.concurrency + 8
+                shared["http"] = SharedHTTP(
+                    timeout=self.settings.timeout_s,
+                    limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
+                )
+            return openai.AsyncOpenAI(
+                base_url=server.base_url(sid),
+                api_key=server.api_key,
+                max_retries=0,
+                timeout=self.settings.timeout_s,
+                http_client=shared["http"],
+            )
+
+        async def cleanup() -> None:
+            if "http" in shared:
+                await shared["http"].close_pool()
+
         try:
             outcomes = run_sessions_blocking(
                 self.settings.program,
                 tasks,
-                lambda sid: openai.AsyncOpenAI(
-                    base_url=server.base_url(sid),
-                    api_key=server.api_key,
-                    max_retries=0,
-                    timeout=self.settings.timeout_s,
-                ),
+                make_client,
                 concurrency=self.settings.concurrency,
                 timeout_s=self.settings.timeout_s,
                 calls_made=gateway.calls_made,
+                cleanup=cleanup,
             )
         finally:
             limited = {sid: gateway.at_call_limit(sid) for sid in sids}

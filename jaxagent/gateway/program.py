@@ -416,9 +416,19 @@ def run_sessions_blocking(
     concurrency: int,
     timeout_s: float,
     calls_made: Callable[[str], int],
+    cleanup: Callable[[], Awaitable[None]] | None = None,
 ) -> list[SessionOutcome]:
     """`run_sessions` in a fresh event loop on the calling thread (`asyncio.run`): what the
-    trainer calls from its worker thread (a thread with a running loop cannot)."""
-    return asyncio.run(
-        run_sessions(program, tasks, make_client, concurrency=concurrency, timeout_s=timeout_s, calls_made=calls_made)
-    )
+    trainer calls from its worker thread (a thread with a running loop cannot). `cleanup`
+    is awaited in that loop after the sessions (e.g. closing an HTTP client they shared)."""
+
+    async def main() -> list[SessionOutcome]:
+        try:
+            return await run_sessions(
+                program, tasks, make_client, concurrency=concurrency, timeout_s=timeout_s, calls_made=calls_made
+            )
+        finally:
+            if cleanup is not None:
+                await cleanup()
+
+    return asyncio.run(main())

@@ -456,6 +456,20 @@ def reset_rows_kernel(state: SamplerState, rows_R, keys_R) -> SamplerState:
     )
 
 
+def copy_rows_kernel(state: SamplerState, src_R, dst_R) -> SamplerState:
+    """Rows `dst_R` given the cache and next-token logits of rows `src_R` (their keys kept):
+    a prefix prefilled once serves several rows."""
+    cache = state.cache
+    return state.replace(
+        cache=cache.replace(
+            k=cache.k.at[:, dst_R].set(cache.k[:, src_R]),
+            v=cache.v.at[:, dst_R].set(cache.v[:, src_R]),
+            lengths=cache.lengths.at[dst_R].set(cache.lengths[src_R]),
+        ),
+        next_logits_BxV=state.next_logits_BxV.at[dst_R].set(state.next_logits_BxV[src_R]),
+    )
+
+
 def truncate_rows_kernel(state: SamplerState, rows_R, lengths_R) -> SamplerState:
     """Rows `rows_R` cut back to their first `lengths_R` cached tokens (at most what they
     hold); keys and other rows untouched. The rows' `next_logits_BxV` are stale until

@@ -71,6 +71,7 @@ from jaxagent.rollout.kernels import (
     Generation,
     SamplerState,
     append_kernel,
+    copy_rows_kernel,
     decode_kernel,
     put_rows_kernel,
     reset_rows_kernel,
@@ -230,6 +231,21 @@ class Sampler:
                 return self._pin_state(truncate_rows_kernel(state, rows, lengths))
 
         self._truncate = jax.jit(truncate, donate_argnames=("state",))
+
+        def copy(state, src, dst):
+            self.trace_counts["copy"] += 1
+            with self._layout():
+                return self._pin_state(copy_rows_kernel(state, src, dst))
+
+        self._copy = jax.jit(copy, donate_argnames=("state",))
+
+        def append_rows(params, state, rows, tokens, mask):
+            self.trace_counts["append_rows"] += 1
+            with self._layout():
+                sub = append_kernel(params, config, select_rows_kernel(state, rows), tokens, mask)
+                return self._pin_state(put_rows_kernel(state, rows, sub))
+
+        self._append_rows = jax.jit(append_rows, donate_argnames=("state",))
 
     # -------------------------------------------------------------- sharding
     @property
@@ -416,6 +432,52 @@ class Sampler:
             rep = jax.sharding.NamedSharding(self.mesh, P())
             return self._truncate(state, jax.device_put(rows, rep), jax.device_put(lengths, rep))
         return self._truncate(state, jnp.asarray(rows), jnp.asarray(lengths))
+
+    def copy_rows(
+        self, state: SamplerState, src: Sequence[int] | np.ndarray, dst: Sequence[int] | np.ndarray
+    ) -> SamplerState:
+        """`state` with row `dst[j]` holding row `src[j]`'s cache and next-token logits (its
+        own key kept): a prefix prefilled in one row serves others. `dst` distinct, no
+        `dst` also a `src`. `state` is donated."""
+        src, dst = np.asarray(src, np.int32), np.asarray(dst, np.int32)
+        B = state.batch_size
+        if src.ndim != 1 or src.shape != dst.shape:
+            raise ValueError(f"copy_rows: src and dst must be equal-length lists, got {src.shape} and {dst.shape}")
+        if len(set(dst.tolist())) != dst.size or set(dst.tolist()) & set(src.tolist()):
+            raise ValueError(f"copy_rows: dst rows must be distinct and not sources, got src {src} dst {dst}")
+        if dst.size and (min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= B):
+            raise ValueError(f"copy_rows: rows must be in [0, {B})")
+        if not dst.size:
+            return state
+        n = 1 << (dst.size - 1).bit_length()  # padded with the first copy again: few compilations
+        src = np.concatenate([src, np.full(n - src.size, src[0], np.int32)])
+        dst = np.concatenate([dst, np.full(n - dst.size, dst[0], np.int32)])
+        if self.mesh is not None:
+            rep = jax.sharding.NamedSharding(self.mesh, P())
+            return self._copy(state, jax.device_put(src, rep), jax.device_put(dst, rep))
+        return self._copy(state, jnp.asarray(src), jnp.asarray(dst))
+
+    def append_rows(self, state: SamplerState, rows: Sequence[int], tokens: Sequence[Sequence[int]]) -> SamplerState:
+        """`append` of `tokens[j]` to row `rows[j]` (distinct rows), in a call whose work is
+        that of those rows (padded to a power of two with untouched rows), not of the whole
+        state. Raises ValueError when tokens do not fit. `state` is donated."""
+        rows = [int(r) for r in rows]
+        B = state.batch_size
+        if not rows or len(set(rows)) != len(rows) or min(rows) < 0 or max(rows) >= B:
+            raise ValueError(f"append_rows: rows must be distinct rows of the state (0..{B - 1}), got {rows}")
+        if len(tokens) != len(rows):
+            raise ValueError(f"append_rows: got token lists for {len(tokens)} rows, expected {len(rows)}")
+        R = min(bucket(len(rows), 1), B)
+        others = [r for r in range(B) if r not in set(rows)]
+        idx = np.asarray(rows + others[: R - len(rows)], np.int32)
+        arr, mask = self._token_arrays(
+            list(tokens) + [None] * (R - len(rows)), self.free_slots(state)[idx], "append_rows"
+        )
+        if self.mesh is not None:
+            idx_d = jax.device_put(idx, jax.sharding.NamedSharding(self.mesh, P()))
+        else:
+            idx_d = jnp.asarray(idx)
+        return self._append_rows(self.params, state, idx_d, self._put_rows(arr), self._put_rows(mask))
 
     # -------------------------------------------------------------- kernels
     def append(self, state: SamplerState, tokens: Sequence[Sequence[int] | None]) -> SamplerState:

@@ -343,6 +343,7 @@ def program_loop(config: TrainerConfig, tokenizer, model_config, placement: Plac
         tokenizer,
         config.rollout.loop_config(0 if pad is None else int(pad)),
         ProgramSettings(program, a.concurrency, a.timeout_s, a.max_staleness),
+        rows=len(placement.rows),
         mesh=placement.mesh if placement.sampler_on_mesh else None,
     )
     loop.reward_fn = judge_reward(config)

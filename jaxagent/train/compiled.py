@@ -14,8 +14,9 @@ The programs, each at the largest shape a run gives it:
                         `eval_decode` at the evaluation's sampling when that differs
                         (evaluation pads its episodes to the rollout's batch, so its
                         shapes are the rollout's), against `decode`
-    rollout_decode_rows the continuous scheduler's gather-append-decode-scatter of half
-                        its slots (`rollout.slots` only), against `decode`
+    rollout_decode_rows the continuous scheduler's (or the gateway engine's) gather-append-
+                        decode-scatter of half its rows (`rollout.slots` or `agent.program`
+                        only), against `decode`
     logprob_pass        the old policy's log-probs over the batch (`logprob_rows` rows a
                         pass); the KL reference's pass is the same program
     value_pass          the critic's values (a critic only), against `logprob_pass`
@@ -171,7 +172,7 @@ def compiled_passes(trainer, config=None, *, log=lambda *_: None) -> list[Compil
                 sampler._decode.lower(sampler.params, state, *args, sampling, lc.max_tokens_per_turn),
             )
         )
-    if lc.slots and rows > 1:  # the continuous scheduler's calls of fewer rows than its slots
+    if (lc.slots or cfg.agent.program) and rows > 1:  # calls of fewer rows than the sampler's (continuous, gateway)
         R = 1 << ((rows - 1).bit_length() - 1)  # the largest gather below every slot (`decode_rows`)
         idx = np.zeros((R,), np.int32)
         cut = np.zeros((R, bucket(T, lc.min_bucket)), np.int32)

@@ -70,6 +70,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/w11_ragged_update.py --out benchmarks/results/w11_ragged_update.jsonl
 	$(PY) benchmarks/w11_ragged_update.py --lengths equal --out benchmarks/results/w11_ragged_update.jsonl
 	$(PY) benchmarks/w12_shared_prompt.py --out benchmarks/results/w12_shared_prompt.jsonl
+	$(PY) benchmarks/w13_gateway.py --out benchmarks/results/w13_gateway.jsonl
 
 # The documentation site (mkdocs.yml, docs/) into site/. --strict: a broken link, a
 # missing page or an API page whose object moved fails the build. The config and CLI

@@ -436,7 +436,7 @@ jaxagent view runs/first --out view-site       # open view-site/index.html""",
     bench = _command(
         sub,
         "bench",
-        "run one of the repository's benchmarks (W1-W12)",
+        "run one of the repository's benchmarks (W1-W13)",
         bench_mod.__doc__.strip(),
         """
 jaxagent bench advantages --quick

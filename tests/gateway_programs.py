@@ -41,3 +41,19 @@ async def misbehaving_rollout(client, task: dict):
 
 def numbered_task(seed: int) -> dict:
     return {**task(seed), "seed": seed}
+
+
+#: set by a test: `first` (a threading.Semaphore) is released after each session's first
+#: call; the second call waits for `go` (a threading.Event)
+STAGES: dict = {}
+
+
+async def staged_two_calls(client, task: dict) -> float:
+    """Two calls, the second only once the test says go (after it changed the policy)."""
+    messages = [{"role": "user", "content": task["question"]}]
+    first = await client.chat.completions.create(model="policy", messages=messages)
+    STAGES["first"].release()
+    await asyncio.to_thread(STAGES["go"].wait, 60)
+    messages += [{"role": "assistant", "content": first.choices[0].message.content}, {"role": "user", "content": "?"}]
+    await client.chat.completions.create(model="policy", messages=messages)
+    return 1.0

@@ -4,7 +4,6 @@ log-probs however its prompt reached the cache (kept from its earlier calls, cut
 copied from a shared prefix, or prefilled alone in a fresh engine), which is the
 reference here, together with a plain `Sampler.append` of the whole prompt."""
 
-
 import jax
 import numpy as np
 import pytest

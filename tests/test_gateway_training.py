@@ -14,9 +14,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+import gateway_programs
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -111,6 +113,34 @@ def test_calls_past_max_turns_are_refused_and_end_the_episode_truncated(shared_l
     for ep in eps:
         assert not ep.failed and ep.truncated and ep.end_reason == "max_turns"
         assert len(ep.rewards) == 1 and ep.rewards == [0.0]
+
+
+def test_an_episode_sampled_by_an_older_policy_than_max_staleness_allows_is_dropped(policy, shared_loop):
+    """The policy changes between a session's two calls (as an update can land during an
+    off-policy rollout): its calls carry both versions, and with max_staleness 0 the
+    episode is failed as stale; with 1 it is kept."""
+    tok, cfg, params = policy
+    pool = TaskPool(TaskSource("gateway_programs:task", [TESTS]), 2)
+    got = {}
+    for staleness in (0, 1):
+        stages = {"first": threading.Semaphore(0), "go": threading.Event()}
+        gateway_programs.STAGES.update(stages)
+
+        def update_between_the_calls(stages=stages):
+            for _ in range(2):
+                assert stages["first"].acquire(timeout=120)
+            shared_loop.set_params(params)
+            stages["go"].set()
+
+        with make_loop(shared_loop, "gateway_programs:staged_two_calls") as loop:
+            loop.settings = dataclasses.replace(loop.settings, max_staleness=staleness)
+            updater = threading.Thread(target=update_between_the_calls)
+            updater.start()
+            _, got[staleness] = loop.run(pool, [0, 1])
+            updater.join()
+    assert [ep.failure_kind for ep in got[0]] == ["stale", "stale"]
+    assert "max_staleness=0" in got[0][0].failure
+    assert not any(ep.failed for ep in got[1])
 
 
 def run_cli(args, run_dir, **kw):

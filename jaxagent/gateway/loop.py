@@ -308,6 +308,13 @@ class ProgramLoop:
         )
         if trained is not None:
             ep = trained.to_episode(index=i, seed=seed, group_id=group_id, reward=out.reward, info=info)
+            # for transcripts and evaluation details: what the policy wrote (tool calls
+            # included, not only the content it was answered with) and what it read
+            segs = trained.segments()
+            ep.actions = [self._chat.action_text(t) for kind, t, _, _ in segs if kind == "policy"]
+            ep.observations = [
+                self.tokenizer.decode(t, skip_special_tokens=False) for kind, t, _, _ in segs if kind != "policy"
+            ]
         else:
             ep = Episode(index=i, seed=seed, group_id=group_id)
             ep.info = info

@@ -360,8 +360,10 @@ class Engine:
         for r, owner in enumerate(self._rows):
             if owner is None or owner not in self._sessions:
                 return r
-        candidates = [r for r, owner in enumerate(self._rows) if owner not in in_round]
-        return min(candidates, key=lambda r: self._sessions[self._rows[r]].used)  # type: ignore[index]
+        idle = [
+            (self._sessions[owner].used, r) for r, owner in enumerate(self._rows) if owner and owner not in in_round
+        ]
+        return min(idle)[1]
 
     def _round(self, jobs: list[_Job], plans: list[tuple[int, tuple[int, ...], int]]):
         """Decode the round's calls; per call `(ids, logprobs, reason, reused)`."""

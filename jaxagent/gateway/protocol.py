@@ -38,7 +38,7 @@ import json
 import math
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 #: the most stop sequences, tools and top log-probs a request may ask for (OpenAI's limits)
 MAX_STOP = 4
@@ -458,7 +458,7 @@ def _tool_choice(value: Any, tools: tuple[Tool, ...]) -> ToolChoice:
             raise _bad("tool_choice", f'expected "none", "auto", "required" or a function, got {_shown(value)}')
         if value == "required" and not tools:
             raise _bad("tool_choice", '"required" needs tools')
-        return value  # type: ignore[return-value]
+        return cast(ToolChoice, value)
     choice = _expect(value, "tool_choice", (str, dict), "a string or an object")
     if choice.get("type") != "function":
         raise _bad(

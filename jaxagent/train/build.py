@@ -43,8 +43,10 @@ def build_tokenizer(section: ModelSection):
 
 def run_tokenizer(config: TrainerConfig, run_dir: Path, *, resume: bool, demonstrations=None):
     """`build_tokenizer`, or for "bpe" the tokenizer trained on the env's text (a fresh run:
-    the demonstrations, else noise-free expert episodes on the demonstration seeds) or
-    saved in `<run_dir>/tokenizer` (resume)."""
+    the demonstrations, else noise-free expert episodes on the demonstration seeds; with
+    `agent.program`, the program's conversations with `agent.expert`) or saved in
+    `<run_dir>/tokenizer` (resume). An agent program's from-scratch tokenizer gets the
+    ChatML template with tools (`TOOL_CHATML_TEMPLATE`)."""
     if config.model.tokenizer != "bpe":
         tok = build_tokenizer(config.model)
         if config.agent.program is not None and config.model.path is None:

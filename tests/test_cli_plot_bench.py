@@ -348,3 +348,27 @@ def test_a_torn_last_line_is_left_out(tmp_path):
         f.write("\n")
     with pytest.raises(RunDataError, match="line 3: not valid JSON"):
         read_metrics(run / "metrics.jsonl")
+
+
+def test_seeds_that_played_different_numbers_of_tasks_are_matched_by_iteration(tmp_path):
+    """Dynamic sampling refills groups, so seeds reach an iteration after different numbers
+    of tasks: their evaluations at the same iterations are one point of the band, drawn at
+    the seeds' mean episode count."""
+    from jaxagent.train.plot import _mean_band, read_run
+
+    summary = {"success_before_rl": 0.1, "success_after_rl": 0.5}
+    a, b = tmp_path / "a", tmp_path / "b"
+    write_seed_run(a, 0, 1e-3, [0.1, 0.2, 0.3], {2: (0.3, 0.2)}, summary)
+    write_seed_run(b, 1, 1e-3, [0.3, 0.4, 0.5], {2: (0.5, 0.4)}, {**summary, "success_after_rl": 0.7})
+    lines = [json.loads(x) for x in (b / "metrics.jsonl").read_text().splitlines()]
+    for rec in lines:  # b played one more task each iteration (2 refills)
+        rec["tasks_seen"] = 3 * rec["iteration"]
+    (b / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in lines) + "\n")
+    ra, rb = read_run(a), read_run(b)
+    assert ra.held_iterations["sampled"] == rb.held_iterations["sampled"] == [0, 2, 4]
+    series = [ra.held_out["sampled"], rb.held_out["sampled"]]
+    # by episodes, 24 would pair a's final evaluation with b's at iteration 2
+    assert _mean_band(series)[0] == [0.0, 24.0]
+    xs, mean, lo, hi = _mean_band(series, [ra.held_iterations["sampled"], rb.held_iterations["sampled"]])
+    assert xs == [0.0, (16.0 + 24.0) / 2, (24.0 + 36.0) / 2]
+    assert mean == pytest.approx([0.1, 0.4, 0.6]) and lo == [0.1, 0.3, 0.5] and hi == [0.1, 0.5, 0.7]

@@ -249,6 +249,9 @@ class RunCurves:
     train_success: list[float]
     held_out: dict[str, list[tuple[float, float]]]  # "sampled" / "greedy" -> [(episodes, success)]
     train_label: str = "success"  # what `train_success` holds
+    iterations: list[int] = dataclasses.field(default_factory=list)  # per record of `episodes`
+    #: "sampled" / "greedy" -> the iteration of each `held_out` point (0: before RL)
+    held_iterations: dict[str, list[int]] = dataclasses.field(default_factory=dict)
 
 
 def read_run(run_dir, metric: str = "success_rate") -> RunCurves:
@@ -273,18 +276,23 @@ def read_run(run_dir, metric: str = "success_rate") -> RunCurves:
     records = read_metrics(run_dir / "metrics.jsonl")
     summary = _summary(run_dir / "summary.json")
     episodes, train, held = [], [], {"sampled": [], "greedy": []}
+    iterations: list[int] = []
+    held_iters: dict[str, list[int]] = {"sampled": [], "greedy": []}
     if metric == "success_rate":
         train_key = "success_rate"
     else:
         train_key = f"train_{metric}" if any(f"train_{metric}" in r for r in records) else "reward_mean"
     for n, rec in enumerate(records, start=1):
         x = float(rec["tasks_seen"] * group) if _is_number(rec.get("tasks_seen")) else float(n)
+        it = int(rec["iteration"]) if _is_number(rec.get("iteration")) else n
         episodes.append(x)
+        iterations.append(it)
         v = rec.get(train_key)
         train.append(float(v) if _is_number(v) else math.nan)
         for kind, key in (("sampled", f"eval_{metric}"), ("greedy", f"eval_greedy_{metric}")):
             if _is_number(rec.get(key)):
                 held[kind].append((x, float(rec[key])))
+                held_iters[kind].append(it)
 
     def held_out_value(when: str):  # summary.json's evaluation before / after RL
         if metric == "success_rate":
@@ -296,12 +304,14 @@ def read_run(run_dir, metric: str = "success_rate") -> RunCurves:
         before, after = held_out_value(f"before_rl{suffix}"), held_out_value(f"after_rl{suffix}")
         if _is_number(before):
             held[kind].insert(0, (0.0, float(before)))
+            held_iters[kind].insert(0, 0)
         if _is_number(after) and episodes:
             held[kind].append((episodes[-1], float(after)))
+            held_iters[kind].append(iterations[-1] + 1)  # after the last iteration's own evaluation
     # logging settings (trackers, the episode store ...) change no number of a run
     recipe = {k: v for k, v in config.items() if k not in SEED_KEYS and k != "logging"}
     label = {"success_rate": "success", "reward_mean": "reward"}.get(train_key, metric)
-    return RunCurves(run_dir, recipe, episodes, train, held, label)
+    return RunCurves(run_dir, recipe, episodes, train, held, label, iterations, held_iters)
 
 
 def _recipe_labels(groups: list[list[RunCurves]]) -> list[str]:
@@ -321,10 +331,20 @@ def _recipe_labels(groups: list[list[RunCurves]]) -> list[str]:
     return labels
 
 
-def _mean_band(series: list[list[tuple[float, float]]]):
+def _mean_band(series: list[list[tuple[float, float]]], keys: list[list[int]] | None = None):
     """(x, mean, low, high) over runs at the x values every run has: seeds evaluated at
     different iterations (a run resumed past its last evaluation) or of different lengths
-    share only those, and a mean over some of the seeds would not be the recipe's."""
+    share only those, and a mean over some of the seeds would not be the recipe's. With
+    `keys` (per series, the iteration of each point) the points are matched by key and
+    drawn at their mean x: seeds whose dynamic sampling played different numbers of tasks
+    evaluate at the same iterations but at different episode counts."""
+    if keys is not None:
+        by_key = [dict(zip(k, s, strict=True)) for k, s in zip(keys, series, strict=True)]
+        shared = sorted(set.intersection(*(set(d) for d in by_key)))
+        points = [[d[k] for d in by_key] for k in shared]
+        ys = [[y for _, y in p] for p in points]
+        xs_mean = [sum(x for x, _ in p) / len(p) for p in points]
+        return xs_mean, [sum(y) / len(y) for y in ys], [min(y) for y in ys], [max(y) for y in ys]
     common = set.intersection(*({x for x, _ in s} for s in series))
     xs = sorted(common)
     ys = [[dict(s)[x] for s in series] for x in xs]  # a repeated x: its last value
@@ -384,14 +404,14 @@ def plot_runs(run_dirs, out=None, metric: str = "success_rate") -> Path:
         for gi, (group, label) in enumerate(zip(groups, labels, strict=True)):
             color = f"C{gi}"
             curves = [
-                [r.held_out["sampled"] for r in group],
-                [r.held_out["greedy"] for r in group],
-                [list(zip(r.episodes, r.train_success, strict=False)) for r in group],
+                ([r.held_out["sampled"] for r in group], [r.held_iterations["sampled"] for r in group]),
+                ([r.held_out["greedy"] for r in group], [r.held_iterations["greedy"] for r in group]),
+                ([list(zip(r.episodes, r.train_success, strict=False)) for r in group], [r.iterations for r in group]),
             ]
-            for ax, series in zip(axes[0], curves, strict=True):
+            for ax, (series, keys) in zip(axes[0], curves, strict=True):
                 if not all(series):
                     continue
-                xs, mean, lo, hi = _mean_band(series)
+                xs, mean, lo, hi = _mean_band(series, keys)  # matched by iteration
                 if not xs:
                     continue
                 ax.plot(xs, mean, color=color, marker="o" if len(xs) < 30 else None, label=label)

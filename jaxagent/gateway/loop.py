@@ -46,9 +46,9 @@ from jaxagent.gateway.program import SessionOutcome, TaskSource, run_sessions_bl
 from jaxagent.gateway.protocol import Limits
 from jaxagent.gateway.server import GatewayServer
 from jaxagent.gateway.service import Gateway, RunSampling
+from jaxagent.rollout.agent_loop import loop_sampler
 from jaxagent.rollout.chat import ChatFormat
 from jaxagent.rollout.episode import Episode, pack
-from jaxagent.rollout.sampler import Sampler
 from jaxagent.rollout.sampling import SamplingConfig
 from jaxagent.rollout.trajectory import Trajectory
 
@@ -134,15 +134,7 @@ class ProgramLoop:
         self.settings = settings
         self.timings: dict[str, float] = {}
         self.reward_fn = None
-        self.sampler = Sampler(
-            params,
-            model_config,
-            max_len=config.max_context,
-            min_bucket=config.min_bucket,
-            pad_id=config.pad_id,
-            mesh=mesh,
-            **({} if rules is None else {"rules": rules}),
-        )
+        self.sampler = loop_sampler(params, model_config, config, mesh=mesh, rules=rules)
         self.tokenizer = tokenizer
         self._chat = ChatFormat(tokenizer)
         self._engine: Engine | None = None

@@ -192,6 +192,17 @@ class Message:
     tool_call_id: str | None = None
     name: str | None = None
 
+    def to_dict(self) -> dict:
+        """The message as an OpenAI request dict (tool call arguments as the text given)."""
+        d: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            d["tool_calls"] = [c.to_dict() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            d["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            d["name"] = self.name
+        return d
+
 
 @dataclasses.dataclass(frozen=True)
 class Tool:

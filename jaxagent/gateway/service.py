@@ -95,17 +95,7 @@ class ChatResult:
 def request_message_dicts(messages: tuple[Message, ...]) -> list[dict]:
     """Parsed messages as OpenAI dicts (tool call arguments as the text given), the form the
     session ledger keys and renders."""
-    out = []
-    for m in messages:
-        d: dict[str, Any] = {"role": m.role, "content": m.content}
-        if m.tool_calls:
-            d["tool_calls"] = [c.to_dict() for c in m.tool_calls]
-        if m.tool_call_id is not None:
-            d["tool_call_id"] = m.tool_call_id
-        if m.name is not None:
-            d["name"] = m.name
-        out.append(d)
-    return out
+    return [m.to_dict() for m in messages]
 
 
 def _message(d: dict) -> Message:

@@ -153,16 +153,7 @@ def to_template_messages(messages: Sequence[Message | Mapping[str, Any]]) -> lis
 
 def _raw(m: Message | Mapping[str, Any]) -> Mapping[str, Any]:
     """A message as a request dict (for validating a mixed list once)."""
-    if not isinstance(m, Message):
-        return m
-    d: dict[str, Any] = {"role": m.role, "content": m.content}
-    if m.tool_calls:
-        d["tool_calls"] = [c.to_dict() for c in m.tool_calls]
-    if m.tool_call_id is not None:
-        d["tool_call_id"] = m.tool_call_id
-    if m.name is not None:
-        d["name"] = m.name
-    return d
+    return m.to_dict() if isinstance(m, Message) else m
 
 
 def template_kwargs(tools: Sequence[Tool | Mapping[str, Any]]) -> dict:

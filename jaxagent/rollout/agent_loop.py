@@ -67,7 +67,7 @@ from jaxagent.rollout.sampling import SamplingConfig
 from jaxagent.rollout.scheduling import Clock, Rollout, finish
 from jaxagent.rollout.trajectory import Trajectory
 
-__all__ = ["AgentLoop", "AgentLoopConfig"]
+__all__ = ["AgentLoop", "AgentLoopConfig", "loop_sampler"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,6 +128,19 @@ class AgentLoopConfig:
             raise ValueError(f"AgentLoopConfig.stop_strings must be non-empty strings, got {self.stop_strings!r}")
 
 
+def loop_sampler(params, model_config: DecoderConfig, config: AgentLoopConfig, *, mesh=None, rules=None) -> Sampler:
+    """The `Sampler` of a rollout with `config`'s limits (its context is a row's cache)."""
+    return Sampler(
+        params,
+        model_config,
+        max_len=config.max_context,
+        min_bucket=config.min_bucket,
+        pad_id=config.pad_id,
+        mesh=mesh,
+        **({} if rules is None else {"rules": rules}),
+    )
+
+
 class AgentLoop:
     """Runs batches of episodes with a `Sampler` (see the module docstring).
 
@@ -161,15 +174,7 @@ class AgentLoop:
         #: device_busy_s, device_idle_s and device_idle_env_wait_s
         self.timings: dict[str, float] = {}
         self.chat = ChatFormat(tokenizer, observation_role=observation_role)
-        self.sampler = Sampler(
-            params,
-            model_config,
-            max_len=config.max_context,
-            min_bucket=config.min_bucket,
-            pad_id=config.pad_id,
-            mesh=mesh,
-            **({} if rules is None else {"rules": rules}),
-        )
+        self.sampler = loop_sampler(params, model_config, config, mesh=mesh, rules=rules)
         self.stop_sequences = [self.chat.encode(s) for s in config.stop_strings]
         #: None, or `fn(episodes)` called on a batch's finished episodes before they are
         #: packed (it may change their rewards or fail them: e.g. a judge's reward,

@@ -85,6 +85,7 @@ def test_sessions_sample_the_same_however_their_prompt_reached_the_cache(sampler
     same(second["c"], solo(sampler, 1, rew))
 
 
+@pytest.mark.slow  # eviction is the same reset-and-prefill path as a fresh session (tested above)
 def test_more_sessions_than_rows_evict_the_least_recently_used(sampler):
     with Engine(sampler, slots=2, stop_token_ids=STOP, seed=3) as e:
         for i in range(3):

@@ -344,6 +344,7 @@ def test_a_malformed_tool_call_is_plain_content(model):
     assert r.choices[0].message.content == broken and not r.choices[0].message.tool_calls
 
 
+@pytest.mark.slow  # ~12 s; MCPTools and the example program have their own tests (test_mcp_env.py)
 def test_the_mcp_example_program_uses_the_servers_tools_through_the_gateway(model):
     """`examples/agents/mcp_agent.py` as written, against the gateway: the policy's tool call
     runs on the MCP test server, and its result reaches the next prompt."""

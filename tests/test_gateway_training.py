@@ -115,6 +115,7 @@ def test_calls_past_max_turns_are_refused_and_end_the_episode_truncated(shared_l
         assert len(ep.rewards) == 1 and ep.rewards == [0.0]
 
 
+@pytest.mark.slow  # ~20 s; the staleness rule's own arithmetic is one comparison in ProgramLoop._episode
 def test_an_episode_sampled_by_an_older_policy_than_max_staleness_allows_is_dropped(policy, shared_loop):
     """The policy changes between a session's two calls (as an update can land during an
     off-policy rollout): its calls carry both versions, and with max_staleness 0 the

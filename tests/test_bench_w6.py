@@ -132,6 +132,7 @@ def _cpu_env():
     return {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": flags}
 
 
+@pytest.mark.slow  # a benchmark's watchdog (~16 s of waiting for it to fire)
 def test_watchdog_ends_an_overrunning_part_and_records_it(tmp_path):
     out = tmp_path / "w6.jsonl"
     # a calibration of 10^6 timed 1024^3 matmuls cannot end within budget + grace (16 s from

@@ -166,10 +166,17 @@ def test_a_gateway_run_trains_from_the_cli(tmp_path):
     assert [m["iteration"] for m in lines] == [1, 2]
     assert all(m["failed_frac"] == 0.0 and m["turns_mean"] == 2.0 for m in lines)
     assert (tmp_path / "run" / "checkpoints").is_dir()
-    serve_the_run(tmp_path / "run")
 
 
-def serve_the_run(run_dir):
+@pytest.mark.slow  # ~25 s: a one-iteration run to serve; the server itself is tested in test_gateway_server.py
+def test_jaxagent_serve_answers_the_openai_client_for_a_run(tmp_path):
+    proc = run_cli(["iterations=1"], tmp_path / "run")
+    out, _ = proc.communicate(timeout=400)
+    assert proc.returncode == 0, out[-3000:]
+    serve_the_run(tmp_path / "run", "run@1")
+
+
+def serve_the_run(run_dir, model_id):
     """`jaxagent serve` answers the `openai` client for the run's checkpoint, and stops on SIGTERM."""
     key = "k" * 8 + os.urandom(8).hex()
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "TEST_GATEWAY_KEY": key}
@@ -190,7 +197,7 @@ def serve_the_run(run_dir):
                 break
         assert url is not None and url.startswith("http://127.0.0.1:")
         good = openai.OpenAI(base_url=url, api_key=key, max_retries=0, timeout=120)
-        assert [m.id for m in good.models.list().data] == ["run@2"]
+        assert [m.id for m in good.models.list().data] == [model_id]
         r = good.chat.completions.create(
             model="run", messages=[{"role": "user", "content": "Say the letter a."}], temperature=0, max_tokens=4
         )

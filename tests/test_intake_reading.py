@@ -37,6 +37,7 @@ def test_cut_and_reference_read_the_triage_line():
         probe.reference_level("Differential:\nTriage: soon\n")
 
 
+@pytest.mark.slow  # ~30 s: loads an exported model; the probe's summary stays in the default suite
 def test_scores_are_the_log_probabilities_of_each_level(exported):
     path, model, tok = exported
     demos = collect_demonstrations(

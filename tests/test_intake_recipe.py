@@ -349,6 +349,7 @@ def test_the_loop_applies_the_cut_off_score_when_the_context_fills():
         assert ep.rewards[-1] < 0  # the under-triage cost of an adversarial case
 
 
+@pytest.mark.slow  # ~36 s: a whole intake run; the summary itself is tested on played episodes
 def test_the_trainer_reports_the_env_summary(tmp_path):
     """Held-out evaluations and each iteration carry the env's own summary (intake: the
     rubric, its components and the triage rates), and so does the final line."""

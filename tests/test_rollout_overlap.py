@@ -328,6 +328,7 @@ def test_bad_pipeline_groups_and_slots():
         AgentLoopConfig(slots=4, pipeline_groups=2)
 
 
+@pytest.mark.slow  # a benchmark's smoke run, as the other benchmarks' are
 def test_w7_benchmark_quick(tmp_path):
     out = tmp_path / "w7.jsonl"
     sys.path.insert(0, str(ROOT / "benchmarks"))  # also for the workers, which import its env

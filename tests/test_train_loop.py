@@ -222,6 +222,7 @@ def test_resume_continues_the_stream_from_a_fresh_process(tmp_path):
     assert read_jsonl(run / "metrics.jsonl") == lines
 
 
+@pytest.mark.slow  # ~21 s; exact resume is also checked by the full-disk tests (test_train_diskfull)
 def test_resume_after_a_lost_iteration_replays_it_exactly(tmp_path):
     """A run that died after logging iteration 3 but before checkpointing it: resuming
     drops the orphan metrics line and plays iteration 3 again, with the same numbers."""

@@ -214,6 +214,7 @@ def test_trim_padding_error_names_the_key(tmp_path):
         load_config(TrainerConfig, CONFIG, [f"run_dir={tmp_path}", "update.trim_padding=-1"])
 
 
+@pytest.mark.slow  # ~37 s; the trimmed batch's exactness is checked in test_train_step (trimmed micro-batches)
 def test_trim_padding_trains_as_the_full_length_batch(tmp_path):
     """The same iteration with and without `update.trim_padding`: the rollout is the same,
     the batch the passes see is shorter, and the update lands on the same parameters."""

@@ -325,6 +325,7 @@ def test_conclusion_demonstrations_teach_only_their_final_action():
         assert sum(cut_mask) == 0
 
 
+@pytest.mark.slow  # ~21 s: the intake's demonstration source; warm_start.extra is tested in the default suite
 def test_conclusion_demonstrations_join_the_warm_start(tmp_path):
     logs = []
     trainer = Trainer(tiny(tmp_path / "run", CONCLUSIONS + "seed: 1200000}"), log=logs.append)

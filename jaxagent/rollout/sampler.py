@@ -436,11 +436,9 @@ class Sampler:
     def copy_rows(
         self, state: SamplerState, src: Sequence[int] | np.ndarray, dst: Sequence[int] | np.ndarray
     ) -> SamplerState:
-        """`state` with row `dst[j]` holding row `src[j]`'s cache and next-token logits (its
-        own key kept): a prefix prefilled in one row serves others. `dst` distinct, no
-        `dst` also a `src`. `state` is donated."""
-        src, dst = np.asarray(src, np.int32), np.asarray(dst, np.int32)
-        B = state.batch_size
+        """`state` with row `dst[j]` holding row `src[j]`'s cache and next-token logits (its own
+        key kept): a prefix prefilled once serves others. `dst` distinct, none a `src`; donated."""
+        src, dst, B = np.asarray(src, np.int32), np.asarray(dst, np.int32), state.batch_size
         if src.ndim != 1 or src.shape != dst.shape:
             raise ValueError(f"copy_rows: src and dst must be equal-length lists, got {src.shape} and {dst.shape}")
         if len(set(dst.tolist())) != dst.size or set(dst.tolist()) & set(src.tolist()):

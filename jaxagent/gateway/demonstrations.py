@@ -28,6 +28,7 @@ from jaxagent.gateway.engine import Completion
 from jaxagent.gateway.program import SessionOutcome, TaskSource, run_sessions_blocking
 from jaxagent.gateway.protocol import Limits
 from jaxagent.gateway.records import Sequence as TrainingSequence
+from jaxagent.gateway.records import main_sequence
 from jaxagent.gateway.server import GatewayServer
 from jaxagent.gateway.service import Gateway, RunSampling
 from jaxagent.rollout.chat import ChatFormat
@@ -138,7 +139,7 @@ def record(
     out = []
     for sid, s, outcome in zip(sids, seeds, outcomes, strict=True):
         seqs = sequences.get(sid, [])
-        main = max(seqs, key=lambda q: int(q.loss_mask.sum()), default=None)
+        main = main_sequence(seqs)
         text = "" if main is None else tokenizer.decode(main.tokens.tolist(), skip_special_tokens=False)
         out.append(Recorded(int(s), main, outcome, text))
     return out

@@ -323,7 +323,7 @@ class Engine:
             if self._closed:
                 return None
             if self._queue:
-                live = sum(1 for s in self._sessions.values())
+                live = len(self._sessions)
                 waited = time.perf_counter() - self._queue[0].submitted
                 linger = max(MIN_LINGER_S, self._last_round_s)
                 if len(self._queue) >= min(live, self.slots) or waited >= linger:

@@ -39,11 +39,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from jaxagent.gateway.engine import Engine
 from jaxagent.gateway.program import SessionOutcome, TaskSource, run_sessions_blocking
 from jaxagent.gateway.protocol import Limits
+from jaxagent.gateway.records import main_sequence
 from jaxagent.gateway.server import GatewayServer
 from jaxagent.gateway.service import Gateway, RunSampling
 from jaxagent.rollout.agent_loop import loop_sampler
@@ -292,7 +291,7 @@ class ProgramLoop:
     def _episode(
         self, i: int, seed, group_id: int, out: SessionOutcome, seqs: list, limited: bool, version: int
     ) -> Episode:
-        trained = max(seqs, key=lambda s: int(np.sum(s.loss_mask)), default=None)
+        trained = main_sequence(seqs)
         info: dict[str, Any] = dict(out.metrics)
         info.update(
             gateway_sequences=len(seqs),

@@ -186,3 +186,9 @@ class Sequence:
         ep.info = dict(info or {})
         ep.end(done=done, truncated=truncated, reason=end_reason)
         return ep
+
+
+def main_sequence(sequences: list[Sequence]) -> Sequence | None:
+    """The sequence of a session that one batch row trains: the one with the most
+    completion tokens (None for a session that made no call)."""
+    return max(sequences, key=lambda q: int(q.loss_mask.sum()), default=None)

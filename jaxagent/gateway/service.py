@@ -157,7 +157,6 @@ class Gateway:
         self.open_on_demand = bool(open_on_demand)
         self._recent: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._ephemeral = itertools.count()
-        self._run_stop_ids = [self.chat_format.encode(s) for s in (run_sampling.stop if run_sampling else ())]
 
     # ------------------------------------------------------------ sessions
     def open_session(self, session_id: str, key_id: int) -> None:
@@ -246,7 +245,7 @@ class Gateway:
                 greedy=s.temperature == 0,
                 source="run",
             )
-            return s, rs.max_tokens, rs.stop, self._run_stop_ids, used
+            return s, rs.max_tokens, rs.stop, [self.chat_format.encode(x) for x in rs.stop], used
         temperature = 1.0 if request.temperature is None else float(request.temperature)
         top_p = 1.0 if request.top_p is None else float(request.top_p)
         max_tokens = self.limits.max_tokens if request.max_tokens is None else request.max_tokens

@@ -312,11 +312,11 @@ def sandbox_notice(isolation: str | None) -> str | None:
 
 def agent_loop(config: TrainerConfig, tokenizer, model_config, placement: Placement, state: TrainState):
     """The run's `AgentLoop` (its sampler on the mesh when `placement` samples there)."""
+    if config.agent.program is not None:
+        return program_loop(config, tokenizer, model_config, placement, state)
     from jaxagent.rollout import AgentLoop
 
     pad = tokenizer.pad_token_id
-    if config.agent.program is not None:
-        return program_loop(config, tokenizer, model_config, placement, state)
     loop = AgentLoop(
         placement.sampler_params(state),
         model_config,

@@ -198,6 +198,7 @@ class Trainer:
         cfg = self.config
         ckpt = self.rundir.checkpoints(cfg.keep_checkpoints)
         self._stops = StopRequests(self.log)
+        loop = None
         try:
             self._stops.__enter__()
             if self.resume:
@@ -212,7 +213,6 @@ class Trainer:
                 self.log(f"nothing to do: {self.iteration} of {cfg.iterations} iterations done")
                 return self.history
             loop = self.agent_loop()
-            self._loop = loop
             with build.env_pool(cfg, len(self.placement.rows)) as pool:
                 if not self.resume and (cfg.warm_start.enabled or cfg.eval.episodes):
                     self._before_rl(loop, pool, ckpt)
@@ -226,9 +226,8 @@ class Trainer:
             self._stops.__exit__()
             ckpt.close()
             self._overlap.close()
-            close = getattr(getattr(self, "_loop", None), "close", None)
-            if close is not None:  # an agent program's gateway (server and engine)
-                close()
+            if hasattr(loop, "close"):  # an agent program's gateway (server and engine)
+                loop.close()
         self._final_line()
         return self.history
 

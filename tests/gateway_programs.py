@@ -57,3 +57,25 @@ async def staged_two_calls(client, task: dict) -> float:
     messages += [{"role": "assistant", "content": first.choices[0].message.content}, {"role": "user", "content": "?"}]
     await client.chat.completions.create(model="policy", messages=messages)
     return 1.0
+
+
+#: filled by `rewriting_rollout`: per task letter, the completion token ids of its calls
+#: (the `jaxagent` extension of each response), in call order
+COMPLETIONS: dict = {}
+
+
+async def rewriting_rollout(client, task: dict) -> dict:
+    """Three calls; the third starts over with a new conversation (a history rewrite), so
+    the session has two sequences: calls 1-2 and call 3."""
+    system = {"role": "system", "content": "Answer with one letter."}
+    messages = [system, {"role": "user", "content": task["question"]}]
+    got = []
+    first = await client.chat.completions.create(model="policy", messages=messages)
+    got.append(first)
+    text = first.choices[0].message.content or ""
+    messages += [{"role": "assistant", "content": text}, {"role": "user", "content": "Again."}]
+    got.append(await client.chat.completions.create(model="policy", messages=messages))
+    fresh = [system, {"role": "user", "content": "Once more, from the start: " + task["question"]}]
+    got.append(await client.chat.completions.create(model="policy", messages=fresh))
+    COMPLETIONS.setdefault(task["letter"], []).append([r.model_extra["jaxagent"]["completion_token_ids"] for r in got])
+    return {"reward": float(task["letter"] in text)}

@@ -101,7 +101,7 @@ def test_a_closed_session_fails_only_its_own_waiting_call(sampler):
     with Engine(sampler, slots=2, stop_token_ids=STOP, seed=3) as e:
         e.open("x", 0)
         e.open("y", 1)
-        e.open("z", 2)  # never calls: the round waits for the linger
+        e.open("z", 2)  # never calls: the round starts once calls stop arriving
         fx = e.submit("x", list(range(10, 20)), max_new_tokens=3, sampling=SAMPLING)
         e.close_session("x")
         fy = e.submit("y", list(range(10, 20)), max_new_tokens=3, sampling=SAMPLING)

@@ -10,6 +10,7 @@ their bytes (the byte tokenizer: a text is its UTF-8 bytes, ChatML specials 256.
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import jax
@@ -189,6 +190,30 @@ def test_streaming_carries_the_reply_usage_and_extension(served):
 def tok_text(ids):
     """The reply text of byte-tokenizer ids: specials dropped, the bytes decoded."""
     return bytes(t for t in ids if t < 256).decode("utf-8", "replace")
+
+
+def test_an_idle_kept_alive_connection_outlives_the_clients_own_expiry(served):
+    """The server keeps an idle connection open longer than httpx (the `openai` client's
+    transport) does, 5 s: a client never sends a call on a connection the server is
+    closing. One connection, a request, 6 s idle, another request on it."""
+    import http.client
+
+    gateway, server = served
+    assert server.keep_alive_s > 5.0
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    headers = {"Authorization": f"Bearer {server.api_key}"}
+    try:
+        conn.request("GET", "/v1/models", headers=headers)
+        first = conn.getresponse()
+        first.read()
+        sock = conn.sock
+        time.sleep(6.0)
+        conn.request("GET", "/v1/models", headers=headers)  # raises if the server closed the socket
+        again = conn.getresponse()
+        assert again.status == 200 and json.loads(again.read())["data"][0]["id"] == "tiny"
+        assert conn.sock is sock  # the same connection, not a new one
+    finally:
+        conn.close()
 
 
 def test_refusals_are_openai_errors_naming_what_is_wrong(served):

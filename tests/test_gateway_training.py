@@ -34,6 +34,9 @@ from jaxagent.models.byte_tokenizer import byte_chat_tokenizer
 from jaxagent.models.logprobs import token_logprobs
 from jaxagent.rollout.agent_loop import AgentLoopConfig
 from jaxagent.rollout.sampling import SamplingConfig
+from jaxagent.train.advantages import compute_advantages
+from jaxagent.train.placement import policy_logprobs
+from jaxagent.train.sections import AlgoSection
 
 TESTS = str(Path(__file__).parent)
 ROOT = Path(__file__).parent.parent
@@ -86,6 +89,70 @@ def test_program_episodes_train_exactly_the_sampled_tokens(policy, shared_loop):
     np.testing.assert_array_equal(np.asarray(again.tokens), tokens)
     # one sampling key per row: the rows of one task sample different episodes
     assert len({tuple(tokens[i][mask[i] > 0]) for i in range(3)}) > 1
+
+
+def test_a_history_rewrite_trains_every_sequence_in_its_own_context_with_one_advantage(policy, shared_loop):
+    """A session whose third call starts over (two sequences: calls 1-2, call 3) is one
+    row packing both: every completion the program got is trained, each at the sampled
+    log-probs of its own context. References: the sampler's log-probs against a forward
+    pass over each sequence alone (`token_logprobs` of the cut tokens); the trainer's
+    log-prob pass over the packed row (with `segment_ids`) against the same."""
+    tok, cfg, params = policy
+    pool = TaskPool(TaskSource("gateway_programs:task", [TESTS]), 4)
+    gateway_programs.COMPLETIONS.clear()
+    with make_loop(shared_loop, "gateway_programs:rewriting_rollout") as loop:
+        traj, eps = loop.run(pool, [0, 0, 1, 1], [0, 0, 1, 1], seed=3)
+    assert not any(ep.failed for ep in eps)
+    tokens, mask = np.asarray(traj.tokens), np.asarray(traj.loss_mask)
+    seg, logp, tid = np.asarray(traj.segment_ids), np.asarray(traj.rollout_logp), np.asarray(traj.turn_ids)
+    packed = np.asarray(
+        policy_logprobs(
+            params,
+            cfg,
+            tokens_BxT=traj.tokens,
+            attention_mask_BxT=traj.attention_mask,
+            segment_ids_BxT=traj.segment_ids,
+            temperature=1.0,
+            seq_chunk=64,
+            vocab_chunk=512,
+        )
+    )
+    unpacked = np.asarray(
+        policy_logprobs(
+            params,
+            cfg,
+            tokens_BxT=traj.tokens,
+            attention_mask_BxT=traj.attention_mask,
+            temperature=1.0,
+            seq_chunk=64,
+            vocab_chunk=512,
+        )
+    )
+    got = {letter: sorted(map(str, runs)) for letter, runs in gateway_programs.COMPLETIONS.items()}
+    for i, ep in enumerate(eps):
+        assert ep.info["gateway_sequences"] == 2 and ep.info["gateway_untrained_calls"] == 0
+        n = int(np.asarray(traj.lengths)[i])
+        assert seg[i, :n].tolist() == [1] * seg[i, :n].tolist().count(1) + [2] * seg[i, :n].tolist().count(2)
+        assert (seg[i, n:] == 0).all() and 0 < (seg[i, :n] == 2).sum() < n
+        # the trained tokens: the three completions the program was given, turn by turn
+        on = mask[i] > 0
+        calls = [tokens[i][on & (tid[i] == k)].tolist() for k in range(3)]
+        assert str(calls) in got[pool.task(ep.seed)["letter"]]
+        assert tid[i][on & (seg[i] == 2)].tolist() == [2] * int((on & (seg[i] == 2)).sum())
+        for s in (1, 2):  # each sequence alone, from position 0
+            part = seg[i] == s
+            ref, _ = token_logprobs(params, cfg, jnp.asarray(tokens[i][part][None]))
+            ref = np.asarray(ref)[0]
+            np.testing.assert_allclose(logp[i][part & on], ref[on[part]], atol=1e-5)
+            np.testing.assert_allclose(packed[i][part & on], ref[on[part]], atol=1e-5)
+        # without the segments the second sequence would be read in the first's context
+        assert np.abs(unpacked[i][(seg[i] == 2) & on] - logp[i][(seg[i] == 2) & on]).max() > 1e-3
+        assert ep.rewards == [0.0, 0.0, float(pool.task(ep.seed)["letter"] in ep.actions[0])]
+    # one advantage over both sequences of a session (GRPO: one per episode)
+    adv, _ = compute_advantages(AlgoSection(advantage="grpo"), traj, jnp.asarray(mask))
+    adv = np.asarray(adv)
+    for i in range(len(eps)):
+        assert np.unique(adv[i][mask[i] > 0]).size == 1
 
 
 def test_a_misbehaving_program_costs_its_own_episode_with_its_failure_kind(shared_loop):

@@ -18,10 +18,16 @@ waits for the next round. Each round:
     ->  decode the round's rows together (`Sampler.decode_rows`, which touches only
     those rows; one decode per distinct sampling setting and stop list)
 
-A round starts once every open session has a call waiting, or when the oldest waiting
-call has waited as long as the last round took (at least `MIN_LINGER_S`): calls that
-arrive while a round decodes join the next one, as the agent loop's continuous
-scheduler does. So a session whose calls extend one another is never re-encoded: each
+A round starts once every open session has a call waiting, or once calls stop arriving
+(none for `arrival_gap_s`, or for a quarter of the last round's duration when that is
+longer: waiting costs less than the extra round a split would), or when the oldest
+waiting call has waited `max_wait_s`:
+calls that arrive while a round decodes join the next one. Replies of one round reach
+their programs at about the same time and their next calls come back one after another
+(each through HTTP, JSON and the program's own code), so a round that started at the
+first of them would leave the rest to the next round, and the rounds would fragment
+into many small ones, each costing a decode of its own; waiting while calls keep
+arriving gives one round per turn of the sessions. So a session whose calls extend one another is never re-encoded: each
 call appends only its new messages to the row's live cache.
 
 Randomness: a session's row is (re)keyed `fold_in(key(seed), key_id)` whenever it is
@@ -55,8 +61,12 @@ from jaxagent.rollout.kernels import FINISH_REASONS
 from jaxagent.rollout.sampler import Sampler, bucket
 from jaxagent.rollout.sampling import SamplingConfig
 
-#: a round waits at least this long for calls not yet waiting before the first round is timed
-MIN_LINGER_S = 0.002
+#: a round waits for more calls while the last one arrived less than this long ago ...
+ARRIVAL_GAP_S = 0.02
+#: ... or less than this fraction of the last round's duration ago
+ROUND_FRACTION = 0.25
+#: ... but no call waits longer than this for its round to start (the default `max_wait_s`)
+MAX_WAIT_S = 1.0
 
 
 class EngineClosed(RuntimeError):
@@ -120,6 +130,8 @@ class Engine:
       policy_version: the version of the sampler's current params.
       max_new_min: the smallest static decode width (the per-call budgets are padded up to
         a power of two of at least this, so decodes compile for few widths).
+      arrival_gap_s, max_wait_s: when a round starts before every open session has a
+        call waiting (module docstring).
     """
 
     def __init__(
@@ -131,6 +143,8 @@ class Engine:
         seed: int = 0,
         policy_version: int = 0,
         max_new_min: int = 16,
+        arrival_gap_s: float = ARRIVAL_GAP_S,
+        max_wait_s: float = MAX_WAIT_S,
     ):
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise ValueError(f"Engine: slots must be a positive int, got {slots!r}")
@@ -139,6 +153,12 @@ class Engine:
         self.stop_token_ids = tuple(int(t) for t in stop_token_ids)
         self.seed = int(seed)
         self.max_new_min = int(max_new_min)
+        if not (0 <= arrival_gap_s <= max_wait_s):
+            raise ValueError(
+                f"Engine: need 0 <= arrival_gap_s <= max_wait_s, got arrival_gap_s={arrival_gap_s!r}, "
+                f"max_wait_s={max_wait_s!r}"
+            )
+        self.arrival_gap_s, self.max_wait_s = float(arrival_gap_s), float(max_wait_s)
         self._version = int(policy_version)
         self._pending_params: tuple[Any, int] | None = None
         self._cv = threading.Condition()
@@ -323,13 +343,15 @@ class Engine:
             if self._closed:
                 return None
             if self._queue:
-                live = len(self._sessions)
-                waited = time.perf_counter() - self._queue[0].submitted
-                linger = max(MIN_LINGER_S, self._last_round_s)
-                if len(self._queue) >= min(live, self.slots) or waited >= linger:
+                now = time.perf_counter()
+                waited = now - self._queue[0].submitted
+                quiet = now - self._queue[-1].submitted
+                gap = min(max(self.arrival_gap_s, ROUND_FRACTION * self._last_round_s), self.max_wait_s)
+                everyone = len(self._queue) >= min(len(self._sessions), self.slots)
+                if everyone or quiet >= gap or waited >= self.max_wait_s:
                     n = min(len(self._queue), self.slots)
                     return [self._queue.popleft() for _ in range(n)]
-                self._cv.wait(timeout=linger - waited)
+                self._cv.wait(timeout=min(gap - quiet, self.max_wait_s - waited))
             else:
                 self._cv.wait()
 

@@ -14,13 +14,20 @@ episode store work unchanged. One `run`:
 3. the run's sampling settings decide every call (`Gateway.run_sampling`: the rollout's
    temperature, top-k / top-p, `rollout.max_tokens_per_turn`, stop strings; greedy for
    greedy evaluation), whatever a request asks;
-4. each session's calls become its episode (`Sequence.to_episode`): the tokens trained
-   on are the tokens sampled, the program's reward on the last turn, its metrics in the
-   episode's info (a `success` metric decides success; else reward > 0).
+4. each session's calls become its episode (`records.session_episode`), one row of
+   the batch: the tokens trained on are the tokens sampled, the program's reward on the
+   last turn, its metrics in the episode's info (a `success` metric decides success;
+   else reward > 0).
 
-A session whose messages rewrote its history has several sequences; the episode trains
-the one with the most completion tokens (a row of the batch holds one sequence), and its
-info records `gateway_sequences` and `gateway_untrained_calls`. A program that raises,
+A session whose messages rewrote its history has several sequences (one per branch,
+`SessionLedger.sequences`). Its row packs them one after another, each attending only
+within itself with its positions from 0 (`Trajectory.segment_ids`, set on every row of a
+program run so the batch has one layout), so every completion is trained in the context
+it was sampled in, with one reward and one advantage for the session. When they do not
+fit in `rollout.max_context` together, the row keeps the one with the most completion
+tokens and then as many of the others as fit (`records.trained_sequences`). The info
+records `gateway_sequences` (the session's) and `gateway_untrained_calls` (the calls of
+the sequences left out). A program that raises,
 times out, returns no number or never calls the model costs its own episode, failed with
 that kind (`raised`, `timeout`, `bad_return`, `no_calls`); calls past
 `rollout.max_turns` in one session are refused (400), and a program that then fails
@@ -42,7 +49,7 @@ from typing import Any
 from jaxagent.gateway.engine import Engine
 from jaxagent.gateway.program import SessionOutcome, TaskSource, run_sessions_blocking
 from jaxagent.gateway.protocol import Limits
-from jaxagent.gateway.records import main_sequence
+from jaxagent.gateway.records import session_episode, trained_sequences
 from jaxagent.gateway.server import GatewayServer
 from jaxagent.gateway.service import Gateway, RunSampling
 from jaxagent.rollout.agent_loop import loop_sampler
@@ -286,22 +293,23 @@ class ProgramLoop:
         self.timings = {"rollout_s": time.perf_counter() - t0, **{k: float(v) for k, v in engine.stats.items()}}
         if self.reward_fn is not None:
             self.reward_fn(eps)
-        return pack(eps, max_context=cfg.max_context, max_turns=cfg.max_turns, pad_id=cfg.pad_id), eps
+        traj = pack(eps, max_context=cfg.max_context, max_turns=cfg.max_turns, pad_id=cfg.pad_id, segmented=True)
+        return traj, eps
 
     def _episode(
         self, i: int, seed, group_id: int, out: SessionOutcome, seqs: list, limited: bool, version: int
     ) -> Episode:
-        trained = main_sequence(seqs)
+        trained = trained_sequences(seqs, self.config.max_context)
         info: dict[str, Any] = dict(out.metrics)
         info.update(
             gateway_sequences=len(seqs),
-            gateway_untrained_calls=sum(q.num_turns for q in seqs) - (trained.num_turns if trained else 0),
+            gateway_untrained_calls=sum(q.num_turns for q in seqs) - sum(q.num_turns for q in trained),
         )
-        if trained is not None:
-            ep = trained.to_episode(index=i, seed=seed, group_id=group_id, reward=out.reward, info=info)
+        if trained:
+            ep = session_episode(trained, index=i, seed=seed, group_id=group_id, reward=out.reward, info=info)
             # for transcripts and evaluation details: what the policy wrote (tool calls
             # included, not only the content it was answered with) and what it read
-            segs = trained.segments()
+            segs = [seg for q in trained for seg in q.segments()]
             ep.actions = [self._chat.action_text(t) for kind, t, _, _ in segs if kind == "policy"]
             ep.observations = [
                 self.tokenizer.decode(t, skip_special_tokens=False) for kind, t, _, _ in segs if kind != "policy"
@@ -309,18 +317,19 @@ class ProgramLoop:
         else:
             ep = Episode(index=i, seed=seed, group_id=group_id)
             ep.info = info
-        stale = trained is not None and min(trained.policy_versions) < version - self.settings.max_staleness
-        if out.failure_kind is not None and limited and trained is not None:
+        oldest = min((v for q in trained for v in q.policy_versions), default=version)
+        stale = oldest < version - self.settings.max_staleness
+        if out.failure_kind is not None and limited and trained:
             ep.rewards[-1] = 0.0
             ep.end(truncated=True, reason="max_turns")
-        elif out.failure_kind is not None or trained is None:
+        elif out.failure_kind is not None or not trained:
             kind = out.failure_kind or "no_calls"
             ep.fail({"failure": out.failure_message or kind, "failure_kind": kind, "traceback": out.traceback or ""})
             ep.end_reason = f"program_{kind}"
         elif stale:
             ep.fail(
                 {
-                    "failure": f"sampled by policy version {min(trained.policy_versions)}, now {version} "
+                    "failure": f"sampled by policy version {oldest}, now {version} "
                     f"(agent.max_staleness={self.settings.max_staleness})",
                     "failure_kind": "stale",
                 }

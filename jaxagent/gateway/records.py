@@ -156,39 +156,70 @@ class Sequence:
                 start = i
         return out
 
-    def to_episode(
-        self,
-        *,
-        index: int,
-        seed: Any,
-        group_id: int,
-        reward: float,
-        done: bool = True,
-        truncated: bool = False,
-        end_reason: str = "program_returned",
-        info: dict | None = None,
-    ) -> Episode:
-        """This sequence as a finished `jaxagent.rollout.episode.Episode`: its segments
-        added in order, one turn per trained call (`rewards` 0 but the last turn's =
-        `reward`, so the episode's return is the session's reward), `actions` the calls'
-        texts, `finish_reasons`; `done` / `truncated` / `end_reason` / `info` as given.
-        Imports `jaxagent.rollout.episode` (and so JAX) when called."""
-        from jaxagent.rollout.episode import Episode
-
-        ep = Episode(index=index, seed=seed, group_id=group_id)
-        for kind, toks, lps, turn in self.segments():
-            ep.add(kind, toks, lps if kind == "policy" else None, turn=turn)
-        n = self.num_turns
-        ep.rewards = [0.0] * max(n - 1, 0) + ([float(reward)] if n else [])
-        ep.state_keys = [None] * n
-        ep.actions = list(self.texts)
-        ep.finish_reasons = list(self.finish_reasons)
-        ep.info = dict(info or {})
-        ep.end(done=done, truncated=truncated, reason=end_reason)
-        return ep
+    def to_episode(self, **kw: Any) -> Episode:
+        """This sequence alone as an episode: `session_episode([self], **kw)`."""
+        return session_episode([self], **kw)
 
 
 def main_sequence(sequences: list[Sequence]) -> Sequence | None:
     """The sequence of a session that one batch row trains: the one with the most
     completion tokens (None for a session that made no call)."""
     return max(sequences, key=lambda q: int(q.loss_mask.sum()), default=None)
+
+
+def trained_sequences(sequences: list[Sequence], max_tokens: int) -> list[Sequence]:
+    """The sequences of a session its episode trains, in branch order: all of them when
+    their tokens together fit in one row of `max_tokens`; else the main sequence
+    (`main_sequence`) and, while they fit, the others with the most completion tokens
+    first. [] for a session that made no call."""
+    if sum(len(q) for q in sequences) <= max_tokens:
+        return list(sequences)
+    main = main_sequence(sequences)
+    assert main is not None
+    keep, used = {main.branch}, len(main)
+    for q in sorted(sequences, key=lambda q: -int(q.loss_mask.sum())):
+        if q.branch not in keep and used + len(q) <= max_tokens:
+            keep.add(q.branch)
+            used += len(q)
+    return [q for q in sequences if q.branch in keep]
+
+
+def session_episode(
+    sequences: list[Sequence],
+    *,
+    index: int,
+    seed: Any,
+    group_id: int,
+    reward: float,
+    done: bool = True,
+    truncated: bool = False,
+    end_reason: str = "program_returned",
+    info: dict | None = None,
+) -> Episode:
+    """A session's sequences (at least one, e.g. `trained_sequences`'s) as one finished
+    `jaxagent.rollout.episode.Episode`, one row: each sequence's segments added in order,
+    each sequence after the first begun by `Episode.start_sequence` (its tokens attend
+    only within it, its positions restart at 0: `pack(segmented=True)`). One turn per
+    trained call, numbered across the row (`rewards` 0 but the last turn's = `reward`, so
+    the episode's return is the session's reward and every sequence shares its
+    advantage), `actions` the calls' texts, `finish_reasons`; `done` / `truncated` /
+    `end_reason` / `info` as given. Imports `jaxagent.rollout.episode` (and so JAX)."""
+    from jaxagent.rollout.episode import Episode
+
+    if not sequences:
+        raise ValueError("session_episode: a session without sequences has no episode")
+    ep = Episode(index=index, seed=seed, group_id=group_id)
+    turns = 0
+    for i, seq in enumerate(sequences):
+        if i:
+            ep.start_sequence()
+        for kind, toks, lps, turn in seq.segments():
+            ep.add(kind, toks, lps if kind == "policy" else None, turn=turn + turns if turn >= 0 else -1)
+        turns += seq.num_turns
+    ep.rewards = [0.0] * max(turns - 1, 0) + ([float(reward)] if turns else [])
+    ep.state_keys = [None] * turns
+    ep.actions = [t for seq in sequences for t in seq.texts]
+    ep.finish_reasons = [r for seq in sequences for r in seq.finish_reasons]
+    ep.info = dict(info or {})
+    ep.end(done=done, truncated=truncated, reason=end_reason)
+    return ep

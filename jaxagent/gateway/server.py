@@ -158,13 +158,29 @@ class GatewayServer:
       host: the address to bind (default 127.0.0.1, this machine only).
       port: the port (0 = a free one; `port` tells which after `start`).
       api_key: the bearer key (default: a new random one, `api_key`; never logged).
+      keep_alive_s: seconds an idle kept-alive connection stays open (uvicorn's
+        `timeout_keep_alive`). Longer than a client's own expiry (httpx, and so the
+        `openai` client, drop idle connections after 5 s): at equal expiries a client
+        can send a call on a connection the server is closing, and that call fails with
+        a connection error though nothing was wrong (seen in training: one episode lost).
 
     Use as a context manager (`start` / `stop`). `base_url(session)` is what an
     `openai.AsyncOpenAI(base_url=..., api_key=server.api_key)` is given.
     """
 
-    def __init__(self, gateway: Gateway, *, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None):
+    def __init__(
+        self,
+        gateway: Gateway,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        api_key: str | None = None,
+        keep_alive_s: int = 120,
+    ):
+        if isinstance(keep_alive_s, bool) or not isinstance(keep_alive_s, int) or keep_alive_s < 1:
+            raise ValueError(f"GatewayServer: keep_alive_s must be a positive int, got {keep_alive_s!r}")
         self.gateway = gateway
+        self.keep_alive_s = int(keep_alive_s)
         self.host = host
         self.api_key = api_key if api_key is not None else secrets.token_urlsafe(32)
         self.app = make_app(gateway, self.api_key)
@@ -185,6 +201,7 @@ class GatewayServer:
             access_log=False,
             lifespan="off",
             timeout_graceful_shutdown=5,
+            timeout_keep_alive=self.keep_alive_s,
         )
         server = uvicorn.Server(config)
         self._server = server

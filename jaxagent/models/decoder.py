@@ -326,16 +326,20 @@ def make_attention_mask(attention_mask_BxT: jax.Array, segment_ids_BxT: jax.Arra
 def default_positions(attention_mask_BxT: jax.Array, segment_ids_BxT: jax.Array | None = None) -> jax.Array:
     """Position of each token = number of earlier real tokens (of its segment).
 
-    Left padding therefore starts every row at position 0, as HF `generate` does.
+    Left padding therefore starts every row at position 0, as HF `generate` does. Packed
+    rows: each segment is one contiguous run of a row (as `rollout.episode.pack` lays
+    them out), and its first real token is at position 0. O(T) per row.
     """
     m = attention_mask_BxT.astype(jnp.int32)
+    count = jnp.cumsum(m, axis=1)  # real tokens up to and including t
     if segment_ids_BxT is None:
-        return jnp.maximum(jnp.cumsum(m, axis=1) - 1, 0)
+        return jnp.maximum(count - 1, 0)
+    seg = segment_ids_BxT.astype(jnp.int32)
     T = m.shape[1]
-    upto = jnp.arange(T)[:, None] >= jnp.arange(T)[None, :]  # [t, j]: j <= t
-    same = segment_ids_BxT[:, :, None] == segment_ids_BxT[:, None, :]
-    count = jnp.sum((upto[None, :, :] & same).astype(jnp.int32) * m[:, None, :], axis=-1)
-    return jnp.maximum(count - 1, 0)
+    starts = jnp.concatenate([jnp.ones_like(seg[:, :1], bool), seg[:, 1:] != seg[:, :-1]], axis=1)
+    start = jax.lax.cummax(jnp.where(starts, jnp.arange(T, dtype=jnp.int32)[None, :], 0), axis=1)
+    before = jnp.take_along_axis(count - m, start, axis=1)  # real tokens before the segment began
+    return jnp.maximum(count - before - 1, 0)
 
 
 # ---------------------------------------------------------------- forward

@@ -42,7 +42,9 @@ class Episode:
     """Host record of one episode (also returned for logging and debugging).
 
     `segments` lists the token segments in order as `(kind, tokens)` with kind
-    "prompt", "policy" or "observation"; `actions`, `observations` are the texts
+    "prompt", "policy" or "observation"; `sequence_ids` the sequence of each token (0
+    unless `start_sequence` began another: a row packing several sequences, which attend
+    only within themselves; `pack(segmented=True)`); `actions`, `observations` are the texts
     exchanged; `state_keys[k]` is the env state turn k acted in; `finish_reasons[k]` the
     sampler's reason for ending turn k; `end_reason` why the episode ended.
     """
@@ -55,6 +57,9 @@ class Episode:
     logp: list[float] = dataclasses.field(default_factory=list)
     turn_ids: list[int] = dataclasses.field(default_factory=list)
     segments: list[tuple[str, list[int]]] = dataclasses.field(default_factory=list)
+    sequence_ids: list[int] = dataclasses.field(default_factory=list)
+    #: the sequence `add` appends to
+    sequence: int = 0
     rewards: list[float] = dataclasses.field(default_factory=list)
     state_keys: list[Hashable] = dataclasses.field(default_factory=list)
     actions: list[str] = dataclasses.field(default_factory=list)
@@ -96,10 +101,18 @@ class Episode:
         else:
             logps = [0.0] * len(tokens)
         self.segments.append((kind, tokens))
+        self.sequence_ids += [self.sequence] * len(tokens)
         self.tokens += tokens
         self.loss_mask += [1 if policy else 0] * len(tokens)
         self.logp += logps
         self.turn_ids += [turn if policy else -1] * len(tokens)
+
+    def start_sequence(self) -> None:
+        """The tokens added from now on are a new sequence of this row: they do not see
+        the earlier ones (a session that rewrote its history; `sequence_ids`)."""
+        if not self.tokens:
+            raise ValueError("Episode.start_sequence: the episode has no tokens yet (its first sequence is implicit)")
+        self.sequence += 1
 
     def end(self, *, done=False, truncated=False, failed=False, reason: str, failure: str = ""):
         self.done, self.truncated, self.failed = bool(done), bool(truncated), bool(failed)
@@ -124,9 +137,14 @@ class Episode:
         self.end(truncated=True, reason=reason)
 
 
-def pack(episodes: Sequence[Episode], *, max_context: int, max_turns: int, pad_id: int) -> Trajectory:
+def pack(
+    episodes: Sequence[Episode], *, max_context: int, max_turns: int, pad_id: int, segmented: bool = False
+) -> Trajectory:
     """The `Trajectory` of a batch of finished episodes: `[B, max_context]` token arrays,
-    `[B, max_turns]` turn arrays, padded with `pad_id`."""
+    `[B, max_turns]` turn arrays, padded with `pad_id`. `segmented`: with `segment_ids`
+    (`Episode.sequence_ids` + 1, 0 on padding) whether or not a row packs several
+    sequences, so that a loop whose rows may pack them always gives one batch layout;
+    without it, every episode must be one sequence."""
     B, T, K = len(episodes), max_context, max_turns
     tokens = np.full((B, T), pad_id, np.int32)
     attn = np.zeros((B, T), np.int32)
@@ -135,8 +153,15 @@ def pack(episodes: Sequence[Episode], *, max_context: int, max_turns: int, pad_i
     tid = np.full((B, T), -1, np.int32)
     turn_rew = np.zeros((B, K), np.float32)
     turn_mask = np.zeros((B, K), bool)
+    seg = np.zeros((B, T), np.int32) if segmented else None
     for b, ep in enumerate(episodes):
         n = len(ep.tokens)
+        if n > T:
+            raise ValueError(f"pack: episode {ep.index} has {n} tokens, more than max_context={T}")
+        if seg is not None:
+            seg[b, :n] = np.asarray(ep.sequence_ids, np.int32) + 1
+        elif ep.sequence:
+            raise ValueError(f"pack: episode {ep.index} packs {ep.sequence + 1} sequences; pack it with segmented=True")
         tokens[b, :n], attn[b, :n] = ep.tokens, 1
         loss[b, :n], logp[b, :n], tid[b, :n] = ep.loss_mask, ep.logp, ep.turn_ids
         for k, r in enumerate(ep.rewards):
@@ -160,6 +185,7 @@ def pack(episodes: Sequence[Episode], *, max_context: int, max_turns: int, pad_i
         done=jnp.asarray(np.array([ep.done for ep in episodes])),
         truncated=jnp.asarray(np.array([ep.truncated for ep in episodes])),
         failed=jnp.asarray(np.array([ep.failed for ep in episodes])),
+        segment_ids=None if seg is None else jnp.asarray(seg),
     )
 
 

@@ -27,6 +27,12 @@ num_turns          [B]         int32    turns played
 done               [B]         bool     the env ended the episode (terminated)
 truncated          [B]         bool     cut short: env step limit, max turns, context
 failed             [B]         bool     the env failed (masked out of the loss)
+segment_ids        [B, T]      int32    or None: a row packing several sequences of one
+                                        episode (an agent program's session that
+                                        rewrote its history), 1, 2, ... per sequence,
+                                        each a contiguous run; tokens attend within
+                                        their own sequence, positions restart at 0 (0
+                                        on padding)
 =================  ==========  =======  ==============================================
 """
 
@@ -59,6 +65,7 @@ class Trajectory:
     done: jax.Array
     truncated: jax.Array
     failed: jax.Array
+    segment_ids: jax.Array | None = None
 
     if TYPE_CHECKING:  # added by `flax.struct.dataclass` at runtime (`dataclasses.replace`)
 
@@ -85,8 +92,8 @@ def rewards_at_turn_ends(turn_rewards_BxK, turn_ids_BxT) -> np.ndarray:
     return out
 
 
-#: the `[B, T]` fields, the ones `trim_padding` cuts
-TOKEN_FIELDS = ("tokens", "attention_mask", "loss_mask", "rollout_logp", "turn_ids", "rewards")
+#: the `[B, T]` fields, the ones `trim_padding` cuts (`segment_ids` too, when set)
+TOKEN_FIELDS = ("tokens", "attention_mask", "loss_mask", "rollout_logp", "turn_ids", "rewards", "segment_ids")
 
 
 def trim_padding(traj: Trajectory, multiple: int, longest: int | None = None) -> Trajectory:
@@ -107,4 +114,4 @@ def trim_padding(traj: Trajectory, multiple: int, longest: int | None = None) ->
     keep = min(T, max(multiple, -(-longest // multiple) * multiple))
     if keep == T:
         return traj
-    return traj.replace(**{f: getattr(traj, f)[:, :keep] for f in TOKEN_FIELDS})
+    return traj.replace(**{f: getattr(traj, f)[:, :keep] for f in TOKEN_FIELDS if getattr(traj, f) is not None})

@@ -208,19 +208,27 @@ def compiled_passes(trainer, config=None, *, log=lambda *_: None) -> list[Compil
         compute_dtype=sc.compute_dtype,
     )
     params = trainer.state.params
+    # an agent program's rows may pack several sequences of a session (`Trajectory.segment_ids`)
+    segs = ids if cfg.agent.program else None
     if place.mesh is None:
         lowered = policy_logprobs.lower(
-            params, trainer.model_config, tokens_BxT=ids, attention_mask_BxT=ids, row_chunks=place.logprob_chunks, **kw
+            params,
+            trainer.model_config,
+            tokens_BxT=ids,
+            attention_mask_BxT=ids,
+            segment_ids_BxT=segs,
+            row_chunks=place.logprob_chunks,
+            **kw,
         )
     else:
-        placed = place.to_device(ModelInputs(tokens=ids, attention_mask=ids))
+        placed = place.to_device(ModelInputs(tokens=ids, attention_mask=ids, segment_ids=segs))
         lowered = place._logprobs[False].lower(
-            params, placed.tokens, placed.attention_mask, row_chunks=place.logprob_chunks
+            params, placed.tokens, placed.attention_mask, placed.segment_ids, row_chunks=place.logprob_chunks
         )
     if cfg.update.old_logprobs != "sampler" or trainer.ref_params is not None:
         out.append(compile_("logprob_pass", "logprob_pass", est["logprob_pass"], lowered))
     if cfg.algo.uses_critic:
-        probe = ModelInputs(tokens=ids, attention_mask=ids)
+        probe = ModelInputs(tokens=ids, attention_mask=ids, segment_ids=segs)
         if place.mesh is None:
             lowered = _critic_values.lower(
                 trainer.state.critic_params,
@@ -241,13 +249,14 @@ def compiled_passes(trainer, config=None, *, log=lambda *_: None) -> list[Compil
                 trainer.model_config,
                 tokens_BxT=sel,
                 attention_mask_BxT=sel,
+                segment_ids_BxT=None if segs is None else sel,
                 row_chunks=passes,
                 with_entropy=True,
                 **kw,
             )
         else:
             lowered = place._logprobs[True].lower(
-                params, placed.tokens, placed.attention_mask, row_chunks=place.logprob_chunks
+                params, placed.tokens, placed.attention_mask, placed.segment_ids, row_chunks=place.logprob_chunks
             )
         out.append(compile_("store_entropy", "logprob_pass", est["logprob_pass"], lowered))
 
@@ -261,6 +270,7 @@ def compiled_passes(trainer, config=None, *, log=lambda *_: None) -> list[Compil
         advantages=f,
         old_logp=f,
         attention_mask=i,
+        segment_ids=i if cfg.agent.program else None,
         ref_logp=f if cfg.loss.kl_coef > 0 else None,
         kl_mask=f if cfg.loss.kl_turns == "last" else None,
         rollout_logp=f,

@@ -58,6 +58,7 @@ def _policy_logprobs(
     config,
     tokens_BxT,
     attention_mask_BxT,
+    segment_ids_BxT=None,
     *,
     temperature: float,
     seq_chunk: int,
@@ -70,19 +71,20 @@ def _policy_logprobs(
 
     params = for_compute(params, compute_dtype)
 
-    def one(tokens, mask):
+    def one(tokens, mask, segments):
         logp, ent = token_logprobs(
             params,
             config,
             tokens,
             attention_mask_BxT=mask,
+            segment_ids_BxT=segments,
             temperature=temperature,
             seq_chunk=seq_chunk,
             vocab_chunk=vocab_chunk,
         )
         return (logp, ent) if with_entropy else logp
 
-    return _in_row_chunks(lambda xs: one(*xs), (tokens_BxT, attention_mask_BxT), row_chunks)
+    return _in_row_chunks(lambda xs: one(*xs), (tokens_BxT, attention_mask_BxT, segment_ids_BxT), row_chunks)
 
 
 def _in_row_chunks(fn, rows, row_chunks: int):
@@ -98,7 +100,8 @@ def _in_row_chunks(fn, rows, row_chunks: int):
     return jax.tree.map(lambda x: x.swapaxes(0, 1).reshape(B, *x.shape[2:]), jax.lax.map(fn, split))
 
 
-#: `log pi(tokens[t] | tokens[:t])` `[B, T]` as `train_step` computes it (same kernel);
+#: `log pi(tokens[t] | tokens[:t])` `[B, T]` as `train_step` computes it (same kernel;
+#: `segment_ids_BxT` for packed rows, `Trajectory.segment_ids`);
 #: `row_chunks` > 1 runs it on that many chunks of rows in turn (less memory, same values
 #: to float32 rounding); `with_entropy` returns `(logp, entropy)`, the entropy of each
 #: next-token distribution (for the episode store).
@@ -182,13 +185,14 @@ class Placement:
             rows = jax.NamedSharding(self.mesh, par.batch_spec(2))
             sc = config.step_config
 
-            def logprobs(params, tokens_BxT, attention_mask_BxT, with_entropy, row_chunks):
+            def logprobs(params, tokens_BxT, attention_mask_BxT, segment_ids_BxT, with_entropy, row_chunks):
                 with decoder.activation_constraint(layout):
                     return _policy_logprobs(
                         params,
                         model_config,
                         tokens_BxT,
                         attention_mask_BxT,
+                        segment_ids_BxT,
                         temperature=sc.loss.temperature,
                         seq_chunk=sc.seq_chunk,
                         vocab_chunk=sc.vocab_chunk,
@@ -359,11 +363,21 @@ class Placement:
         host-side (one-device) array of every row. `with_entropy`: `(logp, entropy)`."""
         return self.update.logprobs(self, params, placed, with_entropy=with_entropy)
 
-    def row_logprobs(self, params, tokens_BxT, attention_mask_BxT, *, row_chunks: int = 1, with_entropy: bool = False):
+    def row_logprobs(
+        self,
+        params,
+        tokens_BxT,
+        attention_mask_BxT,
+        segment_ids_BxT=None,
+        *,
+        row_chunks: int = 1,
+        with_entropy: bool = False,
+    ):
         """The log-prob kernel (`policy_logprobs` at the step config's temperature, chunks
         and compute dtype) on rows placed by `to_device` (split over the mesh, the
-        activations laid out by its rules), in `row_chunks` chunks of rows in turn; its
-        output's rows split like its input's (`gathered`, `host_rows` bring them back)."""
+        activations laid out by its rules; `segment_ids_BxT` for packed rows), in
+        `row_chunks` chunks of rows in turn; its output's rows split like its input's
+        (`gathered`, `host_rows` bring them back)."""
         if self.mesh is None:
             sc = self.config.step_config
             return policy_logprobs(
@@ -371,6 +385,7 @@ class Placement:
                 self.model_config,
                 tokens_BxT=tokens_BxT,
                 attention_mask_BxT=attention_mask_BxT,
+                segment_ids_BxT=segment_ids_BxT,
                 temperature=sc.loss.temperature,
                 seq_chunk=sc.seq_chunk,
                 vocab_chunk=sc.vocab_chunk,
@@ -378,11 +393,13 @@ class Placement:
                 with_entropy=with_entropy,
                 compute_dtype=sc.compute_dtype,
             )
-        return self._logprobs[with_entropy](params, tokens_BxT, attention_mask_BxT, row_chunks=row_chunks)
+        return self._logprobs[with_entropy](
+            params, tokens_BxT, attention_mask_BxT, segment_ids_BxT, row_chunks=row_chunks
+        )
 
     def values(self, state, placed):
         """The critic's values `[B, T]` of a batch from `global_batch` (host-side)."""
-        rows = ModelInputs(tokens=placed.tokens, attention_mask=placed.attention_mask)
+        rows = ModelInputs(tokens=placed.tokens, attention_mask=placed.attention_mask, segment_ids=placed.segment_ids)
         if self.mesh is None:
             return _critic_values(
                 state.critic_params,

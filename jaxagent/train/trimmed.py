@@ -203,6 +203,7 @@ def trimmed_logprobs(
     attention_mask_BxT,
     lengths,
     *,
+    segment_ids_BxT=None,
     chunk_rows: int,
     multiple: int,
     with_entropy: bool = False,
@@ -216,25 +217,29 @@ def trimmed_logprobs(
     consecutive chunks of one length go in one call. The same values as one pass at every
     position of a row up to its length, 0 after its chunk's length (padding). A host-side
     `[B, T]` array (`(logp, entropy)` with `with_entropy`). `kw`: `policy_logprobs`'s
-    `temperature`, `seq_chunk`, `vocab_chunk`, `compute_dtype`. `logprobs`: the pass to
-    call as `logprobs(params, tokens, mask, row_chunks=, with_entropy=)` (default
+    `temperature`, `seq_chunk`, `vocab_chunk`, `compute_dtype`. `segment_ids_BxT`: packed
+    rows' sequences (cut with the rows). `logprobs`: the pass to call as
+    `logprobs(params, tokens, mask, segments, row_chunks=, with_entropy=)` (default
     `jaxagent.train.placement.policy_logprobs` with `config` and `kw`); `place`: applied
-    to each cut `(tokens, mask)` before the call (e.g. rows split over a mesh); `fetch`:
+    to each cut `(tokens, mask, segments)` before the call (e.g. rows split over a mesh); `fetch`:
     brings a call's output to the host (`jaxagent.parallel.to_host` for arrays that span
     processes)."""
     if logprobs is None:
         from jaxagent.train.placement import policy_logprobs
 
-        def logprobs(params, tokens, mask, **more):
-            return policy_logprobs(params, config, tokens_BxT=tokens, attention_mask_BxT=mask, **kw, **more)
+        def logprobs(params, tokens, mask, segments, **more):
+            return policy_logprobs(
+                params, config, tokens_BxT=tokens, attention_mask_BxT=mask, segment_ids_BxT=segments, **kw, **more
+            )
 
     tokens_BxT, attention_mask_BxT = np.asarray(tokens_BxT), np.asarray(attention_mask_BxT)
+    segments = None if segment_ids_BxT is None else np.asarray(segment_ids_BxT)
     B, T = tokens_BxT.shape
     parts = []
     for run, L in length_runs(length_groups(lengths, B // chunk_rows, multiple, T)):
         # rows interleaved so that `row_chunks`'s chunk j (rows j, j + n, ...) is the run's group j
         idx = np.stack(run, axis=1).reshape(-1)
-        cut = (tokens_BxT[idx, :L], attention_mask_BxT[idx, :L])
+        cut = (tokens_BxT[idx, :L], attention_mask_BxT[idx, :L], None if segments is None else segments[idx, :L])
         out = logprobs(params, *(cut if place is None else place(cut)), row_chunks=len(run), with_entropy=with_entropy)
         parts.append((idx, L, out))
     full = [np.zeros((B, T), np.float32) for _ in range(2 if with_entropy else 1)]
@@ -273,7 +278,9 @@ class TrimmedUpdate:
     def logprobs(self, place, params, placed, *, with_entropy: bool = False):
         """`trimmed_logprobs` of a batch from `Placement.global_batch` (all its rows on the
         host), each cut chunk placed by `place.to_device` and run by `place.row_logprobs`."""
-        tokens, mask, loss = place.host_rows((placed.tokens, placed.attention_mask, placed.loss_mask))
+        tokens, mask, loss, segments = place.host_rows(
+            (placed.tokens, placed.attention_mask, placed.loss_mask, placed.segment_ids)
+        )
         B = tokens.shape[0]
         rows = self.logprob_rows or max(1, B // self.micro_batches)
         return trimmed_logprobs(
@@ -282,6 +289,7 @@ class TrimmedUpdate:
             tokens,
             mask,
             row_lengths(loss, mask),
+            segment_ids_BxT=segments,
             chunk_rows=rows,
             multiple=self.multiple,
             with_entropy=with_entropy,

@@ -343,6 +343,11 @@ class PaddedUpdate:
         """`log pi(tokens)` `[B, T]` of every row in one pass of `place.logprob_chunks`
         row chunks (`Placement.row_logprobs`); `(logp, entropy)` with `with_entropy`."""
         out = place.row_logprobs(
-            params, placed.tokens, placed.attention_mask, row_chunks=place.logprob_chunks, with_entropy=with_entropy
+            params,
+            placed.tokens,
+            placed.attention_mask,
+            placed.segment_ids,
+            row_chunks=place.logprob_chunks,
+            with_entropy=with_entropy,
         )
         return place.gathered(out)

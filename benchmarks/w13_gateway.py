@@ -21,9 +21,13 @@ rollout each (compilations, the gateway's start):
               an agent written as any `openai` user writes one (`AsyncOpenAI`, chat
               messages, `tools=TOOLS`; a reply's tool calls answered with `tool` messages,
               else the result as a user message), 64 sessions at once through the
-              OpenAI-compatible server (uvicorn on 127.0.0.1) and its engine.
+              OpenAI-compatible server (uvicorn on 127.0.0.1) and its engine, the
+              programs in a thread of this process (`agent.processes: 0`; what the call
+              latency parts below time).
+  gateway_processes  the same, the programs in a worker process of their own
+              (`agent.processes: 1`, the trainer's default; `jaxagent.gateway.processes`)
 
-The two render the same prompt and observation tokens (`same_prompts`,
+The three render the same prompt and observation tokens (`same_prompts`,
 `same_observations` check it on the warm-up rollouts; the script exits non-zero
 otherwise, or when an episode failed or did not play its 4 turns).
 
@@ -47,6 +51,11 @@ overhead per call two ways:
                           service: sessions opened, clients made), `engine_rounds_s` (the
                           rounds' durations summed; `rounds_s` each), `between_rounds_s`
                           (the rest: calls on their way between rounds)
+  no-model floor          `no_model_rollout_s`: the same program, sessions and gateway
+                          path (server, service, ledger, client) with a responder in place
+                          of the engine, replying `--tokens` tokens at once
+                          (`jaxagent.gateway.demonstrations.record`): the gateway's rollout
+                          can be no faster than this on the same cores
 
     python benchmarks/w13_gateway.py [--quick] [--repeats 5] [--out benchmarks/results/w13_gateway.jsonl]
 """
@@ -237,7 +246,11 @@ def main(argv=None):
         f"{args.tokens} tokens a turn, model {args.model}",
         file=sys.stderr,
     )
-    timings = {"agent_loop": [], "gateway": []}
+    timings = {"agent_loop": [], "gateway": [], "gateway_processes": []}
+    in_threads = settings
+    in_process = dataclasses.replace(
+        settings, processes=1, spec="w13_gateway:rollout", imports=(str(Path(__file__).resolve().parent),)
+    )
     outs = {}
     with (
         envs.EnvPool([lambda: ToolEnv(system)] * B, num_workers=0) as pool,
@@ -264,6 +277,22 @@ def main(argv=None):
                 outs["agent_loop"] = out
             else:
                 timings["agent_loop"].append({"rollout_s": wall, "tokens": policy_tokens(out[1])})
+            # the programs in a worker process of their own (the trainer's default, agent.processes: 1)
+            gw.settings = in_process
+            before, traced = dict(engine.stats), dict(gw.sampler.trace_counts)
+            t0 = time.perf_counter()
+            out = gw.run(tasks, seeds, group_ids, seed=rep)
+            wall_p = time.perf_counter() - t0
+            stats_p = {k: v - before.get(k, 0) for k, v in engine.stats.items()}
+            stats_p["compilations"] = sum(gw.sampler.trace_counts.values()) - sum(traced.values())
+            if rep == 0:
+                outs["gateway_processes"] = out
+            else:
+                timings["gateway_processes"].append(
+                    {"rollout_s": wall_p, "tokens": stats_p["completion_tokens"], "stats": stats_p}
+                )
+            # in threads of this process (agent.processes: 0), each call timed by the program
+            gw.settings = in_threads
             before, traced = dict(engine.stats), dict(gw.sampler.trace_counts)
             CALL_SECONDS, served[:] = [], []
             t0 = time.perf_counter()
@@ -292,15 +321,46 @@ def main(argv=None):
                 timings["agent_loop"][-1]["phases"] = dict(agent.timings)
             print(
                 f"W13: round {rep}/{repeats} agent_loop {agent_wall:.2f}s "
-                f"gateway {wall:.2f}s (engine: {stats.get('rounds', 0)} rounds, {stats.get('calls', 0)} calls)",
+                f"gateway {wall:.2f}s (engine: {stats.get('rounds', 0)} rounds, {stats.get('calls', 0)} calls), "
+                f"in a worker process {wall_p:.2f}s ({stats_p.get('rounds', 0)} rounds)",
                 file=sys.stderr,
             )
+    # the floor: the same program through the same gateway path with no model at all (a
+    # responder that replies a fixed text of `--tokens` tokens at once): what the client,
+    # HTTP, the service and the ledger cost by themselves
+    from jaxagent.gateway.demonstrations import record
+
+    def fixed_reply(text, noise=0.0, rng=None):
+        return "x" * (args.tokens - 1)  # byte tokens, + the end-of-turn token = --tokens tokens
+
+    floor = []
+    for rep in range(repeats + 1):  # round 0: warm-up
+        t0 = time.perf_counter()
+        rec = record(
+            rollout,
+            tasks.tasks,
+            list(range(B)),  # one session per seed (its id is the seed's)
+            tok,
+            fixed_reply,
+            max_context=cfg.max_context,
+            max_turns=TURNS,
+            max_tokens=args.tokens,
+            concurrency=B,
+            timeout_s=600.0,
+        )
+        if rep:
+            floor.append(time.perf_counter() - t0)
+        if any(r.outcome.failure_kind for r in rec):
+            print("W13: check failed: a session of the no-model floor failed", file=sys.stderr)
+            sys.exit(1)
+    print(f"W13: no-model floor {statistics.median(floor):.2f}s (median of {repeats})", file=sys.stderr)
     load = round(os.getloadavg()[0], 2)
 
     # checks (the warm-up rollouts): every episode played its 4 turns, on the same tokens
     (_, al_eps), (_, gw_eps) = outs["agent_loop"], outs["gateway"]
     problems = []
-    for name, eps in (("agent_loop", al_eps), ("gateway", gw_eps)):
+    gp_eps = outs["gateway_processes"][1]
+    for name, eps in (("agent_loop", al_eps), ("gateway", gw_eps), ("gateway_processes", gp_eps)):
         bad = [e.index for e in eps if e.failed or len(segments([e], "policy")[0]) != TURNS]
         if bad:
             problems.append(f"{name}: episodes {bad[:8]} failed or did not play {TURNS} turns")
@@ -310,6 +370,8 @@ def main(argv=None):
     same_observations = {s for e in segments(al_eps, "observation") for s in e} == {
         s for e in segments(gw_eps, "observation") for s in e
     }
+    if segments(gp_eps, "policy") != segments(gw_eps, "policy"):
+        problems.append("the sessions sampled other tokens in a worker process than in threads")
     if not same_prompts:
         problems.append("the first prompts differ")
     if not same_observations:
@@ -385,11 +447,31 @@ def main(argv=None):
             "ratio_vs_agent_loop": round(rate["gateway"] / rate["agent_loop"], 3),
             "extra_wall_ms_per_call": round(1000 * (med["gateway"] - med["agent_loop"]) / (B * TURNS), 3),
             "overhead_ms_per_call": round(parts["http_ms"] + parts["ledger_ms"], 3),
+            "no_model_rollout_s": round(statistics.median(floor), 4),
+            "no_model_ms_per_call": round(1000 * statistics.median(floor) / (B * TURNS), 3),
             **parts,
             **timeline,
             "engine": {k: int(v) for k, v in sorted(mid["stats"].items())},
             "gateway_sequences_max": gateway_sequences,
             "compilations": dict(gw.sampler.trace_counts),
+            **checks,
+        },
+        args.out,
+    )
+    gp = timings["gateway_processes"]
+    mid_p = sorted(gp, key=lambda t: t["rollout_s"])[len(gp) // 2]
+    emit(
+        {
+            **common,
+            "system": "gateway_processes",
+            "processes": 1,
+            "rollout_s": round(med["gateway_processes"], 4),
+            "all_rollout_s": [round(t["rollout_s"], 4) for t in gp],
+            "tokens_per_s": round(rate["gateway_processes"], 1),
+            "policy_tokens": [t["tokens"] for t in gp],
+            "ratio_vs_agent_loop": round(rate["gateway_processes"] / rate["agent_loop"], 3),
+            "extra_wall_ms_per_call": round(1000 * (med["gateway_processes"] - med["agent_loop"]) / (B * TURNS), 3),
+            "engine": {k: int(v) for k, v in sorted(mid_p["stats"].items())},
             **checks,
         },
         args.out,

@@ -79,3 +79,24 @@ async def rewriting_rollout(client, task: dict) -> dict:
     got.append(await client.chat.completions.create(model="policy", messages=fresh))
     COMPLETIONS.setdefault(task["letter"], []).append([r.model_extra["jaxagent"]["completion_token_ids"] for r in got])
     return {"reward": float(task["letter"] in text)}
+
+
+async def crashing_rollout(client, task: dict):
+    """Seed 0: one call, a line of output, then the process exits at once (`os._exit`);
+    otherwise it plays."""
+    import os
+
+    if task.get("seed") == 0:
+        await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}])
+        print("the agent is about to exit the interpreter", flush=True)
+        os._exit(3)
+    return await chat_rollout(client, task)
+
+
+async def blocking_rollout(client, task: dict):
+    """Seed 0: blocks its event loop (a synchronous sleep, no timeout can fire); otherwise it plays."""
+    import time
+
+    if task.get("seed") == 0:
+        time.sleep(3600)
+    return await chat_rollout(client, task)

@@ -26,7 +26,7 @@ def test_w13_quick_compares_the_gateway_with_the_agent_loop_on_the_same_tokens(t
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")] == rows
     by = {r["system"]: r for r in rows}
-    assert set(by) == {"agent_loop", "gateway"} and len(rows) == 2
+    assert set(by) == {"agent_loop", "gateway", "gateway_processes"} and len(rows) == 3
     al, gw = by["agent_loop"], by["gateway"]
     for r in rows:
         assert r["workload"] == "W13" and r["quick"] is True and r["calls"] == r["episodes"] * r["turns"] == 16
@@ -44,3 +44,10 @@ def test_w13_quick_compares_the_gateway_with_the_agent_loop_on_the_same_tokens(t
     assert parts == pytest.approx(gw["client_ms"], abs=0.01)
     assert gw["overhead_ms_per_call"] == pytest.approx(gw["http_ms"] + gw["ledger_ms"], abs=0.002)
     assert 0 < gw["to_first_call_s"] < gw["rollout_s"] and len(gw["rounds_s"]) >= 4
+    # the no-model floor: the same 16 calls with instant replies, timed by the script itself
+    assert gw["no_model_rollout_s"] > 0
+    assert gw["no_model_ms_per_call"] == pytest.approx(1000 * gw["no_model_rollout_s"] / 16, abs=0.01)
+    # the programs in a worker process: the same calls and tokens (checked by the script)
+    gp = by["gateway_processes"]
+    assert gp["processes"] == 1 and gp["engine"]["calls"] == 16
+    assert gp["ratio_vs_agent_loop"] == pytest.approx(gp["tokens_per_s"] / al["tokens_per_s"], rel=1e-2)

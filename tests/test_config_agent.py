@@ -22,12 +22,13 @@ def test_defaults_train_no_agent_program():
     cfg = TrainerConfig()
     assert cfg.agent == AgentSection()
     a = cfg.agent
-    assert (a.program, a.tasks, a.concurrency, a.timeout_s, a.imports, a.max_staleness) == (
+    assert (a.program, a.tasks, a.concurrency, a.timeout_s, a.imports, a.processes, a.max_staleness) == (
         None,
         None,
         64,
         300.0,
         (),
+        1,
         1,
     )
     assert not a.enabled and cfg.eval.tasks is None
@@ -37,6 +38,7 @@ def test_defaults_train_no_agent_program():
         "concurrency": 64,
         "timeout_s": 300.0,
         "imports": [],
+        "processes": 1,
         "max_staleness": 1,
         "expert": None,
     }
@@ -45,14 +47,14 @@ def test_defaults_train_no_agent_program():
 def test_an_agent_program_from_a_file_and_overrides(tmp_path):
     text = (
         "agent:\n  program: pkg.my_agent:rollout\n  tasks: tasks.jsonl\n  concurrency: 8\n"
-        "  timeout_s: 30\n  imports: [agents/, extra_mod]\n  max_staleness: 0\n"
+        "  timeout_s: 30\n  imports: [agents/, extra_mod]\n  max_staleness: 0\n  processes: 0\n"
         "eval:\n  episodes: 4\n  tasks: pkg.my_tasks:held_out\n"
     )
     cfg = load_config(TrainerConfig, _yaml(tmp_path, text), ["agent.concurrency=16"])
     a = cfg.agent
     assert a.enabled and a.program == "pkg.my_agent:rollout" and a.tasks == "tasks.jsonl"
     assert a.concurrency == 16 and a.timeout_s == 30.0 and isinstance(a.timeout_s, float)
-    assert a.imports == ("agents/", "extra_mod") and a.max_staleness == 0
+    assert a.imports == ("agents/", "extra_mod") and a.max_staleness == 0 and a.processes == 0
     assert cfg.eval.tasks == "pkg.my_tasks:held_out"
     # tasks as a module:function
     assert load_config(TrainerConfig, None, ["agent.program=a:b", "agent.tasks=a.tasks:make"]).agent.tasks == (
@@ -70,6 +72,7 @@ def test_an_agent_program_from_a_file_and_overrides(tmp_path):
         ([*AGENT[:1], "agent.tasks=tasks.json"], r"agent: tasks must be a path to a .jsonl file .* or 'module:fun"),
         ([*AGENT, "agent.concurrency=0"], r"agent: concurrency must be an int >= 1, got 0"),
         ([*AGENT, "agent.max_staleness=-1"], r"agent: max_staleness must be an int >= 0, got -1"),
+        ([*AGENT, "agent.processes=-1"], r"agent: processes must be an int >= 0, got -1"),
         ([*AGENT, "agent.timeout_s=0"], r"agent: timeout_s must be a finite number of seconds > 0, got 0.0"),
         ([*AGENT, "agent.timeout_s=inf"], r"agent: timeout_s must be a finite number"),
         ([*AGENT, "agent.concurrency=2.5"], r"agent.concurrency: expected int"),

@@ -275,7 +275,7 @@ def test_run_sessions_checks_its_arguments_and_the_failure_kinds():
         h.run(program, _tasks(1), timeout_s=0)
     with pytest.raises(ValueError, match="distinct"):
         h.run(program, [("a", 0, {}), ("a", 1, {})])
-    assert FAILURE_KINDS == ("raised", "timeout", "bad_return", "no_calls")
+    assert FAILURE_KINDS == ("raised", "timeout", "bad_return", "no_calls", "crashed")
     assert h.run(program, []) == []
 
 

@@ -350,9 +350,10 @@ def test_the_store_bounds_opens_concurrently_and_drains(byte_chat):
     assert all(seqs == [] for _, seqs in everything) and len(store) == 0
 
 
-def test_the_sessions_import_no_jax():
+def test_the_sessions_and_the_program_workers_import_no_jax():
+    """Nor does a program worker process (`python -m jaxagent.gateway.program_worker`)."""
     code = (
-        "import json, sys, jaxagent.gateway.store\n"
+        "import json, sys, jaxagent.gateway.store, jaxagent.gateway.processes, jaxagent.gateway.program_worker\n"
         "print(json.dumps(sorted(k for k in sys.modules if k.split('.')[0] in "
         "('jax', 'jaxlib', 'flax', 'jaxagent', 'transformers', 'torch'))))"
     )

@@ -173,6 +173,59 @@ def test_a_misbehaving_program_costs_its_own_episode_with_its_failure_kind(share
     assert time.perf_counter() - t0 < 30
 
 
+def in_processes(loop, program, n=2, timeout_s=60.0):
+    loop.settings = dataclasses.replace(
+        loop.settings, program=None, spec=program, imports=(TESTS,), processes=n, timeout_s=timeout_s
+    )
+    return loop
+
+
+def test_programs_in_processes_of_their_own_train_the_same_tokens_and_outlive_crashes(policy, shared_loop, monkeypatch):
+    """`agent.processes`: sessions played by worker processes give the episodes the
+    trainer's own threads give (same seeds and sampling keys: same tokens); a program
+    that exits the interpreter costs the sessions of its process ("crashed", with its
+    last output), one that blocks its event loop those of its process ("timeout", the
+    process killed); the run goes on and the next batch gets fresh processes."""
+    from jaxagent.gateway import processes as P
+
+    tok, cfg, params = policy
+    saved = shared_loop.settings
+    pool = TaskPool(TaskSource("gateway_programs:numbered_task", [TESTS]), 4)
+    try:
+        with make_loop(shared_loop, "gateway_programs:chat_rollout") as loop:
+            here, _ = loop.run(pool, [5, 6, 7, 9], seed=2)
+            in_processes(loop, "gateway_programs:chat_rollout")
+            there, eps = loop.run(pool, [5, 6, 7, 9], seed=2)
+            assert loop._processes is not None and loop._processes.started == 2
+            assert not any(ep.failed for ep in eps)
+            np.testing.assert_array_equal(np.asarray(there.tokens), np.asarray(here.tokens))
+            np.testing.assert_array_equal(np.asarray(there.rollout_logp), np.asarray(here.rollout_logp))
+            # seed 0 exits its process (worker 0: rows 0 and 2); worker 1's sessions play
+            in_processes(loop, "gateway_programs:crashing_rollout")
+            _, eps = loop.run(pool, [0, 1, 2, 3])
+            kinds = [ep.failure_kind if ep.failed else None for ep in eps]
+            assert kinds == ["crashed", None, "crashed", None], kinds
+            assert "exited (code 3)" in eps[0].failure and "about to exit the interpreter" in eps[0].failure
+            # seed 0 blocks its process's event loop: killed past its time, the other worker plays
+            monkeypatch.setattr(P, "GRACE_S", 1.0)
+            in_processes(loop, "gateway_programs:blocking_rollout", timeout_s=10.0)
+            t0 = time.perf_counter()
+            _, eps = loop.run(pool, [0, 1, 2, 3])
+            assert time.perf_counter() - t0 < 60
+            kinds = [ep.failure_kind if ep.failed else None for ep in eps]
+            assert kinds == ["timeout", None, "timeout", None], [ep.failure for ep in eps]
+            assert "blocks its event loop" in eps[0].failure
+            # and the next batch plays on fresh processes
+            in_processes(loop, "gateway_programs:chat_rollout")
+            _, eps = loop.run(pool, [1, 2, 3, 4])
+            assert not any(ep.failed for ep in eps) and loop._processes.started == 4
+    finally:
+        if shared_loop._processes is not None:
+            shared_loop._processes.close()
+            shared_loop._processes = None
+        shared_loop.settings = saved
+
+
 def test_calls_past_max_turns_are_refused_and_end_the_episode_truncated(shared_loop):
     pool = TaskPool(TaskSource("gateway_programs:task", [TESTS]), 2)
     with make_loop(shared_loop, "gateway_programs:chat_rollout", max_turns=1) as loop:

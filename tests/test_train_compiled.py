@@ -41,17 +41,16 @@ TOTAL_GB = _total_gb()
 #: in the shipped configs (LoRA with a warm start) are in the default suite on the tiny
 #: model (`LORA`)
 SLOW = {"smollm2_countdown_grpo", "smollm2_frozenlake", "gpu_countdown_grpo"}
-#: checked by default: one config of each env family (a PPO one where the family has it:
-#: the policy's passes and the critic's), the demo and the intake recipe; the others
-#: (other estimators on the same model and shapes, whose passes these include) are slow
+#: checked by default: the demo, one PPO config (the policy's passes and the critic's),
+#: the turn-level estimator's, the intake recipe, and an agent program's (the gateway
+#: engine's row decode, packed rows' segment ids); the others (other envs and estimators
+#: on passes of the same kinds, at other shapes) are slow
 FAMILIES = {
     "default",
-    "tiny_countdown_ppo",
     "countdown_ppo",
-    "frozenlake_ppo",
     "sokoban_gigpo",
-    "toolmath_ppo",
     "intake",
+    "tiny_gateway_chat",
 }
 #: a LoRA run with a warm start (what `smollm2_frozenlake` is), on the tiny Countdown config
 LORA = [

@@ -30,11 +30,10 @@ own reader) are the uninterrupted run's; no temporary file or checkpoint directo
 left behind. A kill before the first checkpoint leaves nothing to resume: `--resume`
 says so (status 2) and a fresh start replaces the run.
 
-The default suite kills one run once, in the middle of a metrics line while a
-checkpoint's save is in flight (one of its files half written), and resumes it (about
-2 x 15 s of `jaxagent train` on 2 cores, the uninterrupted run beside the first); plus
-an in-process check of a fresh start over a killed one. `-m slow` sweeps every kind of
-write (`SWEEP`).
+The default suite runs an in-process check of a fresh start over a killed one. `-m slow`
+kills one run once in the middle of a metrics line while a checkpoint's save is in
+flight (one of its files half written) and resumes it (about 40 s of `jaxagent train`
+on 2 cores), and sweeps every kind of write (`SWEEP`).
 """
 
 import json
@@ -459,7 +458,9 @@ def killed_and_resumed(tmp_path, reference: Reference | None, kills: list) -> li
     return resumed_at
 
 
-# ----------------------------------------------------------------------------- the default suite
+# ----------------------------------------------------------------------------- the mid-line kill (slow)
+@pytest.mark.slow  # ~40 s (a real run killed, then resumed); the default suite keeps the full-disk resume
+# (test_train_diskfull) and SIGTERM's checkpoint (test_train_signals)
 def test_killed_mid_line_while_a_save_is_in_flight(tmp_path):
     """One kill, two writes cut off: checkpoint 3's save is held in flight with its extras
     file half written (its thread stalls there), and the run is killed in the middle of

@@ -14,11 +14,13 @@
   cache kept between its calls.
 - `service`: `Gateway`, one call from a parsed request to a reply (no HTTP).
 - `server`: `GatewayServer`, the HTTP API (Starlette under uvicorn, a thread).
-- `program`: agent programs (`agent.program`) and their tasks; `loop`: `ProgramLoop`,
-  programs as the trainer's rollout; `serve`: `jaxagent serve`.
+- `program`: agent programs (`agent.program`) and their tasks; `processes`: programs in
+  worker processes of their own (`agent.processes`; the child side `program_worker`);
+  `loop`: `ProgramLoop`, programs as the trainer's rollout; `serve`: `jaxagent serve`.
 
-`protocol`, `tools`, `responses`, `sessions`, `records`, `store` and `program` are pure
-Python (no HTTP framework, no JAX); the package imports nothing of `jaxagent.train`.
+`protocol`, `tools`, `responses`, `sessions`, `records`, `store`, `program`,
+`processes` and `program_worker` are pure Python (no HTTP framework, no JAX); the
+package imports nothing of `jaxagent.train`.
 """
 
 from jaxagent.gateway.protocol import (

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from jaxagent.gateway.engine import Completion
-from jaxagent.gateway.program import SessionOutcome, TaskSource, run_sessions_blocking
+from jaxagent.gateway.program import SessionOutcome, TaskSource, run_openai_sessions
 from jaxagent.gateway.protocol import Limits
 from jaxagent.gateway.records import Sequence as TrainingSequence
 from jaxagent.gateway.records import main_sequence
@@ -107,7 +107,6 @@ def record(
     timeout_s: float = 120.0,
 ) -> list[Recorded]:
     """Run `program` on the tasks of `seeds` with `respond` as the model (module docstring)."""
-    import openai
 
     engine: Any = ResponderEngine(tokenizer, respond, max_context=max_context, noise=noise)
     gateway = Gateway(
@@ -123,12 +122,11 @@ def record(
     with GatewayServer(gateway) as server:
         for sid, s in zip(sids, seeds, strict=True):
             gateway.open_session(sid, int(s))
-        outcomes = run_sessions_blocking(
+        outcomes = run_openai_sessions(
             program,
             [(sid, int(s), tasks.task(int(s))) for sid, s in zip(sids, seeds, strict=True)],
-            lambda sid: openai.AsyncOpenAI(
-                base_url=server.base_url(sid), api_key=server.api_key, max_retries=0, timeout=timeout_s
-            ),
+            base_url=server.base_url,
+            api_key=server.api_key,
             concurrency=concurrency,
             timeout_s=timeout_s,
             calls_made=gateway.calls_made,

@@ -40,14 +40,14 @@ straddled a `set_params`).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import secrets
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from jaxagent.gateway.engine import Engine
-from jaxagent.gateway.program import SessionOutcome, TaskSource, run_sessions_blocking
+from jaxagent.gateway.processes import ProgramProcesses
+from jaxagent.gateway.program import SessionOutcome, TaskSource, check_calls, run_openai_sessions
 from jaxagent.gateway.protocol import Limits
 from jaxagent.gateway.records import session_episode, trained_sequences
 from jaxagent.gateway.server import GatewayServer
@@ -57,23 +57,6 @@ from jaxagent.rollout.chat import ChatFormat
 from jaxagent.rollout.episode import Episode, pack
 from jaxagent.rollout.sampling import SamplingConfig
 from jaxagent.rollout.trajectory import Trajectory
-
-
-@functools.cache
-def _shared_http_class():
-    import httpx
-
-    class SharedHTTP(httpx.AsyncClient):
-        """An HTTP client the sessions of one run share: a session's `client.close()`
-        leaves it open; the run closes it (`close_pool`)."""
-
-        async def aclose(self) -> None:
-            return None
-
-        async def close_pool(self) -> None:
-            await super().aclose()
-
-    return SharedHTTP
 
 
 class TaskPool:
@@ -110,6 +93,17 @@ class ProgramSettings:
     timeout_s: float
     max_staleness: int
     model_name: str = "policy"
+    #: worker processes that run the sessions (`jaxagent.gateway.processes`); 0: threads of
+    #: this process (then `program` runs here; else `spec` and `imports` load it there)
+    processes: int = 0
+    spec: str | None = None
+    imports: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if isinstance(self.processes, bool) or not isinstance(self.processes, int) or self.processes < 0:
+            raise ValueError(f"ProgramSettings: processes must be an int >= 0, got {self.processes!r}")
+        if self.processes and not self.spec:
+            raise ValueError("ProgramSettings: processes > 0 needs the program's spec ('module:function')")
 
 
 class ProgramLoop:
@@ -146,6 +140,7 @@ class ProgramLoop:
         self._engine: Engine | None = None
         self._gateway: Gateway | None = None
         self._server: GatewayServer | None = None
+        self._processes: ProgramProcesses | None = None
         self._runs = 0
         self._rows = rows
 
@@ -200,7 +195,10 @@ class ProgramLoop:
         self._server = GatewayServer(self._gateway).start()
 
     def close(self) -> None:
-        """Stop the gateway's server and engine (idempotent)."""
+        """Stop the programs' processes, the gateway's server and engine (idempotent)."""
+        if self._processes is not None:
+            self._processes.close()
+            self._processes = None
         if self._server is not None:
             self._server.stop()
         if self._engine is not None:
@@ -224,8 +222,6 @@ class ProgramLoop:
         row_offset: int = 0,
     ) -> tuple[Trajectory, list[Episode]]:
         """Play one session per row (module docstring); the batch and its episodes."""
-        import httpx
-        import openai
 
         cfg = self.config
         B = len(seeds)
@@ -246,40 +242,34 @@ class ProgramLoop:
         for i, sid in enumerate(sids):
             gateway.open_session(sid, row_offset + i)
         t0 = time.perf_counter()
-        shared: dict[str, Any] = {}
-        SharedHTTP = _shared_http_class()
-
-        def make_client(sid: str):
-            # one HTTP client (connection pool) for the run's sessions, made in their event
-            # loop: an `AsyncOpenAI` of its own each would build its own (~25 ms a session)
-            if "http" not in shared:
-                n = self.settings.concurrency + 8
-                shared["http"] = SharedHTTP(
-                    timeout=self.settings.timeout_s,
-                    limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
-                )
-            return openai.AsyncOpenAI(
-                base_url=server.base_url(sid),
-                api_key=server.api_key,
-                max_retries=0,
-                timeout=self.settings.timeout_s,
-                http_client=shared["http"],
-            )
-
-        async def cleanup() -> None:
-            if "http" in shared:
-                await shared["http"].close_pool()
-
+        st = self.settings
         try:
-            outcomes = run_sessions_blocking(
-                self.settings.program,
-                tasks,
-                make_client,
-                concurrency=self.settings.concurrency,
-                timeout_s=self.settings.timeout_s,
-                calls_made=gateway.calls_made,
-                cleanup=cleanup,
-            )
+            if st.processes:
+                if self._processes is None or self._processes.n != st.processes:
+                    if self._processes is not None:
+                        self._processes.close()
+                    self._processes = ProgramProcesses(st.processes)
+                assert st.spec is not None  # checked by ProgramSettings
+                outcomes = self._processes.run(
+                    st.spec,
+                    st.imports,
+                    tasks,
+                    urls={sid: server.base_url(sid) for sid in sids},
+                    api_key=server.api_key,
+                    concurrency=st.concurrency,
+                    timeout_s=st.timeout_s,
+                )
+                check_calls(outcomes, gateway.calls_made)
+            else:
+                outcomes = run_openai_sessions(
+                    st.program,
+                    tasks,
+                    base_url=server.base_url,
+                    api_key=server.api_key,
+                    concurrency=st.concurrency,
+                    timeout_s=st.timeout_s,
+                    calls_made=gateway.calls_made,
+                )
         finally:
             limited = {sid: gateway.at_call_limit(sid) for sid in sids}
             for sid in sids:

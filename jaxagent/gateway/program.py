@@ -28,6 +28,12 @@ update, never the run, and one session's failure never touches another's):
   numeric `reward` and numeric metrics (the message names what it returned);
 - "no_calls": it returned without one call through its client (a program that builds
   its own client, or reaches another endpoint, trains nothing).
+- "crashed": the process running it (`agent.processes`) exited before its session ended
+  (the program called `os._exit`, crashed the interpreter, or was killed); the
+  process's other sessions fail with it, and the next batch starts a new process. A
+  process that does not finish its sessions in time (a program that blocks its event
+  loop holds up every session of its process) is stopped, its unfinished sessions
+  failed as "timeout".
 
 `load_program` imports the program (and `agent.imports`) with errors naming what is
 wrong; `run_sessions` runs the sessions of one batch at most `agent.concurrency` at a
@@ -41,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import functools
 import importlib
 import inspect
 import json
@@ -56,7 +63,7 @@ from pathlib import Path
 from typing import Any
 
 #: the failure kinds of a session (`SessionOutcome.failure_kind`)
-FAILURE_KINDS = ("raised", "timeout", "bad_return", "no_calls")
+FAILURE_KINDS = ("raised", "timeout", "bad_return", "no_calls", "crashed")
 
 #: "module:function" (dotted module, dotted attribute)
 _SPEC = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*$")
@@ -329,7 +336,7 @@ async def run_sessions(
     *,
     concurrency: int,
     timeout_s: float,
-    calls_made: Callable[[str], int],
+    calls_made: Callable[[str], int] | None,
 ) -> list[SessionOutcome]:
     """Runs `program(make_client(session_id), task)` for each `(session_id, seed, task)`
     of `tasks`, at most `concurrency` at once, each within `timeout_s` seconds, and
@@ -338,7 +345,8 @@ async def run_sessions(
     A program that raises fails as "raised", one past `timeout_s` is cancelled (and has
     stopped by the time this returns) and fails as "timeout", one that returns a bad
     value as "bad_return", and one that returns after `calls_made(session_id) == 0` calls
-    as "no_calls" (see the module's docstring). Each client is closed (its async
+    as "no_calls" (see the module's docstring; `calls_made` None: the caller checks that,
+    `check_calls`). Each client is closed (its async
     `close()`, errors ignored) when its session ends.
     """
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
@@ -388,17 +396,26 @@ async def run_sessions(
                     out.reward, out.metrics = parse_result(result)
                 except ValueError as err:
                     out.failure_kind, out.failure_message = "bad_return", str(err)
-            if out.failure_kind is None and calls_made(session_id) == 0:
-                out.failure_kind = "no_calls"
-                out.failure_message = (
-                    f"the program returned without calling the model through its client (session "
-                    f"{session_id!r} made 0 calls); it must use the client it is given (any model= name)"
-                )
+            if calls_made is not None:
+                check_calls([out], calls_made)
             if out.failure_kind is not None:
                 out.reward, out.metrics = 0.0, {}
             return out
 
     return list(await asyncio.gather(*(one(*item) for item in tasks)))
+
+
+def check_calls(outcomes: Sequence[SessionOutcome], calls_made: Callable[[str], int]) -> None:
+    """Fails as "no_calls" each outcome that would have succeeded but whose session made
+    no call (`calls_made(session_id) == 0`); its reward and metrics are dropped."""
+    for out in outcomes:
+        if out.failure_kind is None and calls_made(out.session_id) == 0:
+            out.failure_kind = "no_calls"
+            out.failure_message = (
+                f"the program returned without calling the model through its client (session "
+                f"{out.session_id!r} made 0 calls); it must use the client it is given (any model= name)"
+            )
+            out.reward, out.metrics = 0.0, {}
 
 
 def _raised(out: SessionOutcome) -> None:
@@ -415,7 +432,7 @@ def run_sessions_blocking(
     *,
     concurrency: int,
     timeout_s: float,
-    calls_made: Callable[[str], int],
+    calls_made: Callable[[str], int] | None,
     cleanup: Callable[[], Awaitable[None]] | None = None,
 ) -> list[SessionOutcome]:
     """`run_sessions` in a fresh event loop on the calling thread (`asyncio.run`): what the
@@ -432,3 +449,70 @@ def run_sessions_blocking(
                 await cleanup()
 
     return asyncio.run(main())
+
+
+@functools.cache
+def _shared_http_class():
+    import httpx
+
+    class SharedHTTP(httpx.AsyncClient):
+        """An HTTP client the sessions of one run share: a session's `client.close()`
+        leaves it open; the run closes it (`close_pool`)."""
+
+        async def aclose(self) -> None:
+            return None
+
+        async def close_pool(self) -> None:
+            await super().aclose()
+
+    return SharedHTTP
+
+
+def run_openai_sessions(
+    program: Program,
+    tasks: Sequence[tuple[str, int, dict]],
+    *,
+    base_url: Callable[[str], str],
+    api_key: str,
+    concurrency: int,
+    timeout_s: float,
+    calls_made: Callable[[str], int] | None,
+) -> list[SessionOutcome]:
+    """`run_sessions_blocking` with each session's client an `openai.AsyncOpenAI` pointed
+    at `base_url(session_id)` with `api_key` (no retries; `timeout_s`). The sessions share
+    one HTTP connection pool (`concurrency` + 8 connections), made in their event loop
+    and closed after them: an `AsyncOpenAI` of its own each would build its own `httpx`
+    client and TLS context (about 25 ms a session)."""
+    import httpx
+    import openai
+
+    shared: dict[str, Any] = {}
+    SharedHTTP = _shared_http_class()
+
+    def make_client(session_id: str):
+        if "http" not in shared:
+            n = concurrency + 8
+            shared["http"] = SharedHTTP(
+                timeout=timeout_s, limits=httpx.Limits(max_connections=n, max_keepalive_connections=n)
+            )
+        return openai.AsyncOpenAI(
+            base_url=base_url(session_id),
+            api_key=api_key,
+            max_retries=0,
+            timeout=timeout_s,
+            http_client=shared["http"],
+        )
+
+    async def cleanup() -> None:
+        if "http" in shared:
+            await shared["http"].close_pool()
+
+    return run_sessions_blocking(
+        program,
+        tasks,
+        make_client,
+        concurrency=concurrency,
+        timeout_s=timeout_s,
+        calls_made=calls_made,
+        cleanup=cleanup,
+    )

@@ -45,6 +45,11 @@ class AgentSection:
     imports: module names imported, or directories added to the import path, before
       `program` and `tasks` are loaded (as `env.imports`; the current directory is on the
       path too).
+    processes: worker processes that run the sessions (`jaxagent.gateway.processes`;
+      default 1): a program that exits the interpreter, crashes or blocks its event loop
+      costs the sessions of its process ("crashed", "timeout"), never the run, and the
+      programs' client work does not share the trainer's interpreter. 0: in threads of
+      the trainer's process (a program can then stop or hang the run).
     max_staleness: an episode whose calls were sampled more than this many policy
       versions before the update is dropped (0 = only the current policy's episodes).
     expert: "module:function" of an expert for the warm start (with `warm_start.episodes`):
@@ -60,11 +65,12 @@ class AgentSection:
     concurrency: int = 64
     timeout_s: float = 300.0
     imports: tuple[str, ...] = ()
+    processes: int = 1
     max_staleness: int = 1
     expert: str | None = None
 
     def __post_init__(self):
-        for name, minimum in (("concurrency", 1), ("max_staleness", 0)):
+        for name, minimum in (("concurrency", 1), ("processes", 0), ("max_staleness", 0)):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
                 raise ValueError(f"{name} must be an int >= {minimum}, got {v!r}")

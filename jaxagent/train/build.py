@@ -344,7 +344,15 @@ def program_loop(config: TrainerConfig, tokenizer, model_config, placement: Plac
         model_config,
         tokenizer,
         config.rollout.loop_config(0 if pad is None else int(pad)),
-        ProgramSettings(program, a.concurrency, a.timeout_s, a.max_staleness),
+        ProgramSettings(
+            program,
+            a.concurrency,
+            a.timeout_s,
+            a.max_staleness,
+            processes=a.processes,
+            spec=a.program,
+            imports=a.imports,
+        ),
         rows=len(placement.rows),
         mesh=placement.mesh if placement.sampler_on_mesh else None,
     )

@@ -24,8 +24,8 @@ rollout each (compilations, the gateway's start):
               OpenAI-compatible server (uvicorn on 127.0.0.1) and its engine, the
               programs in a thread of this process (`agent.processes: 0`; what the call
               latency parts below time).
-  gateway_processes  the same, the programs in a worker process of their own
-              (`agent.processes: 1`, the trainer's default; `jaxagent.gateway.processes`)
+  gateway_processes  the same, the programs in `--processes` worker processes of their
+              own (default 2 = `agent.processes`' default; `jaxagent.gateway.processes`)
 
 The three render the same prompt and observation tokens (`same_prompts`,
 `same_observations` check it on the warm-up rollouts; the script exits non-zero
@@ -178,6 +178,7 @@ def main(argv=None):
     ap.add_argument("--group-size", type=int, default=8, help="episodes (sessions) per task")
     ap.add_argument("--tokens", type=int, default=32, help="max tokens per turn (both sides)")
     ap.add_argument("--model", choices=("tiny", "small", "w1"), default="small")
+    ap.add_argument("--processes", type=int, default=2, help="worker processes of gateway_processes (agent.processes)")
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--quick", action="store_true", help="2 tasks x 2 sessions, 8 tokens, the tiny model: a smoke run")
     ap.add_argument("--out", default=None, help="append JSON lines to this file")
@@ -249,7 +250,7 @@ def main(argv=None):
     timings = {"agent_loop": [], "gateway": [], "gateway_processes": []}
     in_threads = settings
     in_process = dataclasses.replace(
-        settings, processes=1, spec="w13_gateway:rollout", imports=(str(Path(__file__).resolve().parent),)
+        settings, processes=args.processes, spec="w13_gateway:rollout", imports=(str(Path(__file__).resolve().parent),)
     )
     outs = {}
     with (
@@ -277,7 +278,7 @@ def main(argv=None):
                 outs["agent_loop"] = out
             else:
                 timings["agent_loop"].append({"rollout_s": wall, "tokens": policy_tokens(out[1])})
-            # the programs in a worker process of their own (the trainer's default, agent.processes: 1)
+            # the programs in worker processes of their own (the trainer's default, agent.processes: 2)
             gw.settings = in_process
             before, traced = dict(engine.stats), dict(gw.sampler.trace_counts)
             t0 = time.perf_counter()
@@ -464,7 +465,7 @@ def main(argv=None):
         {
             **common,
             "system": "gateway_processes",
-            "processes": 1,
+            "processes": args.processes,
             "rollout_s": round(med["gateway_processes"], 4),
             "all_rollout_s": [round(t["rollout_s"], 4) for t in gp],
             "tokens_per_s": round(rate["gateway_processes"], 1),

@@ -28,7 +28,7 @@ def test_defaults_train_no_agent_program():
         64,
         300.0,
         (),
-        1,
+        2,
         1,
     )
     assert not a.enabled and cfg.eval.tasks is None
@@ -38,7 +38,7 @@ def test_defaults_train_no_agent_program():
         "concurrency": 64,
         "timeout_s": 300.0,
         "imports": [],
-        "processes": 1,
+        "processes": 2,
         "max_staleness": 1,
         "expert": None,
     }

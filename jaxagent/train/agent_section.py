@@ -46,7 +46,7 @@ class AgentSection:
       `program` and `tasks` are loaded (as `env.imports`; the current directory is on the
       path too).
     processes: worker processes that run the sessions (`jaxagent.gateway.processes`;
-      default 1): a program that exits the interpreter, crashes or blocks its event loop
+      default 2): a program that exits the interpreter, crashes or blocks its event loop
       costs the sessions of its process ("crashed", "timeout"), never the run, and the
       programs' client work does not share the trainer's interpreter. 0: in threads of
       the trainer's process (a program can then stop or hang the run).
@@ -65,7 +65,7 @@ class AgentSection:
     concurrency: int = 64
     timeout_s: float = 300.0
     imports: tuple[str, ...] = ()
-    processes: int = 1
+    processes: int = 2
     max_staleness: int = 1
     expert: str | None = None
 

@@ -465,3 +465,52 @@ def test_a_real_async_openai_client_can_be_closed(tmp_path):
     )
     assert out[0].ok and out[0].metrics == {"base": 1.0}
     json.dumps([o.__dict__ for o in out])  # an outcome is JSON-able as it is
+
+
+def _gone(pid: int) -> bool:
+    """The process has exited (a zombie nobody reaped counts as exited)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return any(line.startswith("State:") and "Z" in line.split()[1] for line in f)
+    except FileNotFoundError:
+        return True
+
+
+def test_a_program_worker_outlives_neither_its_trainer_nor_a_ctrl_c():
+    """A trainer killed outright (SIGKILL) while its worker runs a program that blocks
+    for an hour: the worker exits by itself within seconds. The worker ignores SIGINT
+    (a terminal's Ctrl-C reaches the whole process group; the trainer decides)."""
+    import os
+    import signal
+    import subprocess
+    import time
+    from pathlib import Path
+
+    tests = str(Path(__file__).parent)
+    script = textwrap.dedent(
+        f"""
+        import sys, threading, time
+        from jaxagent.gateway.processes import ProgramProcesses
+        p = ProgramProcesses(1)
+        w = p._worker(0)
+        print(w.proc.pid, flush=True)
+        threading.Thread(target=p.run, args=("gateway_programs:blocking_rollout", [{tests!r}],
+            [("s", 0, {{"seed": 0}})]), kwargs=dict(urls={{"s": "http://127.0.0.1:9/v1"}}, api_key="k" * 16,
+            concurrency=1, timeout_s=3600.0), daemon=True).start()
+        time.sleep(3600)
+        """
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        worker = int(parent.stdout.readline())
+        time.sleep(2.0)  # the batch is in, its program blocks
+        os.kill(worker, signal.SIGINT)
+        time.sleep(0.5)
+        assert not _gone(worker)  # Ctrl-C: ignored
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 15
+    while not _gone(worker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _gone(worker), "the worker outlived its trainer"

@@ -18,7 +18,8 @@ parent, which forwards them). A batch is a dict:
 and its answer `{"outcomes": [SessionOutcome, ...]}` in the order of `tasks` (no
 "no_calls" check here: the calls are counted by the gateway, in the parent), or
 `{"error": message, "traceback": text}` when the program cannot be loaded. End of
-input ends the process. Pure Python: no JAX; `openai` and `httpx` are imported for the
+input ends the process, and so does its parent's end (a trainer killed outright);
+SIGINT is ignored (the trainer handles Ctrl-C). Pure Python: no JAX; `openai` and `httpx` are imported for the
 sessions' clients.
 """
 
@@ -26,8 +27,11 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import struct
 import sys
+import threading
+import time
 import traceback
 from typing import IO, Any
 
@@ -57,9 +61,21 @@ def read_message(stream: IO[bytes]) -> Any:
     return pickle.loads(data)
 
 
+def _exit_with_parent(parent: int) -> None:
+    """Exits this process once its parent is gone (re-parented: `getppid` changed), so a
+    trainer killed outright leaves no worker behind, whatever its programs are doing."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(1)
+
+
 def main() -> None:
     from jaxagent.gateway.program import load_program, run_openai_sessions
 
+    # Ctrl-C in a terminal reaches the whole process group: the trainer decides what a
+    # batch in flight becomes, not the workers
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # the programs' prints go to stderr, never into the protocol
     sys.stdout = sys.stderr

@@ -100,3 +100,8 @@ async def blocking_rollout(client, task: dict):
     if task.get("seed") == 0:
         time.sleep(3600)
     return await chat_rollout(client, task)
+
+
+def letter_expert(prompt_text: str, *, noise: float, rng) -> str:
+    """An expert that always answers the letter b."""
+    return "b"

@@ -6,6 +6,7 @@ expert's own text tokenized by the tokenizer (each reply in the sequence), and t
 tokenizer's ids written from bytes."""
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -154,3 +155,72 @@ def test_a_program_warm_start_needs_an_expert(tmp_path):
         )
     cfg = load_config(TrainerConfig, "configs/gateway_frozenlake.yaml", ["agent.expert=null", "warm_start.episodes=0"])
     assert cfg.agent.expert is None
+
+
+def test_a_demonstration_that_rewrote_its_history_trains_every_sequence_in_its_own_context(tmp_path):
+    """An expert's episode whose program starts over (two sequences) is one SFT row
+    packing both: every reply is taught, each in its own context. Reference: the SFT
+    loss and gradients of the two sequences as two separate rows."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxagent import models as M
+    from jaxagent.models import tiny_config
+    from jaxagent.train.batch import SFTBatch
+    from jaxagent.train.losses import sft_loss_and_grads
+    from jaxagent.train.program_warmstart import program_demonstrations
+    from jaxagent.train.state import init_train_state
+    from jaxagent.train.step_config import StepConfig
+
+    tests = str(Path(__file__).parent)
+    cfg = load_config(
+        TrainerConfig,
+        None,
+        [
+            "agent.program=gateway_programs:rewriting_rollout",
+            "agent.tasks=gateway_programs:task",
+            "agent.expert=gateway_programs:letter_expert",
+            f"agent.imports=[{tests}]",
+            "agent.processes=0",
+            "warm_start.episodes=1",
+            "rollout.max_turns=3",
+            "rollout.max_context=512",
+            f"run_dir={tmp_path}",
+        ],
+    )
+    t = byte_chat_tokenizer()
+    t.chat_template = TOOL_CHATML_TEMPLATE
+    (demo,) = program_demonstrations(cfg, t, log=lambda *_: None)
+    seg = np.asarray(demo.segment_ids)
+    n1 = int((seg == 1).sum())
+    assert set(seg.tolist()) == {1, 2} and (seg[:n1] == 1).all() and len(seg) == len(demo.tokens)
+    mask = np.asarray(demo.loss_mask)
+    assert mask[:n1].sum() > 0 and mask[n1:].sum() > 0  # replies taught in both sequences
+    assert len(demo.actions) == 3 and set(demo.actions) == {"b"}
+
+    model = tiny_config(vocab_size=len(t))
+    state = init_train_state(jax.random.key(0), M.init_params(jax.random.key(1), model, std=0.3), model, StepConfig())
+    toks = np.asarray(demo.tokens, np.int32)
+    n = len(toks)
+    packed = SFTBatch(
+        tokens=jnp.asarray(toks[None]),
+        loss_mask=jnp.asarray(mask[None], jnp.float32),
+        attention_mask=jnp.ones((1, n), jnp.int32),
+        segment_ids=jnp.asarray(seg[None], jnp.int32),
+    )
+    rows = np.zeros((2, n), np.int32)
+    rmask = np.zeros((2, n), np.float32)
+    attn = np.zeros((2, n), np.int32)
+    rows[0, :n1], rmask[0, :n1], attn[0, :n1] = toks[:n1], mask[:n1], 1
+    rows[1, : n - n1], rmask[1, : n - n1], attn[1, : n - n1] = toks[n1:], mask[n1:], 1
+    apart = SFTBatch(tokens=jnp.asarray(rows), loss_mask=jnp.asarray(rmask), attention_mask=jnp.asarray(attn))
+    g_packed, s_packed = sft_loss_and_grads(state, packed, StepConfig())
+    g_apart, s_apart = sft_loss_and_grads(state, apart, StepConfig())
+    np.testing.assert_allclose(float(s_packed.loss), float(s_apart.loss), rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(g_packed.policy), jax.tree.leaves(g_apart.policy), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+    # without the segments the second sequence would be read after the first
+    joined = packed.replace(segment_ids=None)
+    _, s_joined = sft_loss_and_grads(state, joined, StepConfig())
+    assert abs(float(s_joined.loss) - float(s_apart.loss)) > 1e-4

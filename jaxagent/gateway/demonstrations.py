@@ -28,7 +28,7 @@ from jaxagent.gateway.engine import Completion
 from jaxagent.gateway.program import SessionOutcome, TaskSource, run_openai_sessions
 from jaxagent.gateway.protocol import Limits
 from jaxagent.gateway.records import Sequence as TrainingSequence
-from jaxagent.gateway.records import main_sequence
+from jaxagent.gateway.records import main_sequence, trained_sequences
 from jaxagent.gateway.server import GatewayServer
 from jaxagent.gateway.service import Gateway, RunSampling
 from jaxagent.rollout.chat import ChatFormat
@@ -82,14 +82,17 @@ class ResponderEngine:
 
 @dataclasses.dataclass
 class Recorded:
-    """One demonstration: the task's seed, the session's training sequence (None when the
-    program made no call), the program's outcome, and the sequence as text (for a
-    tokenizer's training corpus)."""
+    """One demonstration: the task's seed, the session's main training sequence (None when
+    the program made no call; `records.main_sequence`), the program's outcome, the main
+    sequence as text (for a tokenizer's training corpus), and the sequences its row
+    trains (`records.trained_sequences` within `max_context`: more than one when the
+    program rewrote its history)."""
 
     seed: int
     sequence: TrainingSequence | None
     outcome: SessionOutcome
     text: str
+    sequences: list[TrainingSequence] = dataclasses.field(default_factory=list)
 
 
 def record(
@@ -139,5 +142,5 @@ def record(
         seqs = sequences.get(sid, [])
         main = main_sequence(seqs)
         text = "" if main is None else tokenizer.decode(main.tokens.tolist(), skip_special_tokens=False)
-        out.append(Recorded(int(s), main, outcome, text))
+        out.append(Recorded(int(s), main, outcome, text, trained_sequences(seqs, max_context)))
     return out

@@ -294,6 +294,8 @@ def compiled_passes(trainer, config=None, *, log=lambda *_: None) -> list[Compil
             tokens=np.zeros((rows_ws, T), np.int32),
             loss_mask=np.zeros((rows_ws, T), np.float32),
             attention_mask=np.zeros((rows_ws, T), np.int32),
+            # a program's recorded demonstrations pack a session's sequences in a row
+            segment_ids=np.zeros((rows_ws, T), np.int32) if cfg.agent.program else None,
         )
         if place.mesh is None:
             lowered = sft_step.lower(sft_state, b, config=wsc)

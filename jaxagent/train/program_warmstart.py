@@ -56,13 +56,15 @@ def program_demonstrations(config, tokenizer, log=print) -> list[Demonstration]:
                 seed=rec.seed,
                 system_prompt=None,
                 observations=[],
-                actions=list(seq.texts),
+                actions=[t for q in rec.sequences for t in q.texts],
                 rewards=[out.reward],
                 done=True,
                 success=success,
                 noisy_actions=0,
-                tokens=seq.tokens.tolist(),
-                loss_mask=seq.loss_mask.tolist(),
+                # the session's sequences packed in one row, each attending within itself
+                tokens=[t for q in rec.sequences for t in q.tokens.tolist()],
+                loss_mask=[m for q in rec.sequences for m in q.loss_mask.tolist()],
+                segment_ids=[k + 1 for k, q in enumerate(rec.sequences) for _ in range(len(q))],
             )
         )
     failed = len(recs) - len(demos)

@@ -52,6 +52,9 @@ class Demonstration:
     #: loss mask as they are (`demonstration_tokens` lays out no chat; observations unused)
     tokens: list[int] | None = None
     loss_mask: list[int] | None = None
+    #: with `tokens`: the sequence (1, 2, ...) of each token when the row packs several (a
+    #: program that rewrote its history), each attending only within itself (`SFTBatch.segment_ids`)
+    segment_ids: list[int] | None = None
 
     @property
     def episode_return(self) -> float:
@@ -186,6 +189,10 @@ def demonstration_tokens(chat, demo: Demonstration, max_context: int) -> tuple[l
         mask = list(demo.loss_mask or [])
         if len(mask) != len(demo.tokens):
             raise ValueError(f"a recorded demonstration has {len(demo.tokens)} tokens but {len(mask)} mask entries")
+        if demo.segment_ids is not None and len(demo.segment_ids) != len(demo.tokens):
+            raise ValueError(
+                f"a recorded demonstration has {len(demo.tokens)} tokens but {len(demo.segment_ids)} segment ids"
+            )
         return list(demo.tokens[:max_context]), mask[:max_context]
     eot = chat.stop_token_ids[0] if chat.stop_token_ids else None
     tokens = chat.prompt_tokens(demo.system_prompt, demo.observations[0])
@@ -326,6 +333,11 @@ def sft_warm_start(
     length = -(-int(lengths.max()) // 16) * 16
     pad = tokenizer.pad_token_id
     tokens, loss_mask, attn = pack_rows(rows, length, 0 if pad is None else int(pad))
+    segments = None  # packed rows' sequences (recorded programs' demonstrations), else none
+    if any(d.segment_ids is not None for d, _ in kept):
+        segments = np.zeros(tokens.shape, np.int32)
+        for i, (d, (t, _)) in enumerate(kept):
+            segments[i, : len(t)] = (d.segment_ids or [1] * len(t))[: len(t)]
     n = len(rows)
     bs = min(ws.batch_size, n)
     per_epoch = n // bs
@@ -360,7 +372,10 @@ def sft_warm_start(
         for j, idx in enumerate(batches):
             cols = padded_length(int(lengths[idx].max()), length) if ws.length_buckets else length
             batch = SFTBatch(
-                tokens=tokens[idx, :cols], loss_mask=loss_mask[idx, :cols], attention_mask=attn[idx, :cols]
+                tokens=tokens[idx, :cols],
+                loss_mask=loss_mask[idx, :cols],
+                attention_mask=attn[idx, :cols],
+                segment_ids=None if segments is None else segments[idx, :cols],
             )
             state, m = update(state, placement.to_device(batch))
             window.append(m)

@@ -50,4 +50,5 @@ def test_w13_quick_compares_the_gateway_with_the_agent_loop_on_the_same_tokens(t
     # the programs in a worker process: the same calls and tokens (checked by the script)
     gp = by["gateway_processes"]
     assert gp["processes"] == 2 and gp["engine"]["calls"] == 16
+    assert gp["same_policy_turns_as_threads"].endswith("/4")
     assert gp["ratio_vs_agent_loop"] == pytest.approx(gp["tokens_per_s"] / al["tokens_per_s"], rel=1e-2)

@@ -269,6 +269,18 @@ def main(argv=None):
             return result
 
         gateway.chat = timed_chat  # the server looks the method up per request
+
+        def timed_gateway(program_settings, rep):
+            """`(out, start, wall seconds, engine stats)` of one gateway rollout with these settings."""
+            gw.settings = program_settings
+            before, traced = dict(engine.stats), dict(gw.sampler.trace_counts)
+            t0 = time.perf_counter()
+            out = gw.run(tasks, seeds, group_ids, seed=rep)
+            wall = time.perf_counter() - t0
+            stats = {k: v - before.get(k, 0) for k, v in engine.stats.items()}
+            stats["compilations"] = sum(gw.sampler.trace_counts.values()) - sum(traced.values())
+            return out, t0, wall, stats
+
         engine = gateway.engine
         for rep in range(repeats + 1):  # round 0: warm-up
             t0 = time.perf_counter()
@@ -279,13 +291,7 @@ def main(argv=None):
             else:
                 timings["agent_loop"].append({"rollout_s": wall, "tokens": policy_tokens(out[1])})
             # the programs in worker processes of their own (the trainer's default, agent.processes: 2)
-            gw.settings = in_process
-            before, traced = dict(engine.stats), dict(gw.sampler.trace_counts)
-            t0 = time.perf_counter()
-            out = gw.run(tasks, seeds, group_ids, seed=rep)
-            wall_p = time.perf_counter() - t0
-            stats_p = {k: v - before.get(k, 0) for k, v in engine.stats.items()}
-            stats_p["compilations"] = sum(gw.sampler.trace_counts.values()) - sum(traced.values())
+            out, _, wall_p, stats_p = timed_gateway(in_process, rep)
             if rep == 0:
                 outs["gateway_processes"] = out
             else:
@@ -293,14 +299,8 @@ def main(argv=None):
                     {"rollout_s": wall_p, "tokens": stats_p["completion_tokens"], "stats": stats_p}
                 )
             # in threads of this process (agent.processes: 0), each call timed by the program
-            gw.settings = in_threads
-            before, traced = dict(engine.stats), dict(gw.sampler.trace_counts)
             CALL_SECONDS, served[:] = [], []
-            t0 = time.perf_counter()
-            out = gw.run(tasks, seeds, group_ids, seed=rep)
-            wall = time.perf_counter() - t0
-            stats = {k: v - before.get(k, 0) for k, v in engine.stats.items()}
-            stats["compilations"] = sum(gw.sampler.trace_counts.values()) - sum(traced.values())
+            out, started, wall, stats = timed_gateway(in_threads, rep)
             if rep == 0:
                 outs["gateway"] = out
             else:
@@ -314,7 +314,7 @@ def main(argv=None):
                         # the engine's rounds (each call of a round carries its duration), and
                         # the seconds from the run's start to its first call in the service
                         "rounds": sorted({r for _, _, r, _ in served}),
-                        "to_first_call_s": min(t for _, _, _, t in served) - t0,
+                        "to_first_call_s": min(t for _, _, _, t in served) - started,
                     }
                 )
             CALL_SECONDS = None

@@ -105,29 +105,22 @@ def test_a_history_rewrite_trains_every_sequence_in_its_own_context_with_one_adv
     assert not any(ep.failed for ep in eps)
     tokens, mask = np.asarray(traj.tokens), np.asarray(traj.loss_mask)
     seg, logp, tid = np.asarray(traj.segment_ids), np.asarray(traj.rollout_logp), np.asarray(traj.turn_ids)
-    packed = np.asarray(
-        policy_logprobs(
-            params,
-            cfg,
-            tokens_BxT=traj.tokens,
-            attention_mask_BxT=traj.attention_mask,
-            segment_ids_BxT=traj.segment_ids,
-            temperature=1.0,
-            seq_chunk=64,
-            vocab_chunk=512,
+
+    def logprobs(**segments):  # the trainer's log-prob pass over the rows as packed
+        return np.asarray(
+            policy_logprobs(
+                params,
+                cfg,
+                tokens_BxT=traj.tokens,
+                attention_mask_BxT=traj.attention_mask,
+                temperature=1.0,
+                seq_chunk=64,
+                vocab_chunk=512,
+                **segments,
+            )
         )
-    )
-    unpacked = np.asarray(
-        policy_logprobs(
-            params,
-            cfg,
-            tokens_BxT=traj.tokens,
-            attention_mask_BxT=traj.attention_mask,
-            temperature=1.0,
-            seq_chunk=64,
-            vocab_chunk=512,
-        )
-    )
+
+    packed, unpacked = logprobs(segment_ids_BxT=traj.segment_ids), logprobs()
     got = {letter: sorted(map(str, runs)) for letter, runs in gateway_programs.COMPLETIONS.items()}
     for i, ep in enumerate(eps):
         assert ep.info["gateway_sequences"] == 2 and ep.info["gateway_untrained_calls"] == 0

@@ -139,7 +139,7 @@ from _timing import matmul_peak_gflops, median_seconds  # noqa: E402
 from jaxagent import models as M  # noqa: E402
 from jaxagent import train as S  # noqa: E402
 from jaxagent.models.hf import hf_tensors_from_params  # noqa: E402
-from jaxagent.train.state import split_trainable  # noqa: E402
+from jaxagent.train.update.state import split_trainable
 
 MODEL = "SmolLM2-135M-Instruct"
 RANK, ALPHA = 8, 16.0

@@ -48,18 +48,12 @@ from _jsonl import emit  # noqa: E402
 from _timing import time_interleaved  # noqa: E402
 
 from jaxagent import models as M  # noqa: E402
-from jaxagent.train import (  # noqa: E402
-    LossConfig,
-    OptimizerConfig,
-    StepConfig,
-    TrimmedTrainStep,
-    UpdateBatch,
-    init_train_state,
-    length_groups,
-    train_step,
-)
+from jaxagent.train.config.step import LossConfig, OptimizerConfig, StepConfig
 from jaxagent.train.placement import policy_logprobs  # noqa: E402
-from jaxagent.train.trimmed import trimmed_logprobs  # noqa: E402
+from jaxagent.train.update import train_step
+from jaxagent.train.update.batch import UpdateBatch
+from jaxagent.train.update.state import init_train_state
+from jaxagent.train.update.trimmed import TrimmedTrainStep, length_groups, trimmed_logprobs
 
 MULTIPLE = 64
 

@@ -26,7 +26,7 @@ calib   The chip's measured peaks, in the same process:
         `NOMINAL_PEAKS` (H100, H200) and the dtype bf16, in fields named `nominal_*` /
         `*_vs_nominal` with `nominal_source`; on any other device they are null.
 update  Policy update on 64 x 2048 tokens (`--batch`, `--seq`; loss on the tokens after
-        `--prompt-len` 512) with `jaxagent.train.train_step` (`init_train_state`, an
+        `--prompt-len` 512) with `jaxagent.train.update.train_step` (`init_train_state`, an
         `UpdateBatch`; PPO clip 0.2, k3 KL to a reference, beta 0.04, AdamW lr 1e-5,
         global-norm clip 1.0): log-probs through the chunked `jaxagent.models.token_logprobs`
         (never the whole [B, T, 151936] logits). Memory settings (`StepConfig.remat`,
@@ -71,7 +71,7 @@ decode  Batch 256, 512-token random prompts, 512 new tokens (no early stop), gre
 
 recipe  Iterations of the SmolLM2 FrozenLake recipe (`configs/smollm2_frozenlake.yaml`: LoRA
         rank 8 on SmolLM2-135M-Instruct, GRPO, the packaged GGUF weights) at a GPU-sized
-        batch, through the trainer itself (`jaxagent.train.Trainer`, as `jaxagent train`
+        batch, through the trainer itself (`jaxagent.train.trainer.Trainer`, as `jaxagent train`
         runs it): no warm start, no evaluation, `--recipe-tasks` maps x 4 episodes an
         iteration (default 64 x 4 = 256 episodes), `--recipe-micro-batches` (default 16),
         compute in `--dtype`. `--recipe-iterations` (default 2): the first compiles; the
@@ -716,7 +716,7 @@ def recipe_overrides(args, run_dir: str, packaged: bool) -> tuple[list[str], str
 def part_recipe(args, rec: Recorder, state: dict) -> str:
     import tempfile
 
-    from jaxagent.config import load_config
+    from jaxagent.dataclass_yaml import load_config
     from jaxagent.models.hf import packaged_model_path
 
     try:

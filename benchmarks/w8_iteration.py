@@ -13,7 +13,7 @@ Figure: tokens/s of whole iterations = 32 * 192 / median iteration seconds, afte
 warm-up iteration (`--warmup`), median of `--repeats` (default 5).
 
 Systems, loaded from one safetensors file (so their weights are the same bits):
-  jaxagent  `jaxagent.train.Trainer.iteration_step`, the trainer's own per-iteration
+  jaxagent  `jaxagent.train.trainer.Trainer.iteration_step`, the trainer's own per-iteration
             code, unchanged: the rollout (`collect_batch` -> the agent loop's `run`),
             `Placement.logprobs` for the old policy and the KL reference,
             `shape_rewards` + `compute_advantages` (the registered "grpo" estimator),
@@ -213,16 +213,14 @@ def jaxagent_system(model_dir: Path, prompts: np.ndarray, group: int, new_tokens
     """`(trainer, loop, iteration)`: `iteration()` runs one whole trainer iteration and
     returns `(seconds, metrics)`."""
     from jaxagent.rollout import SamplingConfig
-    from jaxagent.train.config import (
-        AlgoSection,
-        EnvSection,
-        LoggingSection,
-        ModelSection,
-        RolloutSection,
-        TrainerConfig,
-        UpdateSection,
-    )
-    from jaxagent.train.step_config import LossConfig, OptimizerConfig
+    from jaxagent.train.config import TrainerConfig
+    from jaxagent.train.config.algo import AlgoSection
+    from jaxagent.train.config.env import EnvSection
+    from jaxagent.train.config.model import ModelSection
+    from jaxagent.train.config.rollout import RolloutSection
+    from jaxagent.train.config.run import LoggingSection
+    from jaxagent.train.config.step import LossConfig, OptimizerConfig
+    from jaxagent.train.config.update import UpdateSection
     from jaxagent.train.trainer import Trainer
 
     n_prompts, P = prompts.shape

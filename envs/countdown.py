@@ -68,11 +68,11 @@ def generate(
 
 def solve(numbers, target: int, use_all: bool = True) -> str | None:
     """An expression over ``numbers`` equal to ``target``, or None if there is none."""
-    target = Fraction(target)
+    goal = Fraction(target)
     items = [(Fraction(n), str(n)) for n in numbers]
     if not use_all:
         for v, e in items:
-            if v == target:
+            if v == goal:
                 return e
     failed: set = set()
 
@@ -94,7 +94,7 @@ def solve(numbers, target: int, use_all: bool = True) -> str | None:
                     if v is None:
                         continue
                     expr = f"({ea} {op} {eb})"
-                    if (not use_all or not rest) and v == target:
+                    if (not use_all or not rest) and v == goal:
                         return expr
                     if rest:
                         found = search(rest + [(v, expr)])

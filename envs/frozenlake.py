@@ -207,7 +207,7 @@ class FrozenLake(TextEnv):
                 if rows[pos[0]][pos[1]] == "G":
                     break
         total = sum(moves.values())
-        out = {"move_share": {d: k / total for d, k in moves.items()} if total else {}}
+        out: dict[str, object] = {"move_share": {d: k / total for d, k in moves.items()} if total else {}}
         if replayed:
             out.update(replayed_episodes=replayed, hole_rate=holes / replayed, avoidable_hole_rate=avoidable / replayed)
         return out

@@ -107,7 +107,7 @@ def _walk(level: Level, start: int, goal: int, boxes) -> list[str] | None:
     """Shortest player walk from start to goal avoiding boxes, as directions."""
     if start == goal:
         return []
-    prev = {start: None}
+    prev: dict[int, tuple[int, str] | None] = {start: None}  # cell -> (the cell before, the move)
     todo = deque([start])
     while todo:
         cell = todo.popleft()
@@ -118,9 +118,11 @@ def _walk(level: Level, start: int, goal: int, boxes) -> list[str] | None:
             prev[n] = (cell, d)
             if n == goal:
                 path = []
-                while prev[n] is not None:
-                    n, d2 = prev[n]
+                step = prev[n]
+                while step is not None:
+                    n, d2 = step
                     path.append(d2)
+                    step = prev[n]
                 return path[::-1]
             todo.append(n)
     return None
@@ -141,7 +143,8 @@ def solve(level: Level, player: int, boxes, max_states: int = 200_000) -> list[s
         return None
     start_reach = _reachable(level, player, boxes)
     start = (min(start_reach), boxes)
-    parent = {start: None}
+    # state (normalised player, boxes) -> (the state before, the box pushed, the push)
+    parent: dict[tuple[int, frozenset[int]], tuple[tuple[int, frozenset[int]], int, str] | None] = {start: None}
     frontier = deque([(start, start_reach)])
     goal_state = None
     while frontier and goal_state is None:
@@ -169,15 +172,18 @@ def solve(level: Level, player: int, boxes, max_states: int = 200_000) -> list[s
     if goal_state is None:
         return None
     pushes = []
-    s = goal_state
-    while parent[s] is not None:
-        s, b, d = parent[s]
+    push = parent[goal_state]
+    while push is not None:
+        s, b, d = push
         pushes.append((b, d))
+        push = parent[s]
     pushes.reverse()
-    moves, pos, bx = [], player, set(boxes)
+    moves: list[str] = []
+    pos, bx = player, set(boxes)
     for b, d in pushes:
         o = level.offsets[d]
         walk = _walk(level, pos, b - o, bx)
+        assert walk is not None, "the search pushed a box from a cell the player cannot reach"
         moves.extend(walk)
         moves.append(d)
         bx.remove(b)
@@ -300,9 +306,14 @@ class Sokoban(TextEnv):
             raise ValueError(f"num_boxes={num_boxes} does not fit a {height}x{width} room")
         super().__init__(max_steps=max_steps, invalid_penalty=invalid_penalty)
         self.height, self.width, self.num_boxes = height, width, num_boxes
-        for name, v in (("step_penalty", step_penalty), ("noop_penalty", noop_penalty)):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or abs(v) == float("inf"):
-                raise ValueError(f"{name} must be a finite number, got {v!r}")
+        for name, penalty in (("step_penalty", step_penalty), ("noop_penalty", noop_penalty)):
+            if (
+                isinstance(penalty, bool)
+                or not isinstance(penalty, (int, float))
+                or penalty != penalty
+                or abs(penalty) == float("inf")
+            ):
+                raise ValueError(f"{name} must be a finite number, got {penalty!r}")
         self.step_penalty = float(step_penalty)
         self.noop_penalty = float(noop_penalty)
         self.level: Level | None = None
@@ -333,22 +344,30 @@ class Sokoban(TextEnv):
         self._expert_moves = {(self.player, self.boxes): plan[0]}
         return self._render("A new level."), {"solution_moves": len(plan)}
 
+    @property
+    def _level(self) -> Level:
+        """The level being played (``reset`` makes it)."""
+        if self.level is None:
+            raise RuntimeError("Sokoban: reset() the env first")
+        return self.level
+
     def _render(self, lead: str) -> str:
-        on = sum(b in self.level.targets for b in self.boxes)
-        return f"{lead}\n{self.level.render(self.player, self.boxes)}\nBoxes on targets: {on} of {len(self.boxes)}."
+        on = sum(b in self._level.targets for b in self.boxes)
+        return f"{lead}\n{self._level.render(self.player, self.boxes)}\nBoxes on targets: {on} of {len(self.boxes)}."
 
     def _step(self, action: str):
+        level = self._level
         d = parse_direction(action)
-        o = self.level.offsets[d]
+        o = level.offsets[d]
         nxt = self.player + o
         reward = self.step_penalty
         noop = False
-        if not self.level.floor(nxt):
+        if not level.floor(nxt):
             lead = f"You move {d} into a wall; nothing happens."
             noop = True
         elif nxt in self.boxes:
             beyond = nxt + o
-            if not self.level.floor(beyond) or beyond in self.boxes:
+            if not level.floor(beyond) or beyond in self.boxes:
                 lead = f"You push {d} but the box does not move."
                 noop = True
             else:
@@ -360,13 +379,13 @@ class Sokoban(TextEnv):
             lead = f"You move {d}."
         if noop:
             return self._render(lead), reward + self.noop_penalty, False, {"noop": True}
-        solved = self.boxes <= self.level.targets
+        solved = self.boxes <= level.targets
         if solved:
             return self._render(lead + " Every box is on a target: solved!"), reward + 1.0, True, {"success": True}
         return self._render(lead), reward, False, {}
 
     def state_key(self):
-        return ("sokoban", self.level.static_key(), self.player, tuple(sorted(self.boxes)))
+        return ("sokoban", self._level.static_key(), self.player, tuple(sorted(self.boxes)))
 
     def expert_action(self) -> str:
         # A pure function of the state (the first move of the solver's plan from here),
@@ -374,7 +393,7 @@ class Sokoban(TextEnv):
         state = (self.player, self.boxes)
         move = self._expert_moves.get(state)
         if move is None:
-            plan = solve(self.level, self.player, self.boxes)
+            plan = solve(self._level, self.player, self.boxes)
             move = plan[0] if plan else "up"  # unsolvable from here: any move
             self._expert_moves[state] = move
         return f"<action>{move}</action>"

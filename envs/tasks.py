@@ -160,7 +160,7 @@ class ReasoningGymTasks(TaskSource):
 
     def __init__(self, dataset: str, seed: int = 0, size: int = 10_000, **config):
         rg = require("reasoning_gym", f"reasoning_gym/{dataset}", "reasoning-gym", "envs-reasoning")
-        from reasoning_gym.factory import DATASETS
+        from reasoning_gym.factory import DATASETS  # type: ignore[import-untyped]
 
         if dataset not in DATASETS:
             raise ValueError(f"unknown reasoning-gym dataset {dataset!r}; known: {', '.join(sorted(DATASETS))}")
@@ -171,7 +171,7 @@ class ReasoningGymTasks(TaskSource):
 
     def _data(self):
         if self._ds is None:
-            import reasoning_gym
+            import reasoning_gym  # type: ignore[import-untyped]
 
             try:
                 self._ds = reasoning_gym.create_dataset(self.dataset, seed=self.seed, size=self.size, **self.config)
@@ -228,7 +228,7 @@ class TfdsTasks(TaskSource):
 
     def _data(self):
         if self._source is None:
-            import tensorflow_datasets as tfds
+            import tensorflow_datasets as tfds  # type: ignore[import-untyped]
 
             try:
                 self._source = tfds.data_source(
@@ -313,13 +313,19 @@ class QAEnv(TextEnv):
         self.task = self.source[self.index]
         return self.task.question, {"task_id": self.task.id, "source": self.source.name}
 
+    def _current(self) -> Task:
+        """The task being played (``reset`` picks it)."""
+        if self.task is None:
+            raise RuntimeError("QAEnv: reset() the env first")
+        return self.task
+
     def _step(self, action: str):
         answer = extract_answer(action)
         if answer is None or not answer.strip():
             raise InvalidAction("no final answer found")
-        info = {"answer": answer}
+        info: dict[str, object] = {"answer": answer}
         try:
-            score = float(self.source.score(answer, self.task))
+            score = float(self.source.score(answer, self._current()))
         except Exception as e:  # a scorer that chokes on a malformed answer scores it 0
             score = 0.0
             info["score_error"] = f"{type(e).__name__}: {e}"
@@ -345,10 +351,16 @@ class QAEnv(TextEnv):
     def has_expert(self) -> bool:
         return self.task is None or self.source.expert_answer(self.task) is not None
 
+    @has_expert.setter
+    def has_expert(self, value: bool) -> None:
+        # `Env.has_expert` is an attribute an env may set; here it follows the task
+        raise AttributeError("QAEnv.has_expert follows the task's reference answer; it cannot be set")
+
     def expert_action(self) -> str:
-        answer = self.source.expert_answer(self.task)
+        task = self._current()
+        answer = self.source.expert_answer(task)
         if answer is None:
-            raise NotImplementedError(f"task {self.task.id} of {self.source.name} has no reference answer")
+            raise NotImplementedError(f"task {task.id} of {self.source.name} has no reference answer")
         return f"<answer>{answer}</answer>"
 
 

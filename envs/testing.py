@@ -25,6 +25,7 @@ import threading
 import time
 
 from envs.core import TextEnv
+from envs.pool import failures
 
 FAULTS = (
     "crash",
@@ -138,7 +139,7 @@ class FaultyEnv(TextEnv):
             self.checksum = (self.checksum * 31 + ord(ch)) % 1_000_003
         reward = ((self.seed * 7 + self.checksum) % 10) / 10
         done = self._steps >= self.horizon
-        info = {"checksum": self.checksum}
+        info: dict[str, object] = {"checksum": self.checksum}
         if self._armed() and self._steps == self.at_step:
             if self.fault == "nan_reward":
                 reward = float("nan")
@@ -215,12 +216,12 @@ class BusyEnv(TextEnv):
 CHAOS_KINDS = {"crash": 3, "raise": 3, "garbage": 2, "memory_bomb": 2, "hang": 1, "cpu_bomb": 1}
 #: the pool's failure kind each injected fault must be reported as
 CHAOS_REPORTED_AS = {
-    "crash": "crash",
-    "raise": "exception",
-    "garbage": "invalid_result",
-    "memory_bomb": "memory_limit",
-    "hang": "timeout",
-    "cpu_bomb": "cpu_limit",
+    "crash": failures.CRASHED,
+    "raise": failures.RAISED,
+    "garbage": failures.INVALID_RESULT,
+    "memory_bomb": failures.MEMORY_LIMIT,
+    "hang": failures.TIMEOUT,
+    "cpu_bomb": failures.CPU_LIMIT,
 }
 
 

@@ -67,16 +67,16 @@ def make_problem(template: str, rng: random.Random) -> tuple[str, list[str], Fra
     if template == "warehouse":
         crates, per = rng.randint(23, 97), rng.randint(12, 48)
         stores = rng.randint(3, 9)
-        total = crates * per
-        shipped = rng.randint(1, total // 2)
-        shipped += (total - shipped) % stores
+        stock = crates * per
+        shipped = rng.randint(1, stock // 2)
+        shipped += (stock - shipped) % stores
         q = (
             f"A warehouse holds {crates} crates with {per} items in each. {shipped} items are "
             f"shipped out, and the remaining items are split evenly among {stores} stores. "
             "How many items does each store get?"
         )
-        rest = total - shipped
-        steps = [f"{crates} * {per}", f"{total} - {shipped}", f"{rest} / {stores}"]
+        rest = stock - shipped
+        steps = [f"{crates} * {per}", f"{stock} - {shipped}", f"{rest} / {stores}"]
         return q, steps, Fraction(rest, stores)
     if template == "interest":
         principal = rng.randint(10, 90) * 100

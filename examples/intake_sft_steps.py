@@ -20,7 +20,7 @@ import time
 
 
 def main(argv=None) -> None:
-    from jaxagent.config import load_config
+    from jaxagent.dataclass_yaml import load_config
     from jaxagent.train import build
     from jaxagent.train.config import TrainerConfig
     from jaxagent.train.trainer import Trainer

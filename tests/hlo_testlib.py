@@ -356,7 +356,10 @@ def train_step_lowered(mesh, config=None, rows: int = 16, seq: int = 16, micro_b
 
     from jaxagent import models as M
     from jaxagent import parallel as par
-    from jaxagent.train import StepConfig, UpdateBatch, init_train_state, make_sharded_train_step
+    from jaxagent.train.config.step import StepConfig
+    from jaxagent.train.update import make_sharded_train_step
+    from jaxagent.train.update.batch import UpdateBatch
+    from jaxagent.train.update.state import init_train_state
 
     config = config or decoder_test_config()
     step_cfg = StepConfig(num_micro_batches=micro_batches)

@@ -80,11 +80,11 @@ def sampler(out_dir: str, process_id: int) -> None:
 
     from jaxagent import models as M
     from jaxagent import parallel as par
-    from jaxagent.config import load_config
+    from jaxagent.dataclass_yaml import load_config
     from jaxagent.rollout import Sampler, SamplingConfig
-    from jaxagent.train import init_train_state
+    from jaxagent.train.config import TrainerConfig
     from jaxagent.train.placement import Placement
-    from jaxagent.train.trainer import TrainerConfig
+    from jaxagent.train.update.state import init_train_state
 
     config = Path(__file__).resolve().parents[1] / "configs" / "tiny_countdown_grpo.yaml"
     cfg = load_config(TrainerConfig, config, [f"run_dir={out_dir}/run", "mesh={data: 2, fsdp: 2, tensor: 2}"])
@@ -145,14 +145,10 @@ def sampler(out_dir: str, process_id: int) -> None:
 def train(out_dir: str, num_processes: int, process_id: int) -> None:
     from jaxagent import models as M
     from jaxagent import parallel as par
-    from jaxagent.train import (
-        LossConfig,
-        OptimizerConfig,
-        StepConfig,
-        UpdateBatch,
-        init_train_state,
-        make_sharded_train_step,
-    )
+    from jaxagent.train.config.step import LossConfig, OptimizerConfig, StepConfig
+    from jaxagent.train.update import make_sharded_train_step
+    from jaxagent.train.update.batch import UpdateBatch
+    from jaxagent.train.update.state import init_train_state
 
     cfg = M.DecoderConfig(
         vocab_size=64,

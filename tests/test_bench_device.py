@@ -214,8 +214,8 @@ def test_the_default_selection_names_existing_files():
 
 # ----------------------------------------------------------------------------- the recipe, W6's records
 def test_recipe_overrides_load_as_configs(tmp_path):
-    from jaxagent.config import load_config
-    from jaxagent.train import TrainerConfig
+    from jaxagent.dataclass_yaml import load_config
+    from jaxagent.train.config import TrainerConfig
 
     device, over = DC.recipe_overrides(DC.parse_args([]), tmp_path / "run")
     cfg = load_config(TrainerConfig, ROOT / device, over)

@@ -316,8 +316,8 @@ def test_small_run_writes_complete_jsonl(tmp_path):
 
 def test_recipe_overrides_load_as_the_recipe_config(tmp_path):
     """The recipe part's three weight sources give valid configs of the SmolLM2 recipe."""
-    from jaxagent.config import load_config
-    from jaxagent.train import TrainerConfig
+    from jaxagent.dataclass_yaml import load_config
+    from jaxagent.train.config import TrainerConfig
 
     args, _ = W6.parse_args([])
     assert args.recipe_tasks == 64 and args.recipe_micro_batches == 16 and "recipe" in args.parts

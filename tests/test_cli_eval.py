@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from jaxagent.config import load_config
+from jaxagent.dataclass_yaml import load_config
+from jaxagent.train.config import TrainerConfig
 from jaxagent.train.evaluate import evaluate_run
-from jaxagent.train.trainer import Trainer, TrainerConfig
+from jaxagent.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -155,7 +156,7 @@ def test_eval_on_other_env_settings_and_the_warm_started_step(tmp_path):
         assert key in env, key
     assert 0 <= env["under_triage_rate"] <= 1 and set(env["components"]) >= {"triage", "history"}
     # the run's own model cannot be overridden, and a bad env setting is named
-    from jaxagent.config import ConfigError
+    from jaxagent.dataclass_yaml import ConfigError
 
     with pytest.raises(ConfigError, match=r"eval overrides may set env\.\*, rollout\.\*, eval\.\* only"):
         evaluate_run(run, overrides=["model.hidden_size=8"], log=lambda *_: None)

@@ -1,4 +1,4 @@
-"""`jaxagent plot` (jaxagent.train.plot) and `jaxagent bench` (jaxagent.bench), as a user calls them."""
+"""`jaxagent plot` (jaxagent.train.rundir.plot) and `jaxagent bench` (jaxagent.bench), as a user calls them."""
 
 import argparse
 import json
@@ -12,7 +12,7 @@ from PIL import Image
 
 from jaxagent import bench
 from jaxagent.cli import main
-from jaxagent.train.plot import RunDataError, build_panels, grid_shape, plot_run, read_metrics
+from jaxagent.train.rundir.plot import RunDataError, build_panels, grid_shape, plot_run, read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -262,7 +262,7 @@ def write_seed_run(run_dir: Path, seed: int, lr: float, train_success, eval_at, 
 
 
 def test_plot_several_runs_groups_seeds_of_a_recipe(tmp_path):
-    from jaxagent.train.plot import _mean_band, read_run
+    from jaxagent.train.rundir.plot import _mean_band, read_run
 
     before_after = {
         "success_before_rl": 0.1,
@@ -306,7 +306,7 @@ def test_seeds_are_one_recipe_whatever_defaults_their_configs_spell_out(tmp_path
     iterations are averaged at the points they share only."""
     import yaml
 
-    from jaxagent.train.plot import _mean_band, read_run
+    from jaxagent.train.rundir.plot import _mean_band, read_run
 
     before_after = {
         "success_before_rl": 0.1,
@@ -354,7 +354,7 @@ def test_seeds_that_played_different_numbers_of_tasks_are_matched_by_iteration(t
     """Dynamic sampling refills groups, so seeds reach an iteration after different numbers
     of tasks: their evaluations at the same iterations are one point of the band, drawn at
     the seeds' mean episode count."""
-    from jaxagent.train.plot import _mean_band, read_run
+    from jaxagent.train.rundir.plot import _mean_band, read_run
 
     summary = {"success_before_rl": 0.1, "success_after_rl": 0.5}
     a, b = tmp_path / "a", tmp_path / "b"

@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 
 from jaxagent.cli import main
-from jaxagent.config import load_config
-from jaxagent.train.trainer import Trainer, TrainerConfig
+from jaxagent.dataclass_yaml import load_config
+from jaxagent.train.config import TrainerConfig
+from jaxagent.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -225,8 +226,8 @@ def test_the_intact_run_reads_back(run, tmp_path):
     above fails for its damage; a config.yaml whose only change is its last newline, or
     edited by hand, is not taken for a truncated one."""
     from jaxagent.train import plot
-    from jaxagent.train.episodes import read_store
     from jaxagent.train.rundir import check_tokenizer_files
+    from jaxagent.train.rundir.episodes import read_store
     from jaxagent.train.runtools import run_config
 
     assert run_config(run).model.tokenizer == "bpe"

@@ -5,7 +5,7 @@ from typing import Literal
 
 import pytest
 
-from jaxagent.config import ConfigError, dump_yaml, from_dict, load_config, to_dict
+from jaxagent.dataclass_yaml import ConfigError, dump_yaml, from_dict, load_config, to_dict
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The `agent:` section (`jaxagent.train.agent_section.AgentSection`) and `eval.tasks`:
+"""The `agent:` section (`jaxagent.train.config.agent.AgentSection`) and `eval.tasks`:
 defaults, validation errors naming the key, the run directory's config.yaml round trip,
 the resume check and what `jaxagent config` prints."""
 
@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from jaxagent.config import ConfigError, config_keys, describe_config, dump_yaml, load_config, to_dict
-from jaxagent.train.config import AgentSection, TrainerConfig
+from jaxagent.dataclass_yaml import ConfigError, config_keys, describe_config, dump_yaml, load_config, to_dict
+from jaxagent.train.config import TrainerConfig
+from jaxagent.train.config.agent import AgentSection
 
 AGENT = ["agent.program=my_agent:rollout", "agent.tasks=data/tasks.jsonl"]
 

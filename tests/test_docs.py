@@ -22,7 +22,7 @@ MACHINE_PATH = re.compile(r"(?<![\w.:/])/(?:work|root|home|tmp|opt|mnt|Users)/[\
 
 
 def _schema_keys(cls, prefix=""):
-    """The dotted keys of a config dataclass, walked here independently of jaxagent.config."""
+    """The dotted keys of a config dataclass, walked here independently of jaxagent.dataclass_yaml."""
     for f in dataclasses.fields(cls):
         default = f.default if f.default is not dataclasses.MISSING else None
         if dataclasses.is_dataclass(default):

@@ -124,7 +124,7 @@ def test_frozenlake_summary_replays_actions_on_each_map():
         ep(("SHF", "HFF", "FFG"), "right"),  # a hole; down was a hole too
         ep(("SFF", "FFF", "FFG"), "down", "I jump", "down", "right", "right"),  # the goal, one invalid turn
         ep(("SFF", "FFH", "FFG"), "left", "up", "right", "right", "down"),  # the edge twice, then (2,3): a hole
-        {"actions": [], "info": {"failure_kind": "crash"}},  # failed in the pool: not replayed
+        {"actions": [], "info": {"failure_kind": "crashed"}},  # failed in the pool: not replayed
     ]
     got = envs.make("frozenlake", size=3).summarize(episodes)
     # 12 actions, counted by hand: ep1 right; ep2 right; ep3 down, invalid, down, right, right;

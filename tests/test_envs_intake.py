@@ -1087,8 +1087,9 @@ def test_the_simulators_api_key_never_lands_in_a_config_a_message_or_a_run_dir(s
     # a training run with this simulator: nothing under the run directory holds the key
     import pathlib
 
-    from jaxagent.config import load_config
-    from jaxagent.train.trainer import Trainer, TrainerConfig
+    from jaxagent.dataclass_yaml import load_config
+    from jaxagent.train.config import TrainerConfig
+    from jaxagent.train.trainer import Trainer
 
     root = pathlib.Path(__file__).resolve().parents[1]
     run = tmp_path / "run"

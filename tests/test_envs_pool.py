@@ -126,12 +126,12 @@ FAULTS = {  # slot -> fault spec; others healthy
     11: dict(fault="unloadable", at_step=2),
 }
 EXPECTED_KIND = {
-    1: "crash",
-    2: "exception",
+    1: "crashed",
+    2: "raised",
     4: "invalid_result",
     5: "unpicklable",
     7: "invalid_result",
-    8: "crash",
+    8: "crashed",
     10: "timeout",
     11: "unpicklable",
 }
@@ -158,7 +158,7 @@ def test_faults_end_only_their_episode_and_healthy_transcripts_equal_a_fault_fre
         else:
             assert got[i] == ref[i], i
     assert stats["restarts"] >= 3  # crash, segfault, hang: at three different steps
-    assert stats["crash"] == 2 and stats["timeout"] == 1 and stats["exception"] == 1
+    assert stats["crashed"] == 2 and stats["timeout"] == 1 and stats["raised"] == 1
 
 
 def test_failure_info_has_reason_and_traceback_and_pool_goes_on():
@@ -166,7 +166,7 @@ def test_failure_info_has_reason_and_traceback_and_pool_goes_on():
     with EnvPool(fns, num_workers=1) as pool:
         pool.reset([1, 2])
         (o, r, term, trunc, info), ok = pool.step(["x", "x"])
-        assert info["failed"] is True and info["failure_kind"] == "exception"
+        assert info["failed"] is True and info["failure_kind"] == "raised"
         assert "injected fault at step 1 (seed 1)" in info["failure"]
         assert "RuntimeError" in info["traceback"] and "_step" in info["traceback"]
         assert not ok[4].get("failed")
@@ -190,7 +190,7 @@ def test_keep_worker_on_exception_drops_only_that_env():
         pids = pool.worker_pids()
         pool.reset([1, 2])
         out = pool.step(["x", "x"])
-        assert out[0][4]["failure_kind"] == "exception" and not out[1][4].get("failed")
+        assert out[0][4]["failure_kind"] == "raised" and not out[1][4].get("failed")
         pool.step([None, "y"])
         assert pool.worker_pids() == pids and pool.stats["restarts"] == 0
 
@@ -204,13 +204,13 @@ def test_crash_in_reset_and_replay_divergence_are_reported():
     ]
     with EnvPool(fns, num_workers=1) as pool:
         res = pool.reset([0, 1, 2, 3])
-        assert res[0][0] == "" and res[0][1]["failure_kind"] == "crash"
+        assert res[0][0] == "" and res[0][1]["failure_kind"] == "crashed"
         assert "exit code 19" in res[0][1]["failure"]
         assert [r[1].get("failed") for r in res[1:]] == [None, None, None]
         pool.step([None, "a", "a", "a"])
         out = pool.step([None, "b", "b", "b"])
         # Slot 2 crashed the worker; slot 1 cannot be replayed faithfully; slot 3 is fine.
-        assert out[2][4]["failure_kind"] == "crash"
+        assert out[2][4]["failure_kind"] == "crashed"
         assert out[1][4]["failure_kind"] == "replay_diverged"
         assert out[3][0] == "seed 3 step 2 checksum " + str(_checksum(3, ["a", "b"]))
 
@@ -274,7 +274,7 @@ def test_bad_arguments_name_the_problem():
 def test_env_factory_that_returns_garbage_fails_its_slot():
     with EnvPool([functools.partial(int, 3), "testing/faulty"], num_workers=1) as pool:
         res = pool.reset([0, 1])
-    assert res[0][1]["failure_kind"] == "exception" and "lacks" in res[0][1]["failure"]
+    assert res[0][1]["failure_kind"] == "raised" and "lacks" in res[0][1]["failure"]
     assert res[1][0] == "seed 1 step 0 checksum 1"
 
 
@@ -385,9 +385,9 @@ def test_soak_random_faults_many_slots():
         got = run_episodes(pool, seeds)
     ref = reference_transcripts([functools.partial(envs.make, "testing/faulty", horizon=12)] * 32, seeds)
     kind_of = {
-        "crash": "crash",
-        "segfault": "crash",
-        "raise": "exception",
+        "crash": "crashed",
+        "segfault": "crashed",
+        "raise": "raised",
         "garbage": "invalid_result",
         "unpicklable": "unpicklable",
         "unloadable": "unpicklable",
@@ -431,7 +431,7 @@ def test_forkserver_context_runs_and_recovers():
     with EnvPool(fns, num_workers=1, mp_context="forkserver") as pool:
         pool.reset([1, 2])
         out = pool.step(["a", "a"])
-        assert out[1][4]["failure_kind"] == "crash"
+        assert out[1][4]["failure_kind"] == "crashed"
         assert out[0][0] == f"seed 1 step 1 checksum {_checksum(1, ['a'])}"
         out = pool.step(["b", None])
         assert out[0][0] == f"seed 1 step 2 checksum {_checksum(1, ['a', 'b'])}"
@@ -446,7 +446,7 @@ def test_an_untouched_slot_whose_episode_is_lost_comes_back_failed_in_the_calls_
         pool.reset([1, 2])
         pool.step(["a", "a"])
         res = pool.reset([9, None])  # slot 0 crashes the worker; slot 1 cannot be replayed
-    assert res[0][1]["failure_kind"] == "crash"
+    assert res[0][1]["failure_kind"] == "crashed"
     obs, info = res[1]
     assert obs == "" and info["failure_kind"] == "replay_diverged"
 

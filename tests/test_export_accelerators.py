@@ -17,12 +17,12 @@ from jax import export
 from jaxagent import models as M
 from jaxagent.rollout.kernels import SamplerState, append_kernel, decode_kernel
 from jaxagent.rollout.sampling import SamplingConfig
-from jaxagent.train.batch import UpdateBatch
+from jaxagent.train.config.step import StepConfig
 from jaxagent.train.placement import _policy_logprobs
-from jaxagent.train.state import init_train_state
-from jaxagent.train.step_config import StepConfig
-from jaxagent.train.trimmed import _micro_add, _trimmed_finish, _trimmed_prepare
 from jaxagent.train.update import train_step
+from jaxagent.train.update.batch import UpdateBatch
+from jaxagent.train.update.state import init_train_state
+from jaxagent.train.update.trimmed import _micro_add, _trimmed_finish, _trimmed_prepare
 
 PLATFORMS = ("cuda", "tpu")
 #: Qwen2.5-0.5B's layer shapes (24 layers, GQA 14 / 2 heads, a 151,936-token vocabulary)

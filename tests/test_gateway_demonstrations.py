@@ -12,7 +12,7 @@ import pytest
 
 import envs
 from examples.agents import frozenlake_agent as F
-from jaxagent.config import load_config
+from jaxagent.dataclass_yaml import load_config
 from jaxagent.gateway.demonstrations import record
 from jaxagent.gateway.program import TaskSource
 from jaxagent.gateway.tools import TOOL_CHATML_TEMPLATE
@@ -167,11 +167,11 @@ def test_a_demonstration_that_rewrote_its_history_trains_every_sequence_in_its_o
 
     from jaxagent import models as M
     from jaxagent.models import tiny_config
-    from jaxagent.train.batch import SFTBatch
-    from jaxagent.train.losses import sft_loss_and_grads
-    from jaxagent.train.program_warmstart import program_demonstrations
-    from jaxagent.train.state import init_train_state
-    from jaxagent.train.step_config import StepConfig
+    from jaxagent.train.config.step import StepConfig
+    from jaxagent.train.sources.program_warmstart import program_demonstrations
+    from jaxagent.train.update.batch import SFTBatch
+    from jaxagent.train.update.losses import sft_loss_and_grads
+    from jaxagent.train.update.state import init_train_state
 
     tests = str(Path(__file__).parent)
     cfg = load_config(

@@ -212,13 +212,13 @@ def test_a_cancelled_error_of_the_program_own_is_raised_not_the_batch():
         ([1.0], ["list", "[1.0]"]),
     ],
 )
-def test_bad_return_names_what_was_returned(value, words):
+def test_an_invalid_result_names_what_was_returned(value, words):
     async def program(client, task):
         await client.complete()
         return value
 
     (out,) = Harness().run(program, _tasks(1))
-    assert out.failure_kind == "bad_return" and out.reward == 0.0 and out.metrics == {}
+    assert out.failure_kind == "invalid_result" and out.reward == 0.0 and out.metrics == {}
     for w in words:
         assert w in out.failure_message, (w, out.failure_message)
     assert "expected a finite number" in out.failure_message
@@ -275,8 +275,22 @@ def test_run_sessions_checks_its_arguments_and_the_failure_kinds():
         h.run(program, _tasks(1), timeout_s=0)
     with pytest.raises(ValueError, match="distinct"):
         h.run(program, [("a", 0, {}), ("a", 1, {})])
-    assert FAILURE_KINDS == ("raised", "timeout", "bad_return", "no_calls", "crashed")
+    assert FAILURE_KINDS == ("raised", "timeout", "invalid_result", "no_calls", "crashed")
     assert h.run(program, []) == []
+
+
+def test_both_worker_pools_name_the_failures_they_share_alike():
+    """The agent programs' pool and the env pool fail episodes in one vocabulary (the
+    trainer's `failed_<kind>` metrics): a raise, a crash, a timeout and an invalid result
+    are spelled the same in both, and no other kind is in both."""
+    from envs.pool import failures as env_pool
+    from jaxagent.gateway import program
+
+    shared = ("RAISED", "CRASHED", "TIMEOUT", "INVALID_RESULT")
+    assert [getattr(program, n) for n in shared] == ["raised", "crashed", "timeout", "invalid_result"]
+    assert [getattr(env_pool, n) for n in shared] == [getattr(program, n) for n in shared]
+    both = set(program.FAILURE_KINDS) & set(env_pool.FAILURE_KINDS)
+    assert both == {getattr(program, n) for n in shared}
 
 
 def test_the_blocking_form_runs_on_a_worker_thread():

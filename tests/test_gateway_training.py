@@ -34,9 +34,9 @@ from jaxagent.models.byte_tokenizer import byte_chat_tokenizer
 from jaxagent.models.logprobs import token_logprobs
 from jaxagent.rollout.agent_loop import AgentLoopConfig
 from jaxagent.rollout.sampling import SamplingConfig
-from jaxagent.train.advantages import compute_advantages
+from jaxagent.train.config.algo import AlgoSection
 from jaxagent.train.placement import policy_logprobs
-from jaxagent.train.sections import AlgoSection
+from jaxagent.train.update.advantages import compute_advantages
 
 TESTS = str(Path(__file__).parent)
 ROOT = Path(__file__).parent.parent
@@ -153,7 +153,7 @@ def test_a_misbehaving_program_costs_its_own_episode_with_its_failure_kind(share
     with make_loop(shared_loop, "gateway_programs:misbehaving_rollout", timeout_s=300.0) as loop:
         traj, eps = loop.run(pool, [0, 2, 3, 4])
     kinds = [ep.failure_kind if ep.failed else None for ep in eps]
-    assert kinds == ["raised", "no_calls", "bad_return", None]
+    assert kinds == ["raised", "no_calls", "invalid_result", None]
     assert "the agent's own bug" in eps[0].failure and "RuntimeError" in eps[0].failure_traceback
     assert "not a number" in eps[2].failure
     assert np.asarray(traj.failed).tolist() == [True, True, True, False]

@@ -12,10 +12,11 @@ import pytest
 from envs.intake.env import IntakeEnv
 from envs.intake.policies import QUESTIONS, RISK_ORDER, WeakClinician, make_policy
 from envs.intake.rubric import RubricConfig, score
-from jaxagent.config import load_config
+from jaxagent.dataclass_yaml import load_config
 from jaxagent.models.tokenizer_training import frequent_lines, train_bpe_tokenizer
 from jaxagent.train import warmstart
-from jaxagent.train.trainer import Trainer, TrainerConfig
+from jaxagent.train.config import TrainerConfig
+from jaxagent.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 RISK_QUESTIONS = {QUESTIONS[d][0] for d in RISK_ORDER}
@@ -413,7 +414,7 @@ def test_the_trainer_reports_the_env_summary(tmp_path):
     # malformed action in the last turn it equals the mean return
     assert -2.0 < m["train_env_rubric_mean"] <= 1.0
     # the plot compares runs on the env's key
-    from jaxagent.train.plot import RunDataError, plot_runs
+    from jaxagent.train.rundir.plot import RunDataError, plot_runs
 
     png = plot_runs([run], tmp_path / "rubric.png", metric="env_rubric_mean")
     assert png.stat().st_size > 1000

@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = """
 import json, sys, jax, jax.numpy as jnp
-from jaxagent.config import load_config
+from jaxagent.dataclass_yaml import load_config
 from jaxagent.train import build
 from jaxagent.train.trainer import TrainerConfig
 cfg = load_config(TrainerConfig, None, sys.argv[1:])

@@ -12,10 +12,10 @@ import pytest
 
 from jaxagent import CODE_PATHS_ENV
 from jaxagent import models as M
-from jaxagent.config import load_config
+from jaxagent.dataclass_yaml import load_config
 from jaxagent.train import build
+from jaxagent.train.config import TrainerConfig
 from jaxagent.train.placement import _policy_logprobs
-from jaxagent.train.trainer import TrainerConfig
 
 
 @pytest.mark.parametrize(

@@ -22,19 +22,12 @@ from train_testlib import host
 
 from jaxagent import models as M
 from jaxagent import parallel as par
-from jaxagent.train import (
-    LossConfig,
-    OptimizerConfig,
-    SFTBatch,
-    StepConfig,
-    UpdateBatch,
-    critic_values,
-    init_train_state,
-    make_sharded_train_step,
-    sft_step,
-    train_step,
-)
 from jaxagent.train import memory as train_memory
+from jaxagent.train.config.step import LossConfig, OptimizerConfig, StepConfig
+from jaxagent.train.update import make_sharded_train_step, sft_step, train_step
+from jaxagent.train.update.batch import SFTBatch, UpdateBatch
+from jaxagent.train.update.losses import critic_values
+from jaxagent.train.update.state import init_train_state
 
 # vocab 66: divisible by tensor=2 but not by tensor=4, so the 1x2x4 mesh exercises the
 # replicated fallback inside a real step (embedding rows / lm_head columns unsplit).

@@ -178,12 +178,12 @@ def test_faulty_envs_are_identical(loop):
     _, eps = out["s4"]
     kinds = [e.info.get("failure_kind") for e in eps]
     assert kinds == [
-        "crash",
+        "crashed",
         None,
-        "exception",
+        "raised",
         "invalid_result",
         "timeout",
-        "crash",
+        "crashed",
         "unpicklable",
         None,
         None,
@@ -209,7 +209,7 @@ def test_episode_lost_while_another_sub_batch_steps(loop):
     out = rollouts(loop, cfg, fns, [0, 1, 2, 3], (1, 2, "s4", "s3"))
     for g in (1, 2, "s4", "s3"):
         traj, eps = out[g]
-        assert [e.info.get("failure_kind") for e in eps] == ["crash", None, "replay_diverged", None], g
+        assert [e.info.get("failure_kind") for e in eps] == ["crashed", None, "replay_diverged", None], g
         assert np.asarray(traj.num_turns).tolist() == [2, 4, 2, 4], g
     # the noise makes slot 2's text differ between runs; the other episodes are identical
     for g in (2, "s4", "s3"):
@@ -237,10 +237,10 @@ def test_continuous_episode_lost_while_waiting_for_its_decode(loop):
         assert pool.poll()[0][4]["state_key"] == ("faulty", 0, 1, 97)
         pool.send({0: ("step", "a")})  # crashes worker 0; slot 2 (same worker) is lost
         got = pool.poll()
-        assert got[0][4]["failure_kind"] == "crash" and pool.in_flight() == []
+        assert got[0][4]["failure_kind"] == "crashed" and pool.in_flight() == []
         got.update(pool.poll())  # the restarted worker's replay, still running, reports slot 2
         assert pool.poll() == {}
-        assert got[0][4]["failure_kind"] == "crash"
+        assert got[0][4]["failure_kind"] == "crashed"
         assert got[2][4]["failure_kind"] == "replay_diverged"  # reported though nothing was sent
     out = rollouts(
         loop,
@@ -250,7 +250,7 @@ def test_continuous_episode_lost_while_waiting_for_its_decode(loop):
         ("s4",),
     )
     traj, eps = out["s4"]
-    assert [e.info.get("failure_kind") for e in eps] == ["crash", None, "replay_diverged", None]
+    assert [e.info.get("failure_kind") for e in eps] == ["crashed", None, "replay_diverged", None]
 
 
 def test_send_and_poll_let_a_slow_step_hold_only_its_worker():

@@ -15,14 +15,9 @@ import pytest
 from train_testlib import host
 
 from jaxagent import models as M
-from jaxagent.train import (
-    CheckpointManager,
-    IncompatibleCheckpointError,
-    OptimizerConfig,
-    StepConfig,
-    export_policy,
-    init_train_state,
-)
+from jaxagent.train.config.step import OptimizerConfig, StepConfig
+from jaxagent.train.rundir.checkpoint import CheckpointManager, IncompatibleCheckpointError, export_policy
+from jaxagent.train.update.state import init_train_state
 
 CFG = M.DecoderConfig(
     vocab_size=64,

@@ -19,9 +19,10 @@ import jax
 import pytest
 
 import envs
-from jaxagent.config import load_config
+from jaxagent.dataclass_yaml import load_config
 from jaxagent.train.build import build_tokenizer
-from jaxagent.train.trainer import Trainer, TrainerConfig
+from jaxagent.train.config import TrainerConfig
+from jaxagent.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))

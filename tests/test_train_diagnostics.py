@@ -205,8 +205,9 @@ def test_hacking_warning_when_the_training_reward_rises_and_the_held_out_scorer_
 def test_an_unknown_held_out_metric_is_named_with_the_ones_the_iterations_have(tmp_path):
     from pathlib import Path
 
-    from jaxagent.config import ConfigError, load_config
-    from jaxagent.train.trainer import Trainer, TrainerConfig
+    from jaxagent.dataclass_yaml import ConfigError, load_config
+    from jaxagent.train.config import TrainerConfig
+    from jaxagent.train.trainer import Trainer
 
     root = Path(__file__).resolve().parents[1]
     cfg = load_config(

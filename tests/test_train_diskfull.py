@@ -13,9 +13,9 @@ import pytest
 from test_train_kill_resume import CONFIG, complete_steps, learning_metrics
 
 from jaxagent.cli import main
-from jaxagent.train.plot import read_metrics
 from jaxagent.train.rundir import DiskFullError, RunDir
-from jaxagent.train.runlog import RunLogger
+from jaxagent.train.rundir.plot import read_metrics
+from jaxagent.train.rundir.runlog import RunLogger
 
 SMALL = [
     "iterations=4",

@@ -1,4 +1,4 @@
-"""The episode store (`jaxagent.train.episodes`): which episodes are kept, its size
+"""The episode store (`jaxagent.train.rundir.episodes`): which episodes are kept, its size
 bound, and a real run's stored tokens and per-token signals against the episodes and
 against a float64 NumPy pass over the policy's own parameters."""
 
@@ -11,7 +11,7 @@ import pytest
 from test_train_loop import VARIED, config
 
 from jaxagent import models as M
-from jaxagent.train.episodes import EpisodeStore, read_store, select_for_store
+from jaxagent.train.rundir.episodes import EpisodeStore, read_store, select_for_store
 
 
 def fake(index, group, rewards, failed=False, truncated=False):

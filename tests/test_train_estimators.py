@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 from jaxagent import algos
-from jaxagent.config import ConfigError, load_config
-from jaxagent.train.advantages import compute_advantages
-from jaxagent.train.config import AlgoSection
-from jaxagent.train.trainer import Trainer, TrainerConfig
+from jaxagent.dataclass_yaml import ConfigError, load_config
+from jaxagent.train.config import TrainerConfig
+from jaxagent.train.config.algo import AlgoSection
+from jaxagent.train.trainer import Trainer
+from jaxagent.train.update.advantages import compute_advantages
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "tiny_countdown_grpo.yaml"
@@ -236,7 +237,7 @@ def test_remax_baselines_are_the_greedy_episodes_returns():
 
     import envs
     from jaxagent.train import build
-    from jaxagent.train.collect import collect_batch, sampling_seed
+    from jaxagent.train.sources.collect import collect_batch, sampling_seed
 
     cfg = load_config(
         TrainerConfig, CONFIG, ["run_dir=/tmp/unused", *VARIED, "algo.advantage=remax", "env.num_workers=0"]

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from jaxagent.config import ConfigError, load_config
-from jaxagent.train.trainer import EnvFailureError, Trainer, TrainerConfig
+from jaxagent.dataclass_yaml import ConfigError, load_config
+from jaxagent.train.config import TrainerConfig
+from jaxagent.train.trainer import EnvFailureError, Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "tiny_countdown_grpo.yaml"

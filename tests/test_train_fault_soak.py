@@ -20,9 +20,10 @@ import psutil
 import pytest
 
 from envs.testing import CHAOS_REPORTED_AS, chaos_fault
-from jaxagent.config import load_config
+from jaxagent.dataclass_yaml import load_config
 from jaxagent.train import build
-from jaxagent.train.trainer import Trainer, TrainerConfig
+from jaxagent.train.config import TrainerConfig
+from jaxagent.train.trainer import Trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "tiny_countdown_grpo.yaml")

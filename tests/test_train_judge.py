@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from jaxagent.config import ConfigError, load_config
-from jaxagent.train.trainer import Trainer, TrainerConfig
+from jaxagent.dataclass_yaml import ConfigError, load_config
+from jaxagent.train.config import TrainerConfig
+from jaxagent.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "sk-test-judge-secret-0123456789"

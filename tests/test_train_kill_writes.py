@@ -272,7 +272,7 @@ def untimed(x):
 
 
 def store(run_dir) -> dict[int, list[dict]]:
-    from jaxagent.train.episodes import read_store
+    from jaxagent.train.rundir.episodes import read_store
 
     out: dict[int, list[dict]] = {}
     for rec in read_store(run_dir):
@@ -310,7 +310,7 @@ def read_killed_run(run_dir, tmp_path) -> None:
     """`jaxagent plot` and `jaxagent view` read a killed run: the records they see are
     exactly the whole lines of metrics.jsonl (a torn last line is left out)."""
     from jaxagent.cli import main
-    from jaxagent.train.plot import read_metrics, read_run
+    from jaxagent.train.rundir.plot import read_metrics, read_run
     from jaxagent.view import ViewError
     from jaxagent.view import read_run as view_run
 
@@ -506,11 +506,11 @@ def test_a_fresh_start_over_a_killed_run_starts_its_records_over(tmp_path):
     does) stores every iteration again rather than going on with the old stride."""
     import types
 
-    from jaxagent.config import dump_yaml, load_config
-    from jaxagent.train.checkpoint import CheckpointManager
-    from jaxagent.train.episodes import EpisodeStore
+    from jaxagent.dataclass_yaml import dump_yaml, load_config
+    from jaxagent.train.config import TrainerConfig
     from jaxagent.train.rundir import RunDir
-    from jaxagent.train.trainer import TrainerConfig
+    from jaxagent.train.rundir.checkpoint import CheckpointManager
+    from jaxagent.train.rundir.episodes import EpisodeStore
 
     class Tok:
         def decode(self, ids):

@@ -15,7 +15,7 @@ from jaxagent.models import tiny_config
 from jaxagent.models.byte_tokenizer import byte_chat_tokenizer
 from jaxagent.rollout import AgentLoop, AgentLoopConfig, SamplingConfig
 from jaxagent.rollout.episode import Episode
-from jaxagent.train.runlog import (
+from jaxagent.train.rundir.runlog import (
     RunLogger,
     format_duration,
     format_progress,

@@ -17,10 +17,11 @@ import jax
 import numpy as np
 import pytest
 
-from jaxagent.config import ConfigError, load_config
-from jaxagent.train.checkpoint import CheckpointManager, IncompatibleCheckpointError
+from jaxagent.dataclass_yaml import ConfigError, load_config
+from jaxagent.train.config import TrainerConfig
 from jaxagent.train.evaluate import evaluate_run
-from jaxagent.train.trainer import Trainer, TrainerConfig
+from jaxagent.train.rundir.checkpoint import CheckpointManager, IncompatibleCheckpointError
+from jaxagent.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "tiny_countdown_grpo.yaml"

@@ -10,10 +10,15 @@ import numpy as np
 import pytest
 
 from jaxagent import models as M
-from jaxagent.config import load_config
-from jaxagent.train import StepConfig, UpdateBatch, init_train_state, memory, train_step
+from jaxagent.dataclass_yaml import load_config
+from jaxagent.train import memory
+from jaxagent.train.config import TrainerConfig
+from jaxagent.train.config.step import StepConfig
 from jaxagent.train.placement import _policy_logprobs, policy_logprobs
-from jaxagent.train.trainer import Trainer, TrainerConfig
+from jaxagent.train.trainer import Trainer
+from jaxagent.train.update import train_step
+from jaxagent.train.update.batch import UpdateBatch
+from jaxagent.train.update.state import init_train_state
 
 SHAPES = [  # D, L, H, K, hd, F, V, B, T
     (128, 2, 4, 2, 32, 256, 512, 16, 512),
@@ -229,9 +234,9 @@ def test_the_value_pass_runs_in_the_log_prob_pass_rows():
     critic's value pass over all 32 rows at once: 13.8 GiB against the 3.5 GiB of the
     log-prob pass the estimate counts (`tests/test_train_compiled.py` found it). The pass
     now runs in the same row chunks: the same values, a quarter of the memory."""
-    from jaxagent.train.batch import UpdateBatch
-    from jaxagent.train.losses import critic_values
     from jaxagent.train.placement import _critic_values
+    from jaxagent.train.update.batch import UpdateBatch
+    from jaxagent.train.update.losses import critic_values
 
     cfg = model(64, 2, 4, 2, 16, 128, 256)
     from jaxagent.models.value import value_params_from_policy

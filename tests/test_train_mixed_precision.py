@@ -8,7 +8,10 @@ import numpy as np
 import pytest
 
 from jaxagent import models as M
-from jaxagent.train import LossConfig, OptimizerConfig, StepConfig, UpdateBatch, init_train_state, train_step
+from jaxagent.train.config.step import LossConfig, OptimizerConfig, StepConfig
+from jaxagent.train.update import train_step
+from jaxagent.train.update.batch import UpdateBatch
+from jaxagent.train.update.state import init_train_state
 
 CFG = M.DecoderConfig(
     vocab_size=64,
@@ -104,8 +107,8 @@ def test_float32_masters_keep_updates_that_bfloat16_weights_round_away():
 
 
 def test_compute_dtype_is_checked():
-    from jaxagent.config import ConfigError, load_config
-    from jaxagent.train.trainer import TrainerConfig
+    from jaxagent.dataclass_yaml import ConfigError, load_config
+    from jaxagent.train.config import TrainerConfig
 
     with pytest.raises(ValueError, match="compute_dtype must be None, 'float32' or 'bfloat16'"):
         StepConfig(compute_dtype="float16")
@@ -119,8 +122,9 @@ def test_compute_dtype_is_checked():
 def test_a_mixed_precision_run_samples_and_trains_in_bfloat16_and_saves_float32(tmp_path):
     from pathlib import Path
 
-    from jaxagent.config import load_config
-    from jaxagent.train.trainer import Trainer, TrainerConfig
+    from jaxagent.dataclass_yaml import load_config
+    from jaxagent.train.config import TrainerConfig
+    from jaxagent.train.trainer import Trainer
 
     root = Path(__file__).resolve().parents[1]
     lines = []

@@ -13,11 +13,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxagent.config import ConfigError, load_config
+from jaxagent.dataclass_yaml import ConfigError, load_config
 from jaxagent.rollout.trajectory import Trajectory, trim_padding
-from jaxagent.train.advantages import shape_rewards
-from jaxagent.train.config import AlgoSection
-from jaxagent.train.trainer import Trainer, TrainerConfig
+from jaxagent.train.config import TrainerConfig
+from jaxagent.train.config.algo import AlgoSection
+from jaxagent.train.trainer import Trainer
+from jaxagent.train.update.advantages import shape_rewards
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "tiny_countdown_grpo.yaml"

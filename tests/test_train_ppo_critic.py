@@ -18,8 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxagent.config import load_config
-from jaxagent.train.trainer import Trainer, TrainerConfig
+from jaxagent.dataclass_yaml import load_config
+from jaxagent.train.config import TrainerConfig
+from jaxagent.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "tiny_countdown_ppo.yaml"

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from jaxagent.config import load_config
+from jaxagent.dataclass_yaml import load_config
+from jaxagent.train.config import TrainerConfig
 from jaxagent.train.rundir import DamagedCheckpointError, checkpoint_steps, describe_damage
-from jaxagent.train.trainer import Trainer, TrainerConfig
+from jaxagent.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "tiny_countdown_grpo.yaml"
@@ -167,9 +168,9 @@ def test_describe_damage_names_a_missing_item(tmp_path):
 def test_a_checkpoint_from_before_a_new_config_key_still_resumes():
     """A key the checkpoint's config does not have (added to the package later) is the
     default unless this run sets it; a changed recorded key is still refused."""
-    from jaxagent.config import to_dict
-    from jaxagent.train.checkpoint import IncompatibleCheckpointError
+    from jaxagent.dataclass_yaml import to_dict
     from jaxagent.train.rundir import check_resumable
+    from jaxagent.train.rundir.checkpoint import IncompatibleCheckpointError
 
     current = to_dict(load_config(TrainerConfig, CONFIG))
     saved = to_dict(load_config(TrainerConfig, CONFIG))

@@ -34,8 +34,9 @@ def _worker(out_dir: str, num_processes: int, process_id: int, port: int, device
 
     jax.config.update("jax_num_cpu_devices", devices)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    from jaxagent.config import load_config
-    from jaxagent.train.trainer import Trainer, TrainerConfig
+    from jaxagent.dataclass_yaml import load_config
+    from jaxagent.train.config import TrainerConfig
+    from jaxagent.train.trainer import Trainer
 
     dist = (
         []
@@ -64,9 +65,10 @@ import pytest  # noqa: E402
 from multiprocess_testlib import run_process_group  # noqa: E402
 
 from jaxagent import parallel as jax_parallel  # noqa: E402
-from jaxagent.config import ConfigError, load_config  # noqa: E402
+from jaxagent.dataclass_yaml import ConfigError, load_config  # noqa: E402
 from jaxagent.train import memory as train_memory  # noqa: E402
-from jaxagent.train.trainer import Trainer, TrainerConfig  # noqa: E402
+from jaxagent.train.config import TrainerConfig  # noqa: E402
+from jaxagent.train.trainer import Trainer  # noqa: E402
 
 
 def config(run_dir, *overrides) -> TrainerConfig:
@@ -153,7 +155,7 @@ def test_trim_chunks_on_a_mesh_learns_what_one_device_learns(tmp_path):
     """`update.trim_chunks` on a 2x2x2 mesh: each micro-batch cut to its rows' length and
     its rows split over data * fsdp, the state kept in its layout; the same learning
     metrics and params, the critic's too, as the trimmed run on one device."""
-    from jaxagent.train import TrimmedTrainStep
+    from jaxagent.train.update.trimmed import TrimmedTrainStep
 
     need_8_devices()
     one, h_one = run(tmp_path / "one", *TRIM_CHUNKS)

@@ -14,21 +14,11 @@ import pytest
 from train_testlib import host
 
 from jaxagent import models as M
-from jaxagent.train import (
-    LossConfig,
-    OptimizerConfig,
-    SFTBatch,
-    StepConfig,
-    UpdateBatch,
-    accumulated_grads,
-    critic_values,
-    init_train_state,
-    last_turn_mask,
-    learning_rate_schedule,
-    make_train_step,
-    sft_step,
-    train_step,
-)
+from jaxagent.train.config.step import LossConfig, OptimizerConfig, StepConfig
+from jaxagent.train.update import accumulated_grads, make_train_step, sft_step, train_step
+from jaxagent.train.update.batch import SFTBatch, UpdateBatch, last_turn_mask
+from jaxagent.train.update.losses import critic_values
+from jaxagent.train.update.state import init_train_state, learning_rate_schedule
 
 CFG = M.DecoderConfig(
     vocab_size=64,
@@ -426,7 +416,7 @@ def make_ragged_batch(seed=0, lengths=RAGGED, T=24):
 
 
 def test_row_lengths_and_length_groups():
-    from jaxagent.train import length_groups, row_lengths
+    from jaxagent.train.update.trimmed import length_groups, row_lengths
 
     batch = make_ragged_batch()
     np.testing.assert_array_equal(row_lengths(batch.loss_mask, batch.attention_mask), RAGGED)
@@ -462,7 +452,7 @@ def test_trimmed_micro_batches_accumulate_the_full_batch_gradient(mode):
     """`TrimmedTrainStep`: micro-batches of rows grouped by length, each cut to its own
     length, add up to the gradient of the whole padded batch (the reference above, from
     the formulas), padding tokens and all."""
-    from jaxagent.train import TrimmedTrainStep
+    from jaxagent.train.update.trimmed import TrimmedTrainStep
 
     lc = LossConfig(agg_mode=mode, kl_coef=0.3, entropy_coef=0.05, tis_cap=1.5)
     params = make_params()
@@ -491,7 +481,7 @@ def test_trimmed_step_updates_as_train_step_and_compiles_once_per_length():
     """The trimmed step lands on `train_step`'s params and metrics, with the KL term on the
     last turn and a critic; a second batch of the same lengths compiles nothing new; the
     skip rules hold."""
-    from jaxagent.train import TrimmedTrainStep
+    from jaxagent.train.update.trimmed import TrimmedTrainStep
 
     lc = LossConfig(kl_coef=0.2, kl_turns="last", entropy_coef=0.01)
     cfg = StepConfig(loss=lc, optim=OptimizerConfig(lr=1e-2, max_grad_norm=0.5), num_micro_batches=2)

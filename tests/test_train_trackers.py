@@ -1,4 +1,4 @@
-"""Experiment trackers (`jaxagent.train.trackers`): MLflow's local file store and W&B's
+"""Experiment trackers (`jaxagent.train.rundir.trackers`): MLflow's local file store and W&B's
 offline mode, each read back after a real training run and after a resume; a failing
 tracker is switched off, and a missing one is a config error naming its extra."""
 
@@ -10,9 +10,9 @@ import warnings
 import pytest
 from test_train_loop import VARIED, config
 
-from jaxagent.config import ConfigError
-from jaxagent.train.runlog import RunLogger
-from jaxagent.train.trackers import MlflowTracker, WandbTracker, check_available, flatten
+from jaxagent.dataclass_yaml import ConfigError, flatten
+from jaxagent.train.rundir.runlog import RunLogger
+from jaxagent.train.rundir.trackers import MlflowTracker, WandbTracker, check_available
 
 
 def test_flatten_gives_dotted_keys():

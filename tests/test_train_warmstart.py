@@ -14,12 +14,13 @@ import pytest
 
 import envs
 from envs.intake.demonstrations import BALANCE_DRAWS, Conclusions, balanced
-from jaxagent.config import ConfigError, load_config
+from jaxagent.dataclass_yaml import ConfigError, load_config
 from jaxagent.models.tokenizer_training import train_bpe_tokenizer
 from jaxagent.rollout.chat import ChatFormat
 from jaxagent.train import warmstart as ws
+from jaxagent.train.config import TrainerConfig
 from jaxagent.train.evaluate import evaluate_run
-from jaxagent.train.trainer import Trainer, TrainerConfig
+from jaxagent.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 LAKE = {"size": 3, "hole_prob": 0.2}
@@ -249,8 +250,10 @@ def test_a_batch_trimmed_to_its_longest_row_has_the_same_sft_loss_and_gradient()
     import numpy as np
 
     from jaxagent import models as M
-    from jaxagent.train import SFTBatch, StepConfig, init_train_state
-    from jaxagent.train.losses import sft_loss_and_grads
+    from jaxagent.train.config.step import StepConfig
+    from jaxagent.train.update.batch import SFTBatch
+    from jaxagent.train.update.losses import sft_loss_and_grads
+    from jaxagent.train.update.state import init_train_state
 
     cfg = M.DecoderConfig(
         vocab_size=64,

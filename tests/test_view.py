@@ -16,7 +16,7 @@ import pytest
 from browser_testlib import chromium_driver
 
 from jaxagent import view
-from jaxagent.train.episodes import read_store
+from jaxagent.train.rundir.episodes import read_store
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -2,7 +2,7 @@
 cannot drift from it.
 
 - ``reference/config.md``: the marker ``<!-- jaxagent:config-keys -->`` becomes one table
-  a config section, every key `jaxagent config` prints (`jaxagent.config.config_keys` of
+  a config section, every key `jaxagent config` prints (`jaxagent.dataclass_yaml.config_keys` of
   the default `TrainerConfig`) with its type, default and documentation.
 - ``reference/cli.md``: ``<!-- jaxagent:cli -->`` becomes ``jaxagent --help`` and each
   command's ``--help`` (`jaxagent.cli.build_parser`).
@@ -44,7 +44,7 @@ def _summary(cls) -> str:
 
 
 def config_markdown() -> str:
-    from jaxagent.config import config_keys
+    from jaxagent.dataclass_yaml import config_keys
     from jaxagent.train.config import TrainerConfig
 
     config = TrainerConfig()

@@ -452,13 +452,6 @@ NEGATIVELY_TOLD = ("mood", "sleep", "appetite", "attention", "social")
 _POLAR = tuple(d for d in DOMAINS if d not in NEGATIVELY_TOLD)
 
 
-def reply_mentions(text: str) -> dict[str, list[bool]]:
-    """The domains a patient's text mentions by the question-mapping keywords of
-    :data:`envs.intake.domains.RULES`, each with one flag per mention: whether the
-    clause of the mention holds a negation. See :func:`check_reply` for the rules."""
-    return {d: list(flags) for d, flags in _mentions(text).items()}
-
-
 @functools.lru_cache(maxsize=4096)
 def _mentions(text: str) -> dict[str, tuple[bool, ...]]:  # cached: a case's texts are checked every turn
     t = normalize(text)

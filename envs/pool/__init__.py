@@ -33,12 +33,13 @@ pickled, runs past ``step_timeout``, or kills its worker process (segfault,
     ("", 0.0, False, True, {"failed": True, "failure_kind": KIND, "failure": MESSAGE,
                             "traceback": TEXT_OR_NONE})
 
-with KIND one of ``exception``, ``invalid_result``, ``unpicklable``, ``timeout``,
-``crash``, ``memory_limit``, ``cpu_limit`` (the optional per-worker resource limits),
-``replay_diverged``, ``worker_lost`` (a reset failure returns
-``("", info)`` with the same info). The worker process is then restarted (after an
-exception too, unless ``restart_on_exception=False``, which keeps the process and
-drops only the faulty env). Every other episode of that worker is rebuilt in the new
+with KIND one of ``raised``, ``invalid_result``, ``unpicklable``, ``timeout``,
+``crashed``, ``memory_limit``, ``cpu_limit`` (the optional per-worker resource limits),
+``replay_diverged``, ``worker_lost`` (``envs.pool.failures``, whose words for a raise, a
+crash, a timeout and an invalid result are those of the agent programs' pool too; a
+reset failure returns ``("", info)`` with the same info). The worker process is then
+restarted (after an env raised too, unless ``restart_on_exception=False``, which keeps
+the process and drops only the faulty env). Every other episode of that worker is rebuilt in the new
 worker by replaying its seed and actions; the observations the replay produces are
 checked against digests of those first seen, so a healthy episode's transcript is
 exactly that of a fault-free run (an env that is not deterministic given its seed and
@@ -63,11 +64,13 @@ together); see ``benchmarks/w5_envpool.py`` for the measured overhead.
 
 The modules: ``pool`` (the parent side: :class:`EnvPool`, its slots, calls and fault
 handling), ``process`` (the parent's handle on one worker process), ``worker`` (what
-runs in the worker processes: the env calls, the limits, the worker's loop) and
-``protocol`` (what both sides share: ops, messages, failure kinds, the error).
+runs in the worker processes: the env calls, the limits, the worker's loop),
+``protocol`` (what both sides share: ops, messages, the error) and ``failures`` (the
+failure kinds).
 """
 
+from envs.pool.failures import FAILURE_KINDS
 from envs.pool.pool import EnvPool, PoolCall
-from envs.pool.protocol import FAILURE_KINDS, PARENT_POLL_S, EnvPoolError
+from envs.pool.protocol import PARENT_POLL_S, EnvPoolError
 
 __all__ = ["EnvPool", "EnvPoolError", "PoolCall", "PARENT_POLL_S", "FAILURE_KINDS"]

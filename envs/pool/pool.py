@@ -19,11 +19,13 @@ import signal
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from multiprocessing.connection import Connection
+from typing import Any, cast
 
 from envs.core import Env
+from envs.pool.failures import CAUGHT_KINDS, CPU_LIMIT, CRASHED, TIMEOUT, WORKER_LOST
 from envs.pool.process import Timeouts, WorkerProcess, shutdown
-from envs.pool.protocol import EXPERT, RAISED_KINDS, REPLAY, RESET, STEP
+from envs.pool.protocol import EXPERT, REPLAY, RESET, STEP
 from envs.pool.worker import SlotRunner
 
 _MAX_SILENT_DEATHS = 3
@@ -111,9 +113,9 @@ class EnvPool:
         ):
             if not isinstance(val, (int, float)) or not val > 0:
                 raise ValueError(f"{name} must be a positive number of seconds, got {val!r}")
-        for name, val in (("memory_limit_mb", memory_limit_mb), ("cpu_limit_s", cpu_limit_s)):
-            if val is not None and (isinstance(val, bool) or not isinstance(val, (int, float)) or not val > 0):
-                raise ValueError(f"{name} must be a positive number or None (no limit), got {val!r}")
+        for name, limit in (("memory_limit_mb", memory_limit_mb), ("cpu_limit_s", cpu_limit_s)):
+            if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 0):
+                raise ValueError(f"{name} must be a positive number or None (no limit), got {limit!r}")
         self.memory_limit_mb = memory_limit_mb
         self.cpu_limit_s = cpu_limit_s
         if mp_context not in ("spawn", "forkserver"):
@@ -142,7 +144,7 @@ class EnvPool:
         self._runner: SlotRunner | None = None
         if self.num_workers == 0:
             self._runner = SlotRunner(dict(enumerate(env_fns)), pickled=False)
-            self._finalizer = weakref.finalize(self, self._runner.close)
+            self._finalizer: weakref.finalize[..., EnvPool] = weakref.finalize(self, self._runner.close)
             return
         self._pickled = {}
         for i, fn in enumerate(env_fns):
@@ -328,7 +330,8 @@ class EnvPool:
 
     def worker_pids(self) -> list[int]:
         """Process ids of the live workers (empty in-process)."""
-        return [w.proc.pid for w in self._workers if w.proc is not None and w.proc.is_alive()]
+        procs = [w.proc for w in self._workers]
+        return [p.pid for p in procs if p is not None and p.is_alive() and p.pid is not None]
 
     def close(self) -> None:
         """Stop all workers (idempotent); the pool cannot be used afterwards."""
@@ -418,7 +421,7 @@ class EnvPool:
                 self._wait_once(self._poll_s if end is None else max(0.0, min(self._poll_s, end - now)))
             for s in self._slots:  # cannot happen unless a worker vanished mid-call
                 if s.pending is not None and not self._workers[s.worker].busy:
-                    self._fail(s, "worker_lost", "no result came back for this slot", None)
+                    self._fail(s, WORKER_LOST, "no result came back for this slot", None)
         out, self._results = self._results, {}
         return out
 
@@ -470,8 +473,9 @@ class EnvPool:
         waiting = [w for w in self._workers if w.busy or not w.ready]
         if not any(w.busy for w in waiting):
             return
-        by_handle = {}
+        by_handle: dict[Connection | int, WorkerProcess] = {}
         for w in waiting:
+            assert w.conn is not None and w.proc is not None  # waiting: started
             by_handle[w.conn] = w
             by_handle[w.proc.sentinel] = w
         now = time.monotonic()
@@ -481,7 +485,7 @@ class EnvPool:
         ready = mpc.wait(list(by_handle), timeout=min(max(0.0, deadline - now), wait))
         handled = set()
         for h in ready:
-            w = by_handle[h]
+            w = by_handle[cast("Connection | int", h)]  # one of the handles it was given
             if w.index in handled:
                 continue
             handled.add(w.index)
@@ -492,6 +496,7 @@ class EnvPool:
                 self._on_timeout(w)
 
     def _on_ready(self, w: WorkerProcess) -> None:
+        assert w.proc is not None
         try:
             answered = w.receive(self.step_timeout)
             if answered is not None:
@@ -503,7 +508,7 @@ class EnvPool:
             self._on_death(w, None)
 
     def _on_done(self, w: WorkerProcess, batch: list, results: list) -> None:
-        failed_exception = False
+        caught = False
         for (i, op, _), res in zip(batch, results, strict=True):
             slot = self._slots[i]
             if op == REPLAY:
@@ -513,13 +518,14 @@ class EnvPool:
             if slot.status == "failed" and op != RESET:
                 continue
             self._record(slot, res)
-            if res[0] == "fail" and res[1] in RAISED_KINDS:
-                failed_exception = True
-        if failed_exception and self.restart_on_exception:
+            if res[0] == "fail" and res[1] in CAUGHT_KINDS:
+                caught = True
+        if caught and self.restart_on_exception:
             w.needs_restart = True
         self._advance(w)
 
     def _on_timeout(self, w: WorkerProcess) -> None:
+        assert w.conn is not None
         if w.conn.poll():  # its answer arrived after all
             self._on_ready(w)
             return
@@ -536,12 +542,12 @@ class EnvPool:
             what = "replaying the episode took longer than its timeout"
         else:
             what = f"{op} took longer than step_timeout={self.step_timeout}s"
-        self._abort_batch(w, k, "timeout", what)
+        self._abort_batch(w, k, TIMEOUT, what)
 
     def _on_death(self, w: WorkerProcess, reason: str | None) -> None:
         k = w.running()
         code = w.proc.exitcode if w.proc is not None else None
-        kind = "crash"
+        kind = CRASHED
         if reason is None:
             reason = f"the worker process died (exit code {code}"
             if code is not None and code < 0:
@@ -551,7 +557,7 @@ class EnvPool:
                     pass
             reason += ")"
             if code == -signal.SIGXCPU and self.cpu_limit_s is not None:
-                kind = "cpu_limit"
+                kind = CPU_LIMIT
                 reason = f"the env call used more than cpu_limit_s={self.cpu_limit_s} CPU seconds ({reason})"
         self._abort_batch(w, k, kind, reason)
 
@@ -571,7 +577,7 @@ class EnvPool:
                     if s.pending is not None or s.status == "running":
                         self._fail(
                             s,
-                            "worker_lost",
+                            WORKER_LOST,
                             f"{reason}, {w.silent_deaths} times in a row without running any env",
                             None,
                         )

@@ -14,8 +14,11 @@ import os
 import pickle
 import time
 import traceback
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from typing import Any, NamedTuple
 
+from envs.pool.failures import UNPICKLABLE
 from envs.pool.protocol import (
     DONE,
     EXIT,
@@ -62,9 +65,9 @@ class WorkerProcess:
     def __init__(self, index: int, slots: list[int]):
         self.index = index
         self.slots = slots
-        self.proc = None
-        self.conn = None
-        self.progress = None
+        self.proc: BaseProcess | None = None
+        self.conn: Connection | None = None
+        self.progress: ctypes.Array[ctypes.c_double] | None = None  # shared with the process
         self.ready = False  # its READY message came
         self.started_at = 0.0
         self.batch: list[tuple[int, str, Any]] | None = None  # the items sent, not yet answered
@@ -72,7 +75,7 @@ class WorkerProcess:
         self.seq = 0  # number of the last batch sent
         self.needs_restart = False  # restart before its next batch
         self.silent_deaths = 0  # deaths in a row without running any env
-        self.pid = None
+        self.pid: int | None = None
 
     @property
     def busy(self) -> bool:
@@ -112,6 +115,7 @@ class WorkerProcess:
             return
         self.sent_at = time.monotonic()
         self.seq += 1
+        assert self.conn is not None, "send_batch: the worker is not started"
         try:
             self.conn.send((RUN, self.seq, items))
         except (OSError, EOFError, ValueError):
@@ -119,12 +123,12 @@ class WorkerProcess:
 
     def running(self) -> int:
         """Index in the batch of the item running (-1: none, or not started)."""
-        return int(self.progress[PROGRESS_ITEM]) if self.ready else -1
+        return int(self.progress[PROGRESS_ITEM]) if self.ready and self.progress is not None else -1
 
     def deadline(self, timeouts: Timeouts) -> float:
         """When the worker is overdue: its start, or the item it runs (its own budget
         from when it started), or a batch not started yet."""
-        if not self.ready:
+        if not self.ready or self.progress is None:
             return self.started_at + timeouts.startup
         k = int(self.progress[PROGRESS_ITEM])
         if k < 0 or self.batch is None or k >= len(self.batch):
@@ -141,10 +145,11 @@ class WorkerProcess:
             budget = timeouts.step
         return started + budget
 
-    def receive(self, resend_timeout: float) -> tuple[list, list] | None:
+    def receive(self, resend_timeout: float) -> tuple[list[tuple[int, str, Any]], list] | None:
         """Read the messages that have arrived: ``(batch, results)`` once the batch is
         answered (the worker is then idle), else None. Raises EOFError / OSError when the
         pipe closed (the process is exiting)."""
+        assert self.conn is not None, "receive: the worker is not started"
         while self.conn.poll():
             msg = self._recv(resend_timeout)
             if msg is None:
@@ -157,12 +162,14 @@ class WorkerProcess:
             elif msg[0] in (DONE, ITEMS):
                 results = msg[1] if msg[0] == DONE else [unpickle_result(b) for b in msg[1]]
                 batch, self.batch, self.silent_deaths = self.batch, None, 0
+                assert batch is not None, "the worker answered a batch it was not sent"
                 return batch, results
         return None
 
     def _recv(self, resend_timeout: float):
         """The next message; if it cannot be unpickled here (a result holds an object of
         a class only the worker can import), the worker resends the results one by one."""
+        assert self.conn is not None and self.proc is not None
         data = self.conn.recv_bytes()
         try:
             return pickle.loads(data)
@@ -184,7 +191,7 @@ def unpickle_result(data: bytes):
     except Exception as e:
         return (
             "fail",
-            "unpicklable",
+            UNPICKLABLE,
             f"the result cannot be unpickled in the parent process: {type(e).__name__}: {e}",
             traceback.format_exc(),
         )

@@ -1,12 +1,13 @@
 """What the pool's two sides share: the item ops, the messages on the pipe, the
-progress array, the shape of an item's result, and the pool's error.
+progress array, the shape of an item's result, and the pool's error (the failure kinds
+are in ``envs.pool.failures``).
 
 An *item* is one env call for one slot, ``(slot, op, arg)``; a *batch* is the list of
 items the parent sends one worker at a time. The worker answers each item with::
 
     ("ok", payload, digest)            payload: the reset / step result, the expert's
                                        action, or None for a replay
-    ("fail", kind, message, traceback) kind: one of FAILURE_KINDS
+    ("fail", kind, message, traceback) kind: one of ``failures.FAILURE_KINDS``
 
 Messages, parent to worker: ``(RUN, seq, items)``, ``(RESEND,)`` (the batch's results
 could not be unpickled in the parent: send them one by one), ``(EXIT,)``. Worker to
@@ -35,22 +36,6 @@ READY, DONE, ITEMS = "ready", "done", "items"
 
 # Indices into the progress array.
 PROGRESS_ITEM, PROGRESS_STARTED, PROGRESS_DONE = 0, 1, 2
-
-#: Every ``info["failure_kind"]`` a failed result can carry.
-FAILURE_KINDS = (
-    "exception",
-    "invalid_result",
-    "unpicklable",
-    "timeout",
-    "crash",
-    "memory_limit",
-    "cpu_limit",
-    "replay_diverged",
-    "worker_lost",
-)
-#: Failures reported by a worker that goes on running; the worker is restarted after
-#: them unless ``restart_on_exception=False`` (the other kinds restart it anyway).
-RAISED_KINDS = ("exception", "invalid_result", "unpicklable", "memory_limit")
 
 
 class EnvPoolError(RuntimeError):

@@ -24,6 +24,7 @@ import traceback
 from typing import Any
 
 from envs.core import Env
+from envs.pool.failures import INVALID_RESULT, MEMORY_LIMIT, RAISED, REPLAY_DIVERGED, UNPICKLABLE
 from envs.pool.protocol import (
     DONE,
     EXIT,
@@ -186,25 +187,25 @@ class SlotRunner:
             raise ValueError(f"unknown op {op!r}")
         except _BadResult as e:
             self.drop(slot)
-            return ("fail", "invalid_result", str(e), None)
+            return ("fail", INVALID_RESULT, str(e), None)
         except MemoryError as e:  # past the worker's memory limit (or the host's)
             self.drop(slot)
             return (
                 "fail",
-                "memory_limit",
+                MEMORY_LIMIT,
                 f"the env ran out of memory (MemoryError: {e}); the worker's "
                 "address space is limited by memory_limit_mb",
                 traceback.format_exc(),
             )
         except Exception as e:
             self.drop(slot)
-            return ("fail", "exception", f"{type(e).__name__}: {e}", traceback.format_exc())
+            return ("fail", RAISED, f"{type(e).__name__}: {e}", traceback.format_exc())
 
     def _diverged(self, slot: int, where: str):
         self.drop(slot)
         return (
             "fail",
-            "replay_diverged",
+            REPLAY_DIVERGED,
             f"replaying the episode into a restarted worker gave a different result at {where}: "
             "the env is not deterministic given its seed and actions",
             None,
@@ -224,6 +225,13 @@ def _watch_parent(parent_pid: int) -> None:
     Waits on the parent's sentinel (a pipe that closes when it dies; with forkserver the
     parent is the pool's process, not the fork server) and, with spawn, also polls
     getppid, which changes when the parent dies and the worker is re-parented.
+
+    The agent programs' workers have their own watchdog
+    (``jaxagent.gateway.program_worker``), polling getppid alone: they are plain
+    ``python -m`` subprocesses, with no ``multiprocessing`` parent and so no sentinel,
+    while here getppid alone would miss a pool's death under forkserver (the fork server
+    is the parent then). Nor could one function serve both: ``envs`` imports nothing of
+    ``jaxagent``, and the gateway nothing of ``envs``.
     """
     parent = mp.parent_process()
     spawned_by_pool = os.getppid() == parent_pid
@@ -284,7 +292,8 @@ def worker_main(
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     _set_memory_limit(memory_limit_mb)
     runner = SlotRunner(env_fns, pickled=True)
-    items, results = [], []
+    items: list[tuple[int, str, Any]] = []
+    results: list[tuple] = []
     try:
         conn.send((READY, os.getpid()))
         while True:
@@ -330,7 +339,7 @@ def _pickle_result(res, slot: int, op: str, runner: SlotRunner) -> bytes:
         return pickle.dumps(
             (
                 "fail",
-                "unpicklable",
+                UNPICKLABLE,
                 f"the {op} result cannot be pickled to leave the worker: {type(e).__name__}: {e}",
                 traceback.format_exc(),
             )

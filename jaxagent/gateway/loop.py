@@ -29,7 +29,7 @@ tokens and then as many of the others as fit (`records.trained_sequences`). The 
 records `gateway_sequences` (the session's) and `gateway_untrained_calls` (the calls of
 the sequences left out). A program that raises,
 times out, returns no number or never calls the model costs its own episode, failed with
-that kind (`raised`, `timeout`, `bad_return`, `no_calls`; `crashed` when the worker
+that kind (`raised`, `timeout`, `invalid_result`, `no_calls`; `crashed` when the worker
 process running it died, `agent.processes`); calls past
 `rollout.max_turns` in one session are refused (400), and a program that then fails
 ends its episode truncated (`max_turns`), not failed. Episodes with a call sampled more

@@ -34,7 +34,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from jaxagent.gateway.program import SessionOutcome
+from jaxagent.gateway.program import CRASHED, RAISED, TIMEOUT, SessionOutcome
 from jaxagent.gateway.program_worker import read_message, write_message
 
 #: seconds a worker gets past its sessions' own time limits before it is killed
@@ -166,7 +166,7 @@ class ProgramProcesses:
             if t.is_alive():  # no answer in time: a program blocks its process
                 wk.kill()
                 t.join(timeout=5)
-                kind = "timeout"
+                kind = TIMEOUT
                 message = (
                     f"the agent programs' process {i} did not finish its {len(shares[i])} sessions within "
                     f"{limit:g} s and was stopped (a program that blocks its event loop, "
@@ -176,7 +176,7 @@ class ProgramProcesses:
             elif isinstance(answer, dict) and "outcomes" in answer:
                 failed = list(answer["outcomes"])
             elif isinstance(answer, dict) and "error" in answer:
-                failed = _failed(shares[i], "raised", answer["error"], answer.get("traceback", ""))
+                failed = _failed(shares[i], RAISED, answer["error"], answer.get("traceback", ""))
             else:  # the end of its output (or a garbled answer): it died
                 try:
                     wk.proc.wait(timeout=10)
@@ -188,7 +188,7 @@ class ProgramProcesses:
                 message = f"the agent programs' process {i} exited (code {code}) before its sessions ended" + (
                     f"; its last output:\n{last}" if last else ""
                 )
-                failed = _failed(shares[i], "crashed", message)
+                failed = _failed(shares[i], CRASHED, message)
             for o in failed:
                 out[o.session_id] = o
         return [out[sid] for sid, _, _ in tasks]

@@ -18,13 +18,14 @@ What it returns: the episode's reward, a finite number, or a dict with a finite 
 `reward` and further keys, the episode's metrics: finite numbers, or bools counted as 1 / 0
 (`{"reward": 1.0, "turns": 3, "solved": True}`).
 
-How an episode fails (`SessionOutcome.failure_kind`; a failed episode is left out of the
+How an episode fails (`SessionOutcome.failure_kind`, one of `FAILURE_KINDS`, with the
+env pool's words for what both pools share; a failed episode is left out of the
 update, never the run, and one session's failure never touches another's):
 
 - "raised": the program raised an exception (its traceback is kept);
 - "timeout": it ran longer than `agent.timeout_s`; it is cancelled, and has stopped when
   `run_sessions` returns;
-- "bad_return": it returned something else than a finite number or a dict with a finite
+- "invalid_result": it returned something else than a finite number or a dict with a finite
   numeric `reward` and numeric metrics (the message names what it returned);
 - "no_calls": it returned without one call through its client (a program that builds
   its own client, or reaches another endpoint, trains nothing).
@@ -62,8 +63,31 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-#: the failure kinds of a session (`SessionOutcome.failure_kind`)
-FAILURE_KINDS = ("raised", "timeout", "bad_return", "no_calls", "crashed")
+# ---------------------------------------------------------------- how a session fails
+# The trainer counts an iteration's failed episodes per kind (the metric `failed_<kind>`),
+# whichever worker pool failed them: the agent programs' (these), or the env pool's
+# (`envs.pool.failures`). A failure both pools can have is spelled the same in both
+# (`tests/test_gateway_program.py` checks it). The words live in two modules, not one,
+# because neither package may import the other: the gateway plays no env
+# (`tests/test_layering.py`), and `envs` is plain Python without `jaxagent`
+# (`tests/test_envs_core.py`); and this module imports nothing of `jaxagent` at all.
+
+#: the program raised an exception (its traceback is kept), or could not be loaded in its
+#: worker process (a word both pools share)
+RAISED = "raised"
+#: the worker process running the program exited before its session ended (shared)
+CRASHED = "crashed"
+#: the program ran longer than `agent.timeout_s`, or held up its worker process past its
+#: sessions' time (shared)
+TIMEOUT = "timeout"
+#: the program returned something else than a finite reward, or a dict with a finite
+#: numeric `reward` and numeric metrics (shared)
+INVALID_RESULT = "invalid_result"
+#: the program returned without one call through its client
+NO_CALLS = "no_calls"
+#: the failure kinds of a session (`SessionOutcome.failure_kind`); `ProgramLoop` adds
+#: "stale" for an episode with a call sampled too many policy versions ago
+FAILURE_KINDS = (RAISED, TIMEOUT, INVALID_RESULT, NO_CALLS, CRASHED)
 
 #: "module:function" (dotted module, dotted attribute)
 _SPEC = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*$")
@@ -289,7 +313,7 @@ def _finite(x: Any) -> bool:
 
 def parse_result(result: Any) -> tuple[float, dict[str, float]]:
     """The (reward, metrics) of what a program returned; `ValueError` saying what is
-    wrong with it (the "bad_return" message)."""
+    wrong with it (the "invalid_result" message)."""
     if _finite(result):
         return float(result), {}
     expected = "expected a finite number (the reward) or a dict with a finite numeric 'reward' and numeric metrics"
@@ -344,7 +368,7 @@ async def run_sessions(
 
     A program that raises fails as "raised", one past `timeout_s` is cancelled (and has
     stopped by the time this returns) and fails as "timeout", one that returns a bad
-    value as "bad_return", and one that returns after `calls_made(session_id) == 0` calls
+    value as "invalid_result", and one that returns after `calls_made(session_id) == 0` calls
     as "no_calls" (see the module's docstring; `calls_made` None: the caller checks that,
     `check_calls`). Each client is closed (its async
     `close()`, errors ignored) when its session ends.
@@ -373,7 +397,7 @@ async def run_sessions(
                     raise TimeoutError
             except TimeoutError:
                 if scope.expired():
-                    out.failure_kind = "timeout"
+                    out.failure_kind = TIMEOUT
                     out.failure_message = (
                         f"the program ran longer than timeout_s={timeout_s:g} s and was cancelled "
                         f"(session {session_id!r})"
@@ -395,7 +419,7 @@ async def run_sessions(
                 try:
                     out.reward, out.metrics = parse_result(result)
                 except ValueError as err:
-                    out.failure_kind, out.failure_message = "bad_return", str(err)
+                    out.failure_kind, out.failure_message = INVALID_RESULT, str(err)
             if calls_made is not None:
                 check_calls([out], calls_made)
             if out.failure_kind is not None:
@@ -410,7 +434,7 @@ def check_calls(outcomes: Sequence[SessionOutcome], calls_made: Callable[[str], 
     no call (`calls_made(session_id) == 0`); its reward and metrics are dropped."""
     for out in outcomes:
         if out.failure_kind is None and calls_made(out.session_id) == 0:
-            out.failure_kind = "no_calls"
+            out.failure_kind = NO_CALLS
             out.failure_message = (
                 f"the program returned without calling the model through its client (session "
                 f"{out.session_id!r} made 0 calls); it must use the client it is given (any model= name)"
@@ -420,7 +444,7 @@ def check_calls(outcomes: Sequence[SessionOutcome], calls_made: Callable[[str], 
 
 def _raised(out: SessionOutcome) -> None:
     err = sys.exc_info()[1]
-    out.failure_kind = "raised"
+    out.failure_kind = RAISED
     out.failure_message = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
     out.traceback = traceback.format_exc()
 

@@ -63,7 +63,14 @@ def read_message(stream: IO[bytes]) -> Any:
 
 def _exit_with_parent(parent: int) -> None:
     """Exits this process once its parent is gone (re-parented: `getppid` changed), so a
-    trainer killed outright leaves no worker behind, whatever its programs are doing."""
+    trainer killed outright leaves no worker behind, whatever its programs are doing.
+
+    The env pool's workers watch their parent too (`envs.pool.worker._watch_parent`), on
+    the sentinel `multiprocessing` gives its children. This process is a plain `python -m`
+    subprocess (its protocol is its stdin and stdout, set up before any program runs),
+    with no such sentinel: `getppid` is what it has, and suffices, the trainer being its
+    direct parent. Nor could one function serve both: the gateway imports nothing of
+    `envs`, and `envs` nothing of `jaxagent`."""
     while os.getppid() == parent:
         time.sleep(1.0)
     os._exit(1)

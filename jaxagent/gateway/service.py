@@ -185,9 +185,6 @@ class Gateway:
         with self._lock:
             return session_id in self._limited
 
-    def is_open(self, session_id: str) -> bool:
-        return session_id in self.store
-
     # ------------------------------------------------------------ a call
     async def chat(self, session_id: str | None, request: ChatRequest) -> ChatResult:
         """Answer `request` in session `session_id` (None: a one-call session). Raises

@@ -40,7 +40,7 @@ Optimizer state (AdamW `mu`, `nu`) is sharded like its parameters (matched by th
 parameter path at the end of each optimizer-state leaf's path, and its shape);
 scalars (counts, `step`, `skipped`, the PRNG key) are replicated.
 
-The update is `jaxagent.train.make_sharded_train_step`: jitted once with the state's shardings
+The update is `jaxagent.train.update.make_sharded_train_step`: jitted once with the state's shardings
 in and out, the batch split over ("data", "fsdp"), metrics replicated, state donated.
 Axis types are `Auto`: the compiler propagates shardings through the model from the
 pinned inputs and outputs (what `pjit` did). Left to itself, on an fsdp axis

@@ -291,6 +291,132 @@ def unroll_layers_default() -> bool:
     return code_platform() == "cpu"
 
 
+def _feed(tok_B, run_B, kv, lengths_B, window: int, *, params, config: DecoderConfig, layers, max_len: int):
+    """One decode step: (logits, kv, lengths). `kv` is what the loop carries: the stacked
+    `(k, v)` for `decode_step`, or per-layer window buffers `(ks, vs)` when `layers` (then
+    the layers are unrolled, `decode_step_layers`); the loop body is the same for both."""
+    if layers is not None:
+        logits, ks, vs, lengths_B = decode_step_layers(params, layers, config, tok_B, run_B, *kv, lengths_B, max_len)
+        return logits, (ks, vs), lengths_B
+    cache = decoder.KVCache(k=kv[0], v=kv[1], lengths=lengths_B)
+    logits, cache = decode_step(params, config, tok_B, run_B, cache, window=window)
+    return logits, (cache.k, cache.v), cache.lengths
+
+
+def _decode_carry(state: SamplerState, active_B, max_new_B, max_new_tokens: int, stop_len: int, pad_id: int):
+    """The decode loop's carry before its first step. A row given no tokens is done from
+    the start, as if it had reached its length limit, so a call may ask for 0 tokens of
+    some rows; `recent` starts as -2, never a token id, so a stop sequence matches only
+    tokens generated in this call (not the end of the prompt)."""
+    B, N = state.batch_size, max_new_tokens
+    done0 = (~active_B) | (max_new_B <= 0)
+    reason0 = jnp.where(active_B & (max_new_B <= 0), FINISH_LENGTH, FINISH_NONE).astype(jnp.int32)
+    return dict(
+        kv=None,  # set per segment: its window's buffers (`_layer_windows`) or the stacked cache
+        lengths=state.cache.lengths,
+        logits=state.next_logits_BxV,
+        step=jnp.int32(0),
+        done=done0,
+        reason=reason0,
+        num=jnp.zeros((B,), jnp.int32),
+        toks=jnp.full((B, N), pad_id, jnp.int32),
+        logps=jnp.zeros((B, N), jnp.float32),
+        recent=jnp.full((B, stop_len), -2, jnp.int32),
+    )
+
+
+def _decode_cond(c, *, window: int, max_len: int, max_new_tokens: int):
+    """Whether a segment's loop takes another step: a segment with a window shorter than
+    the cache ends as soon as a running row's next slot falls outside it (the next
+    segment, with a wider window, goes on from there)."""
+    go = (c["step"] < max_new_tokens) & ~jnp.all(c["done"])
+    if window < max_len:
+        go = go & jnp.all(c["done"] | (c["lengths"] < window))
+    return go
+
+
+def _stop_reasons(tok_B, recent_BxL, num_B, stop_tokens_BxS, stop_seqs_BxQxL, seq_used_BxQ, max_new_B, max_new_tokens):
+    """(whether the token just sampled ends each row, the finish reason if it does). A row
+    that meets several conditions at once reports the most specific: a stop token, then a
+    stop sequence, then the length limit."""
+    hit_tok = jnp.any(tok_B[:, None] == stop_tokens_BxS, axis=-1)
+    match = jnp.all((stop_seqs_BxQxL < 0) | (stop_seqs_BxQxL == recent_BxL[:, None, :]), axis=-1)
+    hit_seq = jnp.any(match & seq_used_BxQ, axis=-1)
+    hit_len = num_B >= jnp.minimum(max_new_B, max_new_tokens)
+    reason = jnp.where(hit_tok, FINISH_STOP_TOKEN, jnp.where(hit_seq, FINISH_STOP_SEQUENCE, FINISH_LENGTH)).astype(
+        jnp.int32
+    )
+    return hit_tok | hit_seq | hit_len, reason
+
+
+def _decode_body(
+    c,
+    *,
+    window: int,
+    feed,
+    keys_B,
+    sampling: SamplingConfig,
+    pad_id: int,
+    stop_tokens_BxS,
+    stop_seqs_BxQxL,
+    seq_used_BxQ,
+    max_new_B,
+    max_new_tokens: int,
+    max_len: int,
+):
+    """One step of the decode loop: a token sampled for each running row, written to the
+    output and fed to the cache. Rows that are done (or whose cache just filled up) are
+    carried along unchanged, as the loop runs every row until all are done."""
+    full = c["lengths"] >= max_len
+    newly_full = ~c["done"] & full
+    run = ~c["done"] & ~full
+    tok, logp = sample_tokens(c["logits"], keys_B, c["lengths"], sampling)
+    tok = jnp.where(run, tok, pad_id)
+    logp = jnp.where(run, logp, 0.0)
+    toks = jax.lax.dynamic_update_slice(c["toks"], tok[:, None], (0, c["step"]))
+    logps = jax.lax.dynamic_update_slice(c["logps"], logp[:, None], (0, c["step"]))
+    logits, kv, lengths = feed(tok, run, c["kv"], c["lengths"], window)
+    logits = jnp.where(run[:, None], logits, c["logits"])
+    num = c["num"] + run.astype(jnp.int32)
+    recent = jnp.where(run[:, None], jnp.concatenate([c["recent"][:, 1:], tok[:, None]], axis=1), c["recent"])
+    hit, reason = _stop_reasons(
+        tok, recent, num, stop_tokens_BxS, stop_seqs_BxQxL, seq_used_BxQ, max_new_B, max_new_tokens
+    )
+    stop = run & hit
+    reason = jnp.where(stop, reason, jnp.where(newly_full, FINISH_CACHE_FULL, c["reason"]))
+    return dict(
+        kv=kv,
+        lengths=lengths,
+        logits=logits,
+        step=c["step"] + 1,
+        done=c["done"] | stop | newly_full,
+        reason=reason,
+        num=num,
+        toks=toks,
+        logps=logps,
+        recent=recent,
+    )
+
+
+def _layer_windows(k, v, window: int, num_layers: int):
+    """Slots `0 .. window - 1` of each layer's cache as its own buffer, `(ks, vs)`: the
+    unrolled loop carries them apart so that a step writes and reads a layer's window in
+    place instead of slicing the stacked cache every step (`decode_step_layers`)."""
+    layer_axes = decoder.ACTIVATION_AXES["cache_kv"][1:]
+    return tuple(
+        [decoder.constrain_activation(a[i, :, :, :window], layer_axes) for i in range(num_layers)] for a in (k, v)
+    )
+
+
+def _write_back(k, v, ks, vs):
+    """The stacked cache `k`, `v` with the per-layer windows `ks`, `vs` written back in
+    place at slot 0; the slots from the window on are unchanged."""
+    for i in range(len(ks)):
+        k = jax.lax.dynamic_update_slice(k, ks[i][None], (i, 0, 0, 0, 0))
+        v = jax.lax.dynamic_update_slice(v, vs[i][None], (i, 0, 0, 0, 0))
+    return k, v
+
+
 def decode_kernel(
     params,
     config: DecoderConfig,
@@ -322,99 +448,31 @@ def decode_kernel(
       (the layer body is traced `L` times per segment) and memory (the window copies: up
       to one more KV cache in the last segment). None = `unroll_layers_default()`.
     """
-    B = state.batch_size
-    N = max_new_tokens
     S = state.cache.max_len
-    L = stop_seqs_BxQxL.shape[2]
     seq_used_BxQ = jnp.any(stop_seqs_BxQxL >= 0, axis=-1)
     unroll = unroll_layers_default() if unroll_layers is None else bool(unroll_layers)
     layers = layer_params(params, config) if unroll else None
-
-    def feed(tok, run, kv, lengths, window):
-        """One decode step: (logits, kv, lengths); kv is (k, v), stacked or per layer."""
-        if unroll:
-            logits, ks, vs, lengths = decode_step_layers(params, layers, config, tok, run, *kv, lengths, S)
-            return logits, (ks, vs), lengths
-        logits, cache = decode_step(
-            params, config, tok, run, decoder.KVCache(k=kv[0], v=kv[1], lengths=lengths), window=window
-        )
-        return logits, (cache.k, cache.v), cache.lengths
-
-    done0 = (~active_B) | (max_new_B <= 0)
-    reason0 = jnp.where(active_B & (max_new_B <= 0), FINISH_LENGTH, FINISH_NONE).astype(jnp.int32)
-    carry0 = dict(
-        kv=None,
-        lengths=state.cache.lengths,
-        logits=state.next_logits_BxV,
-        step=jnp.int32(0),
-        done=done0,
-        reason=reason0,
-        num=jnp.zeros((B,), jnp.int32),
-        toks=jnp.full((B, N), pad_id, jnp.int32),
-        logps=jnp.zeros((B, N), jnp.float32),
-        recent=jnp.full((B, L), -2, jnp.int32),
+    c = _decode_carry(state, active_B, max_new_B, max_new_tokens, stop_seqs_BxQxL.shape[2], pad_id)
+    feed = functools.partial(_feed, params=params, config=config, layers=layers, max_len=S)
+    body = functools.partial(
+        _decode_body,
+        feed=feed,
+        keys_B=state.keys_B,
+        sampling=sampling,
+        pad_id=pad_id,
+        stop_tokens_BxS=stop_tokens_BxS,
+        stop_seqs_BxQxL=stop_seqs_BxQxL,
+        seq_used_BxQ=seq_used_BxQ,
+        max_new_B=max_new_B,
+        max_new_tokens=max_new_tokens,
+        max_len=S,
     )
-    keys_B = state.keys_B
-
-    def cond(c, window):
-        go = (c["step"] < N) & ~jnp.all(c["done"])
-        if window < S:
-            go = go & jnp.all(c["done"] | (c["lengths"] < window))
-        return go
-
-    def body(c, window):
-        full = c["lengths"] >= S
-        newly_full = ~c["done"] & full
-        run = ~c["done"] & ~full
-        tok, logp = sample_tokens(c["logits"], keys_B, c["lengths"], sampling)
-        tok = jnp.where(run, tok, pad_id)
-        logp = jnp.where(run, logp, 0.0)
-        toks = jax.lax.dynamic_update_slice(c["toks"], tok[:, None], (0, c["step"]))
-        logps = jax.lax.dynamic_update_slice(c["logps"], logp[:, None], (0, c["step"]))
-        logits, kv, lengths = feed(tok, run, c["kv"], c["lengths"], window)
-        logits = jnp.where(run[:, None], logits, c["logits"])
-        num = c["num"] + run.astype(jnp.int32)
-        recent = jnp.where(run[:, None], jnp.concatenate([c["recent"][:, 1:], tok[:, None]], axis=1), c["recent"])
-        hit_tok = jnp.any(tok[:, None] == stop_tokens_BxS, axis=-1)
-        match = jnp.all((stop_seqs_BxQxL < 0) | (stop_seqs_BxQxL == recent[:, None, :]), axis=-1)
-        hit_seq = jnp.any(match & seq_used_BxQ, axis=-1)
-        hit_len = num >= jnp.minimum(max_new_B, N)
-        reason = jnp.where(hit_tok, FINISH_STOP_TOKEN, jnp.where(hit_seq, FINISH_STOP_SEQUENCE, FINISH_LENGTH)).astype(
-            jnp.int32
-        )
-        stop = run & (hit_tok | hit_seq | hit_len)
-        reason = jnp.where(stop, reason, jnp.where(newly_full, FINISH_CACHE_FULL, c["reason"]))
-        return dict(
-            kv=kv,
-            lengths=lengths,
-            logits=logits,
-            step=c["step"] + 1,
-            done=c["done"] | stop | newly_full,
-            reason=reason,
-            num=num,
-            toks=toks,
-            logps=logps,
-            recent=recent,
-        )
-
-    c = carry0
     k, v = state.cache.k, state.cache.v
-    layer_axes = decoder.ACTIVATION_AXES["cache_kv"][1:]
     for window in attention_windows(S, window_segments):
-        if unroll:  # this segment's window of each layer, as its own buffer
-            c["kv"] = tuple(
-                [decoder.constrain_activation(a[i, :, :, :window], layer_axes) for i in range(config.num_layers)]
-                for a in (k, v)
-            )
-        else:
-            c["kv"] = (k, v)
-        c = jax.lax.while_loop(functools.partial(cond, window=window), functools.partial(body, window=window), c)
-        if unroll:  # written back in place; the slots from `window` on are unchanged
-            for i in range(config.num_layers):
-                k = jax.lax.dynamic_update_slice(k, c["kv"][0][i][None], (i, 0, 0, 0, 0))
-                v = jax.lax.dynamic_update_slice(v, c["kv"][1][i][None], (i, 0, 0, 0, 0))
-        else:
-            k, v = c["kv"]
+        c["kv"] = _layer_windows(k, v, window, config.num_layers) if unroll else (k, v)
+        cond = functools.partial(_decode_cond, window=window, max_len=S, max_new_tokens=max_new_tokens)
+        c = jax.lax.while_loop(cond, functools.partial(body, window=window), c)
+        k, v = _write_back(k, v, *c["kv"]) if unroll else c["kv"]
     # rows still running when the loop ran out of steps (max_new_B > N cannot happen: clipped)
     reason = jnp.where(~c["done"], FINISH_LENGTH, c["reason"]).astype(jnp.int32)
     state = state.replace(cache=decoder.KVCache(k=k, v=v, lengths=c["lengths"]), next_logits_BxV=c["logits"])

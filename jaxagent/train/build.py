@@ -20,10 +20,11 @@ import jax
 import jax.numpy as jnp
 
 from jaxagent import parallel as par
-from jaxagent.config import ConfigError
-from jaxagent.train.config import ModelSection, TrainerConfig
+from jaxagent.dataclass_yaml import ConfigError
+from jaxagent.train.config import TrainerConfig
+from jaxagent.train.config.model import ModelSection
 from jaxagent.train.placement import Placement
-from jaxagent.train.state import TrainState, init_train_state
+from jaxagent.train.update.state import TrainState, init_train_state
 
 
 def build_tokenizer(section: ModelSection):
@@ -72,7 +73,7 @@ def run_tokenizer(config: TrainerConfig, run_dir: Path, *, resume: bool, demonst
                 "agent.expert: set agent.expert, or use model.tokenizer 'byte'"
             )
         from jaxagent.gateway.tools import TOOL_CHATML_TEMPLATE
-        from jaxagent.train.program_warmstart import program_texts
+        from jaxagent.train.sources.program_warmstart import program_texts
 
         tok = train_bpe_tokenizer(
             program_texts(config), config.model.tokenizer_vocab_size, pieces=config.model.tokenizer_pieces
@@ -164,8 +165,8 @@ def make_placement(config: TrainerConfig, model_config) -> Placement:
     mini-batches and log-prob passes (`PaddedUpdate`), or with `update.trim_chunks`
     micro-batches and log-prob chunks cut to their rows' length (`TrimmedUpdate`; on a
     mesh a micro-batch's rows must split over data * fsdp)."""
-    from jaxagent.train.trimmed import TrimmedUpdate
     from jaxagent.train.update import PaddedUpdate
+    from jaxagent.train.update.trimmed import TrimmedUpdate
 
     up = config.update
     if not up.trim_chunks:
@@ -483,7 +484,7 @@ def build_run(config: TrainerConfig, *, resume: bool = False, log=print) -> Run:
         demos = warm_start_demonstrations(config, log)
     tokenizer = run_tokenizer(config, Path(config.run_dir), resume=resume, demonstrations=demos)
     if config.warm_start.enabled and not resume and config.agent.program is not None:
-        from jaxagent.train.program_warmstart import program_demonstrations
+        from jaxagent.train.sources.program_warmstart import program_demonstrations
 
         demos = program_demonstrations(config, tokenizer, log)  # in the run's own tokens
     k_model, k_critic, k_rng = jax.random.split(jax.random.key(config.seed), 3)
@@ -518,7 +519,7 @@ def check_trackers(config) -> None:
     """`ConfigError` naming the extra to install when a tracker's package is missing
     (training only: evaluating or exporting a run needs no tracker)."""
     if config.logging.trackers:
-        from jaxagent.train.trackers import check_available
+        from jaxagent.train.rundir.trackers import check_available
 
         try:
             check_available(config.logging.trackers)
@@ -534,8 +535,8 @@ def trackers(config, run_dir) -> list:
         return []
     import warnings
 
-    from jaxagent.config import flatten, to_dict
-    from jaxagent.train.trackers import make_trackers
+    from jaxagent.dataclass_yaml import flatten, to_dict
+    from jaxagent.train.rundir.trackers import make_trackers
 
     options = {
         "wandb": {"project": lc.wandb_project, "mode": lc.wandb_mode},

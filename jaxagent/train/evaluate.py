@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxagent.train.metrics import jsonable
-from jaxagent.train.runlog import is_terminal
+from jaxagent.train.rundir.runlog import is_terminal
 from jaxagent.train.runtools import restore_run, run_config
 
 
@@ -243,7 +243,7 @@ def evaluate_run(
     keys (e.g. `env.kwargs.cases=adversarial`): the checkpoint is restored with the run's
     own config and evaluated on the overridden env. The summary holds the env's own
     summary (`summarize`, e.g. intake's rubric and triage rates) under `env_summary`."""
-    from jaxagent.config import ConfigError
+    from jaxagent.dataclass_yaml import ConfigError
     from jaxagent.train import build
 
     run_dir = Path(run_dir)

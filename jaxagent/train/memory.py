@@ -160,8 +160,8 @@ def estimate_memory(
     critic: a PPO critic with the policy's architecture (trunk + value head, full params).
     sample_batch, sample_len: rows and context of the sampler's KV cache (0 when None).
     The formulas are in the module docstring."""
-    from jaxagent.train.state import make_optimizer
-    from jaxagent.train.step_config import StepConfig
+    from jaxagent.train.config.step import StepConfig
+    from jaxagent.train.update.state import make_optimizer
 
     cfg = model_config
     step_config = step_config if step_config is not None else StepConfig()
@@ -311,7 +311,7 @@ def forward_activation_bytes(
     which dominates long sequences (compiled peaks 0.57-1.0x of this from 256 to 8,192
     tokens; with `H T (4 + a)`, as the update's saved layer counts them, 1.5x at 8,192).
     """
-    from jaxagent.train.step_config import StepConfig
+    from jaxagent.train.config.step import StepConfig
 
     step_config = step_config if step_config is not None else StepConfig()
     T = seq_len
@@ -495,14 +495,54 @@ def check_memory(config, model_config, mesh, sampler_mesh, *, rows: int, sampler
     sampler_shares_params: the sampler runs on the state's own buffers
       (`Placement.sampler_params_shared`), so it costs no copy of the params.
     log: receives the estimate's line."""
+    est = _run_estimate(
+        config, model_config, mesh, sampler_mesh, rows=rows, sampler_shares_params=sampler_shares_params
+    )
+    device_bytes, where = _memory_available(config)
+    log(
+        format_memory(est, device_bytes)
+        + ("" if where == "device" or device_bytes is None else f" ({where} / {jax.local_device_count()} devices)")
+    )
+    if device_bytes is None:
+        log("memory check skipped: the device does not report its memory (set device_memory_gb)")
+        return est
+    try:
+        check_fits(est, device_bytes)
+    except DoesNotFitError as e:
+        layout = "one device" if mesh is None else " x ".join(f"{k}={v}" for k, v in mesh.shape.items())
+        raise DoesNotFitError(f"this config does not fit ({layout}): {e}") from None
+    return est
+
+
+def _run_estimate(config, model_config, mesh, sampler_mesh, *, rows: int, sampler_shares_params: bool) -> dict:
+    """`check_memory`'s estimate: what stays resident through the run, and the passes that
+    run one at a time (the update's activations, the log-prob pass, the sampler's append
+    and decode, the warm start's SFT step), of which the total counts the largest."""
+    est, sampler_params = _resident_bytes(
+        config, model_config, mesh, sampler_mesh, rows=rows, sampler_shares_params=sampler_shares_params
+    )
+    passes = _pass_bytes(config, model_config, mesh, sampler_mesh, rows=rows, sampler_params=sampler_params)
+    est.update(passes)
+    one_at_a_time = ["activations", *passes]
+    est["total"] = sum(v for k, v in est.items() if k not in ("total", *one_at_a_time)) + max(
+        est[k] for k in one_at_a_time
+    )
+    return est
+
+
+def _resident_bytes(
+    config, model_config, mesh, sampler_mesh, *, rows: int, sampler_shares_params: bool
+) -> tuple[dict, int]:
+    """The update's estimate (`estimate_memory`) with the sampler's KV cache and the
+    params' other copies (cast to the compute dtype, the sampler's own, the KL
+    reference); and the sampler's params' bytes per device (in the compute dtype)."""
     cfg, up = config, config.update
-    B = cfg.env.batch_size
     common = dict(param_dtype=cfg.model.dtype)
     est = estimate_memory(
         model_config,
         cfg.step_config,
         mesh,
-        batch_size=B // up.mini_batches,
+        batch_size=cfg.env.batch_size // up.mini_batches,
         seq_len=cfg.rollout.max_context,
         critic=cfg.algo.uses_critic,
         **common,
@@ -522,95 +562,80 @@ def check_memory(config, model_config, mesh, sampler_mesh, *, rows: int, sampler
         **common,
     )
     est["kv_cache"] = sampler["kv_cache"]
+
+    def policy_params() -> int:  # the policy's alone (the estimate's params hold the critic's too)
+        if not cfg.algo.uses_critic:
+            return est["params"]
+        return estimate_memory(model_config, cfg.step_config, mesh, batch_size=1, seq_len=1, **common)["params"]
+
     compute = cfg.model.compute_dtype
     cast = compute is not None and compute != cfg.model.dtype
     ratio = np.dtype(compute).itemsize / np.dtype(cfg.model.dtype).itemsize if cast else 1.0
     sampler_params = int(ratio * sampler["params"])  # the sampler's copy, in the compute dtype
     if cast:  # the update's cast copy (in the update's layout) and the sampler's (in its own)
-        policy_params = (
-            est["params"]
-            if not cfg.algo.uses_critic
-            else estimate_memory(model_config, cfg.step_config, mesh, batch_size=1, seq_len=1, **common)["params"]
-        )
-        est["compute_params"] = int(ratio * policy_params) + sampler_params
+        est["compute_params"] = int(ratio * policy_params()) + sampler_params
     elif not sampler_shares_params:  # a copy of its own (fsdp > 1, or several processes)
         est["sampler_params"] = sampler_params
     if cfg.loss.kl_coef > 0 or cfg.algo.kl_reward_coef > 0:
         if model_config.lora is not None:  # a copy of the adapters: the float32 trainable leaves
             est["reference"] = est["grads"] // (2 if up.micro_batches > 1 else 1)
         else:
-            est["reference"] = (
-                est["params"]
-                if not cfg.algo.uses_critic
-                else estimate_memory(model_config, cfg.step_config, mesh, batch_size=1, seq_len=1, **common)["params"]
-            )
+            est["reference"] = policy_params()
+    return est, sampler_params
+
+
+def _pass_bytes(config, model_config, mesh, sampler_mesh, *, rows: int, sampler_params: int) -> dict[str, int]:
+    """The passes besides the update that never overlap it or each other: the log-prob
+    pass, the sampler's append and decode, and the warm start's SFT step (when enabled)."""
+    from jaxagent.rollout.kernels import APPEND_CHUNK, unroll_layers_default
+
+    cfg, up = config, config.update
+    B, T = cfg.env.batch_size, cfg.rollout.max_context
+    common = dict(param_dtype=cfg.model.dtype)
+    out: dict[str, int] = {}
     # the log-prob passes (old policy, reference) run before the update, over the batch's
     # rows `logprob_rows` at a time: the run needs the larger of the two activation figures
     logprob_chunks = 1 if up.logprob_rows is None else B // up.logprob_rows
     pass_rows = (rows if jax.process_count() > 1 else B) // logprob_chunks
-    est["logprob_pass"] = forward_activation_bytes(
-        model_config, cfg.step_config, mesh, rows=pass_rows, seq_len=cfg.rollout.max_context, **common
+    out["logprob_pass"] = forward_activation_bytes(
+        model_config, cfg.step_config, mesh, rows=pass_rows, seq_len=T, **common
     )
     # the sampler's appends (in pieces of APPEND_CHUNK tokens) and decodes run during the
     # rollout, on one pipeline group's rows (or the continuous scheduler's slots) at a time
-    from jaxagent.rollout.kernels import APPEND_CHUNK, unroll_layers_default
-
     sampled = cfg.rollout.sampler_rows(rows)
-    est["prefill"] = prefill_bytes(
+    dtypes = dict(param_dtype=cfg.model.dtype, compute_dtype=cfg.model.compute_dtype, rules=ROLLOUT_AXIS_RULES)
+    out["prefill"] = prefill_bytes(model_config, sampler_mesh, rows=sampled, max_len=T, chunk=APPEND_CHUNK, **dtypes)
+    out["decode"] = decode_bytes(
         model_config,
         sampler_mesh,
         rows=sampled,
-        max_len=cfg.rollout.max_context,
-        chunk=APPEND_CHUNK,
-        param_dtype=cfg.model.dtype,
-        compute_dtype=cfg.model.compute_dtype,
-        rules=ROLLOUT_AXIS_RULES,
-    )
-    est["decode"] = decode_bytes(
-        model_config,
-        sampler_mesh,
-        rows=sampled,
-        max_len=cfg.rollout.max_context,
+        max_len=T,
         unroll_layers=unroll_layers_default(),
         param_bytes=sampler_params,
-        param_dtype=cfg.model.dtype,
-        compute_dtype=cfg.model.compute_dtype,
-        rules=ROLLOUT_AXIS_RULES,
+        **dtypes,
     )
-    passes = ["activations", "logprob_pass", "prefill", "decode"]  # one at a time
     if cfg.warm_start.enabled:  # the warm start's SFT steps, before RL, beside a second optimizer state
         from jaxagent.train.warmstart import sft_rows_at_most, sft_step_config
 
         sft = estimate_memory(
-            model_config,
-            sft_step_config(cfg),
-            mesh,
-            batch_size=sft_rows_at_most(cfg),
-            seq_len=cfg.rollout.max_context,
-            **common,
+            model_config, sft_step_config(cfg), mesh, batch_size=sft_rows_at_most(cfg), seq_len=T, **common
         )
-        est["warm_start"] = sft["activations"] + sft["grads"] + sft["opt_state"]
-        passes.append("warm_start")
-    est["total"] = sum(v for k, v in est.items() if k not in ("total", *passes)) + max(est[k] for k in passes)
-    where = "device"
+        out["warm_start"] = sft["activations"] + sft["grads"] + sft["opt_state"]
+    return out
+
+
+def _memory_available(config) -> tuple[int | None, str]:
+    """The memory the estimate is compared with, and where that figure comes from:
+    ("device": its `memory_stats`, else `config.device_memory_gb`) or, on CPU devices,
+    "host RAM available" shared by the local devices; None when none is known."""
     try:
-        device_bytes = device_memory_bytes()
+        return device_memory_bytes(), "device"
     except ValueError:
-        device_bytes = None if cfg.device_memory_gb is None else int(cfg.device_memory_gb * 2**30)
-        if device_bytes is None and jax.local_devices()[0].platform == "cpu":
-            host = host_memory_bytes()  # CPU devices share the host's RAM
-            if host is not None:
-                device_bytes, where = host // jax.local_device_count(), "host RAM available"
-    log(
-        format_memory(est, device_bytes)
-        + ("" if where == "device" or device_bytes is None else f" ({where} / {jax.local_device_count()} devices)")
-    )
-    if device_bytes is None:
-        log("memory check skipped: the device does not report its memory (set device_memory_gb)")
-        return est
-    try:
-        check_fits(est, device_bytes)
-    except DoesNotFitError as e:
-        layout = "one device" if mesh is None else " x ".join(f"{k}={v}" for k, v in mesh.shape.items())
-        raise DoesNotFitError(f"this config does not fit ({layout}): {e}") from None
-    return est
+        pass
+    if config.device_memory_gb is not None:
+        return int(config.device_memory_gb * 2**30), "device"
+    if jax.local_devices()[0].platform == "cpu":
+        host = host_memory_bytes()  # CPU devices share the host's RAM
+        if host is not None:
+            return host // jax.local_device_count(), "host RAM available"
+    return None, "device"

@@ -9,7 +9,7 @@ branching on the mode itself, to:
   (`logprobs`) of the update strategy it is given (`update`, chosen once by the run's
   builder, `jaxagent.train.build.make_placement`: `jaxagent.train.update.PaddedUpdate`, whole
   padded mini-batches, `train_step` / `sft_step` on one device and
-  `make_sharded_train_step` on a mesh; or `jaxagent.train.trimmed.TrimmedUpdate`, chunks
+  `make_sharded_train_step` on a mesh; or `jaxagent.train.update.trimmed.TrimmedUpdate`, chunks
   cut to their rows' length), and place mini-batches (`to_device`: rows split over
   ("data", "fsdp"));
 - turn this process's rollout rows into the global batch (`global_batch`: every
@@ -44,13 +44,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxagent import parallel as par
-from jaxagent.config import ConfigError
+from jaxagent.dataclass_yaml import ConfigError
 from jaxagent.models import decoder
 from jaxagent.parallel import MeshConfig
-from jaxagent.train.batch import ModelInputs
-from jaxagent.train.config import check_mesh_rows
-from jaxagent.train.losses import critic_values, for_compute
+from jaxagent.train.config.update import check_mesh_rows
 from jaxagent.train.update import PaddedUpdate
+from jaxagent.train.update.batch import ModelInputs
+from jaxagent.train.update.losses import critic_values, for_compute
 
 
 def _policy_logprobs(

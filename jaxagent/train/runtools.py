@@ -19,7 +19,7 @@ def run_config(run_dir: str | Path, overrides=()):
     """A run directory's `config.yaml` (with `run_dir` set to where the run is now). A
     damaged file (`rundir.read_config`) is a `RunFileError`, and a value the config cannot
     hold a `ConfigError`, each naming the file; a bad override is a `ConfigError` of its own."""
-    from jaxagent.config import ConfigError, load_config
+    from jaxagent.dataclass_yaml import ConfigError, load_config
     from jaxagent.train.config import TrainerConfig
     from jaxagent.train.rundir import read_config
 
@@ -56,7 +56,7 @@ def export_run(
     """`jaxagent export`: a run's policy (checkpoint `step`, default the newest) as a
     Hugging Face directory that transformers loads: config, safetensors (LoRA merged),
     the run's tokenizer and chat template, and a generation config whose EOS ends a turn."""
-    from jaxagent.train.checkpoint import export_policy
+    from jaxagent.train.rundir.checkpoint import export_policy
 
     config = run_config(run_dir)
     run, state, progress = restore_run(config, step, log=log)

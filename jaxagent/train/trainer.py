@@ -53,17 +53,17 @@ import numpy as np
 
 from jaxagent.rollout.trajectory import trim_padding
 from jaxagent.train import build
-from jaxagent.train.advantages import compute_advantages, shape_rewards
-from jaxagent.train.batch import UpdateBatch, last_turn_mask
-from jaxagent.train.collect import collect_batch
 from jaxagent.train.config import TrainerConfig
-from jaxagent.train.episodes import EpisodeStore, select_for_store
 from jaxagent.train.evaluate import EvalProgress, env_summarizer, evaluate, flat_env_summary
 from jaxagent.train.metrics import eval_line, iteration_line, iteration_metrics, run_warnings
-from jaxagent.train.overlap import OffPolicyRollouts
 from jaxagent.train.placement import policy_logprobs
 from jaxagent.train.rundir import DiskFullError, Progress, RunDir, disk_full
+from jaxagent.train.rundir.episodes import EpisodeStore, select_for_store
+from jaxagent.train.sources.collect import collect_batch
+from jaxagent.train.sources.overlap import OffPolicyRollouts
 from jaxagent.train.stop import Interrupted, StopRequests
+from jaxagent.train.update.advantages import compute_advantages, shape_rewards
+from jaxagent.train.update.batch import UpdateBatch, last_turn_mask
 from jaxagent.train.warmstart import sft_warm_start
 
 __all__ = ["EnvFailureError", "RunningState", "Trainer", "TrainerConfig"]
@@ -93,7 +93,7 @@ class RunningState:
     report) and the iterations in a row in which every episode failed (the first failure
     of each)."""
 
-    run_log: object | None = None  # a `jaxagent.train.runlog.RunLogger`
+    run_log: object | None = None  # a `jaxagent.train.rundir.runlog.RunLogger`
     last_episodes: list | None = None
     failed_streak: list[dict] = dataclasses.field(default_factory=list)
 
@@ -141,7 +141,7 @@ class Trainer:
         self.running = RunningState()
         self._stops = StopRequests(log)
         lc = config.logging
-        #: the episode store (`jaxagent.train.episodes`), or None when off
+        #: the episode store (`jaxagent.train.rundir.episodes`), or None when off
         self._store = (
             None
             if not lc.episodes_per_iteration
@@ -235,7 +235,7 @@ class Trainer:
         cfg = self.config
         run_log = None
         if self.primary and self.iteration < cfg.iterations:
-            from jaxagent.train.runlog import RunLogger
+            from jaxagent.train.rundir.runlog import RunLogger
 
             lc = cfg.logging
             run_log = RunLogger(
@@ -504,7 +504,7 @@ class Trainer:
 
     def _store_episodes(self, episodes, traj, adv, old_logp, entropy, loss_mask) -> None:
         """This iteration's sample of episodes with their per-token signals, in the
-        episode store (`jaxagent.train.episodes`). The primary process writes its own
+        episode store (`jaxagent.train.rundir.episodes`). The primary process writes its own
         rows (the arrays are whole host-side batches on every process, so no collective
         is needed); a write that fails switches the store off with one warning."""
         if not self.primary or self.iteration % self._store.stride:

@@ -290,7 +290,7 @@ def sft_rows_at_most(config) -> int:
 def sft_step_config(config):
     """The warm start's `StepConfig`: the run's, with its own optimizer (`warm_start.optim`),
     no micro-batches and the loss at temperature 1."""
-    from jaxagent.train.step_config import LossConfig
+    from jaxagent.train.config.step import LossConfig
 
     return dataclasses.replace(
         config.step_config, loss=LossConfig(temperature=1.0), optim=config.warm_start.optim, num_micro_batches=1
@@ -309,14 +309,69 @@ def sft_warm_start(
 
     import jax
 
-    from jaxagent.rollout.chat import ChatFormat
-    from jaxagent.train.batch import SFTBatch
     from jaxagent.train.state import init_train_state
 
     ws = config.warm_start
     t_start = time.perf_counter()
+    data = _sft_rows(config, tokenizer, demonstrations)
+    n = len(data.lengths)
+    bs = min(ws.batch_size, n)
+    per_epoch = n // bs
+    sc = sft_step_config(config)
+    k_sft, k_shuffle = jax.random.split(jax.random.fold_in(jax.random.key(config.seed), 1))
+    placement.check_batch_rows(bs, "warm_start.batch_size")
+    state = placement.place_state(init_train_state(k_sft, params, model_config, sc))
+    update = placement.update_step(sc, state, kind="sft")
+    acting = [d.success for d in demonstrations if not d.final_only]
+    success = float(np.mean(acting)) if acting else None  # None: conclusion demonstrations only
+    log(_sft_plan_line(ws, data, success, bs, per_epoch))
+    state, lines = _sft_steps(
+        ws, data, placement, update, state, k_shuffle, bs=bs, per_epoch=per_epoch, t_start=t_start, log=log
+    )
+    summary = {
+        "demonstrations": n - data.n_final,
+        "conclusion_demonstrations": data.n_final,
+        "conclusions_dropped": data.cut,
+        "demonstration_success": success,
+        "steps": per_epoch * ws.epochs,
+        "final_loss": lines[-1]["loss"] if lines else None,
+        "seconds": time.perf_counter() - t_start,
+    }
+    return state.params, lines, summary
+
+
+@dataclasses.dataclass
+class _SFTRows:
+    """The warm start's demonstrations as padded rows (`pack_rows`), `length` columns."""
+
+    tokens: np.ndarray
+    loss_mask: np.ndarray
+    attention_mask: np.ndarray
+    segments: np.ndarray | None  # packed rows' sequences (recorded programs' demonstrations)
+    lengths: np.ndarray  # each row's tokens
+    length: int
+    n_final: int  # conclusion demonstrations among the rows
+    cut: int  # conclusion demonstrations dropped: their final action is past max_context
+
+    def batch(self, idx, cols: int):
+        from jaxagent.train.batch import SFTBatch
+
+        return SFTBatch(
+            tokens=self.tokens[idx, :cols],
+            loss_mask=self.loss_mask[idx, :cols],
+            attention_mask=self.attention_mask[idx, :cols],
+            segment_ids=None if self.segments is None else self.segments[idx, :cols],
+        )
+
+
+def _sft_rows(config, tokenizer, demonstrations: Sequence[Demonstration]) -> _SFTRows:
+    """The demonstrations SFT trains on (`warm_start.only_successful`; not a conclusion
+    whose final action is past `rollout.max_context`), laid out and padded to a multiple
+    of 16 tokens."""
+    from jaxagent.rollout.chat import ChatFormat
+
     demos = list(demonstrations)
-    if ws.only_successful:
+    if config.warm_start.only_successful:
         demos = [d for d in demos if d.success or d.final_only]
         if not any(not d.final_only for d in demos):
             raise RuntimeError("warm_start.only_successful: none of the demonstrations succeeded")
@@ -326,58 +381,58 @@ def sft_warm_start(
     kept = [(d, r) for d, r in zip(demos, rows, strict=True) if any(r[1]) or not d.final_only]
     cut = len(rows) - len(kept)
     rows = [r for _, r in kept]
-    n_final = sum(d.final_only for d, _ in kept)
     if not rows:
         raise ValueError(f"warm start: no demonstration fits rollout.max_context {config.rollout.max_context}")
     lengths = np.array([len(t) for t, _ in rows])
     length = -(-int(lengths.max()) // 16) * 16
     pad = tokenizer.pad_token_id
     tokens, loss_mask, attn = pack_rows(rows, length, 0 if pad is None else int(pad))
-    segments = None  # packed rows' sequences (recorded programs' demonstrations), else none
+    segments = None
     if any(d.segment_ids is not None for d, _ in kept):
         segments = np.zeros(tokens.shape, np.int32)
         for i, (d, (t, _)) in enumerate(kept):
             segments[i, : len(t)] = (d.segment_ids or [1] * len(t))[: len(t)]
-    n = len(rows)
-    bs = min(ws.batch_size, n)
-    per_epoch = n // bs
-    total = per_epoch * ws.epochs
-    sc = sft_step_config(config)
-    k_sft, k_shuffle = jax.random.split(jax.random.fold_in(jax.random.key(config.seed), 1))
-    placement.check_batch_rows(bs, "warm_start.batch_size")
-    state = placement.place_state(init_train_state(k_sft, params, model_config, sc))
-    update = placement.update_step(sc, state, kind="sft")
-    acting = [d.success for d in demonstrations if not d.final_only]
-    success = float(np.mean(acting)) if acting else None  # None: conclusion demonstrations only
-    columns = f"up to {length} (length buckets, mean {lengths.mean():.0f})" if ws.length_buckets else f"{length}"
+    n_final = sum(d.final_only for d, _ in kept)
+    return _SFTRows(tokens, loss_mask, attn, segments, lengths, length, n_final, cut)
+
+
+def _sft_plan_line(ws, data: _SFTRows, success: float | None, bs: int, per_epoch: int) -> str:
+    """The log line before the warm start's steps: its demonstrations and its steps."""
+    n, length = len(data.lengths), data.length
+    columns = f"up to {length} (length buckets, mean {data.lengths.mean():.0f})" if ws.length_buckets else f"{length}"
     also = (
-        f" + {n_final} conclusion demonstrations (loss on the final action only"
-        + (f"; {cut} dropped: their final action is past rollout.max_context" if cut else "")
+        f" + {data.n_final} conclusion demonstrations (loss on the final action only"
+        + (f"; {data.cut} dropped: their final action is past rollout.max_context" if data.cut else "")
         + ")"
-        if n_final or cut
+        if data.n_final or data.cut
         else ""
     )
-    log(
-        f"warm start: {n - n_final} demonstrations (expert noise {ws.expert_noise}, demonstration success "
+    return (
+        f"warm start: {n - data.n_final} demonstrations (expert noise {ws.expert_noise}, demonstration success "
         f"{'n/a' if success is None else f'{success:.2f}'}){also}, {ws.epochs} epochs x {per_epoch} steps of "
         f"{bs} rows x {columns} tokens"
     )
+
+
+def _sft_steps(ws, data: _SFTRows, placement, update, state, key, *, bs, per_epoch, t_start, log):
+    """`ws.epochs` epochs of `per_epoch` SFT steps of `bs` rows (shuffled with `key`, length
+    bucketed with `warm_start.length_buckets`): the final state and the progress lines
+    (about ten, each the mean over the steps since the previous one)."""
+    import time
+
+    import jax
+
+    n, total = len(data.lengths), per_epoch * ws.epochs
     lines, window = [], []
     every = max(1, total // 10)
-    for epoch, key in enumerate(jax.random.split(k_shuffle, ws.epochs)):
-        perm = np.asarray(jax.random.permutation(key, n))
+    for epoch, k in enumerate(jax.random.split(key, ws.epochs)):
+        perm = np.asarray(jax.random.permutation(k, n))
         batches = [perm[j * bs : (j + 1) * bs] for j in range(per_epoch)]
         if ws.length_buckets:
-            batches = length_bucketed(batches, lengths, jax.random.fold_in(key, 1))
+            batches = length_bucketed(batches, data.lengths, jax.random.fold_in(k, 1))
         for j, idx in enumerate(batches):
-            cols = padded_length(int(lengths[idx].max()), length) if ws.length_buckets else length
-            batch = SFTBatch(
-                tokens=tokens[idx, :cols],
-                loss_mask=loss_mask[idx, :cols],
-                attention_mask=attn[idx, :cols],
-                segment_ids=None if segments is None else segments[idx, :cols],
-            )
-            state, m = update(state, placement.to_device(batch))
+            cols = padded_length(int(data.lengths[idx].max()), data.length) if ws.length_buckets else data.length
+            state, m = update(state, placement.to_device(data.batch(idx, cols)))
             window.append(m)
             step = epoch * per_epoch + j + 1
             if step % every == 0 or step == total:
@@ -396,13 +451,4 @@ def sft_warm_start(
                     f"warm start: step {step}/{total} | loss {line['loss']:.4f} | "
                     f"entropy {line['entropy']:.4f} | {line['time_s']:.0f}s"
                 )
-    summary = {
-        "demonstrations": n - n_final,
-        "conclusion_demonstrations": n_final,
-        "conclusions_dropped": cut,
-        "demonstration_success": success,
-        "steps": total,
-        "final_loss": lines[-1]["loss"] if lines else None,
-        "seconds": time.perf_counter() - t_start,
-    }
-    return state.params, lines, summary
+    return state, lines

@@ -12,7 +12,7 @@ step, no CDN, nothing fetched from outside) shows
   invalid and no-op actions, failed episodes);
 - two panes side by side, each with a run, one of its iterations, filters (failed,
   truncated, invalid actions, a return range) and the episode store's episodes of that
-  iteration (`jaxagent.train.episodes`);
+  iteration (`jaxagent.train.rundir.episodes`);
 - an episode's conversation: the prompt, each turn's policy tokens coloured by a chosen
   signal (advantage, trainer log-prob, sampler log-prob, their ratio, entropy) with
   every value on hover, the turn's reward, the observations, and the env's final info.
@@ -34,9 +34,9 @@ import tempfile
 import threading
 from pathlib import Path
 
-from jaxagent.train.episodes import read_store
-from jaxagent.train.plot import read_metrics
 from jaxagent.train.rundir import read_json
+from jaxagent.train.rundir.episodes import read_store
+from jaxagent.train.rundir.plot import read_metrics
 
 STATIC = Path(__file__).resolve().parent / "static"
 STATIC_FILES = ("index.html", "viewer.js", "viewer.css")

@@ -7,23 +7,18 @@ on construction; frozen, so hashable.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from jaxagent import algos
+from jaxagent.train.config.bounds import positive
 
 SCHEDULES = ("constant", "cosine", "linear")
+
+
 TIS_LEVELS = ("token", "sequence")
+
+
 #: `LossConfig.kl_turns`: the policy tokens the KL term covers.
 KL_TURNS = ("all", "last")
-
-
-def _positive(owner: str, name: str, value, *, allow_zero: bool = False, allow_none: bool = False):
-    if value is None and allow_none:
-        return
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < 0 or (value == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{owner}.{name} must be a finite number {bound}, got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,10 +61,10 @@ class OptimizerConfig:
 
     def __post_init__(self):
         n = "OptimizerConfig"
-        _positive(n, "lr", self.lr, allow_zero=True)
-        _positive(n, "weight_decay", self.weight_decay, allow_zero=True)
-        _positive(n, "eps", self.eps, allow_zero=True)
-        _positive(n, "max_grad_norm", self.max_grad_norm, allow_none=True)
+        positive(n, "lr", self.lr, allow_zero=True)
+        positive(n, "weight_decay", self.weight_decay, allow_zero=True)
+        positive(n, "eps", self.eps, allow_zero=True)
+        positive(n, "max_grad_norm", self.max_grad_norm, allow_none=True)
         for name in ("b1", "b2", "final_lr_ratio"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
@@ -89,7 +84,7 @@ class OptimizerConfig:
 
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
-    """What the RL update minimises (the formulas: `jaxagent.train.losses`).
+    """What the RL update minimises (the formulas: `jaxagent.train.update.losses`).
 
     policy_loss: a name registered in `jaxagent.algos` ("ppo", "gspo", "cispo", ...).
     agg_mode, clip_low, clip_high: None = that loss's own default (PPO: token-mean,
@@ -145,13 +140,13 @@ class LossConfig:
         if self.tis_level not in TIS_LEVELS:
             raise ValueError(f"{n}.tis_level must be one of {list(TIS_LEVELS)}, got {self.tis_level!r}")
         for name in ("clip_low", "clip_high"):
-            _positive(n, name, getattr(self, name), allow_zero=True, allow_none=True)
+            positive(n, name, getattr(self, name), allow_zero=True, allow_none=True)
         if self.clip_c is not None and not (isinstance(self.clip_c, (int, float)) and self.clip_c > 1):
             raise ValueError(f"{n}.clip_c must be > 1 or None, got {self.clip_c!r}")
         for name in ("kl_coef", "entropy_coef", "value_clip"):
-            _positive(n, name, getattr(self, name), allow_zero=True)
-        _positive(n, "tis_cap", self.tis_cap, allow_none=True)
-        _positive(n, "temperature", self.temperature)
+            positive(n, name, getattr(self, name), allow_zero=True)
+        positive(n, "tis_cap", self.tis_cap, allow_none=True)
+        positive(n, "temperature", self.temperature)
         if self.seq_len_norm is not None and (not isinstance(self.seq_len_norm, int) or self.seq_len_norm < 1):
             raise ValueError(f"{n}.seq_len_norm must be a positive int or None, got {self.seq_len_norm!r}")
 

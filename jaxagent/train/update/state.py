@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxagent.models import DecoderConfig, combine_lora, has_lora, lora_optimizer, split_lora
-from jaxagent.train.step_config import OptimizerConfig, StepConfig
+from jaxagent.train.config.step import OptimizerConfig, StepConfig
 
 #: leaves that weight decay applies to (matrices and embeddings; not norms or biases).
 DECAYED_LEAVES = ("kernel", "embedding", "lora_a", "lora_b")

@@ -18,10 +18,7 @@ import numpy as np
 from jaxagent.models import decoder as _decoder
 from jaxagent.parallel.distributed import place_batch, to_host
 from jaxagent.parallel.mesh import activation_constraint
-from jaxagent.train.batch import UpdateBatch, batch_denominators, check_batch, required_fields
-from jaxagent.train.losses import policy_loss_and_grads
-from jaxagent.train.state import Grads, TrainState, split_trainable, state_shardings
-from jaxagent.train.step_config import StepConfig
+from jaxagent.train.config.step import StepConfig
 from jaxagent.train.update import (
     accumulate,
     apply_gradients,
@@ -30,6 +27,9 @@ from jaxagent.train.update import (
     within,
     zero_accumulator,
 )
+from jaxagent.train.update.batch import UpdateBatch, batch_denominators, check_batch, required_fields
+from jaxagent.train.update.losses import policy_loss_and_grads
+from jaxagent.train.update.state import Grads, TrainState, split_trainable, state_shardings
 
 
 def row_lengths(loss_mask_BxT, attention_mask_BxT=None) -> np.ndarray:

@@ -21,7 +21,7 @@ Per `log_iteration(metrics, episodes)`:
 Robustness: logging never stops training. A sink that raises (a full disk, a closed
 stream, tensorboardX missing) is reported once with `warnings.warn` and the run goes
 on; TensorBoard is then switched off for the run, the other sinks keep trying.
-The sinks of scalars are trackers (`jaxagent.train.trackers`): TensorBoard (through
+The sinks of scalars are trackers (`jaxagent.train.rundir.trackers`): TensorBoard (through
 tensorboardX's public `FileWriter`), and optionally Weights & Biases and MLflow; a
 tracker that raises is switched off for the run and reported once.
 
@@ -201,7 +201,7 @@ class RunLogger:
       run_dir: the run's directory (created if missing; existing content is kept).
       total_iterations: the run's length, for the progress bar and the ETA.
       tensorboard: write event files under `<run_dir>/tensorboard/`.
-      trackers: more trackers (`jaxagent.train.trackers`: W&B, MLflow) that get the
+      trackers: more trackers (`jaxagent.train.rundir.trackers`: W&B, MLflow) that get the
         same scalars.
       progress: draw the progress line on `stream`.
       stream: where the progress line goes (default stderr, so stdout stays clean).
@@ -231,7 +231,7 @@ class RunLogger:
         self.transcripts_every = transcripts_every
         self.transcripts_per_iteration = transcripts_per_iteration
         self.transcripts_dir = self.run_dir / "transcripts"
-        from jaxagent.train.trackers import TensorBoardTracker
+        from jaxagent.train.rundir.trackers import TensorBoardTracker
 
         #: the scalar sinks still on (a tracker that raised is dropped)
         self.trackers = ([TensorBoardTracker(self.run_dir)] if tensorboard else []) + list(trackers)

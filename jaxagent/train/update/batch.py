@@ -1,7 +1,7 @@
 """What an update eats: the batch pytrees (`UpdateBatch` for RL, `SFTBatch` for
 demonstrations, `ModelInputs` for a forward pass alone), their trace-time checks, and
 the global mini-batch denominators (`Denominators`) that make micro-batch losses add up
-(`jaxagent.train.losses`).
+(`jaxagent.train.update.losses`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxagent.train.step_config import StepConfig
+from jaxagent.train.config.step import StepConfig
 
 
 @flax.struct.dataclass
@@ -63,7 +63,7 @@ class SFTBatch:
 @flax.struct.dataclass
 class ModelInputs:
     """What a forward pass reads of a batch's rows (e.g. the critic's value pass,
-    `jaxagent.train.losses.critic_values`): the tokens and their attention fields, as
+    `jaxagent.train.update.losses.critic_values`): the tokens and their attention fields, as
     `UpdateBatch` and `SFTBatch` name them."""
 
     tokens: jax.Array

@@ -3,7 +3,7 @@ the steps built from them (`train_step`, `sft_step`, `make_train_step`, the shar
 `make_sharded_train_step`).
 
 One update on a mini-batch of `B` rows (`B = M * b`, `M = num_micro_batches`), with the
-losses of `jaxagent.train.losses` and the denominators `N`, `S`, `T'` of the whole
+losses of `jaxagent.train.update.losses` and the denominators `N`, `S`, `T'` of the whole
 mini-batch: every aggregation is a sum over rows divided by a constant, so
 
     L(mini-batch) = sum_k L(micro-batch k),   grad L(mini-batch) = sum_k grad L(micro-batch k)
@@ -33,7 +33,7 @@ dispatches step N before reading step N-1's metrics, so the device never waits o
 
 Optimizer changes that keep the state's shapes (learning rate, schedule, betas, clipping)
 may differ between runs of one checkpoint; the LoRA set-up and the presence of a critic
-may not (`jaxagent.train.checkpoint` checks).
+may not (`jaxagent.train.rundir.checkpoint` checks).
 """
 
 from __future__ import annotations
@@ -53,9 +53,17 @@ from jaxagent.parallel.mesh import (
     batch_sharding,
     train_state_shardings,
 )
-from jaxagent.train.batch import Denominators, SFTBatch, UpdateBatch, batch_denominators, check_batch, required_fields
-from jaxagent.train.losses import LossSums, policy_loss_and_grads, sft_loss_and_grads
-from jaxagent.train.state import (
+from jaxagent.train.config.step import OptimizerConfig, StepConfig
+from jaxagent.train.update.batch import (
+    Denominators,
+    SFTBatch,
+    UpdateBatch,
+    batch_denominators,
+    check_batch,
+    required_fields,
+)
+from jaxagent.train.update.losses import LossSums, policy_loss_and_grads, sft_loss_and_grads
+from jaxagent.train.update.state import (
     Grads,
     TrainState,
     learning_rate_schedule,
@@ -63,7 +71,6 @@ from jaxagent.train.state import (
     split_trainable,
     state_shardings,
 )
-from jaxagent.train.step_config import OptimizerConfig, StepConfig
 
 
 # ----------------------------------------------------------------------------- accumulation
@@ -323,7 +330,7 @@ class PaddedUpdate:
     off): every mini-batch whole at its padded length, and the log-prob pass over the
     whole batch, `logprob_rows` rows a pass. An update strategy is chosen once, by the
     run's builder (`jaxagent.train.build.make_placement`), and `Placement` runs it; it has
-    three parts (`jaxagent.train.trimmed.TrimmedUpdate` is the other one):
+    three parts (`jaxagent.train.update.trimmed.TrimmedUpdate` is the other one):
 
         step(config, state, mesh, kind)   the update step `step(state, batch) -> (state, metrics)`
         input(place, batch)               what that step takes for a host mini-batch

@@ -14,7 +14,7 @@ On a batch with log-probs and entropy from the policy being trained::
 `agg` and the losses are `jaxagent.algos` (conventions in docs/explanations/formulas.md). The
 denominators `N` (valid tokens), `S` (non-empty rows) and `T'` (the Dr.GRPO length
 constant, default the padded length) are those of the whole mini-batch
-(`jaxagent.train.batch.Denominators`), computed before it is cut into micro-batches.
+(`jaxagent.train.update.batch.Denominators`), computed before it is cut into micro-batches.
 The KL term's mask `m_kl` is `m`, or `m` times the batch's `kl_mask` (e.g. only each
 episode's last turn, `LossConfig.kl_turns`), with its own `N_kl` and `S_kl` computed the
 same way. Every aggregation is then a sum over rows divided by a constant, so the losses
@@ -35,9 +35,16 @@ import jax.numpy as jnp
 from jaxagent import algos
 from jaxagent.models import DecoderConfig, token_logprobs, value_forward
 from jaxagent.models import decoder as _decoder
-from jaxagent.train.batch import Denominators, SFTBatch, UpdateBatch, batch_denominators, check_batch, required_fields
-from jaxagent.train.state import Grads, TrainState, split_trainable
-from jaxagent.train.step_config import LossConfig, StepConfig
+from jaxagent.train.config.step import LossConfig, StepConfig
+from jaxagent.train.update.batch import (
+    Denominators,
+    SFTBatch,
+    UpdateBatch,
+    batch_denominators,
+    check_batch,
+    required_fields,
+)
+from jaxagent.train.update.state import Grads, TrainState, split_trainable
 
 
 # ----------------------------------------------------------------------------- what a loss returns

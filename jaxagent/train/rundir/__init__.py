@@ -29,9 +29,9 @@ from pathlib import Path
 
 import jax
 
-from jaxagent.config import dump_yaml, to_dict
-from jaxagent.train.checkpoint import CheckpointManager, IncompatibleCheckpointError
+from jaxagent.dataclass_yaml import dump_yaml, to_dict
 from jaxagent.train.config import RESUME_FIXED
+from jaxagent.train.rundir.checkpoint import CheckpointManager, IncompatibleCheckpointError
 
 #: the errors of a write that found no room: the disk or the quota is full, or a file-size limit
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})
@@ -166,7 +166,7 @@ def read_config(path) -> dict:
     not valid YAML (line and column), or cut off: it ends mid-line, without its newline,
     part of the way through the newest `config.<n>.yaml` (the copy the run wrote with it;
     the line where it stops)."""
-    from jaxagent.config import ConfigError, read_yaml
+    from jaxagent.dataclass_yaml import ConfigError, read_yaml
 
     path = Path(path)
     text = read_text(path)
@@ -251,7 +251,7 @@ class RunDir:
             )
         if not self.primary:
             return
-        from jaxagent.train.trackers import ID_FILES
+        from jaxagent.train.rundir.trackers import ID_FILES
 
         for name in ID_FILES:
             (self.path / name).unlink(missing_ok=True)

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from jaxagent.models import Model, save_pretrained
-from jaxagent.train.state import TrainState
+from jaxagent.train.update.state import TrainState
 
 FORMAT_VERSION = 1
 _MAX_LISTED = 12

@@ -47,8 +47,6 @@ import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
-from jaxagent.config import flatten  # noqa: F401  (the flattened config trackers get)
-
 KNOWN = ("tensorboard", "wandb", "mlflow")
 EXTRAS = {"wandb": ("wandb", "jaxagent[wandb]"), "mlflow": ("mlflow", "jaxagent[mlflow]")}
 

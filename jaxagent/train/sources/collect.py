@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxagent.rollout.episode import anchor_ids
-from jaxagent.train.advantages import shaped_turn_rewards
+from jaxagent.train.update.advantages import shaped_turn_rewards
 
 
 @dataclasses.dataclass

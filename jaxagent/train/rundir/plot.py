@@ -25,7 +25,7 @@ import json
 import math
 from pathlib import Path
 
-from jaxagent.config import flatten
+from jaxagent.dataclass_yaml import flatten
 from jaxagent.train.rundir import RunFileError, read_config, read_json, read_text
 
 #: (title, metric keys) of each panel, in drawing order
@@ -354,7 +354,7 @@ def _mean_band(series: list[list[tuple[float, float]]], keys: list[list[int]] | 
 @functools.lru_cache(maxsize=1)
 def _default_recipe() -> dict:
     """The trainer's default config as dotted keys, without SEED_KEYS (built once)."""
-    from jaxagent.config import to_dict
+    from jaxagent.dataclass_yaml import to_dict
     from jaxagent.train.config import TrainerConfig
 
     return {k: v for k, v in flatten(to_dict(TrainerConfig())).items() if k.split(".")[0] not in SEED_KEYS}

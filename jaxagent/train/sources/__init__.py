@@ -1,0 +1,1 @@
+"""Where a run's episodes come from."""

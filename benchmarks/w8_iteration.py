@@ -145,7 +145,8 @@ class PromptRollout:
     tokens sampled by the project's `Sampler` (prefill, then the on-device decode loop;
     no stop token, so every row runs to the limit), rewarded with a uniform random
     number from `default_rng(sampling seed)`. Returns a `Trajectory` packed as
-    `AgentLoop._pack` does (tokens, masks, log-probs brought to the host and back).
+    the agent loop's episodes are (`jaxagent.rollout.episode.pack`: tokens, masks,
+    log-probs brought to the host and back).
     """
 
     def __init__(self, params, model_config, prompts: np.ndarray, new_tokens: int, sampling):
@@ -219,7 +220,7 @@ def jaxagent_system(model_dir: Path, prompts: np.ndarray, group: int, new_tokens
     from jaxagent.train.config.model import ModelSection
     from jaxagent.train.config.rollout import RolloutSection
     from jaxagent.train.config.run import LoggingSection
-    from jaxagent.train.config.step import LossConfig, OptimizerConfig
+    from jaxagent.train.config.step import LossSection, OptimizerConfig
     from jaxagent.train.config.update import UpdateSection
     from jaxagent.train.trainer import Trainer
 
@@ -231,7 +232,7 @@ def jaxagent_system(model_dir: Path, prompts: np.ndarray, group: int, new_tokens
             max_turns=1, max_tokens_per_turn=new_tokens, max_context=P + new_tokens, temperature=1.0
         ),
         algo=AlgoSection(advantage="grpo"),
-        loss=LossConfig(
+        loss=LossSection(
             policy_loss="ppo",
             clip_low=CLIP,
             clip_high=CLIP,
@@ -239,7 +240,6 @@ def jaxagent_system(model_dir: Path, prompts: np.ndarray, group: int, new_tokens
             agg_mode="token-mean",
             kl_coef=BETA,
             kl_kind="k3",
-            temperature=1.0,
         ),
         optim=OptimizerConfig(lr=LR, max_grad_norm=MAX_GRAD_NORM, weight_decay=WEIGHT_DECAY),
         update=UpdateSection(epochs=1, mini_batches=1, micro_batches=1),

@@ -10,7 +10,9 @@
   per-step timeouts; a crash, hang or error ends only that episode.
 - :mod:`envs.tasks`: question/answer task sources with exact verifiers.
 
-This package is plain Python: it does not import JAX or ``jaxagent``.
+This package is plain Python: it does not import JAX, nor ``jaxagent`` but for
+``jaxagent.specs`` (standard library only: the JSONL task reader it shares with the
+gateway), imported when a task file is read, never by ``import envs``.
 """
 
 from envs.core import (

@@ -20,6 +20,7 @@ calls the tool with its program, then answers with what it printed).
 from __future__ import annotations
 
 import random
+from typing import Any
 
 from envs.core import InvalidAction, TextEnv
 from envs.sandbox import Limits, require_isolation, run_python
@@ -37,6 +38,7 @@ def _words(rng: random.Random, n: int) -> list[str]:
 
 def make_task(template: str, rng: random.Random) -> tuple[str, dict]:
     """(question, params) of a template."""
+    p: dict[str, Any]
     if template == "prime_sum":
         p = {"n": rng.randint(2_000, 60_000)}
         return f"What is the sum of all prime numbers below {p['n']}?", p
@@ -178,7 +180,8 @@ class PyCode(TextEnv):
         self.limits = Limits(wall_s=wall_s, cpu_s=cpu_s, memory_mb=memory_mb, max_output=max_output)
         #: the sandbox's isolation mode, checked to work here (the trainer logs a weaker one)
         self.isolation = require_isolation(isolation, accept_less="env.kwargs.isolation: unshare (or none)")
-        self.template, self.question, self.params, self.answer = "", "", {}, ""
+        self.template, self.question, self.answer = "", "", ""
+        self.params: dict[str, Any] = {}
         self._outputs: list[str] = []
 
     @property
@@ -221,6 +224,7 @@ class PyCode(TextEnv):
                 False,
                 {"tool_status": r.status, "tool_seconds": round(r.seconds, 3)},
             )
+        assert tagged is not None  # not a tool call: an <answer> (parse_turn raises on anything else)
         given = tagged.strip()
         ok = given == self.answer or answers_match(given, self.answer)
         return ("Correct." if ok else "Incorrect."), 1.0 if ok else 0.0, True, {"success": ok, "answer": given}

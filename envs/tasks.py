@@ -112,33 +112,26 @@ class JsonlTasks(TaskSource):
     def _load(self) -> list[Task]:
         if self._tasks is not None:
             return self._tasks
+        # the JSONL reader the gateway's `agent.tasks` shares: standard library only, and the
+        # one module of `jaxagent` this package imports (here, not when `envs` is imported)
+        from jaxagent.specs import read_jsonl_tasks
+
         tasks = []
-        with open(self.path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                where = f"{self.path}, line {lineno}"
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
-                if not isinstance(row, dict):
-                    raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
-                for key in (self.question_key, self.answer_key):
-                    if key not in row:
-                        raise ValueError(f"{where}: missing field {key!r} (fields: {sorted(row)})")
-                q, a = row[self.question_key], row[self.answer_key]
-                if not isinstance(q, str):
-                    raise ValueError(f"{where}: field {self.question_key!r} must be a string")
-                if isinstance(a, (int, float)) and not isinstance(a, bool):
-                    a = json.dumps(a)
-                if not isinstance(a, str):
-                    raise ValueError(f"{where}: field {self.answer_key!r} must be a string or a number")
-                tid = str(row.get(self.id_key, lineno)) if self.id_key else str(lineno)
-                meta = {k: v for k, v in row.items() if k not in (self.question_key, self.answer_key)}
-                tasks.append(Task(q, a, id=tid, metadata=meta))
-        if not tasks:
-            raise ValueError(f"task file {self.path!r} holds no tasks")
+        for lineno, row in read_jsonl_tasks(self.path, "qa/jsonl"):
+            where = f"{self.path}, line {lineno}"
+            for key in (self.question_key, self.answer_key):
+                if key not in row:
+                    raise ValueError(f"{where}: missing field {key!r} (fields: {sorted(row)})")
+            q, a = row[self.question_key], row[self.answer_key]
+            if not isinstance(q, str):
+                raise ValueError(f"{where}: field {self.question_key!r} must be a string")
+            if isinstance(a, (int, float)) and not isinstance(a, bool):
+                a = json.dumps(a)
+            if not isinstance(a, str):
+                raise ValueError(f"{where}: field {self.answer_key!r} must be a string or a number")
+            tid = str(row.get(self.id_key, lineno)) if self.id_key else str(lineno)
+            meta = {k: v for k, v in row.items() if k not in (self.question_key, self.answer_key)}
+            tasks.append(Task(q, a, id=tid, metadata=meta))
         self._tasks = tasks
         return tasks
 

@@ -34,9 +34,9 @@ def main(argv=None) -> None:
     run_dir = tempfile.mkdtemp(prefix="intake_sft_steps_")
     cfg = load_config(TrainerConfig, "configs/intake.yaml", [*args.overrides, f"run_dir={run_dir}"])
     trainer = Trainer(cfg, log=lambda *_: None)
-    loop = trainer.agent_loop()
+    loop = trainer.episode_loop()
     t0 = time.time()
-    with build.env_pool(cfg, len(trainer.placement.rows)) as pool:
+    with trainer.source.open_pools(len(trainer.placement.rows)) as pools:
         params = trainer.state.params
         for stage in range(1, args.stages + 1):
             params, lines, _ = sft_warm_start(
@@ -64,7 +64,9 @@ def main(argv=None) -> None:
                 "seconds": round(time.time() - t0),
             }
             for name, temperature in (("sampled", 1.0), ("greedy", 0.0)):
-                ev = trainer.evaluate(loop, pool, episodes=args.episodes, temperature=temperature, progress=None)
+                ev = trainer.evaluate(
+                    loop, pools.held_out, episodes=args.episodes, temperature=temperature, progress=None
+                )
                 out[name] = ev["env_summary"]
             print(json.dumps(out), flush=True)
 

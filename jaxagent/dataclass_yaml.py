@@ -9,7 +9,8 @@ applies command-line overrides such as ``algo.clip_high=0.28`` or
 - a key that moved to another section (listed in the dataclass's ``MOVED_KEYS``
   class variable: old key -> new dotted key) is an error that names the new key, and
   one replaced by another way of saying it (``REPLACED_KEYS``: old key -> what to set)
-  an error that says what to set;
+  an error that says what to set, and one removed (``REMOVED_KEYS``: old key -> why) an
+  error that says why;
 - a value of the wrong type is an error that names the key, the expected type and
   the value given (``int`` is accepted where ``float`` is expected, nothing else is
   converted silently);
@@ -17,19 +18,27 @@ applies command-line overrides such as ``algo.clip_high=0.28`` or
 - a dataclass's own ``__post_init__`` checks run, and their errors are prefixed
   with the section's path.
 
+Simple bounds of a numeric field are declared in its type and checked on construction
+(:class:`Bound`, :class:`Bounded`): ``epochs: Annotated[int, Bound(ge=1)] = 1`` refuses
+``epochs=0`` with ``epochs must be an int >= 1, got 0``; ``__post_init__`` is left with
+the rules that relate several fields.
+
 Override values are parsed by the type of the field they set, so ``lr=1e-5`` is a
 float, ``use_lora=false`` a bool, ``stop=[a, b]`` a list (YAML flow syntax) and
 ``name=null`` None where the field is optional.
 
 Supported field types: ``int``, ``float``, ``bool``, ``str``, ``typing.Literal``,
 ``X | None``, ``tuple[X, ...]``, ``tuple[X, Y]``, ``list[X]``, ``dict[str, X]``,
-``typing.Any`` and nested dataclasses.
+``typing.Any`` and nested dataclasses; any of them ``typing.Annotated`` (the loader
+reads the type, :func:`check_bounds` the :class:`Bound`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
+import math
 import re
 import types
 import typing
@@ -42,6 +51,95 @@ import yaml
 
 class ConfigError(ValueError):
     """A config file or override that cannot be turned into the typed config."""
+
+
+# ---------------------------------------------------------------- bounds
+
+
+@dataclasses.dataclass(frozen=True)
+class Bound:
+    """The bounds of a numeric field, declared in its type: ``Annotated[int, Bound(ge=1)]``,
+    ``Annotated[float | None, Bound(gt=0)]`` (None passes), ``Annotated[float, Bound(ge=0, le=1)]``,
+    ``Annotated[float, Bound()]`` (any finite number). An ``int`` field takes ints, a
+    ``float`` field ints and finite floats; bools are neither. `unit` names what the
+    number counts in the error ("seconds": "a finite number of seconds > 0")."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    unit: str | None = None
+
+    def describe(self, kind: type, nullable: bool = False) -> str:
+        """What the field takes: "an int >= 1", "a number in [0, 1]", "a finite number > 0 or null"."""
+        low = f"[{self.ge}" if self.ge is not None else f"({self.gt}" if self.gt is not None else None
+        high = f"{self.le}]" if self.le is not None else f"{self.lt})" if self.lt is not None else None
+        if low and high:
+            text = f"in {low}, {high}"
+        else:
+            limits = ((">=", self.ge), (">", self.gt), ("<=", self.le), ("<", self.lt))
+            text = " ".join(f"{op} {v}" for op, v in limits if v is not None)
+        unit = f" of {self.unit}" if self.unit else ""
+        # a number bounded on both sides is finite; one bounded on one side must also be
+        what = f"an int{unit}" if kind is int else f"a number{unit}" if low and high else f"a finite number{unit}"
+        return " ".join(x for x in (what, text, "or null" if nullable else "") if x)
+
+    def holds(self, value, kind: type) -> bool:
+        """`value` is a `kind` (int, or float: int or finite float; never bool) within the bounds."""
+        if isinstance(value, bool) or not isinstance(value, int if kind is int else (int, float)):
+            return False
+        if kind is not int and not math.isfinite(value):
+            return False
+        return (
+            (self.ge is None or value >= self.ge)
+            and (self.gt is None or value > self.gt)
+            and (self.le is None or value <= self.le)
+            and (self.lt is None or value < self.lt)
+        )
+
+
+@functools.cache
+def declared_bounds(cls) -> tuple[tuple[str, Bound, type, bool], ...]:
+    """`(field, bound, int or float, None allowed)` of each field of the dataclass `cls`
+    whose type is ``Annotated[..., Bound(...)]``."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    out = []
+    for f in dataclasses.fields(cls):
+        tp = hints.get(f.name)
+        if typing.get_origin(tp) is not typing.Annotated:
+            continue
+        base, *extras = typing.get_args(tp)
+        for bound in (x for x in extras if isinstance(x, Bound)):
+            kind = _strip_optional(base)
+            if kind not in (int, float):
+                raise TypeError(f"{cls.__name__}.{f.name}: a Bound needs an int or float field, not {_type_name(base)}")
+            out.append((f.name, bound, kind, kind is not base))
+    return tuple(out)
+
+
+def check_bounds(obj) -> None:
+    """`ValueError` naming the first field of the dataclass instance `obj` outside its
+    declared `Bound`, and the bound: "epochs must be an int >= 1, got 0"."""
+    for name, bound, kind, nullable in declared_bounds(type(obj)):
+        value = getattr(obj, name)
+        if not (value is None and nullable) and not bound.holds(value, kind):
+            raise ValueError(f"{name} must be {bound.describe(kind, nullable)}, got {value!r}")
+
+
+class Bounded:
+    """Base of a config dataclass whose fields declare `Bound`s: its ``__post_init__``
+    checks them (`check_bounds`). A subclass with rules of its own (between fields)
+    defines ``__post_init__`` calling ``super().__post_init__()`` first."""
+
+    def __post_init__(self):
+        check_bounds(self)
+
+
+def field_values(obj, cls) -> dict[str, Any]:
+    """The fields of the dataclass instance `obj` that the dataclass `cls` also has, by
+    name: the keyword arguments that build a `cls` from a section that declares them."""
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if f.name in names}
 
 
 class _Loader(yaml.SafeLoader):
@@ -99,8 +197,9 @@ def load_config(cls, path: str | Path | None = None, overrides: Iterable[str] = 
     """Build ``cls`` from the YAML file at ``path`` (optional) and ``key=value`` overrides.
 
     saved: the file is one a run wrote (its ``config.yaml``): keys that have moved since
-      (``MOVED_KEYS``) are read at their new place, so an older run directory still
-      resumes, evaluates and plots; in a config a person writes they are refused.
+      (``MOVED_KEYS``) are read at their new place and removed ones (``REMOVED_KEYS``)
+      dropped, so an older run directory still resumes, evaluates and plots; in a config
+      a person writes they are refused.
     """
     data: dict = {}
     if path is not None:
@@ -115,7 +214,10 @@ def load_config(cls, path: str | Path | None = None, overrides: Iterable[str] = 
 
 def _relocate_moved(cls, data: dict, root: dict) -> None:
     """Moves each key of `data` that `cls.MOVED_KEYS` lists to its new dotted place in
-    `root` (a value already there wins), then does the same in the nested sections."""
+    `root` (a value already there wins) and drops those `cls.REMOVED_KEYS` lists, then
+    does the same in the nested sections."""
+    for old in getattr(cls, "REMOVED_KEYS", {}):
+        data.pop(old, None)
     for old, new in getattr(cls, "MOVED_KEYS", {}).items():
         if old in data:
             value = data.pop(old)
@@ -454,8 +556,9 @@ def _set_dotted(cls, data: dict, key: str, text: str) -> None:
 def _unknown_key_message(section: str, key: str, fields: dict, cls=None) -> str:
     """The error for `key`, not a field of the section `section` (the dataclass `cls`): a
     key the section lists in its `MOVED_KEYS` (old key -> new dotted key) names where it
-    went, one in its `REPLACED_KEYS` (old key -> what to set) what replaced it; any other
-    lists the section's keys and suggests the closest."""
+    went, one in its `REPLACED_KEYS` (old key -> what to set) what replaced it, one in its
+    `REMOVED_KEYS` (old key -> why) why it went; any other lists the section's keys and
+    suggests the closest."""
     full = f"{section}.{key}" if section else key
     moved = getattr(cls, "MOVED_KEYS", {}).get(key)
     if moved is not None:
@@ -463,6 +566,9 @@ def _unknown_key_message(section: str, key: str, fields: dict, cls=None) -> str:
     replaced = getattr(cls, "REPLACED_KEYS", {}).get(key)
     if replaced is not None:
         return f"config key {full} was replaced: set {replaced}"
+    removed = getattr(cls, "REMOVED_KEYS", {}).get(key)
+    if removed is not None:
+        return f"config key {full} was removed: {removed}"
     known = sorted(fields)
     close = difflib.get_close_matches(key, known, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""

@@ -1,11 +1,20 @@
 """Typed configs from YAML + dotted overrides: values, and the errors users see."""
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, ClassVar, Literal
 
 import pytest
 
-from jaxagent.dataclass_yaml import ConfigError, dump_yaml, from_dict, load_config, to_dict
+from jaxagent.dataclass_yaml import (
+    Bound,
+    Bounded,
+    ConfigError,
+    config_keys,
+    dump_yaml,
+    from_dict,
+    load_config,
+    to_dict,
+)
 
 
 @dataclass(frozen=True)
@@ -168,3 +177,89 @@ def test_duplicate_keys_name_the_key_and_both_lines(tmp_path):
         load_config(Run, _yaml(tmp_path, text))
     with pytest.raises(ConfigError, match=r"duplicate key 'env'"):
         load_config(Run, _yaml(tmp_path, "env: {name: a}\nseed: 1\nenv: {name: b}\n"))
+
+
+@dataclass(frozen=True)
+class Bounds(Bounded):
+    count: Annotated[int, Bound(ge=1)] = 1
+    rate: Annotated[float, Bound(ge=0, le=1)] = 0.5
+    limit: Annotated[float | None, Bound(gt=0)] = None
+    wait_s: Annotated[float, Bound(gt=0, unit="seconds")] = 1.0
+    scale: Annotated[float, Bound()] = 1.0
+    top: Annotated[float, Bound(gt=0, le=1)] = 1.0
+    name: str = "x"
+
+
+@dataclass(frozen=True)
+class Ruled(Bounds):
+    def __post_init__(self):
+        super().__post_init__()
+        if self.count > 5 and self.limit is None:
+            raise ValueError("count > 5 needs a limit")
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(count=0), "count must be an int >= 1, got 0"),
+        (dict(count=True), "count must be an int >= 1, got True"),  # a bool is no int
+        (dict(count=2.0), "count must be an int >= 1, got 2.0"),
+        (dict(rate=1.5), r"rate must be a number in \[0, 1\], got 1.5"),
+        (dict(limit=0.0), "limit must be a finite number > 0 or null, got 0.0"),
+        (dict(limit=float("inf")), "limit must be a finite number > 0 or null, got inf"),
+        (dict(wait_s=-1), "wait_s must be a finite number of seconds > 0, got -1"),
+        (dict(scale=float("nan")), "scale must be a finite number, got nan"),
+        (dict(scale="1"), "scale must be a finite number, got '1'"),
+        (dict(top=0.0), r"top must be a number in \(0, 1\], got 0.0"),
+    ],
+)
+def test_declared_bounds_are_checked_on_construction_naming_the_key_and_the_bound(kwargs, message):
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        Bounds(**kwargs)
+    with pytest.raises(ValueError, match=f"^{message}$"):  # a subclass's own rules run after them
+        Ruled(**kwargs)
+
+
+def test_values_within_bounds_and_the_rules_after_them():
+    ok = Bounds(count=3, rate=0, limit=2, wait_s=0.5, scale=-7.0, top=1)
+    assert (ok.count, ok.rate, ok.limit) == (3, 0, 2)
+    assert Bounds(limit=None).limit is None
+    with pytest.raises(ValueError, match="count > 5 needs a limit"):
+        Ruled(count=6)
+    # the loader reads the type through the Annotated, and prefixes the bound's error
+    assert from_dict(Bounds, {"rate": 1, "count": 2}) == Bounds(rate=1.0, count=2)
+    with pytest.raises(ConfigError, match=r"^config: count must be an int >= 1, got 0$"):
+        load_config(Bounds, None, ["count=0"])
+    with pytest.raises(ConfigError, match=r"count: expected int, got 'x'"):
+        load_config(Bounds, None, ["count=x"])
+    assert [k.type for k in config_keys(Bounds())][:3] == ["int", "float", "float | None"]
+
+
+def test_a_bound_on_a_field_that_is_not_a_number_is_an_error():
+    @dataclass(frozen=True)
+    class Wrong(Bounded):
+        name: Annotated[str, Bound(ge=1)] = "a"
+
+    with pytest.raises(TypeError, match=r"Wrong.name: a Bound needs an int or float field, not str"):
+        Wrong()
+
+
+@dataclass(frozen=True)
+class Overlap:
+    off_policy: bool = False
+    REMOVED_KEYS: ClassVar[dict[str, str]] = {"max_staleness": "it only ever took 1; leave it out"}
+
+
+@dataclass(frozen=True)
+class WithOverlap:
+    overlap: Overlap = Overlap()
+
+
+def test_a_removed_key_is_refused_saying_why_and_dropped_from_a_saved_config(tmp_path):
+    text = "overlap:\n  off_policy: true\n  max_staleness: 1\n"
+    message = r"config key overlap.max_staleness was removed: it only ever took 1; leave it out"
+    with pytest.raises(ConfigError, match=message):
+        load_config(WithOverlap, _yaml(tmp_path, text))
+    with pytest.raises(ConfigError, match=message):
+        load_config(WithOverlap, None, ["overlap.max_staleness=2"])
+    assert load_config(WithOverlap, _yaml(tmp_path, text), saved=True) == WithOverlap(Overlap(True))

@@ -63,7 +63,7 @@ def test_jsonl_errors_name_file_and_line(tmp_path):
     with pytest.raises(ValueError, match=r"line 2: not valid JSON"):
         len(JsonlTasks(bad))
     bad.write_text("\n")
-    with pytest.raises(ValueError, match="holds no tasks"):
+    with pytest.raises(ValueError, match=r"qa/jsonl: .*bad\.jsonl has no tasks"):
         len(JsonlTasks(bad))
     with pytest.raises(FileNotFoundError, match="missing.jsonl"):
         JsonlTasks(tmp_path / "missing.jsonl")

@@ -168,7 +168,7 @@ def test_a_demonstration_that_rewrote_its_history_trains_every_sequence_in_its_o
     from jaxagent import models as M
     from jaxagent.models import tiny_config
     from jaxagent.train.config.step import StepConfig
-    from jaxagent.train.sources.program_warmstart import program_demonstrations
+    from jaxagent.train.sources.program import program_demonstrations
     from jaxagent.train.update.batch import SFTBatch
     from jaxagent.train.update.losses import sft_loss_and_grads
     from jaxagent.train.update.state import init_train_state

@@ -81,8 +81,7 @@ def _problems(path, tmp_path, overrides=(), *, ratios: bool = True) -> list[str]
     built = dataclasses.replace(shipped, warm_start=dataclasses.replace(shipped.warm_start, episodes=0, extra=None))
     lines = []
     trainer = Trainer(built, log=lines.append)  # the memory check passed: the config is said to fit
-    program = shipped.agent.program is not None  # its rows pack sequences; its rounds may be partial
-    passes = compiled_passes(trainer, shipped, packed_sequences=program, partial_rounds=program, log=lines.append)
+    passes = compiled_passes(trainer, shipped, log=lines.append)
     names = [p.name for p in passes]
     expected = {
         "rollout_append": True,
@@ -167,7 +166,7 @@ def test_on_a_mesh_the_programs_are_the_sharded_ones_and_within_the_estimate(tmp
     lines = []
     trainer = Trainer(cfg, log=lines.append)
     assert trainer.mesh is not None and trainer.placement.sampler_on_mesh
-    compiled = compiled_passes(trainer, packed_sequences=False, partial_rounds=False, log=lines.append)
+    compiled = compiled_passes(trainer, log=lines.append)
     passes = {p.name: p for p in compiled}
     assert {"rollout_append", "rollout_decode", "logprob_pass", "value_pass", "update"} <= set(passes), passes
     for p in passes.values():

@@ -101,9 +101,9 @@ def test_config_env_accepts_its_kwargs_and_the_prompt_fits(path):
     # across words (tokenizer_pieces: lines) are what make a long prompt fit: that one is
     # trained here as the run trains it
     if cfg.model.tokenizer == "bpe" and cfg.model.tokenizer_pieces != "words":
-        from jaxagent.train.build import run_tokenizer
+        from jaxagent.train.build import rollout_source, run_tokenizer
 
-        chat = ChatFormat(run_tokenizer(cfg, Path("/nonexistent"), resume=False))
+        chat = ChatFormat(run_tokenizer(cfg, rollout_source(cfg), Path("/nonexistent"), resume=False))
     else:
         model = dataclasses.replace(cfg.model, tokenizer="byte") if cfg.model.tokenizer == "bpe" else cfg.model
         chat = ChatFormat(build_tokenizer(model))

@@ -243,9 +243,9 @@ def test_remax_baselines_are_the_greedy_episodes_returns():
         TrainerConfig, CONFIG, ["run_dir=/tmp/unused", *VARIED, "algo.advantage=remax", "env.num_workers=0"]
     )
     run = build.build_run(cfg, log=lambda *_: None)
-    loop = build.agent_loop(cfg, run.tokenizer, run.model_config, run.placement, run.state)
+    loop = build.episode_loop(run.source, run.tokenizer, run.model_config, run.placement, run.state)
     key = jax.random.key(5)
-    with envs.EnvPool([build.env_factory(cfg)] * cfg.env.batch_size, num_workers=0) as pool:
+    with envs.EnvPool([run.source.env_factory()] * cfg.env.batch_size, num_workers=0) as pool:
         got = collect_batch(cfg, loop, pool, run.placement.rows, key, position=3)
         seeds = [cfg.env.seed + 3 + j for j in range(cfg.env.tasks_per_iteration) for _ in range(cfg.env.group_size)]
         greedy, eps = loop.run(

@@ -21,7 +21,6 @@ import pytest
 
 from envs.testing import CHAOS_REPORTED_AS, chaos_fault
 from jaxagent.dataclass_yaml import load_config
-from jaxagent.train import build
 from jaxagent.train.config import TrainerConfig
 from jaxagent.train.trainer import Trainer
 
@@ -65,10 +64,10 @@ def config(run_dir, rate, iterations):
 def play(run_dir, rate, iterations):
     """(per-iteration metrics, per-iteration episodes) of a run driven iteration by iteration."""
     trainer = Trainer(config(run_dir, rate, iterations), log=lambda *_: None)
-    cfg = trainer.config
     episodes, history = [], []
-    with build.env_pool(cfg, len(trainer.placement.rows)) as pool:
-        loop = trainer.agent_loop()
+    with trainer.source.open_pools(len(trainer.placement.rows)) as pools:
+        pool = pools.train
+        loop = trainer.episode_loop()
         for _ in range(iterations):
             history.append(trainer.iteration_step(loop, pool))
             episodes.append(trainer.last_episodes)

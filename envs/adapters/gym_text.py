@@ -22,6 +22,7 @@ toy-text grid worlds, slippery or not); for Blackjack, a simplified basic strate
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from envs.core import InvalidAction, TextEnv, last_tagged, require
 
@@ -89,7 +90,7 @@ class GymnasiumText(TextEnv):
         n = int(self.env.action_space.n)
         self.actions = ACTIONS.get(family, tuple(str(i) for i in range(n)))
         self.synonyms = SYNONYMS.get(family, {})
-        self.obs = None
+        self.obs: Any = None  # the last Gymnasium observation (an int, a tuple for Blackjack)
         self.has_expert = hasattr(self.env.unwrapped, "P") or family == "Blackjack"
 
     @property

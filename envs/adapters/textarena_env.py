@@ -20,6 +20,7 @@ import hashlib
 import random
 import re
 import sys
+from typing import Any
 
 from envs.core import InvalidAction, TextEnv, last_tagged, require
 
@@ -37,16 +38,17 @@ class TextArenaGame(TextEnv):
 
     def __init__(self, game_id: str, max_steps: int = 100, invalid_penalty: float = -0.1, **game_kwargs):
         self._ta = require("textarena", f"textarena/{game_id}", "textarena", "envs-textarena")
-        from textarena.envs.registration import ENV_REGISTRY
+        from textarena.envs.registration import ENV_REGISTRY  # type: ignore[import-untyped]
 
         if game_id not in ENV_REGISTRY:
             raise ValueError(f"unknown TextArena game {game_id!r}")
         super().__init__(max_steps=max_steps, invalid_penalty=invalid_penalty)
         self.game_id = game_id
         self.game_kwargs = game_kwargs
-        self._game = None
+        self._game: Any = None  # the TextArena game being played (textarena has no types)
         self._seed = 0
-        self._rng_states = None
+        # the game's own states of `random` and `numpy.random` between its calls
+        self._rng_states: tuple[tuple[Any, ...], Any] | None = None
 
     @property
     def system_prompt(self) -> str:

@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import warnings
+from typing import Any
 
 from envs.core import InvalidAction, TextEnv, last_tagged, require
 
@@ -124,8 +125,9 @@ class TextWorldGame(TextEnv):
         self.options = list(DEFAULT_OPTIONS[game_type] if options is None else options)
         self.cache_dir = cache_dir or default_cache_dir()
         self.show_commands = show_commands
-        self._env = None
-        self._state = None
+        # TextWorld's objects (its module is imported by `require`, so their type is Any):
+        self._env: Any = None  # the game's environment, started on the first reset
+        self._state: Any = None  # its last game state
         self._score = 0
         self.game_path = ""
 

@@ -192,7 +192,7 @@ class Case:
     persona: str
     items: tuple[Item, ...]
     adversarial: bool = False
-    _by_domain: dict = field(init=False, default=None, compare=False, repr=False)
+    _by_domain: dict[str, Item] = field(init=False, default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self):
         object.__setattr__(self, "_by_domain", {it.domain: it for it in self.items})
@@ -368,7 +368,7 @@ _OCCUPATIONS = (
     "unemployed at the moment",
 )
 
-_KEY_TEXT = {
+_KEY_TEXT: dict[str, dict[str, tuple[str, ...]]] = {
     "mood": {
         "severe": (
             "I've felt down almost every day for {dur}. Nothing feels enjoyable any more, not even {hobby}.",
@@ -444,7 +444,7 @@ _ABSENT_TEXT = {
     "family": "Not that I know of, no.",
     "social": "Work's fine, and I've got good friends and family around me.",
 }
-_SUPPORT_TEXT = {
+_SUPPORT_TEXT: dict[str, dict[str, str | tuple[str, ...]]] = {
     "sleep": {
         "bipolar_mania": "I'm only sleeping a couple of hours a night, and I don't feel tired at all.",
         "ptsd": "I have nightmares most nights and wake up drenched in sweat.",

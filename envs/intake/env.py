@@ -291,7 +291,14 @@ class IntakeEnv(TextEnv):
             obs += "\n" + self.checklist()
         return obs, {"case_id": case.case_id, "cases": self.cases}
 
+    def _current(self) -> tuple[Case, PatientState]:
+        """The case being interviewed and its patient (``reset`` makes them)."""
+        if self.case is None or self.patient is None:
+            raise RuntimeError("IntakeEnv: reset() the env first")
+        return self.case, self.patient
+
     def _step(self, action: str):
+        case, patient = self._current()
         text = action.strip()
         if assessment_mod.extract(text) is not None:
             try:
@@ -308,18 +315,16 @@ class IntakeEnv(TextEnv):
                 f"the question is {len(question)} characters long; ask one question of at most "
                 f"{self.max_question_chars} characters"
             )
-        before = set(self.patient.elicited)
-        d = self.patient.disclose(question)
+        before = set(patient.elicited)
+        d = patient.disclose(question)
         bonus = self.shaping.risk_bonus * sum(
-            1
-            for dom in self.patient.elicited
-            if dom not in before and dom in RISK_DOMAINS and dom in self.case.required_domains
+            1 for dom in patient.elicited if dom not in before and dom in RISK_DOMAINS and dom in case.required_domains
         )
         self._bonus += bonus
         charge = self.shaping.repeat_cost * d.repeated
         self._charged += charge
         incentive = bonus - charge  # this question turn's training incentives, net
-        reply = self.simulator.reply(self.case, d, list(self.history), self._steps)
+        reply = self.simulator.reply(case, d, list(self.history), self._steps)
         self.history.append((question, reply))
         self.asked_domains.append(tuple(dom for dom, _ in d.domains))
         iv = self.interview
@@ -327,12 +332,12 @@ class IntakeEnv(TextEnv):
         iv.repeated += d.repeated
         iv.empathic += d.empathic
         iv.productive += bool(d.new)
-        iv.elicited = set(self.patient.elicited)
+        iv.elicited = set(patient.elicited)
         self._denied.update(d.denied)
         obs = f'Patient: "{reply}"'
         info: dict = {"disclosure": d.to_dict()}
         if not isinstance(self.simulator, RuleBasedSimulator):  # the template voice is faithful by construction
-            fidelity = check_reply(self.case, d, reply, elicited=self.patient.elicited)
+            fidelity = check_reply(case, d, reply, elicited=patient.elicited)
             info["fidelity"] = fidelity
             self._flagged["leaks"] += bool(fidelity["leaked"])
             self._flagged["contradictions"] += bool(fidelity["contradicted"])
@@ -345,7 +350,7 @@ class IntakeEnv(TextEnv):
             obs += "\n" + self.checklist()
         reward = 0.0
         if self.shaping.turn_rewards:
-            earned = score(self.case, self.interview, None, self.rubric)["components"]
+            earned = score(case, self.interview, None, self.rubric)["components"]
             w = self.rubric.weights
             potential = (w["history"] * earned["history"] + w["communication"] * earned["communication"]) / sum(
                 w.values()
@@ -357,7 +362,8 @@ class IntakeEnv(TextEnv):
         """The checklist's domains (``notes``): those no reply has answered, in the
         order ``notes_order`` names; a follow-up only once a reply told its prerequisite
         finding."""
-        heard = self.patient.elicited  # every item a reply told truthfully, present or absent
+        _, patient = self._current()
+        heard = patient.elicited  # every item a reply told truthfully, present or absent
         told = {d for d, it in heard.items() if it.present}
         return [
             d
@@ -393,7 +399,8 @@ class IntakeEnv(TextEnv):
         """The final step's reward (the rubric total less what the question turns were
         paid), whether an assessment ended it, and its info; `pay=False` for a look
         ahead (`if_cut`) that pays nothing."""
-        result = score(self.case, self.interview, parsed, self.rubric)
+        case, _ = self._current()
+        result = score(case, self.interview, parsed, self.rubric)
         info = dict(info)
         info["rubric"] = {**result["components"], "total": result["total"]}
         for k in (
@@ -408,14 +415,14 @@ class IntakeEnv(TextEnv):
             info[k] = result[k]
         info["communication"] = {k: result[k] for k in ("empathy", "repeat_rate", "efficiency")}
         info["assessment"] = parsed.to_dict() if parsed is not None else None
-        info["case"] = self.case.summary()
+        info["case"] = case.summary()
         info["questions"] = self.interview.questions
         questions = [q for q, _ in self.history]
-        held = heldout_score(self.case, self.interview, parsed, questions)
+        held = heldout_score(case, self.interview, parsed, questions)
         info["heldout_rubric"] = {**held["components"], "total": held["total"]}
-        info["exploits"] = exploit_flags(self.case, parsed, questions, self.asked_domains, self.interview)
+        info["exploits"] = exploit_flags(case, parsed, questions, self.asked_domains, self.interview)
         info["fidelity_summary"] = {"replies": self.interview.questions, **self._flagged}
-        risk = [d for d in self.case.required_domains if d in RISK_DOMAINS]
+        risk = [d for d in case.required_domains if d in RISK_DOMAINS]
         info["risk_domains"] = {"required": risk, "elicited": [d for d in risk if d in self.interview.elicited]}
         if self.shaping.risk_bonus:
             info["risk_bonus"] = self._bonus

@@ -62,7 +62,7 @@ import json
 import statistics
 import sys
 
-import yaml
+import yaml  # type: ignore[import-untyped]
 
 from envs.intake.cases import PERSONAS, TRIAGE_LEVELS
 from envs.intake.env import CASE_SETS, NOTE_ORDERS, IntakeEnv

@@ -87,7 +87,8 @@ STUFFING_MIN_ITEMS = 5
 def question_domains(questions: Sequence[str]) -> list[list[tuple[str, str]]]:
     """Each question's ``[(domain, "direct"|"general")]`` under the env's mapping, with the
     env's context (the previous question's domains), before the per-question cap."""
-    out, previous = [], ()
+    out: list[list[tuple[str, str]]] = []
+    previous: tuple[str, ...] = ()
     for q in questions:
         doms = map_question(q, previous)
         out.append(doms)

@@ -319,8 +319,8 @@ def build_messages(case: Case, disclosure: Disclosure, history: list[tuple[str, 
         rules.append("The question is unclear or off-topic: say so briefly, without sharing any facts")
     if disclosure.repeated:
         rules.append("The clinician has asked this before: you may say so")
-    rules = "; ".join(r.rstrip(". ") for r in rules)
-    content = f"{disclosure.question}\n\n[Simulator instructions, not said by the clinician: {rules}.]"
+    said = "; ".join(r.rstrip(". ") for r in rules)
+    content = f"{disclosure.question}\n\n[Simulator instructions, not said by the clinician: {said}.]"
     messages.append({"role": "user", "content": content})
     return messages
 
@@ -518,7 +518,7 @@ def check_reply(case: Case, disclosure: Disclosure, reply: str, *, elicited: Any
     known = {it.domain: it for it in told}
     for dom in elicited:
         known.setdefault(dom, case.item(dom))
-    allowed, affirmed = set(known), set()
+    allowed, affirmed = set(known), set[str]()
     for it in known.values():
         own = _mentions(it.text)
         allowed.update(own)
@@ -529,16 +529,16 @@ def check_reply(case: Case, disclosure: Disclosure, reply: str, *, elicited: Any
     for d, neg in mentions.items():
         item = case.item(d)
         if d in _POLAR and not item.present and not all(neg) and d not in affirmed:
-            own = _mentions(item.text).get(d, [])
-            if all(own):  # the absent item's text does not affirm it either
+            flags = _mentions(item.text).get(d, ())
+            if all(flags):  # the absent item's text does not affirm it either
                 contradicted.add(d)
     said = normalize(reply)
     for it in told:
         d = it.domain
         if not it.present or d not in _POLAR or d not in mentions or not all(mentions[d]):
             continue
-        own = _mentions(it.text).get(d, [])
-        if own and not all(own) and normalize(it.text).rstrip(".!? ") not in said:
+        flags = _mentions(it.text).get(d, ())
+        if flags and not all(flags) and normalize(it.text).rstrip(".!? ") not in said:
             contradicted.add(d)
     return {"leaked": [d for d in DOMAINS if d in leaked], "contradicted": [d for d in DOMAINS if d in contradicted]}
 

@@ -1,10 +1,9 @@
 """Agent programs as the trainer's rollout: `ProgramLoop`, the agent loop of a run with
 `agent.program` set.
 
-It has `AgentLoop`'s interface (`run(pool, seeds, group_ids, seed=, sampling=,
-row_offset=)` -> `(Trajectory, episodes)`, `set_params`, `reward_fn`, `config`,
-`sampler`, `chat`), so batch collection, evaluation, the estimators, checkpoints and the
-episode store work unchanged. One `run`:
+It is an `EpisodeLoop` (`jaxagent.rollout.loop_base`), as the env loop `AgentLoop` is, so
+batch collection, evaluation, the estimators, checkpoints and the episode store work
+unchanged; `close` stops the gateway it starts. One `run`:
 
 1. one session per row: its task (`TaskPool.task(seed)`), its id, its sampling key id
    `row_offset + i` (so processes that each play part of a batch sample what one would);
@@ -43,7 +42,6 @@ from __future__ import annotations
 import dataclasses
 import secrets
 import time
-from collections.abc import Sequence
 from typing import Any
 
 from jaxagent.gateway.engine import Engine
@@ -56,33 +54,24 @@ from jaxagent.gateway.service import Gateway, RunSampling
 from jaxagent.rollout.agent_loop import loop_sampler
 from jaxagent.rollout.chat import ChatFormat
 from jaxagent.rollout.episode import Episode, pack
-from jaxagent.rollout.sampling import SamplingConfig
+from jaxagent.rollout.loop_base import EpisodeLoop
 from jaxagent.rollout.trajectory import Trajectory
 
 
 class TaskPool:
-    """The "pool" of a program run: `len(pool)` rows, and the task of a seed. `held_out`
-    (when `eval.tasks` names another source) is the pool evaluation plays."""
+    """The pool of a program run (`jaxagent.rollout.loop_base.EpisodePool`): `len(pool)`
+    rows, and the task of a seed. It holds no resources: a run's held-out evaluation plays
+    a pool of its own (of `eval.tasks` when set)."""
 
-    def __init__(self, tasks: TaskSource, size: int, held_out: TaskSource | None = None):
+    def __init__(self, tasks: TaskSource, size: int):
         self.tasks = tasks
         self.size = int(size)
-        self.held_out = None if held_out is None else TaskPool(held_out, size)
 
     def __len__(self) -> int:
         return self.size
 
     def task(self, seed: int) -> dict:
         return self.tasks.task(int(seed))
-
-    def close(self) -> None:
-        pass
-
-    def __enter__(self) -> TaskPool:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +96,7 @@ class ProgramSettings:
             raise ValueError("ProgramSettings: processes > 0 needs the program's spec ('module:function')")
 
 
-class ProgramLoop:
+class ProgramLoop(EpisodeLoop):
     """The rollout of agent programs through the gateway (module docstring).
 
     Args:
@@ -154,10 +143,6 @@ class ProgramLoop:
     @property
     def stop_sequences(self) -> list[list[int]]:
         return [self.chat.encode(s) for s in self.config.stop_strings]
-
-    @property
-    def params(self):
-        return self.sampler.params
 
     def set_params(self, params) -> None:
         """The policy for the next calls (a new version)."""
@@ -206,35 +191,14 @@ class ProgramLoop:
             self._engine.close()
         self._server = self._engine = self._gateway = None
 
-    def __enter__(self) -> ProgramLoop:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def run(
-        self,
-        pool: TaskPool,
-        seeds: Sequence[Any],
-        group_ids: Sequence[int] | None = None,
-        *,
-        seed: int | None = None,
-        sampling: SamplingConfig | None = None,
-        row_offset: int = 0,
-    ) -> tuple[Trajectory, list[Episode]]:
-        """Play one session per row (module docstring); the batch and its episodes."""
-
+    def _play(self, pool, seeds, group_ids, *, seed, sampling, row_offset) -> tuple[Trajectory, list[Episode]]:
+        """Play one session per row (module docstring; `EpisodeLoop.run` checked the
+        arguments); the batch and its episodes."""
         cfg = self.config
         B = len(seeds)
-        if B != len(pool):
-            raise ValueError(f"ProgramLoop.run: got {B} seeds for a pool of {len(pool)} rows")
-        group_ids = list(range(B)) if group_ids is None else list(group_ids)
-        if len(group_ids) != B:
-            raise ValueError(f"ProgramLoop.run: group_ids has {len(group_ids)} entries, expected {B}")
-        sampling = cfg.sampling if sampling is None else sampling
         gateway, server = self.gateway, self.server
         engine = gateway.engine
-        engine.seed = cfg.seed if seed is None else int(seed)
+        engine.seed = int(seed)
         gateway.run_sampling = RunSampling(sampling, cfg.max_tokens_per_turn, cfg.stop_strings)
         self._runs += 1
         tag = f"r{self._runs}-{secrets.token_hex(3)}"

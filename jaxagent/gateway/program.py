@@ -51,16 +51,13 @@ import dataclasses
 import functools
 import importlib
 import inspect
-import json
 import math
 import numbers
 import os
-import re
 import sys
 import time
 import traceback
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 # ---------------------------------------------------------------- how a session fails
@@ -70,7 +67,9 @@ from typing import Any
 # (`tests/test_gateway_program.py` checks it). The words live in two modules, not one,
 # because neither package may import the other: the gateway plays no env
 # (`tests/test_layering.py`), and `envs` is plain Python without `jaxagent`
-# (`tests/test_envs_core.py`); and this module imports nothing of `jaxagent` at all.
+# (`tests/test_envs_core.py`; its one exception, `jaxagent.specs`, the standard-library task
+# reader, holds no words); and this module imports nothing of `jaxagent` at module level
+# (`jaxagent.specs` only where a spec is resolved or a task file read).
 
 #: the program raised an exception (its traceback is kept), or could not be loaded in its
 #: worker process (a word both pools share)
@@ -89,15 +88,7 @@ NO_CALLS = "no_calls"
 #: "stale" for an episode with a call sampled too many policy versions ago
 FAILURE_KINDS = (RAISED, TIMEOUT, INVALID_RESULT, NO_CALLS, CRASHED)
 
-#: "module:function" (dotted module, dotted attribute)
-_SPEC = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*$")
-
 Program = Callable[[Any, dict], Awaitable[Any]]
-
-
-def is_function_spec(spec: str) -> bool:
-    """Whether `spec` has the form "module:function" (dotted names on both sides)."""
-    return isinstance(spec, str) and bool(_SPEC.match(spec))
 
 
 def add_import_paths(imports: Iterable[str] = ()) -> None:
@@ -126,28 +117,14 @@ def add_import_paths(imports: Iterable[str] = ()) -> None:
 
 
 def resolve(spec: str, what: str, imports: Iterable[str]) -> Any:
-    """The object "module:attr" names, after `add_import_paths(imports)`; `ValueError`
-    naming `what` and the spec when the module or the attribute is missing."""
-    if not is_function_spec(spec):
-        raise ValueError(f"{what} must look like 'module:function' (e.g. my_agent:rollout), got {spec!r}")
-    add_import_paths(imports)
-    module_name, attr = spec.split(":")
-    try:
-        obj = importlib.import_module(module_name)
-    except ModuleNotFoundError as err:
-        if err.name is not None and (module_name == err.name or module_name.startswith(err.name + ".")):
-            raise ValueError(
-                f"{what} {spec!r}: no module named {module_name!r} (looked up on sys.path, the current "
-                f"directory and agent.imports)"
-            ) from None
-        raise ValueError(f"{what} {spec!r}: importing {module_name!r} failed: {type(err).__name__}: {err}") from None
-    except Exception as err:  # noqa: BLE001 - an error the module raises on import, named
-        raise ValueError(f"{what} {spec!r}: importing {module_name!r} failed: {type(err).__name__}: {err}") from None
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ValueError(f"{what} {spec!r}: module {module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
-    return obj
+    """The object "module:function" names (`jaxagent.specs.resolve_spec`), after
+    `add_import_paths(imports)`; `ValueError` naming `what` and the spec when it is
+    malformed or the module or the attribute is missing."""
+    from jaxagent.specs import is_spec, resolve_spec
+
+    if is_spec(spec):  # a malformed spec is named before any of `imports` is tried
+        add_import_paths(imports)
+    return resolve_spec(spec, what, form="module:function", where="sys.path, the current directory and agent.imports")
 
 
 def _is_async(fn: Any) -> bool:
@@ -203,12 +180,14 @@ class TaskSource:
     """
 
     def __init__(self, spec: str, imports: Iterable[str] = (), *, what: str = "agent.tasks"):
+        from jaxagent.specs import is_spec, read_jsonl_tasks
+
         self.spec, self.what = spec, what
         self._tasks: list[dict] | None = None
         self._fn: Callable[[int], Any] | None = None
         if isinstance(spec, str) and spec.endswith(".jsonl"):
-            self._tasks = read_jsonl_tasks(spec, what)
-        elif is_function_spec(spec):
+            self._tasks = [task for _, task in read_jsonl_tasks(spec, what)]
+        elif is_spec(spec):
             fn = resolve(spec, what, imports)
             if not callable(fn) or _is_async(fn):
                 raise TypeError(f"{what} {spec!r} must be a plain function seed -> task dict, got {fn!r}")
@@ -246,33 +225,6 @@ class TaskSource:
 
     def __repr__(self) -> str:
         return f"TaskSource({self.spec!r})"
-
-
-def read_jsonl_tasks(path: str | Path, what: str = "agent.tasks") -> list[dict]:
-    """The task dicts of a JSONL file, one JSON object a line (blank lines skipped);
-    `ValueError` naming the file (and the line) when it is missing, unreadable, has a
-    line that is not a JSON object, or no task."""
-    p = Path(path)
-    if not p.is_file():
-        raise ValueError(f"{what}: task file not found: {p}")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise ValueError(f"{what}: cannot read {p}: {err}") from None
-    tasks = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            task = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{p}, line {number}: not valid JSON ({err.msg}, column {err.colno})") from None
-        if not isinstance(task, dict):
-            raise ValueError(f"{p}, line {number}: a task must be a JSON object, got {type(task).__name__}")
-        tasks.append(task)
-    if not tasks:
-        raise ValueError(f"{what}: {p} has no tasks (no non-blank line)")
-    return tasks
 
 
 @dataclasses.dataclass

@@ -16,8 +16,8 @@ without HTTP (the server, `jaxagent.gateway.server`, is the HTTP side).
 Sampling settings: with `run_sampling` (training and evaluation) the run's own settings
 decide, whatever a request asks (its temperature, top_p, seed, max_tokens and stop are
 ignored), so what is trained is what the run's policy samples; without it (`jaxagent
-serve`) the request's are honoured, within `Limits.max_tokens`. Either way the reply's
-`jaxagent.sampling` says what was used.
+serve`) the request's are honoured, within `Limits.max_tokens`. Either way the `sampling`
+of the reply's `jaxagent` extension says what was used.
 
 Sessions: `open_session(id, key_id)` before a program runs (training), `close_session`
 after; `ephemeral()` a one-call session for a request that names none (`jaxagent serve`,

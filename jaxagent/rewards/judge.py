@@ -94,7 +94,6 @@ score_range=(0.0, 1.0))``
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import math
 import queue
@@ -104,6 +103,8 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
+
+from jaxagent.specs import resolve_spec
 
 FAILURE_KINDS = ("judge_timeout", "judge_http_error", "judge_bad_reply", "judge_error")
 COMBINE_MODES = ("replace", "add")
@@ -548,17 +549,7 @@ def make_judge(spec: Mapping[str, Any]) -> Judge:
 def _import_fn(fn: Any) -> Callable:
     if callable(fn):
         return fn
-    if not isinstance(fn, str) or fn.count(":") != 1:
-        raise ValueError(f"fn must be 'module:function', got {fn!r}")
-    mod_name, attr = fn.split(":")
-    try:
-        obj = importlib.import_module(mod_name)
-    except ImportError as e:
-        raise ValueError(f"cannot import module {mod_name!r} for the judge fn: {e}") from None
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ValueError(f"module {mod_name!r} has no {attr!r} for the judge fn")
-        obj = getattr(obj, part)
+    obj = resolve_spec(fn, "judge fn", form="module:function")
     if not callable(obj):
         raise ValueError(f"judge fn {fn!r} is not callable")
     return obj

@@ -53,15 +53,12 @@ tokenization; `loss_mask` is 1 exactly on the policy tokens.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import Any
-
-import numpy as np
 
 from jaxagent.models.config import DecoderConfig
 from jaxagent.rollout import continuous_loop, pipelined_loop, sync_loop
 from jaxagent.rollout.chat import ChatFormat
-from jaxagent.rollout.episode import Episode, pack
+from jaxagent.rollout.episode import Episode
+from jaxagent.rollout.loop_base import EpisodeLoop
 from jaxagent.rollout.sampler import Sampler
 from jaxagent.rollout.sampling import SamplingConfig
 from jaxagent.rollout.scheduling import Clock, Rollout, finish
@@ -81,7 +78,6 @@ class AgentLoopConfig:
       sampling: how tokens are drawn.
       stop_strings: texts that end a turn (tokenized; matched on generated tokens).
       seed: the rollout's sampling seed (episode `i` samples with `fold_in(seed, i)`).
-      shrink_batch: re-bucket the device batch as episodes finish.
       min_bucket: smallest padded length of an appended segment.
       pad_id: token id used for padding in the trajectory.
       pipeline_groups: 1 = one device batch, decode and env step in turn. N > 1 splits
@@ -102,7 +98,6 @@ class AgentLoopConfig:
     sampling: SamplingConfig = SamplingConfig()
     stop_strings: tuple[str, ...] = ()
     seed: int = 0
-    shrink_batch: bool = True
     min_bucket: int = 16
     pad_id: int = 0
     pipeline_groups: int = 1
@@ -141,7 +136,7 @@ def loop_sampler(params, model_config: DecoderConfig, config: AgentLoopConfig, *
     )
 
 
-class AgentLoop:
+class AgentLoop(EpisodeLoop):
     """Runs batches of episodes with a `Sampler` (see the module docstring).
 
     Args:
@@ -181,49 +176,14 @@ class AgentLoop:
         #: `jaxagent.rewards.JudgeReward`)
         self.reward_fn = None
 
-    @property
-    def params(self):
-        return self.sampler.params
-
-    def set_params(self, params) -> None:
-        """Use new policy parameters (same shapes: no recompilation)."""
-        self.sampler.params = params
-
     # ---------------------------------------------------------------- rollout
-    def run(
-        self,
-        pool,
-        seeds: Sequence[Any],
-        group_ids: Sequence[int] | None = None,
-        *,
-        seed: int | None = None,
-        sampling: SamplingConfig | None = None,
-        row_offset: int = 0,
-    ) -> tuple[Trajectory, list[Episode]]:
-        """Play one episode per pool slot (`len(seeds) == len(pool)`), return the batch.
+    def _play(self, pool, seeds, group_ids, *, seed, sampling, row_offset) -> tuple[Trajectory, list[Episode]]:
+        """Play one episode per pool slot (`EpisodeLoop.run` checked the arguments).
 
         The config picks the scheduler: `slots > 0` continuous, `pipeline_groups > 1`
         pipelined, else turn-synchronous (see the module docstring); the same trajectories.
-
-        seed, sampling: this rollout's sampling seed and settings (None = the config's).
-        row_offset: the global index of this batch's first row; episode `i` samples with
-          the key `fold_in(seed, row_offset + i)`, so processes that each play a slice
-          of one global batch together sample what one process playing it all would.
         """
         cfg = self.config
-        seed = cfg.seed if seed is None else seed
-        sampling = cfg.sampling if sampling is None else sampling
-        if not isinstance(sampling, SamplingConfig):
-            raise TypeError(f"AgentLoop.run: sampling must be a SamplingConfig, got {type(sampling).__name__}")
-        if not isinstance(row_offset, (int, np.integer)) or row_offset < 0:
-            raise ValueError(f"AgentLoop.run: row_offset must be an int >= 0, got {row_offset!r}")
-        B = len(seeds)
-        if B != len(pool):
-            raise ValueError(f"AgentLoop.run: got {B} seeds for a pool of {len(pool)} slots")
-        if group_ids is None:
-            group_ids = list(range(B))
-        if len(group_ids) != B:
-            raise ValueError(f"AgentLoop.run: group_ids has {len(group_ids)} entries, expected {B}")
         eps = [Episode(index=i, seed=s, group_id=int(g)) for i, (s, g) in enumerate(zip(seeds, group_ids, strict=True))]
         clock = Clock(self.profile)
         self.timings = clock.totals
@@ -246,7 +206,3 @@ class AgentLoop:
         else:
             sync_loop.run(rollout)
         return finish(rollout, self.reward_fn)
-
-    def _pack(self, eps: list[Episode]) -> Trajectory:
-        cfg = self.config
-        return pack(eps, max_context=cfg.max_context, max_turns=cfg.max_turns, pad_id=cfg.pad_id)

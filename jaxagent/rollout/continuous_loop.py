@@ -18,7 +18,7 @@ are read once a token for the whole batch, so rounds are kept full). A finished 
 frees its row for the next episode not yet started. The trajectories are those of the
 turn-synchronous scheduler for the same seeds (every token, action, observation,
 reward, end and failure; log-probs to float32 rounding): sampling depends only on a
-row's key and history. Rows are never re-bucketed (`shrink_batch` does not apply).
+row's key and history. Rows are never re-bucketed (the turn-synchronous batch's shrinking does not apply).
 Worth it when env steps take uneven times: one slow step holds only its own episode
 (and the other slots of its pool worker, which runs its slots' items one after another).
 """

@@ -296,7 +296,8 @@ def _feed(tok_B, run_B, kv, lengths_B, window: int, *, params, config: DecoderCo
     `(k, v)` for `decode_step`, or per-layer window buffers `(ks, vs)` when `layers` (then
     the layers are unrolled, `decode_step_layers`); the loop body is the same for both."""
     if layers is not None:
-        logits, ks, vs, lengths_B = decode_step_layers(params, layers, config, tok_B, run_B, *kv, lengths_B, max_len)
+        ks, vs = kv
+        logits, ks, vs, lengths_B = decode_step_layers(params, layers, config, tok_B, run_B, ks, vs, lengths_B, max_len)
         return logits, (ks, vs), lengths_B
     cache = decoder.KVCache(k=kv[0], v=kv[1], lengths=lengths_B)
     logits, cache = decode_step(params, config, tok_B, run_B, cache, window=window)

@@ -13,7 +13,7 @@ host collects and tokenizes A's observations while B decodes). The trajectories 
 those of the turn-synchronous scheduler for the same seeds: every token, action,
 observation, reward, end and failure; log-probs agree to float32 rounding (XLA:CPU's
 results for a row can differ in the last bits with the batch shape, as they do when
-`shrink_batch` re-buckets). A sub-batch whose episodes all end leaves the pipeline.
+the turn-synchronous batch shrinks). A sub-batch whose episodes all end leaves the pipeline.
 Worth it when env steps take as long as decodes; with `num_workers=0` (envs in this
 process) there is nothing to overlap.
 

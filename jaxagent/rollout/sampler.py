@@ -54,7 +54,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -87,6 +88,26 @@ def bucket(n: int, minimum: int = 16) -> int:
     """Smallest power of two >= max(n, minimum)."""
     n = max(int(n), int(minimum), 1)
     return 1 << (n - 1).bit_length()
+
+
+def _sampler_mesh(params, mesh: jax.sharding.Mesh | None) -> jax.sharding.Mesh | None:
+    """`Sampler`'s mesh: `mesh`, else the one `params` are laid out on (None = unsharded).
+    A sampler's calls are its own process's alone, so a mesh that spans other processes'
+    devices is refused here, before anything is placed on it."""
+    if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
+        raise TypeError(f"Sampler: mesh must be a jax.sharding.Mesh or None, got {type(mesh).__name__}")
+    if mesh is None:  # params laid out on a mesh of this process's devices: sample there
+        try:
+            mesh = params_mesh(params)
+        except ValueError as e:
+            raise ValueError(f"Sampler: {e}") from None
+    if mesh is not None and any(d.process_index != jax.process_index() for d in mesh.devices.flat):
+        raise ValueError(
+            f"Sampler: the mesh spans {len({d.process_index for d in mesh.devices.flat})} "
+            "processes; a sampler runs on devices of its own process "
+            "(jaxagent.parallel.local_mesh)"
+        )
+    return mesh
 
 
 class Sampler:
@@ -135,20 +156,7 @@ class Sampler:
     ):
         if not isinstance(max_len, int) or max_len < 1:
             raise ValueError(f"Sampler: max_len must be a positive int, got {max_len!r}")
-        if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
-            raise TypeError(f"Sampler: mesh must be a jax.sharding.Mesh or None, got {type(mesh).__name__}")
-        if mesh is None:  # params laid out on a mesh of this process's devices: sample there
-            try:
-                mesh = params_mesh(params)
-            except ValueError as e:
-                raise ValueError(f"Sampler: {e}") from None
-        if mesh is not None and any(d.process_index != jax.process_index() for d in mesh.devices.flat):
-            raise ValueError(
-                f"Sampler: the mesh spans {len({d.process_index for d in mesh.devices.flat})} "
-                "processes; a sampler runs on devices of its own process "
-                "(jaxagent.parallel.local_mesh)"
-            )
-        self.mesh, self.rules = mesh, tuple(rules)
+        self.mesh, self.rules = _sampler_mesh(params, mesh), tuple(rules)
         self.config, self.max_len = config, max_len
         self.params = params
         self.cache_dtype = cache_dtype or params["final_norm"]["scale"].dtype
@@ -156,96 +164,70 @@ class Sampler:
         self.window_segments = int(window_segments)
         self.unroll_layers = unroll_layers_default() if unroll_layers is None else bool(unroll_layers)
         self.trace_counts: collections.Counter = collections.Counter()
+        self._build_kernels()
 
-        def append(params, state, tokens, mask):
-            self.trace_counts["append"] += 1
-            with self._layout():
-                return self._pin_state(append_kernel(params, config, state, tokens, mask))
+    def _jit(self, name: str, kernel: Callable, **jit_kw: Any) -> Callable:
+        """`jax.jit` of `kernel`, counted in `trace_counts[name]`, traced under the mesh's
+        layout hook and with its output (a state, or a state and a `Generation`) pinned to
+        the mesh layout: every kernel needs all three, so they are done in one place."""
 
-        def decode(params, state, active, max_new, stop_tokens, stop_seqs, sampling, max_new_tokens):
-            self.trace_counts["decode"] += 1
+        @functools.wraps(kernel)  # its signature: `static_argnames` / `donate_argnames` go by it
+        def traced(*args, **kwargs):
+            self.trace_counts[name] += 1
             with self._layout():
-                state, gen = decode_kernel(
-                    params,
-                    config,
-                    state,
-                    active,
-                    max_new,
-                    stop_tokens,
-                    stop_seqs,
-                    sampling=sampling,
-                    max_new_tokens=max_new_tokens,
-                    pad_id=self.pad_id,
-                    window_segments=self.window_segments,
-                    unroll_layers=self.unroll_layers,
-                )
+                out = kernel(*args, **kwargs)
+                if isinstance(out, SamplerState):
+                    return self._pin_state(out)
+                state, gen = out
                 return self._pin_state(state), self._pin_rows(gen)
 
-        def select(state, rows):
-            self.trace_counts["select"] += 1
-            with self._layout():
-                return self._pin_state(select_rows_kernel(state, rows))
+        traced.__name__ = name  # the compiled module's name (`jit_decode`), as in profiles
+        return jax.jit(traced, **jit_kw)
 
-        self._append = jax.jit(append, donate_argnames=("state",))
-        self._decode = jax.jit(decode, static_argnames=("sampling", "max_new_tokens"), donate_argnames=("state",))
+    def _build_kernels(self) -> None:
+        """The jitted kernels the host methods call (`_jit`). The decode settings are read
+        from the sampler when a kernel is traced; `config` is the one it was built with."""
+        config, donate, static = self.config, ("state",), ("sampling", "max_new_tokens")
+
+        def append(params, state, tokens, mask):
+            return append_kernel(params, config, state, tokens, mask)
+
+        def decode(params, state, active, max_new, stop_tokens, stop_seqs, sampling, max_new_tokens):
+            return decode_kernel(
+                params,
+                config,
+                state,
+                active,
+                max_new,
+                stop_tokens,
+                stop_seqs,
+                sampling=sampling,
+                max_new_tokens=max_new_tokens,
+                pad_id=self.pad_id,
+                window_segments=self.window_segments,
+                unroll_layers=self.unroll_layers,
+            )
 
         def decode_rows(
             params, state, rows, tokens, mask, active, max_new, stop_tokens, stop_seqs, sampling, max_new_tokens
         ):
-            self.trace_counts["decode_rows"] += 1
-            with self._layout():
-                sub = select_rows_kernel(state, rows)
-                if tokens is not None:
-                    sub = append_kernel(params, config, sub, tokens, mask)
-                sub, gen = decode_kernel(
-                    params,
-                    config,
-                    sub,
-                    active,
-                    max_new,
-                    stop_tokens,
-                    stop_seqs,
-                    sampling=sampling,
-                    max_new_tokens=max_new_tokens,
-                    pad_id=self.pad_id,
-                    window_segments=self.window_segments,
-                    unroll_layers=self.unroll_layers,
-                )
-                return self._pin_state(put_rows_kernel(state, rows, sub)), self._pin_rows(gen)
-
-        self._decode_rows = jax.jit(
-            decode_rows, static_argnames=("sampling", "max_new_tokens"), donate_argnames=("state",)
-        )
-        self._select = jax.jit(select)
-
-        def reset(state, rows, keys):
-            self.trace_counts["reset"] += 1
-            with self._layout():
-                return self._pin_state(reset_rows_kernel(state, rows, keys))
-
-        self._reset = jax.jit(reset, donate_argnames=("state",))
-
-        def truncate(state, rows, lengths):
-            self.trace_counts["truncate"] += 1
-            with self._layout():
-                return self._pin_state(truncate_rows_kernel(state, rows, lengths))
-
-        self._truncate = jax.jit(truncate, donate_argnames=("state",))
-
-        def copy(state, src, dst):
-            self.trace_counts["copy"] += 1
-            with self._layout():
-                return self._pin_state(copy_rows_kernel(state, src, dst))
-
-        self._copy = jax.jit(copy, donate_argnames=("state",))
+            sub = select_rows_kernel(state, rows)
+            if tokens is not None:
+                sub = append(params, sub, tokens, mask)
+            sub, gen = decode(params, sub, active, max_new, stop_tokens, stop_seqs, sampling, max_new_tokens)
+            return put_rows_kernel(state, rows, sub), gen
 
         def append_rows(params, state, rows, tokens, mask):
-            self.trace_counts["append_rows"] += 1
-            with self._layout():
-                sub = append_kernel(params, config, select_rows_kernel(state, rows), tokens, mask)
-                return self._pin_state(put_rows_kernel(state, rows, sub))
+            return put_rows_kernel(state, rows, append(params, select_rows_kernel(state, rows), tokens, mask))
 
-        self._append_rows = jax.jit(append_rows, donate_argnames=("state",))
+        self._append = self._jit("append", append, donate_argnames=donate)
+        self._decode = self._jit("decode", decode, static_argnames=static, donate_argnames=donate)
+        self._decode_rows = self._jit("decode_rows", decode_rows, static_argnames=static, donate_argnames=donate)
+        self._select = self._jit("select", select_rows_kernel)
+        self._reset = self._jit("reset", reset_rows_kernel, donate_argnames=donate)
+        self._truncate = self._jit("truncate", truncate_rows_kernel, donate_argnames=donate)
+        self._copy = self._jit("copy", copy_rows_kernel, donate_argnames=donate)
+        self._append_rows = self._jit("append_rows", append_rows, donate_argnames=donate)
 
     # -------------------------------------------------------------- sharding
     @property
@@ -692,8 +674,3 @@ def _stop_seq_array(stop_sequences, B: int) -> np.ndarray:
         for i, seq in enumerate(seqs):
             out[b, i, width - len(seq) :] = seq
     return out
-
-
-def trace_total(counts: dict[str, Any]) -> int:
-    """Sum of a `Sampler.trace_counts`."""
-    return int(sum(counts.values()))

@@ -7,7 +7,7 @@ One device batch of every episode, turn by turn:
 
 Each episode's first prompt is prefilled once (equal prompts once, their cache rows
 copied, with `share_prompts`); finished episodes leave the batch, which shrinks to the
-next power-of-two bucket when at most half its rows are still live (`shrink_batch`).
+next power-of-two bucket when at most half its rows are still live.
 
 The pieces of a turn (`Group`, `start_groups`, `dispatch_decode`, `take_actions`,
 `take_results`, `finish_step`) are those of the pipelined scheduler too, which runs
@@ -112,7 +112,7 @@ def dispatch_decode(ro: Rollout, g: Group) -> Decode | None:
     live = [i for i in g.rows if i >= 0 and not eps[i].finished]
     if not live:
         return None
-    if cfg.shrink_batch and bucket(len(live), 1) < len(g.rows):
+    if bucket(len(live), 1) < len(g.rows):
         new_b = bucket(len(live), 1)
         keep = live + [live[0]] * (new_b - len(live))
         g.state = ro.sampler.select_rows(g.state, [g.rows.index(i) for i in keep])

@@ -1,8 +1,9 @@
-"""Builders of a run's parts from its `TrainerConfig`: tokenizer, policy, critic, KL
-reference, the placement and its update strategy (`make_placement`: the update step and
-the log-prob pass, padded or trimmed, chosen once), the RL state, the env factory, the
-agent loop, and `build_run`, which does all of it in the order a run needs (before
-anything is compiled, the memory check).
+"""Builders of a run's parts from its `TrainerConfig`: the rollout source (`rollout_source`:
+the env or an agent program, chosen once), tokenizer, policy, critic, KL reference, the
+placement and its update strategy (`make_placement`: the update step and the log-prob
+pass, padded or trimmed, chosen once), the RL state, the episode loop, and `build_run`,
+which does all of it in the order a run needs (before anything is compiled, the memory
+check).
 
 Keys: `jax.random.key(config.seed)` splits into (model, critic, rng): the from-scratch
 policy's initialisation, the critic's fresh value head and `TrainState.rng`; the warm
@@ -12,7 +13,6 @@ start folds in 1 for its own keys.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from jaxagent.dataclass_yaml import ConfigError
 from jaxagent.train.config import TrainerConfig
 from jaxagent.train.config.model import ModelSection
 from jaxagent.train.placement import Placement
+from jaxagent.train.sources import RolloutSource
 from jaxagent.train.update.state import TrainState, init_train_state
 
 
@@ -42,22 +43,30 @@ def build_tokenizer(section: ModelSection):
     return load_tokenizer(name)
 
 
-def run_tokenizer(config: TrainerConfig, run_dir: Path, *, resume: bool, demonstrations=None):
-    """`build_tokenizer`, or for "bpe" the tokenizer trained on the env's text (a fresh run:
-    the demonstrations, else noise-free expert episodes on the demonstration seeds; with
-    `agent.program`, the program's conversations with `agent.expert`) or saved in
-    `<run_dir>/tokenizer` (resume). An agent program's from-scratch tokenizer gets the
-    ChatML template with tools (`TOOL_CHATML_TEMPLATE`)."""
+def rollout_source(config: TrainerConfig) -> RolloutSource:
+    """The run's `RolloutSource`, chosen here, once: the user's agent program through the
+    gateway (`agent.program` set: `ProgramSource`), else the env's agent loop (`EnvSource`).
+    Nothing else in the trainer asks which it is."""
+    if config.agent.program is not None:
+        from jaxagent.train.sources.program import ProgramSource
+
+        return ProgramSource(config)
+    from jaxagent.train.sources.env import EnvSource
+
+    return EnvSource(config)
+
+
+def run_tokenizer(config: TrainerConfig, source: RolloutSource, run_dir: Path, *, resume: bool, log=print):
+    """`build_tokenizer`, or for "bpe" the tokenizer trained on the source's text
+    (`RolloutSource.tokenizer_texts`: a fresh run) or saved in `<run_dir>/tokenizer`
+    (resume). A tokenizer the run makes itself (`model.path` null) gets the source's chat
+    template when it has one (an agent program's: ChatML with tools)."""
     if config.model.tokenizer != "bpe":
         tok = build_tokenizer(config.model)
-        if config.agent.program is not None and config.model.path is None:
-            # the byte-level ChatML template, with tools and tool calls (Hermes `<tool_call>`)
-            from jaxagent.gateway.tools import TOOL_CHATML_TEMPLATE
-
-            tok.chat_template = TOOL_CHATML_TEMPLATE
+        if source.chat_template is not None and config.model.path is None:
+            tok.chat_template = source.chat_template
         return tok
     from jaxagent.models.tokenizer_training import train_bpe_tokenizer
-    from jaxagent.train import warmstart
 
     saved = Path(run_dir) / "tokenizer"
     if resume:
@@ -66,36 +75,11 @@ def run_tokenizer(config: TrainerConfig, run_dir: Path, *, resume: bool, demonst
         from jaxagent.models import load_tokenizer
 
         return load_tokenizer(saved)
-    if config.agent.program is not None:  # the program's conversations with its expert
-        if config.agent.expert is None:
-            raise ConfigError(
-                "model.tokenizer 'bpe' with agent.program is trained on the program's episodes against "
-                "agent.expert: set agent.expert, or use model.tokenizer 'byte'"
-            )
-        from jaxagent.gateway.tools import TOOL_CHATML_TEMPLATE
-        from jaxagent.train.sources.program_warmstart import program_texts
-
-        tok = train_bpe_tokenizer(
-            program_texts(config), config.model.tokenizer_vocab_size, pieces=config.model.tokenizer_pieces
-        )
-        tok.chat_template = TOOL_CHATML_TEMPLATE
-        return tok
-    demos = demonstrations
-    if demos is None:
-        ws = config.warm_start
-        demos = warmstart.collect_demonstrations(
-            config.env.name,
-            config.env.kwargs,
-            range(ws.seed, ws.seed + 256),
-            max_turns=config.rollout.max_turns,
-            expert=ws.expert,
-        )
-    across = config.model.tokenizer_pieces != "words"  # the prompt as often as the policy reads it
-    return train_bpe_tokenizer(
-        warmstart.demonstration_texts(demos, prompt_per_episode=across),
-        config.model.tokenizer_vocab_size,
-        pieces=config.model.tokenizer_pieces,
-    )
+    m = config.model
+    tok = train_bpe_tokenizer(source.tokenizer_texts(log), m.tokenizer_vocab_size, pieces=m.tokenizer_pieces)
+    if source.chat_template is not None:
+        tok.chat_template = source.chat_template
+    return tok
 
 
 def scratch_config(section: ModelSection, tokenizer):
@@ -228,76 +212,6 @@ def rl_state(
     return placement.place_state(state)
 
 
-def env_factory(config: TrainerConfig):
-    """A zero-argument, picklable factory of the run's env (`envs.make_with_imports`: an
-    env worker that unpickles it imports `envs` and the config's `env.imports`, not JAX)."""
-    import envs
-
-    return functools.partial(
-        envs.make_with_imports, tuple(config.env.imports), config.env.name, dict(config.env.kwargs)
-    )
-
-
-def env_pool(config: TrainerConfig, slots: int):
-    """The run's `EnvPool` of `slots` envs, with the config's workers, timeout and limits;
-    with `agent.program`, the `TaskPool` of its tasks (and of `eval.tasks` for evaluation)."""
-    if config.agent.program is not None:
-        return task_pool(config, slots)
-    import envs
-
-    e = config.env
-    return envs.EnvPool(
-        [env_factory(config)] * slots,
-        num_workers=e.num_workers,
-        step_timeout=e.step_timeout,
-        memory_limit_mb=e.worker_memory_mb,
-        cpu_limit_s=e.worker_cpu_s,
-    )
-
-
-def task_pool(config: TrainerConfig, slots: int):
-    """The `TaskPool` of an agent-program run: `agent.tasks`, and `eval.tasks` (when set)
-    for evaluation; a source that cannot be read is a ConfigError naming its key."""
-    from jaxagent.gateway.loop import TaskPool
-    from jaxagent.gateway.program import TaskSource
-
-    a = config.agent
-    try:
-        tasks = TaskSource(a.tasks, a.imports, what="agent.tasks")
-        held = None if config.eval.tasks is None else TaskSource(config.eval.tasks, a.imports, what="eval.tasks")
-        tasks.task(config.env.seed)  # fails here, named, rather than in the first rollout
-        if held is not None:
-            held.task(config.eval.seed)
-    except (ValueError, TypeError, ImportError, OSError) as e:
-        raise ConfigError(str(e)) from None
-    return TaskPool(tasks, slots, held)
-
-
-def check_env(config: TrainerConfig) -> str | None:
-    """Builds and resets one env of the config in this process, so that bad `env.kwargs`
-    (or an env that cannot reset, such as a code sandbox whose isolation does not work
-    here) are named within seconds, before anything is compiled. `ConfigError` with the
-    env's own message. Returns the env's sandbox isolation (its `isolation` attribute, as
-    `pycode`'s) or None for an env that runs no code. A run of an agent program has no env
-    (its tasks are checked by `task_pool`): None."""
-    if config.agent.program is not None:
-        return None
-    env = None
-    try:
-        env = env_factory(config)()
-        env.reset(seed=config.env.seed)
-        return getattr(env, "isolation", None)
-    except Exception as err:  # noqa: BLE001 - whatever the env raises, named with its config
-        raise ConfigError(
-            f"env {config.env.name!r} with kwargs {dict(config.env.kwargs)} cannot be built and reset "
-            f"(seed {config.env.seed}): {type(err).__name__}: {err}"
-        ) from None
-    finally:
-        close = getattr(env, "close", None)
-        if callable(close):
-            close()
-
-
 def sandbox_notice(isolation: str | None) -> str | None:
     """The line a run logs at start when its env's code sandbox runs with less than
     bubblewrap's isolation (accepted deliberately, `env.kwargs.isolation`), else None."""
@@ -311,53 +225,17 @@ def sandbox_notice(isolation: str | None) -> str | None:
     )
 
 
-def agent_loop(config: TrainerConfig, tokenizer, model_config, placement: Placement, state: TrainState):
-    """The run's `AgentLoop` (its sampler on the mesh when `placement` samples there)."""
-    if config.agent.program is not None:
-        return program_loop(config, tokenizer, model_config, placement, state)
-    from jaxagent.rollout import AgentLoop
-
-    pad = tokenizer.pad_token_id
-    loop = AgentLoop(
+def episode_loop(source: RolloutSource, tokenizer, model_config, placement: Placement, state: TrainState):
+    """The run's `EpisodeLoop` (`source.loop`) over the sampler's copy of the policy, on the
+    mesh when `placement` samples there, with the `reward` section's judge."""
+    loop = source.loop(
         placement.sampler_params(state),
         model_config,
         tokenizer,
-        config.rollout.loop_config(0 if pad is None else int(pad)),
-        mesh=placement.mesh if placement.sampler_on_mesh else None,
-    )
-    loop.reward_fn = judge_reward(config)
-    return loop
-
-
-def program_loop(config: TrainerConfig, tokenizer, model_config, placement: Placement, state: TrainState):
-    """The `ProgramLoop` of a run with `agent.program`: the user's program through the gateway."""
-    from jaxagent.gateway.loop import ProgramLoop, ProgramSettings
-    from jaxagent.gateway.program import load_program
-
-    a = config.agent
-    try:
-        program = load_program(a.program, a.imports)
-    except (ValueError, TypeError, ImportError) as e:
-        raise ConfigError(str(e) if str(e).startswith("agent.program") else f"agent.program: {e}") from None
-    pad = tokenizer.pad_token_id
-    loop = ProgramLoop(
-        placement.sampler_params(state),
-        model_config,
-        tokenizer,
-        config.rollout.loop_config(0 if pad is None else int(pad)),
-        ProgramSettings(
-            program,
-            a.concurrency,
-            a.timeout_s,
-            a.max_staleness,
-            processes=a.processes,
-            spec=a.program,
-            imports=a.imports,
-        ),
         rows=len(placement.rows),
         mesh=placement.mesh if placement.sampler_on_mesh else None,
     )
-    loop.reward_fn = judge_reward(config)
+    loop.reward_fn = judge_reward(source.config)
     return loop
 
 
@@ -386,6 +264,7 @@ class Run:
     demonstrations: list | None  # the warm start's (fresh runs with a warm start), warm_start.extra's last
     keys: dict[str, jax.Array]  # "critic", "rng": for the RL state after a warm start
     memory_estimate: dict
+    source: RolloutSource  # where the run's episodes come from
     sandbox_isolation: str | None = None  # the env's code sandbox ("bwrap", ...; None: it runs no code)
 
 
@@ -452,15 +331,16 @@ def precision_warning(config: TrainerConfig) -> str | None:
 
 
 def build_run(config: TrainerConfig, *, resume: bool = False, log=print) -> Run:
-    """Connects the processes (`config.distributed`), plays the warm start's expert
-    demonstrations (fresh runs), builds the tokenizer, checks the memory estimate before
-    anything is built or compiled, then builds the policy, the KL reference and the
-    placed RL state."""
+    """Chooses the rollout source (`rollout_source`) and checks it, connects the processes
+    (`config.distributed`), plays the warm start's demonstrations (fresh runs), builds the
+    tokenizer, checks the memory estimate before anything is built or compiled, then
+    builds the policy, the KL reference and the placed RL state."""
     if resume:  # before anything is created: a run dir without checkpoints is named as such
         from jaxagent.train.rundir import require_checkpoints
 
         require_checkpoints(config.run_dir)
-    isolation = check_env(config)
+    source = rollout_source(config)
+    isolation = source.check()
     compilation_cache(config)  # before anything is compiled
     dist = config.distributed
     par.initialize(dist.coordinator_address, dist.num_processes, dist.process_id, auto=True if dist.auto else None)
@@ -478,15 +358,12 @@ def build_run(config: TrainerConfig, *, resume: bool = False, log=print) -> Run:
     if implicit_float32:
         log(implicit_float32)
     demos = None
-    if config.warm_start.enabled and not resume and config.agent.program is None:
-        from jaxagent.train.warmstart import warm_start_demonstrations
-
-        demos = warm_start_demonstrations(config, log)
-    tokenizer = run_tokenizer(config, Path(config.run_dir), resume=resume, demonstrations=demos)
-    if config.warm_start.enabled and not resume and config.agent.program is not None:
-        from jaxagent.train.sources.program_warmstart import program_demonstrations
-
-        demos = program_demonstrations(config, tokenizer, log)  # in the run's own tokens
+    warm = config.warm_start.enabled and not resume
+    if warm and not source.demonstrations_need_tokenizer:  # played first: a "bpe" tokenizer reads them
+        demos = source.demonstrations(None, log)
+    tokenizer = run_tokenizer(config, source, Path(config.run_dir), resume=resume, log=log)
+    if warm and source.demonstrations_need_tokenizer:  # recorded in the run's own tokens
+        demos = source.demonstrations(tokenizer, log)
     k_model, k_critic, k_rng = jax.random.split(jax.random.key(config.seed), 3)
     if config.model.path is None:  # the architecture is known: check before building anything
         placement = make_placement(config, scratch_config(config.model, tokenizer))
@@ -507,6 +384,7 @@ def build_run(config: TrainerConfig, *, resume: bool = False, log=print) -> Run:
         demonstrations=demos,
         keys={"critic": k_critic, "rng": k_rng},
         memory_estimate=estimate,
+        source=source,
         sandbox_isolation=isolation,
     )
 

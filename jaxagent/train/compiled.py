@@ -3,7 +3,7 @@ its memory as XLA assigns it (`Compiled.memory_analysis()`) beside the memory ch
 estimate of it (`jaxagent.train.memory.check_memory`).
 
     # a built `Trainer`: nothing is run or trained; the flags say what the run's source does
-    passes = compiled_passes(trainer, packed_sequences=False, partial_rounds=False)
+    passes = compiled_passes(trainer)
     for p in passes:
         print(p.line())
 
@@ -111,9 +111,7 @@ class _Compiler:
         return p
 
 
-def compiled_passes(
-    trainer, config=None, *, packed_sequences: bool, partial_rounds: bool, log=lambda *_: None
-) -> list[CompiledPass]:
+def compiled_passes(trainer, config=None, *, log=lambda *_: None) -> list[CompiledPass]:
     """The memory of every program `trainer`'s run compiles (module docstring), each
     compiled at the run's shapes and none run. `trainer` is a built `Trainer` (its memory
     check done: `trainer.memory_estimate`). `config`: the run config whose programs to
@@ -121,10 +119,10 @@ def compiled_passes(
     trainer is built without playing the warm start's demonstrations (its estimate is
     then `config`'s, from `jaxagent.train.memory.check_memory`).
 
-    packed_sequences: the run's source has rows that may pack several sequences of a
-      session: its passes (and the warm start's SFT step) carry `segment_ids`.
-    partial_rounds: the sampler may be called on fewer rows than its own (as with
-      `rollout.slots`): its row decode (`rollout_decode_rows`) is compiled too."""
+    The run's rollout source (`trainer.source`) says what the passes carry: rows that
+    pack several sequences (`packed_sequences`: the passes and the warm start's SFT step
+    carry `segment_ids`) and sampler calls on fewer rows than its own (`partial_rounds`,
+    as with `rollout.slots`: the row decode `rollout_decode_rows` is compiled too)."""
     from jaxagent.train.build import check_memory
 
     place, est, cfg = trainer.placement, trainer.memory_estimate, trainer.config
@@ -132,6 +130,7 @@ def compiled_passes(
         _check_same_run(cfg, config)
         cfg, est = config, check_memory(config, place, log)
     compile_ = _Compiler(log)
+    packed_sequences, partial_rounds = trainer.source.packed_sequences, trainer.source.partial_rounds
     out = _sampler_passes(trainer, cfg, est, compile_, partial_rounds=partial_rounds)
     out += _pre_update_passes(trainer, cfg, est, compile_, packed_sequences=packed_sequences)
     out.append(_update_pass(trainer, cfg, est, compile_, packed_sequences=packed_sequences))
@@ -146,7 +145,7 @@ def _sampler_passes(trainer, cfg, est, compile_, *, partial_rounds: bool) -> lis
     decode when it is called on fewer rows than its own (continuous scheduler, gateway)."""
     from jaxagent.rollout.sampler import bucket
 
-    loop = trainer.agent_loop()
+    loop = trainer.episode_loop()
     sampler, lc = loop.sampler, loop.config
     rows = cfg.rollout.sampler_rows(len(trainer.placement.rows))
     state = jax.eval_shape(lambda: sampler.init_state(rows))
@@ -238,7 +237,7 @@ def _forward_kw(cfg) -> dict:
 
 
 def _placed_inputs(place, ids, segs):
-    from jaxagent.train.batch import ModelInputs
+    from jaxagent.train.update.batch import ModelInputs
 
     return place.to_device(ModelInputs(tokens=ids, attention_mask=ids, segment_ids=segs))
 
@@ -266,8 +265,8 @@ def _logprobs_lowered(trainer, cfg, ids, segs):
 
 def _values_lowered(trainer, cfg, ids, segs):
     """The critic's values over the batch."""
-    from jaxagent.train.batch import ModelInputs
     from jaxagent.train.placement import _critic_values
+    from jaxagent.train.update.batch import ModelInputs
 
     place, probe = trainer.placement, ModelInputs(tokens=ids, attention_mask=ids, segment_ids=segs)
     if place.mesh is None:
@@ -310,8 +309,8 @@ def _entropy_lowered(trainer, cfg, ids, segs):
 # ---- the update
 def _update_pass(trainer, cfg, est, compile_, *, packed_sequences: bool) -> CompiledPass:
     """One RL update on a mini-batch."""
-    from jaxagent.train.batch import UpdateBatch
     from jaxagent.train.update import make_update_step, train_step
+    from jaxagent.train.update.batch import UpdateBatch
 
     place, sc = trainer.placement, cfg.step_config
     mb = cfg.env.batch_size // cfg.update.mini_batches
@@ -340,9 +339,9 @@ def _update_pass(trainer, cfg, est, compile_, *, packed_sequences: bool) -> Comp
 # ---- the warm start's SFT step
 def _warm_start_pass(trainer, cfg, est, compile_, *, packed_sequences: bool) -> CompiledPass:
     """One SFT step of the warm start, at its most rows."""
-    from jaxagent.train.batch import SFTBatch
-    from jaxagent.train.state import init_train_state
     from jaxagent.train.update import make_update_step, sft_step
+    from jaxagent.train.update.batch import SFTBatch
+    from jaxagent.train.update.state import init_train_state
     from jaxagent.train.warmstart import sft_rows_at_most, sft_step_config
 
     place, T = trainer.placement, cfg.rollout.max_context

@@ -23,7 +23,6 @@ rubric components) followed by the summary line.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import time
@@ -57,7 +56,6 @@ def evaluate_policy(
     if not isinstance(episodes, int) or isinstance(episodes, bool) or episodes < 1:
         raise ValueError(f"evaluate_policy: episodes must be a positive int, got {episodes!r}")
     t0 = time.perf_counter()
-    pool = getattr(pool, "held_out", None) or pool  # an agent program's eval.tasks, when set
     loop.set_params(params)
     reward_fn, loop.reward_fn = loop.reward_fn, None  # held out: the env's own reward, never a judge's
     try:
@@ -149,15 +147,16 @@ def evaluate(
     temperature: float | None = None,
     details: bool = False,
     progress=None,
+    summarize=None,
 ) -> dict:
     """`evaluate_policy` with the `TrainerConfig`'s defaults: its `eval` section's
     episodes, seeds and temperature (else `rollout.temperature`), sampling seed
-    `config.seed * 7919`."""
+    `config.seed * 7919`. `summarize`: the rollout source's summary of the episodes
+    (`RolloutSource.summarizer`: an env's `summarize`), or None."""
     episodes = config.eval.episodes if episodes is None else episodes
     first_seed = config.eval.seed if first_seed is None else first_seed
     if temperature is None:
         temperature = config.rollout.temperature if config.eval.temperature is None else config.eval.temperature
-    summarize = env_summarizer(config)
     out = evaluate_policy(
         loop,
         pool,
@@ -175,33 +174,6 @@ def evaluate(
         if not details:
             del out["per_episode"]
     return out
-
-
-def env_summarizer(config):
-    """The env's own summary of evaluated episodes (its `summarize(per_episode)`, e.g.
-    intake's rubric means and triage rates), or None when it has none. Looked up with an
-    env built in this process, once per env name, imports and (JSON) kwargs."""
-    e = config.env
-    try:
-        key = (e.name, tuple(e.imports), json.dumps(e.kwargs, sort_keys=True))
-    except TypeError:  # kwargs JSON cannot hold (a callable simulator ...): no cache
-        key = None
-    if key is None or key not in _SUMMARIZERS:
-        from jaxagent.train import build
-
-        env = build.env_factory(config)()
-        try:
-            summarize = getattr(env, "summarize", None)
-            summarize = summarize if callable(summarize) else None
-        finally:
-            env.close()
-        if key is None:
-            return summarize
-        _SUMMARIZERS[key] = summarize
-    return _SUMMARIZERS[key]
-
-
-_SUMMARIZERS: dict = {}
 
 
 def flat_env_summary(summary: dict) -> dict[str, float]:
@@ -260,22 +232,23 @@ def evaluate_run(
         )
     seed = config.eval.seed if seed is None else seed
     run, state, progress = restore_run(trained, step, log=log)
-    build.check_env(config)
-    loop = build.agent_loop(config, run.tokenizer, run.model_config, run.placement, state)
+    source = build.rollout_source(config)
+    source.check()
     with (
-        build.env_pool(config, config.env.batch_size) as pool,
-        contextlib.closing(loop) if hasattr(loop, "close") else contextlib.nullcontext(),
+        build.episode_loop(source, run.tokenizer, run.model_config, run.placement, state) as loop,
+        source.open_pools(config.env.batch_size) as pools,
     ):
         result = evaluate(
             config,
             loop,
-            pool,
+            pools.held_out,
             run.placement.sampler_params(state),
             episodes=episodes,
             first_seed=seed,
             temperature=temperature,
             details=True,
             progress=EvalProgress(f"evaluating {run_dir.name}"),
+            summarize=source.summarizer(),
         )
     per_episode = result.pop("per_episode")
     result = {k: v for k, v in result.items() if not k.startswith("env_") or k == "env_summary"}

@@ -334,7 +334,7 @@ def prefill_bytes(
 ) -> int:
     """Per-device bytes live while the sampler appends a prompt or an observation to
     `rows` cached rows of `max_len` slots, `chunk` tokens at a time
-    (`jaxagent.rollout.sampler.APPEND_CHUNK`): one layer's activations of the piece, with
+    (`jaxagent.rollout.kernels.APPEND_CHUNK`): one layer's activations of the piece, with
     attention scores over the whole cache (`H S (2 4 + a)` a token, as in the forward
     pass), and one row of logits a row::
 

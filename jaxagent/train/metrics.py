@@ -104,6 +104,23 @@ def jsonable(x):
     return repr(x)
 
 
+#: the numbers of an evaluation each iteration's metrics keep, by prefix (`eval_metrics`)
+EVAL_METRIC_KEYS = {
+    "eval": ("success_rate", "return_mean", "turns_mean", "invalid_action_frac", "noop_action_frac"),
+    "eval_greedy": ("success_rate", "return_mean", "noop_action_frac"),
+}
+
+
+def eval_metrics(prefix: str, ev: dict) -> dict:
+    """An evaluation's metrics for an iteration's line (`eval.every`): `<prefix>_<key>` of
+    `EVAL_METRIC_KEYS[prefix]`, and its env summary's numbers flat (`<prefix>_env_<key>`)."""
+    from jaxagent.train.evaluate import flat_env_summary
+
+    out = {f"{prefix}_{k}": ev[k] for k in EVAL_METRIC_KEYS[prefix]}
+    out.update({f"{prefix}_{k}": v for k, v in flat_env_summary(ev.get("env_summary", {})).items()})
+    return out
+
+
 def eval_line(ev: dict) -> str:
     """One log line of a held-out evaluation."""
     env = "".join(

@@ -233,9 +233,6 @@ class Placement:
         """How many ways a batch's rows are split (data * fsdp; 1 on one device)."""
         return 1 if self.mesh is None else self.mesh.shape["data"] * self.mesh.shape["fsdp"]
 
-    def describe(self) -> str:
-        return "one device" if self.mesh is None else " x ".join(f"{k}={v}" for k, v in self.mesh.shape.items())
-
     # ------------------------------------------------------------------ params and state
     def place_state(self, state):
         """The `TrainState` laid out for the update (by the logical-axis rules on a mesh)."""
@@ -396,6 +393,28 @@ class Placement:
         return self._logprobs[with_entropy](
             params, tokens_BxT, attention_mask_BxT, segment_ids_BxT, row_chunks=row_chunks
         )
+
+    def entropies(self, params, placed, rows, passes: int, chunk: int):
+        """Token entropies `[B, T]` of `params` on `rows` (global indices) of a batch from
+        `global_batch`, NaN on the other rows; None when `rows` is None (nothing to keep).
+        On one device the pass covers only those rows, padded to `passes` passes of
+        `chunk` rows (one shape: one compilation; `chunk` at most the log-prob pass's rows,
+        so its memory is within the run's estimate). On a mesh every process runs the
+        log-prob pass with entropies over the whole batch, whatever its `rows` (the pass is
+        collective)."""
+        if self.mesh is not None:
+            return self.logprobs(params, placed, with_entropy=True)[1]
+        if rows is None:
+            return None
+        rows = np.asarray(rows)
+        take = np.concatenate([rows, np.full(passes * chunk - len(rows), rows[0])])
+        segments = None if placed.segment_ids is None else placed.segment_ids[take]
+        _, ent = self.row_logprobs(
+            params, placed.tokens[take], placed.attention_mask[take], segments, row_chunks=passes, with_entropy=True
+        )
+        out = np.full(np.shape(placed.tokens), np.nan, np.float32)
+        out[rows] = np.asarray(ent)[: len(rows)]
+        return out
 
     def values(self, state, placed):
         """The critic's values `[B, T]` of a batch from `global_batch` (host-side)."""

@@ -27,10 +27,6 @@ class Interrupted(KeyboardInterrupt):
         self.signum = signum
         self.saved_iteration = saved_iteration
 
-    @property
-    def exit_status(self) -> int:
-        return 128 + int(self.signum)
-
 
 class StopRequests:
     """Installs the handlers (in the main thread only) for the `with` block; `graceful`

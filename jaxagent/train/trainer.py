@@ -1,25 +1,29 @@
 """The training loop: rollout -> log-probs -> advantages -> updates -> metrics -> checkpoint.
 
 One iteration of `Trainer.run` (CleanRL's shape: a host loop over small jitted kernels;
-`Trainer.iteration` reads top to bottom)::
+`Trainer.iteration_step` reads top to bottom, one method per phase)::
 
-    rollout   the next `tasks_per_iteration` tasks of the stream, `group_size` episodes
-              each (`collect.collect_batch`), sampling seed drawn from `state.rng`
-    logp      old-policy log-probs (and reference log-probs with a KL reference, and
-              the critic's values for an estimator that consumes them) of every token
-              (`Placement.logprobs` / `values`)
-    adv       reward shaping, then the estimator `algo.advantage`, dispatched by the
-              inputs it declares (`advantages`); failed episodes are masked out
-    update    `update.epochs` x `update.mini_batches` updates (rows shuffled per epoch with a key from
-              `state.rng`; micro-batch accumulation inside), all dispatched before any
-              metric is read
-    log       one JSON line in `<run_dir>/metrics.jsonl` (`metrics.iteration_metrics`)
+    rollout   (`_rollout_phase`) the next `tasks_per_iteration` tasks of the stream,
+              `group_size` episodes each (`sources.collect.collect_batch`, by the run's
+              `RolloutSource`'s loop), sampling seed drawn from `state.rng`
+    logp      (`_logprob_phase`) old-policy log-probs (and reference log-probs with a KL
+              reference, the critic's values for an estimator that consumes them, the
+              episode store's entropies) of every token (`Placement.logprobs` / `values` /
+              `entropies`)
+    adv       (`_advantage_phase`) reward shaping, then the estimator `algo.advantage`,
+              dispatched by the inputs it declares (`update.advantages`); failed episodes
+              are masked out; the `UpdateBatch`
+    update    (`_update_phase`) `update.epochs` x `update.mini_batches` updates (rows
+              shuffled per epoch with a key from `state.rng`; micro-batch accumulation
+              inside), all dispatched before any metric is read
+    metrics   (`_metrics_phase`) one JSON line in `<run_dir>/metrics.jsonl`
+              (`metrics.iteration_metrics`, the failures by kind, the source's summary)
     save      a checkpoint every `checkpoint_every` iterations and after the last
 
 Task `k` of a run has env seed `env.seed + k`; the stream position, the state (with its
 RNG) and the metrics history are in every checkpoint, so on CPU a run resumed from
 iteration `n` produces the same per-iteration metrics (timings aside) as one that never
-stopped. Success of an episode is `jaxagent.rollout.episode_success`.
+stopped. Success of an episode is `jaxagent.rollout.episode.episode_success`.
 
 Before the first iteration of a fresh run (when configured): the SFT warm start on
 expert demonstrations (`warmstart.sft_warm_start`), then a held-out evaluation
@@ -41,11 +45,13 @@ the overlap off (the default), resume is exact.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import sys
 import time
 import warnings
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -54,9 +60,8 @@ import numpy as np
 from jaxagent.rollout.trajectory import trim_padding
 from jaxagent.train import build
 from jaxagent.train.config import TrainerConfig
-from jaxagent.train.evaluate import EvalProgress, env_summarizer, evaluate, flat_env_summary
-from jaxagent.train.metrics import eval_line, iteration_line, iteration_metrics, run_warnings
-from jaxagent.train.placement import policy_logprobs
+from jaxagent.train.evaluate import EvalProgress, evaluate, flat_env_summary
+from jaxagent.train.metrics import eval_line, eval_metrics, iteration_line, iteration_metrics, run_warnings
 from jaxagent.train.rundir import DiskFullError, Progress, RunDir, disk_full
 from jaxagent.train.rundir.episodes import EpisodeStore, select_for_store
 from jaxagent.train.sources.collect import collect_batch
@@ -66,7 +71,7 @@ from jaxagent.train.update.advantages import compute_advantages, shape_rewards
 from jaxagent.train.update.batch import UpdateBatch, last_turn_mask
 from jaxagent.train.warmstart import sft_warm_start
 
-__all__ = ["EnvFailureError", "RunningState", "Trainer", "TrainerConfig"]
+__all__ = ["EnvFailureError", "Iteration", "RunningState", "Trainer"]
 
 
 class EnvFailureError(RuntimeError):
@@ -83,6 +88,27 @@ def store_entropy_passes(config) -> tuple[int, int]:
     per_pass = logprob_rows if logprob_rows is not None else config.env.batch_size
     chunk = max(1, min(n, per_pass))
     return -(-n // chunk), chunk
+
+
+@dataclasses.dataclass
+class Iteration:
+    """What one iteration's phases hand each other (`Trainer.iteration_step`): the
+    rollout's batch (`collected`, this process's; `traj`, `per_row` and `placed`, the
+    global batch), then the passes' arrays, the advantages, and the seconds per phase."""
+
+    collected: Any  # `sources.collect.Collected`
+    staleness: int  # updates the batch's params lag behind (0: on-policy)
+    traj: Any  # the global `Trajectory`
+    per_row: dict[str, Any]  # success, baselines, invalid and no-op actions of every row
+    placed: Any  # `traj` placed for the device passes (`Placement.global_batch`)
+    loss_mask: Any  # the policy tokens of episodes that did not fail (then shaped)
+    times: dict[str, float]
+    old_logp: Any = None
+    ref_logp: Any = None  # None: no KL reference
+    entropy: Any = None  # the store's rows' token entropies (NaN elsewhere), or None
+    values: Any = None  # the critic's, for an estimator that consumes them
+    adv: Any = None
+    shaping: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -132,6 +158,8 @@ class Trainer:
         self.demonstrations, self._keys = run.demonstrations, run.keys
         self.memory_estimate = run.memory_estimate
         self.sandbox_isolation = run.sandbox_isolation
+        #: where the run's episodes come from (`sources.RolloutSource`, chosen by `build`)
+        self.source = run.source
         self.rundir = RunDir(config.run_dir, primary=self.primary)
         self.run_dir, self.metrics_path = self.rundir.path, self.rundir.metrics_path
         self.progress = Progress()
@@ -170,15 +198,15 @@ class Trainer:
     def summary(self) -> dict:
         return self.progress.summary
 
-    def agent_loop(self):
-        """An `AgentLoop` for this run's policy (`build.agent_loop`)."""
-        return build.agent_loop(self.config, self.tokenizer, self.model_config, self.placement, self.state)
+    def episode_loop(self):
+        """An `EpisodeLoop` for this run's policy, from its rollout source (`build.episode_loop`)."""
+        return build.episode_loop(self.source, self.tokenizer, self.model_config, self.placement, self.state)
 
     def evaluate(self, loop, pool, *, run_log=None, **kwargs) -> dict:
-        """The current policy on held-out seeds (`evaluate.evaluate`; keywords: episodes,
-        first_seed, temperature, details, progress). Progress shows on a terminal: on the
-        progress line of `run_log` (the `RunLogger` of the RL iterations running), else as
-        a bar of its own."""
+        """The current policy on held-out seeds of `pool` (the source's held-out pool;
+        `evaluate.evaluate`; keywords: episodes, first_seed, temperature, details,
+        progress). Progress shows on a terminal: on the progress line of `run_log` (the
+        `RunLogger` of the RL iterations running), else as a bar of its own."""
         if "progress" not in kwargs and self.primary:
             greedy = kwargs.get("temperature") == 0.0
             label = "held-out evaluation" + (", greedy" if greedy else "")
@@ -187,67 +215,73 @@ class Trainer:
                 if run_log is None
                 else (lambda done, total: run_log.phase(f"{label} {done}/{total}"))
             )
-        return evaluate(self.config, loop, pool, self.placement.sampler_params(self.state), **kwargs)
+        params = self.placement.sampler_params(self.state)
+        return evaluate(self.config, loop, pool, params, summarize=self.source.summarizer(), **kwargs)
 
     # ------------------------------------------------------------------ run
     def run(self) -> list[dict]:
         """Warm start and evaluation before RL (fresh runs, when configured), then RL up to
         `config.iterations`, then the held-out evaluation after RL; returns the metrics
         history (one dict per RL iteration). `self.summary` holds the evaluations."""
-
         cfg = self.config
-        ckpt = self.rundir.checkpoints(cfg.keep_checkpoints)
-        self._stops = StopRequests(self.log)
-        loop = None
-        try:
-            self._stops.__enter__()
-            if self.resume:
-                self._restore(ckpt)
-            else:
-                self.rundir.start(ckpt, cfg, self.tokenizer if cfg.model.tokenizer == "bpe" else None)
-            self.rundir.write_config(cfg)
-            if self.sandbox_isolation is not None:  # a weaker sandbox than bwrap is on record
-                self.summary["sandbox_isolation"] = self.sandbox_isolation
-                self.rundir.write_summary(self.summary)
-            if self.iteration >= cfg.iterations and (self._evaluated_after_rl() or not cfg.eval.episodes):
-                self.log(f"nothing to do: {self.iteration} of {cfg.iterations} iterations done")
+        with contextlib.ExitStack() as stack:
+            ckpt = self.rundir.checkpoints(cfg.keep_checkpoints)
+            stack.callback(ckpt.close)
+            stack.callback(self._overlap.close)
+            self._stops = stack.enter_context(StopRequests(self.log))
+            if not self._start(ckpt):
                 return self.history
-            loop = self.agent_loop()
-            with build.env_pool(cfg, len(self.placement.rows)) as pool:
-                if not self.resume and (cfg.warm_start.enabled or cfg.eval.episodes):
-                    self._before_rl(loop, pool, ckpt)
-                self._iterations(loop, pool, ckpt)
-                if cfg.eval.episodes and not self._evaluated_after_rl():
-                    ckpt.wait_until_finished()
-                    self._held_out("after_rl", loop, pool)
-                    self.summary["iterations_at_eval"] = self.iteration
-                    self.rundir.write_summary(self.summary)
-        finally:
-            self._stops.__exit__()
-            ckpt.close()
-            self._overlap.close()
-            if hasattr(loop, "close"):  # an agent program's gateway (server and engine)
-                loop.close()
+            loop = stack.enter_context(self.episode_loop())
+            pools = stack.enter_context(self.source.open_pools(len(self.placement.rows)))
+            if not self.resume and (cfg.warm_start.enabled or cfg.eval.episodes):
+                self._before_rl(loop, pools.held_out, ckpt)
+            self._iterations(loop, pools, ckpt)
+            if cfg.eval.episodes and not self._evaluated_after_rl():
+                ckpt.wait_until_finished()
+                self._held_out("after_rl", loop, pools.held_out)
+                self.summary["iterations_at_eval"] = self.iteration
+                self.rundir.write_summary(self.summary)
         self._final_line()
         return self.history
 
-    def _iterations(self, loop, pool, ckpt) -> None:
+    def _start(self, ckpt) -> bool:
+        """Restores the checkpoint (resume) or starts the run directory, records the
+        config (and a sandbox weaker than bubblewrap); False when there is nothing to do."""
         cfg = self.config
-        run_log = None
-        if self.primary and self.iteration < cfg.iterations:
-            from jaxagent.train.rundir.runlog import RunLogger
+        if self.resume:
+            self._restore(ckpt)
+        else:
+            self.rundir.start(ckpt, cfg, self.tokenizer if cfg.model.tokenizer == "bpe" else None)
+        self.rundir.write_config(cfg)
+        if self.sandbox_isolation is not None:  # a weaker sandbox than bwrap is on record
+            self.summary["sandbox_isolation"] = self.sandbox_isolation
+            self.rundir.write_summary(self.summary)
+        if self.iteration >= cfg.iterations and (self._evaluated_after_rl() or not cfg.eval.episodes):
+            self.log(f"nothing to do: {self.iteration} of {cfg.iterations} iterations done")
+            return False
+        return True
 
-            lc = cfg.logging
-            run_log = RunLogger(
-                self.run_dir,
-                total_iterations=cfg.iterations,
-                tensorboard=lc.tensorboard,
-                progress=lc.progress,
-                transcripts_every=lc.transcripts_every,
-                transcripts_per_iteration=lc.transcripts_per_iteration,
-                trackers=build.trackers(cfg, self.run_dir),
-            )
-            self.running.run_log = run_log
+    def _run_logger(self):
+        """The `RunLogger` of the RL iterations (primary process, iterations left), or None."""
+        cfg = self.config
+        if not self.primary or self.iteration >= cfg.iterations:
+            return None
+        from jaxagent.train.rundir.runlog import RunLogger
+
+        lc = cfg.logging
+        return RunLogger(
+            self.run_dir,
+            total_iterations=cfg.iterations,
+            tensorboard=lc.tensorboard,
+            progress=lc.progress,
+            transcripts_every=lc.transcripts_every,
+            transcripts_per_iteration=lc.transcripts_per_iteration,
+            trackers=build.trackers(cfg, self.run_dir),
+        )
+
+    def _iterations(self, loop, pools, ckpt) -> None:
+        cfg = self.config
+        run_log = self.running.run_log = self._run_logger()
         graceful = not self.placement.multi_process  # several processes must stop at the same iteration
         if self.iteration < cfg.iterations:  # the first line otherwise comes only after compilation
             say = run_log.message if run_log is not None else self.log
@@ -258,62 +292,51 @@ class Trainer:
         try:
             while self.iteration < cfg.iterations:
                 self._stops.graceful = graceful
-                metrics = self.iteration_step(loop, pool)
-                if (
-                    cfg.eval.episodes
-                    and cfg.eval.every
-                    and self.iteration % cfg.eval.every == 0
-                    and self.iteration < cfg.iterations
-                ):
-                    self._overlap.wait()
-                    ev = self.evaluate(loop, pool, run_log=run_log)
-                    metrics.update(
-                        {
-                            f"eval_{k}": ev[k]
-                            for k in (
-                                "success_rate",
-                                "return_mean",
-                                "turns_mean",
-                                "invalid_action_frac",
-                                "noop_action_frac",
-                            )
-                        }
-                    )
-                    metrics.update({f"eval_{k}": v for k, v in flat_env_summary(ev.get("env_summary", {})).items()})
-                    if cfg.eval.greedy:
-                        evg = self.evaluate(loop, pool, run_log=run_log, temperature=0.0)
-                        metrics.update(
-                            {f"eval_greedy_{k}": evg[k] for k in ("success_rate", "return_mean", "noop_action_frac")}
-                        )
-                        metrics.update(
-                            {f"eval_greedy_{k}": v for k, v in flat_env_summary(evg.get("env_summary", {})).items()}
-                        )
-                run_warnings(self.history, metrics, self.config.logging, self.log)
-                self._check_failures(metrics)
-                self.history.append(metrics)
-                full = self._checked(self.rundir.append_metrics, metrics, path=self.metrics_path)
-                if run_log is not None:
-                    run_log.log_iteration(metrics, self.running.last_episodes)
-                    full = full or run_log.disk_full
-                if run_log is None or not cfg.logging.progress:
-                    self.log(iteration_line(metrics))
-                saved = self.iteration % cfg.checkpoint_every == 0 or self.iteration == cfg.iterations
-                if full is None and (saved or self._stops.requested):
-                    full = self._checked(self._save, ckpt, path=ckpt.directory)
-                if full is not None:  # no checkpoint of this iteration: --resume replays it exactly
-                    self._checked(ckpt.wait_until_finished, path=ckpt.directory)
-                    raise full
-                self._stops.graceful = False
-                if self._stops.requested:
-                    ckpt.wait_until_finished()
-                    raise Interrupted(self._stops.signum, saved_iteration=self.iteration)
-                self._stop_on_failures()
+                metrics = self.iteration_step(loop, pools.train)
+                if cfg.eval.episodes and cfg.eval.every and self.iteration % cfg.eval.every == 0:
+                    if self.iteration < cfg.iterations:
+                        metrics.update(self._periodic_eval(loop, pools.held_out, run_log))
+                self._record(metrics, run_log, ckpt)
         finally:  # never close the pool under a running rollout
             self._overlap.discard()
             if run_log is not None:
                 error = sys.exc_info()[0]
                 run_log.close(failed=error is not None and not issubclass(error, (Interrupted, KeyboardInterrupt)))
             self.running.run_log = None
+
+    def _periodic_eval(self, loop, pool, run_log) -> dict:
+        """The `eval.every` evaluation's metrics (`eval_*`, with `eval.greedy` `eval_greedy_*`)."""
+        self._overlap.wait()
+        out = eval_metrics("eval", self.evaluate(loop, pool, run_log=run_log))
+        if self.config.eval.greedy:
+            out.update(eval_metrics("eval_greedy", self.evaluate(loop, pool, run_log=run_log, temperature=0.0)))
+        return out
+
+    def _record(self, metrics: dict, run_log, ckpt) -> None:
+        """An iteration's metrics into the history, `metrics.jsonl` and the run log, its
+        checkpoint when due; then a requested stop, a full disk or a run of failed
+        iterations ends the run (after what could be written is written)."""
+        cfg = self.config
+        run_warnings(self.history, metrics, cfg.logging, self.log)
+        self._check_failures(metrics)
+        self.history.append(metrics)
+        full = self._checked(self.rundir.append_metrics, metrics, path=self.metrics_path)
+        if run_log is not None:
+            run_log.log_iteration(metrics, self.running.last_episodes)
+            full = full or run_log.disk_full
+        if run_log is None or not cfg.logging.progress:
+            self.log(iteration_line(metrics))
+        saved = self.iteration % cfg.checkpoint_every == 0 or self.iteration == cfg.iterations
+        if full is None and (saved or self._stops.requested):
+            full = self._checked(self._save, ckpt, path=ckpt.directory)
+        if full is not None:  # no checkpoint of this iteration: --resume replays it exactly
+            self._checked(ckpt.wait_until_finished, path=ckpt.directory)
+            raise full
+        self._stops.graceful = False
+        if self._stops.requested:
+            ckpt.wait_until_finished()
+            raise Interrupted(self._stops.signum, saved_iteration=self.iteration)
+        self._stop_on_failures()
 
     def _check_failures(self, metrics: dict) -> None:
         """Counts the iterations in a row in which every episode failed, keeping the first
@@ -348,111 +371,141 @@ class Trainer:
 
     # ------------------------------------------------------------------ one iteration
     def iteration_step(self, loop, pool) -> dict:
-        """One RL iteration (module docstring); returns its metrics."""
-        cfg, place, times = self.config, self.placement, {}
-        t_start = t0 = time.perf_counter()
+        """One RL iteration (module docstring) over the training `pool`; returns its metrics."""
+        t_start = time.perf_counter()
         rng, k_sample, k_shuffle = jax.random.split(self.state.rng, 3)
-        self.state = self.state.replace(rng=place.replicated(rng))
+        self.state = self.state.replace(rng=self.placement.replicated(rng))
+        it = self._rollout_phase(loop, pool, k_sample)
+        self._logprob_phase(it)
+        batch = self._advantage_phase(it)
+        # the next iteration's rollout starts now, with the params before this update
+        if self.config.overlap.off_policy and self.iteration + 1 < self.config.iterations:
+            self._start_rollout(loop, pool, k_sample, staleness=1)
+        step_metrics = self._update_phase(it, batch, k_shuffle)
+        self.progress.iteration += 1
+        return self._metrics_phase(it, step_metrics, time.perf_counter() - t_start)
 
-        # ---- rollout: this process's rows, then the global batch
+    def _rollout_phase(self, loop, pool, key) -> Iteration:
+        """This process's rows (played now, or by the overlap thread during the last update),
+        trimmed when `update.trim_padding`, then the global batch."""
         self._phase("rollout")
-        collected, staleness = self._rollout(loop, pool, k_sample, times)
+        cfg, place, times = self.config, self.placement, {}
+        t0 = time.perf_counter()
+        collected, staleness = self._rollout(loop, pool, key, times)
         if cfg.update.trim_padding:  # the passes below then pay for the longest episode, not max_context
             collected.traj = trim_padding(
                 collected.traj, cfg.update.trim_padding, place.longest_episode(collected.traj.lengths)
             )
         self.progress.task_position += collected.tasks_played
-        self.running.last_episodes = collected.episodes
+        self.running.last_episodes = eps = collected.episodes
         per_row = {
-            "success": np.array([ep.success for ep in collected.episodes]),
+            "success": np.array([ep.success for ep in eps]),
             "baselines": collected.baselines,
-            "invalid_actions": np.array([ep.invalid_actions for ep in collected.episodes]),
-            "noop_actions": np.array([ep.noop_actions for ep in collected.episodes]),
+            "invalid_actions": np.array([ep.invalid_actions for ep in eps]),
+            "noop_actions": np.array([ep.noop_actions for ep in eps]),
         }
         traj, per_row, placed = place.global_batch(collected.traj, per_row)
         times.setdefault("rollout", time.perf_counter() - t0)
-
-        # ---- log-probs (old policy, KL reference) and the critic's values
-        self._phase("log-probs")
-        t0 = time.perf_counter()
         loss_mask = traj.loss_mask * (~traj.failed)[:, None].astype(traj.loss_mask.dtype)
-        # the old policy's log-probs: recomputed, or the sampler's own (`update.old_logprobs`)
-        old_logp = (
-            traj.rollout_logp if cfg.update.old_logprobs == "sampler" else place.logprobs(self.state.params, placed)
-        )
-        ref_logp = (
-            None
-            if self.ref_params is None
-            else place.logprobs(build.full_reference(self.ref_params, self.state.params), placed)
-        )
-        # the stored episodes' token entropies, from the params the log-probs were taken with
-        entropy = self._store_entropy(collected.episodes, placed) if cfg.logging.episodes_per_iteration else None
-        values = place.values(self.state, placed) if cfg.algo.uses_critic else None
-        times["logprobs"] = _seconds_after((old_logp, ref_logp, values), t0)  # every pass of the phase
+        return Iteration(collected, staleness, traj, per_row, placed, loss_mask, times)
 
-        # ---- reward shaping, advantages
+    def _logprob_phase(self, it: Iteration) -> None:
+        """The old policy's log-probs (recomputed, or the sampler's own:
+        `update.old_logprobs`), the KL reference's, the critic's values and the episode
+        store's token entropies (from the params the log-probs were taken with)."""
+        self._phase("log-probs")
+        cfg, place = self.config, self.placement
         t0 = time.perf_counter()
-        shaped, loss_mask, shaping = shape_rewards(cfg.algo, traj, loss_mask, old_logp, ref_logp)
-        adv, returns = compute_advantages(cfg.algo, shaped, loss_mask, values, per_row["baselines"])
-        kl_mask = None
-        if cfg.loss.kl_turns == "last":  # the KL term on each episode's last turn (LossConfig: kl_coef > 0)
-            kl_mask = jnp.asarray(last_turn_mask(traj.turn_ids, loss_mask))
+        recompute = cfg.update.old_logprobs != "sampler"
+        it.old_logp = place.logprobs(self.state.params, it.placed) if recompute else it.traj.rollout_logp
+        if self.ref_params is not None:
+            it.ref_logp = place.logprobs(build.full_reference(self.ref_params, self.state.params), it.placed)
+        if cfg.logging.episodes_per_iteration:  # on a mesh a collective pass: every process's config
+            it.entropy = place.entropies(
+                self.state.params, it.placed, self._store_rows(it.collected.episodes), *store_entropy_passes(cfg)
+            )
+        if cfg.algo.uses_critic:
+            it.values = place.values(self.state, it.placed)
+        it.times["logprobs"] = _seconds_after((it.old_logp, it.ref_logp, it.values), t0)  # every pass of the phase
+
+    def _advantage_phase(self, it: Iteration) -> UpdateBatch:
+        """Reward shaping, the estimator's advantages (and returns), and the update's batch."""
+        cfg, traj = self.config, it.traj
+        t0 = time.perf_counter()
+        shaped, it.loss_mask, it.shaping = shape_rewards(cfg.algo, traj, it.loss_mask, it.old_logp, it.ref_logp)
+        it.adv, returns = compute_advantages(cfg.algo, shaped, it.loss_mask, it.values, it.per_row["baselines"])
+        # the KL term on each episode's last turn (LossConfig: kl_coef > 0)
+        kl_mask = jnp.asarray(last_turn_mask(traj.turn_ids, it.loss_mask)) if cfg.loss.kl_turns == "last" else None
         batch = UpdateBatch(
             tokens=traj.tokens,
-            loss_mask=loss_mask,
-            advantages=adv,
-            old_logp=old_logp,
+            loss_mask=it.loss_mask,
+            advantages=it.adv,
+            old_logp=it.old_logp,
             attention_mask=traj.attention_mask,
             segment_ids=traj.segment_ids,
-            ref_logp=ref_logp if cfg.loss.kl_coef > 0 else None,
+            ref_logp=it.ref_logp if cfg.loss.kl_coef > 0 else None,
             kl_mask=kl_mask,
             rollout_logp=traj.rollout_logp,
             returns=returns if cfg.algo.uses_critic else None,
-            old_values=values,
+            old_values=it.values,
         )
-        times["advantages"] = _seconds_after(adv, t0)
+        it.times["advantages"] = _seconds_after(it.adv, t0)
+        return batch
 
-        # ---- the next iteration's rollout starts now, with the params before this update
-        if cfg.overlap.off_policy and self.iteration + 1 < cfg.iterations:
-            self._start_rollout(loop, pool, k_sample, staleness=1)
-
-        # ---- updates (all dispatched before any metric is read)
+    def _update_phase(self, it: Iteration, batch: UpdateBatch, key) -> list[dict]:
+        """`update.epochs` passes of `update.mini_batches` updates over `batch`'s rows,
+        shuffled per epoch, all dispatched before any metric is read."""
         self._phase("update")
+        cfg = self.config
         t0 = time.perf_counter()
-        step_metrics = self._updates(batch, k_shuffle)
-        times["update"] = time.perf_counter() - t0
+        B = cfg.env.batch_size
+        mb = B // cfg.update.mini_batches
+        step_metrics = []
+        for k_epoch in jax.random.split(key, cfg.update.epochs):
+            perm = np.asarray(jax.random.permutation(k_epoch, B))
+            for m in range(cfg.update.mini_batches):
+                rows = jnp.asarray(perm[m * mb : (m + 1) * mb])
+                mini = jax.tree.map(lambda x, rows=rows: x[rows], batch)
+                self.state, sm = self._update(self.state, self.placement.update_input(mini))
+                step_metrics.append(sm)
+        out = self.placement.fetch(step_metrics)
+        it.times["update"] = time.perf_counter() - t0
+        return out
 
-        self.progress.iteration += 1
-        total_s = time.perf_counter() - t_start
+    def _metrics_phase(self, it: Iteration, step_metrics: list[dict], total_s: float) -> dict:
+        """The iteration's metrics (`metrics.iteration_metrics`, then the overlap's and
+        dynamic sampling's, the shaping's, the failures by kind and the source's summary
+        of the training episodes), and its episodes into the store."""
+        cfg, episodes = self.config, it.collected.episodes
         out = iteration_metrics(
-            traj,
-            per_row["success"],
+            it.traj,
+            it.per_row["success"],
             step_metrics,
-            adv,
-            old_logp,
-            loss_mask,
-            times,
+            it.adv,
+            it.old_logp,
+            it.loss_mask,
+            it.times,
             total_s,
             iteration=self.iteration,
             tasks_seen=self.progress.task_position,
-            invalid_actions=per_row["invalid_actions"],
-            noop_actions=per_row["noop_actions"],
+            invalid_actions=it.per_row["invalid_actions"],
+            noop_actions=it.per_row["noop_actions"],
             recomputed=cfg.update.old_logprobs == "recompute",
         )
-        if entropy is not None and self._store is not None:
-            self._store_episodes(collected.episodes, traj, adv, old_logp, entropy, loss_mask)
+        if it.entropy is not None and self._store is not None:
+            self._store_episodes(episodes, it.traj, it.adv, it.old_logp, it.entropy, it.loss_mask)
         if cfg.overlap.off_policy:  # the main thread (which drives the device) idled only while it waited
-            out.update(staleness=staleness, device_idle_frac=times["rollout_wait"] / max(total_s, 1e-9))
+            out.update(staleness=it.staleness, device_idle_frac=it.times["rollout_wait"] / max(total_s, 1e-9))
         if cfg.algo.dynamic_sampling:
-            out.update(collected.sampling)
-        out.update(shaping)
+            out.update(it.collected.sampling)
+        out.update(it.shaping)
         # failed episodes by the pool's failure kind (this process's episodes)
-        kinds = collections.Counter(ep.failure_kind or "unknown" for ep in collected.episodes if ep.failed)
+        kinds = collections.Counter(ep.failure_kind or "unknown" for ep in episodes if ep.failed)
         out.update({f"failed_{kind}": n for kind, n in sorted(kinds.items())})
-        # the env's own summary of the training episodes (e.g. intake's rubric, triage
+        # the source's own summary of the training episodes (e.g. intake's rubric, triage
         # rates and exploit counters; this process's episodes): train_env_<key>
-        summarize = env_summarizer(cfg)
-        played = [{"info": ep.info, "done": ep.done} for ep in collected.episodes if not ep.failed]
+        summarize = self.source.summarizer()
+        played = [{"info": ep.info, "done": ep.done} for ep in episodes if not ep.failed]
         if summarize is not None and played:
             out.update({f"train_{k}": v for k, v in flat_env_summary(summarize(played)).items()})
         return out
@@ -465,42 +518,15 @@ class Trainer:
             first = run_log.iterations_logged == 0
             run_log.phase(f"iteration {self.iteration + 1}: {what}" + (" (compiling)" if first else ""))
 
-    def _store_entropy(self, episodes, placed):
-        """`[B, T]` token entropies for the episodes the store will keep this iteration
-        (NaN elsewhere), by a pass of its own: the log-prob pass the update uses stays the
-        same computation with the store on or off, so a run's numbers do not depend on it.
-        On one device the pass covers only the chosen rows (`per_iteration` of them); on a
-        mesh every process runs it over the whole batch, every iteration. Its passes are of
-        the log-prob pass's rows at most (`update.logprob_rows`, else the batch), so its memory is
-        within the run's estimate (`logprob_pass`)."""
-        cfg = self.config
-        if self.placement.mesh is not None:
-            return self.placement.logprobs(self.state.params, placed, with_entropy=True)[1]
+    def _store_rows(self, episodes) -> list[int] | None:
+        """The global rows of the episodes the store keeps this iteration (primary process,
+        an iteration the store writes), else None. Their entropies come from a pass of
+        their own (`Placement.entropies`): the log-prob pass the update uses stays the same
+        computation with the store on or off, so a run's numbers do not depend on it."""
         if not self.primary or self._store is None or (self.iteration + 1) % self._store.stride:
             return None
-        chosen = [i for i, _ in select_for_store(episodes, cfg.logging.episodes_per_iteration)]
-        if not chosen:
-            return None
-        rows = np.asarray([int(self.placement.rows[i]) for i in chosen])
-        passes, chunk = store_entropy_passes(cfg)  # padded to one shape: one compilation
-        take = np.concatenate([rows, np.full(passes * chunk - len(rows), rows[0])])
-        sc = cfg.step_config
-        _, ent = policy_logprobs(
-            self.state.params,
-            self.model_config,
-            tokens_BxT=placed.tokens[take],
-            attention_mask_BxT=placed.attention_mask[take],
-            segment_ids_BxT=None if placed.segment_ids is None else placed.segment_ids[take],
-            temperature=sc.loss.temperature,
-            seq_chunk=sc.seq_chunk,
-            vocab_chunk=sc.vocab_chunk,
-            with_entropy=True,
-            compute_dtype=sc.compute_dtype,
-            row_chunks=passes,
-        )
-        out = np.full(np.shape(placed.tokens), np.nan, np.float32)
-        out[rows] = np.asarray(ent)[: len(rows)]
-        return out
+        chosen = [i for i, _ in select_for_store(episodes, self.config.logging.episodes_per_iteration)]
+        return [int(self.placement.rows[i]) for i in chosen] or None
 
     def _store_episodes(self, episodes, traj, adv, old_logp, entropy, loss_mask) -> None:
         """This iteration's sample of episodes with their per-token signals, in the
@@ -549,7 +575,7 @@ class Trainer:
         return got.collected, got.staleness
 
     def loop_params(self, loop) -> None:
-        """Gives the agent loop's sampler the current policy."""
+        """Gives the episode loop's sampler the current policy."""
         loop.set_params(self.placement.sampler_params(self.state))
 
     def _collect(self, loop, pool, key, position: int | None = None):
@@ -562,22 +588,6 @@ class Trainer:
         loop.set_params(self.placement.sampler_params(self.state, copy=True))
         position = self.progress.task_position
         self._overlap.start(lambda: self._collect(loop, pool, key, position), staleness=staleness)
-
-    def _updates(self, batch: UpdateBatch, key) -> list[dict]:
-        """`update.epochs` passes of `update.mini_batches` updates over `batch`'s rows, shuffled
-        per epoch."""
-        cfg = self.config
-        B = cfg.env.batch_size
-        mb = B // cfg.update.mini_batches
-        step_metrics = []
-        for k_epoch in jax.random.split(key, cfg.update.epochs):
-            perm = np.asarray(jax.random.permutation(k_epoch, B))
-            for m in range(cfg.update.mini_batches):
-                rows = jnp.asarray(perm[m * mb : (m + 1) * mb])
-                mini = jax.tree.map(lambda x, rows=rows: x[rows], batch)
-                self.state, sm = self._update(self.state, self.placement.update_input(mini))
-                step_metrics.append(sm)
-        return self.placement.fetch(step_metrics)
 
     # ------------------------------------------------------------------ before and after RL
     def _before_rl(self, loop, pool, ckpt) -> None:

@@ -309,7 +309,7 @@ def sft_warm_start(
 
     import jax
 
-    from jaxagent.train.state import init_train_state
+    from jaxagent.train.update.state import init_train_state
 
     ws = config.warm_start
     t_start = time.perf_counter()
@@ -354,7 +354,7 @@ class _SFTRows:
     cut: int  # conclusion demonstrations dropped: their final action is past max_context
 
     def batch(self, idx, cols: int):
-        from jaxagent.train.batch import SFTBatch
+        from jaxagent.train.update.batch import SFTBatch
 
         return SFTBatch(
             tokens=self.tokens[idx, :cols],

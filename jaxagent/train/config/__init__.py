@@ -3,26 +3,28 @@
 Load with `jaxagent.dataclass_yaml.load_config(TrainerConfig, path, overrides)`; every key is
 listed by `jaxagent config` (the keys, their defaults and these docstrings). Sections
 that configure a component embed that component's own config where there is one
-(`loss`, `optim`: `jaxagent.train.config.step`; `mesh`: `jaxagent.parallel.MeshConfig`) and
-build it where the trainer's keys are fewer (`RolloutSection.loop_config()` is the
-`jaxagent.rollout.AgentLoopConfig`).
+(`optim`: `jaxagent.train.config.step`; `mesh`: `jaxagent.parallel.MeshConfig`) and
+build it where the trainer's keys are fewer, from the fields of the same names
+(`RolloutSection.loop_config()` is the `jaxagent.rollout.AgentLoopConfig`; `loss` is the
+`LossConfig` less its temperature, which `step_config` takes from the rollout). Simple
+bounds are declared in the fields' types (`jaxagent.dataclass_yaml.Bound`) and checked on
+construction; the `__post_init__` methods hold the other rules.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
+from jaxagent.dataclass_yaml import Bound, Bounded, field_values
 from jaxagent.parallel import MeshConfig
 from jaxagent.train.config.agent import AgentSection
 from jaxagent.train.config.algo import AlgoSection, RewardSection
-from jaxagent.train.config.bounds import check_int
 from jaxagent.train.config.env import EnvSection
 from jaxagent.train.config.model import ModelSection
 from jaxagent.train.config.rollout import RolloutSection
 from jaxagent.train.config.run import DistributedSection, EvalSection, LoggingSection, OverlapSection
-from jaxagent.train.config.step import LossConfig, OptimizerConfig, StepConfig
+from jaxagent.train.config.step import LossConfig, LossSection, OptimizerConfig, StepConfig
 from jaxagent.train.config.update import UpdateSection, check_mesh_rows
 from jaxagent.train.config.warm_start import WarmStartSection
 
@@ -42,14 +44,14 @@ RESUME_FIXED = (
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainerConfig:
+class TrainerConfig(Bounded):
     """Everything a training run needs; load with `jaxagent.dataclass_yaml.load_config`.
 
     critic_optim: the critic's optimizer (`OptimizerConfig`), for estimators that train
       one (e.g. "gae", "turn_gae"); None = the same settings as `optim`.
-    loss, optim, critic_optim: `jaxagent.train.config.step.LossConfig` / `OptimizerConfig` (the
-      critic's defaults to `optim`). `loss.temperature` must equal a non-zero
-      `rollout.temperature` (the log-probs are those of the sampling distribution).
+    loss, optim, critic_optim: `jaxagent.train.config.step.LossSection` / `OptimizerConfig` (the
+      critic's defaults to `optim`). The update's log-probs are computed at
+      `rollout.temperature` (those of the sampling distribution; 1 for a greedy rollout).
     update: the update's settings (`UpdateSection`): epochs, mini- and micro-batches, the
       log-prob pass (`logprob_rows`, `old_logprobs`) and trimming (`trim_padding`,
       `trim_chunks`).
@@ -84,18 +86,18 @@ class TrainerConfig:
     warm_start: WarmStartSection = WarmStartSection()
     reward: RewardSection = RewardSection()
     eval: EvalSection = EvalSection()
-    loss: LossConfig = LossConfig()
+    loss: LossSection = LossSection()
     optim: OptimizerConfig = OptimizerConfig()
     critic_optim: OptimizerConfig | None = None
     update: UpdateSection = UpdateSection()
-    iterations: int = 2
-    seed: int = 0
+    iterations: Annotated[int, Bound(ge=1)] = 2
+    seed: Annotated[int, Bound(ge=0)] = 0
     run_dir: str = "runs/default"
-    checkpoint_every: int = 1
-    keep_checkpoints: int = 3
+    checkpoint_every: Annotated[int, Bound(ge=1)] = 1
+    keep_checkpoints: Annotated[int, Bound(ge=1)] = 3
     mesh: MeshConfig = MeshConfig()
     distributed: DistributedSection = DistributedSection()
-    device_memory_gb: float | None = None
+    device_memory_gb: Annotated[float | None, Bound(gt=0)] = None
     overlap: OverlapSection = OverlapSection()
     logging: LoggingSection = LoggingSection()
     agent: AgentSection = AgentSection()
@@ -108,11 +110,14 @@ class TrainerConfig:
     }
 
     def __post_init__(self):
-        for name in ("iterations", "checkpoint_every", "keep_checkpoints"):
-            check_int(name, getattr(self, name), 1)
+        super().__post_init__()
+        if isinstance(self.loss, LossConfig):  # its temperature would be ignored: it is the rollout's
+            raise ValueError(
+                f"loss must be a LossSection (the loss: keys), got a LossConfig (temperature "
+                f"{self.loss.temperature}): the update's temperature is rollout.temperature"
+            )
         if self.jit_cache_dir is not None and (not isinstance(self.jit_cache_dir, str) or not self.jit_cache_dir):
             raise ValueError(f'jit_cache_dir must be "auto", a directory or null (off), got {self.jit_cache_dir!r}')
-        check_int("seed", self.seed, 0)
         if self.eval.tasks is not None and not self.agent.enabled:
             raise ValueError(
                 f"eval.tasks ({self.eval.tasks!r}) is for agent programs: set agent.program and agent.tasks, "
@@ -144,22 +149,10 @@ class TrainerConfig:
                     f"update.old_logprobs='sampler' takes the sampler's log-probs as the old "
                     f"policy's, but {why}; use update.old_logprobs='recompute'"
                 )
-        if self.rollout.temperature > 0 and self.loss.temperature != self.rollout.temperature:
-            raise ValueError(
-                f"loss.temperature ({self.loss.temperature}) must equal rollout.temperature "
-                f"({self.rollout.temperature}): the update's log-probs are the sampler's"
-            )
         if self.algo.uses_groups and self.env.group_size < 2:
             raise ValueError(f"env.group_size must be >= 2 for the group estimator {self.algo.advantage!r}")
         if not self.run_dir:
             raise ValueError("run_dir must be a non-empty path")
-        if self.device_memory_gb is not None and not (
-            isinstance(self.device_memory_gb, (int, float))
-            and not isinstance(self.device_memory_gb, bool)
-            and math.isfinite(self.device_memory_gb)
-            and self.device_memory_gb > 0
-        ):
-            raise ValueError(f"device_memory_gb must be a number > 0 or null, got {self.device_memory_gb!r}")
         if self.overlap.off_policy:
             if self.loss.tis_cap is None:
                 raise ValueError(
@@ -168,7 +161,7 @@ class TrainerConfig:
                 )
             if self.algo.dynamic_sampling:
                 raise ValueError("overlap.off_policy and algo.dynamic_sampling cannot be combined")
-        if -1 not in self.mesh.shape.values():  # else `placement.make_mesh` checks the mesh it makes
+        if -1 not in self.mesh.shape.values():  # else `placement._make_mesh` checks the mesh it makes
             check_mesh_rows(B, self.update.mini_batches, self.mesh.data * self.mesh.fsdp)
         ranges = {
             "env.seed (the training task stream)": (self.env.seed, self.iterations * self.env.tasks_per_iteration),
@@ -189,8 +182,11 @@ class TrainerConfig:
 
     @property
     def step_config(self) -> StepConfig:
+        """The update's static config; its loss computes the log-probs at `rollout.temperature`
+        (those of the sampling distribution), at 1 for a greedy rollout (which has none)."""
+        temperature = self.rollout.temperature if self.rollout.temperature > 0 else 1.0
         return StepConfig(
-            loss=self.loss,
+            loss=LossConfig(**field_values(self.loss, LossConfig), temperature=temperature),
             optim=self.optim,
             critic_optim=self.critic_optim,
             num_micro_batches=self.update.micro_batches,

@@ -6,8 +6,10 @@ as `agent` and re-exports it). The program's contract is `jaxagent.gateway.progr
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
+from typing import Annotated
+
+from jaxagent.dataclass_yaml import Bound, Bounded
 
 #: "module:function" (dotted module, dotted attribute): the form of `agent.program`, and
 #: of `agent.tasks` / `eval.tasks` when they name a function
@@ -25,7 +27,7 @@ def check_tasks_spec(name: str, value) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class AgentSection:
+class AgentSection(Bounded):
     """An agent program to train (`program: null` = the env's own agent loop, `env:`).
 
     program: "module:function" of an `async def rollout(client, task)`: an agent written
@@ -62,21 +64,15 @@ class AgentSection:
 
     program: str | None = None
     tasks: str | None = None
-    concurrency: int = 64
-    timeout_s: float = 300.0
+    concurrency: Annotated[int, Bound(ge=1)] = 64
+    timeout_s: Annotated[float, Bound(gt=0, unit="seconds")] = 300.0
     imports: tuple[str, ...] = ()
-    processes: int = 2
-    max_staleness: int = 1
+    processes: Annotated[int, Bound(ge=0)] = 2
+    max_staleness: Annotated[int, Bound(ge=0)] = 1
     expert: str | None = None
 
     def __post_init__(self):
-        for name, minimum in (("concurrency", 1), ("processes", 0), ("max_staleness", 0)):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
-                raise ValueError(f"{name} must be an int >= {minimum}, got {v!r}")
-        t = self.timeout_s
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t) and t > 0):
-            raise ValueError(f"timeout_s must be a finite number of seconds > 0, got {t!r}")
+        super().__post_init__()
         if not isinstance(self.imports, (list, tuple)) or not all(isinstance(m, str) and m for m in self.imports):
             raise ValueError(f"imports must be a list of module names or directories, got {self.imports!r}")
         object.__setattr__(self, "imports", tuple(self.imports))

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import math
-from typing import Any
+from typing import Annotated, Any
 
 from jaxagent import algos
-from jaxagent.train.config.bounds import check_int
+from jaxagent.dataclass_yaml import Bound, Bounded
 from jaxagent.train.config.rollout import TRUNCATION_MODES
 
 #: the estimator inputs (`jaxagent.algos.ESTIMATOR_INPUTS`) the trainer provides: "values"
@@ -36,7 +35,7 @@ CRITIC_INPUTS = ("values", "turn_values")
 
 
 @dataclasses.dataclass(frozen=True)
-class AlgoSection:
+class AlgoSection(Bounded):
     """The advantage estimator (a `jaxagent.algos` registry name) and its constants.
 
     advantage: a registered estimator (`jaxagent.algos.list_advantage_estimators()`,
@@ -75,21 +74,22 @@ class AlgoSection:
     """
 
     advantage: str = "grpo"
-    gamma: float = 1.0
-    lam: float = 1.0
+    gamma: Annotated[float, Bound(ge=0, le=1)] = 1.0
+    lam: Annotated[float, Bound(ge=0, le=1)] = 1.0
     gigpo_step_weight: float = 1.0
     gigpo_mode: str = "mean_norm"
-    reward_scale: float = 1.0
-    reward_clip: float | None = None
+    reward_scale: Annotated[float, Bound()] = 1.0
+    reward_clip: Annotated[float | None, Bound(gt=0)] = None
     truncation: str = "keep"
-    truncation_penalty: float = -1.0
-    kl_reward_coef: float = 0.0
+    truncation_penalty: Annotated[float, Bound()] = -1.0
+    kl_reward_coef: Annotated[float, Bound(ge=0)] = 0.0
     kl_reward_kind: str = "k1"
     advantage_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     dynamic_sampling: bool = False
-    max_sampling_rounds: int = 3
+    max_sampling_rounds: Annotated[int, Bound(ge=1)] = 3
 
     def __post_init__(self):
+        super().__post_init__()
         spec = self.estimator  # an unknown name lists the registered ones
         if spec.inputs is None:
             raise ValueError(
@@ -110,25 +110,12 @@ class AlgoSection:
                     f"advantage_kwargs: {k!r} is not a keyword argument of estimator "
                     f"{self.advantage!r} that the trainer leaves free (its parameters: {list(params)})"
                 )
-        for name in ("gamma", "lam"):
-            v = getattr(self, name)
-            if not 0 <= v <= 1:
-                raise ValueError(f"{name} must be in [0, 1], got {v!r}")
         if self.gigpo_mode not in algos.advantages.GIGPO_MODES:
             raise ValueError(f"gigpo_mode must be one of {list(algos.advantages.GIGPO_MODES)}, got {self.gigpo_mode!r}")
-        for name in ("reward_scale", "truncation_penalty", "kl_reward_coef"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)):
-                raise ValueError(f"{name} must be a finite number, got {v!r}")
-        if self.kl_reward_coef < 0:
-            raise ValueError(f"kl_reward_coef must be >= 0, got {self.kl_reward_coef!r}")
-        if self.reward_clip is not None and not (isinstance(self.reward_clip, (int, float)) and self.reward_clip > 0):
-            raise ValueError(f"reward_clip must be a number > 0 or null, got {self.reward_clip!r}")
         if self.truncation not in TRUNCATION_MODES:
             raise ValueError(f"truncation must be one of {list(TRUNCATION_MODES)}, got {self.truncation!r}")
         if self.kl_reward_kind.removesuffix("+") not in algos.KL_KINDS:
             raise ValueError(f"kl_reward_kind must be one of {list(algos.KL_KINDS)}, got {self.kl_reward_kind!r}")
-        check_int("max_sampling_rounds", self.max_sampling_rounds, 1)
         if self.dynamic_sampling and not self.uses_groups:
             raise ValueError(
                 f"dynamic_sampling needs a group estimator (one that consumes group_ids), "
@@ -164,7 +151,7 @@ class AlgoSection:
 
 
 @dataclasses.dataclass(frozen=True)
-class RewardSection:
+class RewardSection(Bounded):
     """Where an episode's reward comes from: the env (its own reward, e.g. intake's
     rubric; `judge: null`) or also a judge (`jaxagent.rewards.judge.make_judge`).
 
@@ -185,17 +172,16 @@ class RewardSection:
 
     judge: dict[str, Any] | None = None
     mode: str = "replace"
-    weight: float = 1.0
+    weight: Annotated[float, Bound()] = 1.0
     on_failure: str = "drop"
 
     def __post_init__(self):
+        super().__post_init__()
         if self.judge is not None and not isinstance(self.judge, dict):
             raise ValueError(f"judge must be a mapping (a judge spec) or null, got {self.judge!r}")
         if self.mode not in ("replace", "add"):
             raise ValueError(f"mode must be 'replace' or 'add', got {self.mode!r}")
         if self.on_failure not in ("drop", "env"):
             raise ValueError(f"on_failure must be 'drop' or 'env', got {self.on_failure!r}")
-        if not isinstance(self.weight, (int, float)) or isinstance(self.weight, bool) or not math.isfinite(self.weight):
-            raise ValueError(f"weight must be a finite number, got {self.weight!r}")
         if self.mode == "replace" and self.weight != 1.0:
             raise ValueError(f"weight ({self.weight}) applies to mode 'add' only; 'replace' uses the score as is")

@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Annotated, Any
 
-from jaxagent.train.config.bounds import check_int
+from jaxagent.dataclass_yaml import Bound, Bounded
 
 
 @dataclasses.dataclass(frozen=True)
-class EnvSection:
+class EnvSection(Bounded):
     """Which env, how many episodes per iteration, and the task seed stream.
 
     name, kwargs: `envs.make(name, **kwargs)`.
@@ -30,33 +30,23 @@ class EnvSection:
 
     name: str = "countdown"
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
-    group_size: int = 4
-    tasks_per_iteration: int = 2
-    seed: int = 0
-    num_workers: int = 1
-    step_timeout: float = 30.0
+    group_size: Annotated[int, Bound(ge=1)] = 4
+    tasks_per_iteration: Annotated[int, Bound(ge=1)] = 2
+    seed: Annotated[int, Bound(ge=0)] = 0
+    num_workers: Annotated[int, Bound(ge=0)] = 1
+    step_timeout: Annotated[float, Bound(gt=0, unit="seconds")] = 30.0
     imports: tuple[str, ...] = ()
-    max_failed_iterations: int = 2
-    worker_memory_mb: float | None = 16384
-    worker_cpu_s: float | None = 300
+    max_failed_iterations: Annotated[int, Bound(ge=0)] = 2
+    worker_memory_mb: Annotated[float | None, Bound(gt=0)] = 16384
+    worker_cpu_s: Annotated[float | None, Bound(gt=0)] = 300
 
     def __post_init__(self):
         import envs
 
         import_env_modules(self.imports)
-        check_int("max_failed_iterations", self.max_failed_iterations, 0)
-        for name in ("worker_memory_mb", "worker_cpu_s"):
-            v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
-                raise ValueError(f"{name} must be a number > 0 or null (no limit), got {v!r}")
+        super().__post_init__()
         if not envs.is_known(self.name):
             raise ValueError(f"name: unknown env {self.name!r}; known: {', '.join(envs.known_envs())}")
-        check_int("group_size", self.group_size, 1)
-        check_int("tasks_per_iteration", self.tasks_per_iteration, 1)
-        check_int("seed", self.seed, 0)
-        check_int("num_workers", self.num_workers, 0)
-        if not self.step_timeout > 0:
-            raise ValueError(f"step_timeout must be > 0 seconds, got {self.step_timeout!r}")
 
     @property
     def batch_size(self) -> int:

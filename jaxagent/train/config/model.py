@@ -4,15 +4,16 @@ tokenizer, dtypes and LoRA (`ModelSection`)."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Annotated
 
+from jaxagent.dataclass_yaml import Bound, Bounded
 from jaxagent.models import LoraConfig
-from jaxagent.train.config.bounds import check_int
 
 MODEL_TYPES = ("qwen2", "llama", "qwen3")
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelSection:
+class ModelSection(Bounded):
     """The policy: a checkpoint (`path`) or a small decoder trained from scratch.
 
     path: a Hugging Face directory, a `.gguf` file or a packaged model name
@@ -61,18 +62,18 @@ class ModelSection:
 
     path: str | None = None
     tokenizer: str | None = None
-    tokenizer_vocab_size: int = 512
+    tokenizer_vocab_size: Annotated[int, Bound(ge=259)] = 512
     tokenizer_pieces: str = "words"
-    hidden_size: int = 32
-    intermediate_size: int = 64
-    num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    head_dim: int = 8
+    hidden_size: Annotated[int, Bound(ge=1)] = 32
+    intermediate_size: Annotated[int, Bound(ge=1)] = 64
+    num_layers: Annotated[int, Bound(ge=1)] = 2
+    num_heads: Annotated[int, Bound(ge=1)] = 4
+    num_kv_heads: Annotated[int, Bound(ge=1)] = 2
+    head_dim: Annotated[int, Bound(ge=1)] = 8
     qkv_bias: bool = True
     tie_word_embeddings: bool = False
     model_type: str = "qwen2"
-    init_std: float = 0.02
+    init_std: Annotated[float, Bound(gt=0)] = 0.02
     dtype: str = "float32"
     compute_dtype: str | None = None
     remat: bool | str = False
@@ -83,6 +84,7 @@ class ModelSection:
     def __post_init__(self):
         from jaxagent.models.attention import IMPLEMENTATIONS
 
+        super().__post_init__()
         if self.attention not in IMPLEMENTATIONS:
             raise ValueError(f"attention must be one of {', '.join(IMPLEMENTATIONS)}, got {self.attention!r}")
         if self.matmul_precision not in MATMUL_PRECISIONS:
@@ -91,9 +93,6 @@ class ModelSection:
             )
         if self.remat not in (False, True, "full", "dots"):
             raise ValueError(f"remat must be false, true, 'full' or 'dots', got {self.remat!r}")
-        for name in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
-            check_int(name, getattr(self, name), 1)
-        check_int("tokenizer_vocab_size", self.tokenizer_vocab_size, 259)
         if self.tokenizer_pieces not in ("words", "lines", "phrases"):
             raise ValueError(f"tokenizer_pieces must be 'words', 'lines' or 'phrases', got {self.tokenizer_pieces!r}")
         if self.tokenizer == "bpe" and self.path is not None:
@@ -106,8 +105,6 @@ class ModelSection:
             raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
         if self.compute_dtype not in (None, "float32", "bfloat16"):
             raise ValueError(f"compute_dtype must be null, 'float32' or 'bfloat16', got {self.compute_dtype!r}")
-        if not (isinstance(self.init_std, (int, float)) and self.init_std > 0):
-            raise ValueError(f"init_std must be a float > 0, got {self.init_std!r}")
 
     def resolved_matmul_precision(self, platform: str) -> str | None:
         """The matmul precision a run sets on `platform` ("cpu", "gpu", "tpu"; None: JAX's

@@ -5,14 +5,14 @@
 from __future__ import annotations
 
 import dataclasses
-import math
+from typing import Annotated, ClassVar
 
+from jaxagent.dataclass_yaml import Bound, Bounded
 from jaxagent.train.config.agent import check_tasks_spec
-from jaxagent.train.config.bounds import check_int
 
 
 @dataclasses.dataclass(frozen=True)
-class EvalSection:
+class EvalSection(Bounded):
     """Held-out evaluation (`episodes: 0` = none): seeds `seed, seed + 1, ...`, disjoint
     from the training stream and the demonstrations (checked).
 
@@ -35,25 +35,21 @@ class EvalSection:
       lines, so name a held-out file here for a held-out evaluation).
     """
 
-    episodes: int = 0
-    seed: int = 2_000_000
-    temperature: float | None = None
-    every: int = 0
+    episodes: Annotated[int, Bound(ge=0)] = 0
+    seed: Annotated[int, Bound(ge=0)] = 2_000_000
+    temperature: Annotated[float | None, Bound(ge=0)] = None
+    every: Annotated[int, Bound(ge=0)] = 0
     greedy: bool = False
     tasks: str | None = None
 
     def __post_init__(self):
+        super().__post_init__()
         if self.tasks is not None:
             check_tasks_spec("tasks", self.tasks)
-        check_int("episodes", self.episodes, 0)
-        check_int("seed", self.seed, 0)
-        check_int("every", self.every, 0)
-        if self.temperature is not None and not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise ValueError(f"temperature must be a finite number >= 0 or null, got {self.temperature!r}")
 
 
 @dataclasses.dataclass(frozen=True)
-class DistributedSection:
+class DistributedSection(Bounded):
     """Multi-host runs (`jaxagent.parallel.initialize`, JAX's multi-controller runtime).
 
     All None / False (the default) = one process, unless the environment says otherwise:
@@ -65,17 +61,14 @@ class DistributedSection:
     """
 
     coordinator_address: str | None = None
-    num_processes: int | None = None
-    process_id: int | None = None
+    num_processes: Annotated[int | None, Bound(ge=1)] = None
+    process_id: Annotated[int | None, Bound(ge=0)] = None
     auto: bool = False
 
     def __post_init__(self):
-        if self.num_processes is not None:
-            check_int("num_processes", self.num_processes, 1)
-        if self.process_id is not None:
-            check_int("process_id", self.process_id, 0)
-            if self.num_processes is not None and self.process_id >= self.num_processes:
-                raise ValueError(f"process_id must be < num_processes ({self.num_processes}), got {self.process_id!r}")
+        super().__post_init__()
+        if self.process_id is not None and self.num_processes is not None and self.process_id >= self.num_processes:
+            raise ValueError(f"process_id must be < num_processes ({self.num_processes}), got {self.process_id!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,19 +80,21 @@ class OverlapSection:
       one update stale). The update corrects for it with truncated importance sampling,
       `min(exp(old_logp - rollout_logp), loss.tis_cap)` (required), where `old_logp` is
       recomputed with the params being updated and `rollout_logp` are the sampler's.
-    max_staleness: updates a rollout may lag behind (only 1 is supported).
+      The lag is one update, never more.
     """
 
     off_policy: bool = False
-    max_staleness: int = 1
 
-    def __post_init__(self):
-        if self.max_staleness != 1:
-            raise ValueError(f"max_staleness: only 1 (one-step off-policy) is supported, got {self.max_staleness!r}")
+    #: keys taken out: old key -> why (`load_config` refuses them in a config a person
+    #: writes and drops them from a run's saved config.yaml)
+    REMOVED_KEYS: ClassVar[dict[str, str]] = {
+        "max_staleness": "overlap.off_policy lags the rollout by exactly one update (the one value "
+        "max_staleness took); leave the key out",
+    }
 
 
 @dataclasses.dataclass(frozen=True)
-class LoggingSection:
+class LoggingSection(Bounded):
     """Run logging besides `metrics.jsonl` (`jaxagent.train.rundir.runlog.RunLogger`).
 
     tensorboard: event files in `<run_dir>/tensorboard/`.
@@ -135,14 +130,14 @@ class LoggingSection:
 
     tensorboard: bool = True
     progress: bool = True
-    transcripts_every: int = 1
-    transcripts_per_iteration: int = 2
-    collapse_entropy: float = 0.05
-    collapse_window: int = 3
-    template_collapse_below: float = 0.0
+    transcripts_every: Annotated[int, Bound(ge=0)] = 1
+    transcripts_per_iteration: Annotated[int, Bound(ge=0)] = 2
+    collapse_entropy: Annotated[float, Bound(ge=0)] = 0.05
+    collapse_window: Annotated[int, Bound(ge=1)] = 3
+    template_collapse_below: Annotated[float, Bound(ge=0, le=1)] = 0.0
     heldout_metric: str | None = None
-    episodes_per_iteration: int = 8
-    episodes_max_mb: float = 64.0
+    episodes_per_iteration: Annotated[int, Bound(ge=0)] = 8
+    episodes_max_mb: Annotated[float, Bound(gt=0)] = 64.0
     trackers: tuple[str, ...] = ()
     wandb_project: str = "jaxagent"
     wandb_mode: str = "offline"
@@ -152,6 +147,7 @@ class LoggingSection:
     def __post_init__(self):
         from jaxagent.train.rundir.trackers import KNOWN
 
+        super().__post_init__()
         object.__setattr__(self, "trackers", tuple(self.trackers))
         for name in self.trackers:
             if name not in KNOWN or name == "tensorboard":
@@ -162,31 +158,5 @@ class LoggingSection:
             raise ValueError(f"trackers: {list(self.trackers)} names a tracker twice")
         if self.wandb_mode not in ("offline", "online"):
             raise ValueError(f"wandb_mode must be 'offline' or 'online', got {self.wandb_mode!r}")
-        check_int("episodes_per_iteration", self.episodes_per_iteration, 0)
-        if not (
-            isinstance(self.episodes_max_mb, (int, float))
-            and not isinstance(self.episodes_max_mb, bool)
-            and math.isfinite(self.episodes_max_mb)
-            and self.episodes_max_mb > 0
-        ):
-            raise ValueError(f"episodes_max_mb must be a number > 0, got {self.episodes_max_mb!r}")
-        check_int("transcripts_every", self.transcripts_every, 0)
-        check_int("transcripts_per_iteration", self.transcripts_per_iteration, 0)
-        check_int("collapse_window", self.collapse_window, 1)
-        if not (
-            isinstance(self.collapse_entropy, (int, float))
-            and not isinstance(self.collapse_entropy, bool)
-            and math.isfinite(self.collapse_entropy)
-            and self.collapse_entropy >= 0
-        ):
-            raise ValueError(f"collapse_entropy must be a number >= 0, got {self.collapse_entropy!r}")
-        if not (
-            isinstance(self.template_collapse_below, (int, float))
-            and not isinstance(self.template_collapse_below, bool)
-            and 0 <= self.template_collapse_below <= 1
-        ):
-            raise ValueError(
-                f"template_collapse_below must be a number in [0, 1], got {self.template_collapse_below!r}"
-            )
         if self.heldout_metric is not None and not (isinstance(self.heldout_metric, str) and self.heldout_metric):
             raise ValueError(f"heldout_metric must be a metric name or null, got {self.heldout_metric!r}")

@@ -1,15 +1,17 @@
 """The update's static settings: `OptimizerConfig` (AdamW, its schedule and clipping),
-`LossConfig` (what the RL update minimises) and `StepConfig`, which embeds both and is
-the static argument of the jitted steps (`jaxagent.train.update`). Each validates itself
-on construction; frozen, so hashable.
+`LossConfig` (what the RL update minimises: the run config's `loss:` keys, `LossSection`,
+and the temperature of the log-probs, which is the rollout's) and `StepConfig`, which
+embeds both and is the static argument of the jitted steps (`jaxagent.train.update`).
+Each validates itself on construction; frozen, so hashable.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Annotated, ClassVar
 
 from jaxagent import algos
-from jaxagent.train.config.bounds import positive
+from jaxagent.dataclass_yaml import Bound, Bounded
 
 SCHEDULES = ("constant", "cosine", "linear")
 
@@ -22,7 +24,7 @@ KL_TURNS = ("all", "last")
 
 
 @dataclasses.dataclass(frozen=True)
-class OptimizerConfig:
+class OptimizerConfig(Bounded):
     """AdamW with linear warm-up, a decay schedule and global-norm clipping.
 
     Learning rate at update `s` (0-based count of *applied* updates), `W = warmup_steps`,
@@ -48,29 +50,20 @@ class OptimizerConfig:
     max_grad_norm: clip the gradient to this global norm (None = no clipping).
     """
 
-    lr: float = 1e-6
-    warmup_steps: int = 0
+    lr: Annotated[float, Bound(ge=0)] = 1e-6
+    warmup_steps: Annotated[int, Bound(ge=0)] = 0
     schedule: str = "constant"
     total_steps: int | None = None
-    final_lr_ratio: float = 0.0
-    weight_decay: float = 0.0
-    b1: float = 0.9
-    b2: float = 0.999
-    eps: float = 1e-8
-    max_grad_norm: float | None = 1.0
+    final_lr_ratio: Annotated[float, Bound(ge=0, le=1)] = 0.0
+    weight_decay: Annotated[float, Bound(ge=0)] = 0.0
+    b1: Annotated[float, Bound(ge=0, le=1)] = 0.9
+    b2: Annotated[float, Bound(ge=0, le=1)] = 0.999
+    eps: Annotated[float, Bound(ge=0)] = 1e-8
+    max_grad_norm: Annotated[float | None, Bound(gt=0)] = 1.0
 
     def __post_init__(self):
+        super().__post_init__()
         n = "OptimizerConfig"
-        positive(n, "lr", self.lr, allow_zero=True)
-        positive(n, "weight_decay", self.weight_decay, allow_zero=True)
-        positive(n, "eps", self.eps, allow_zero=True)
-        positive(n, "max_grad_norm", self.max_grad_norm, allow_none=True)
-        for name in ("b1", "b2", "final_lr_ratio"):
-            v = getattr(self, name)
-            if not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
-                raise ValueError(f"{n}.{name} must be in [0, 1], got {v!r}")
-        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-            raise ValueError(f"{n}.warmup_steps must be an int >= 0, got {self.warmup_steps!r}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"{n}.schedule must be one of {list(SCHEDULES)}, got {self.schedule!r}")
         if self.schedule != "constant" and (
@@ -83,8 +76,10 @@ class OptimizerConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class LossConfig:
-    """What the RL update minimises (the formulas: `jaxagent.train.update.losses`).
+class LossSection(Bounded):
+    """What the RL update minimises (the formulas: `jaxagent.train.update.losses`): the
+    run config's `loss:` keys. The jitted step's `LossConfig` is these and the temperature
+    of the log-probs, `rollout.temperature` (`TrainerConfig.step_config`).
 
     policy_loss: a name registered in `jaxagent.algos` ("ppo", "gspo", "cispo", ...).
     agg_mode, clip_low, clip_high: None = that loss's own default (PPO: token-mean,
@@ -102,27 +97,29 @@ class LossConfig:
       policy loss; None = off. Needs `rollout_logp` in the batch.
     seq_len_norm: the constant T of "seq-mean-token-sum-norm" (None = padded length).
     value_clip, value_agg_mode: the critic's clipped value loss.
-    temperature: the sampling temperature the log-probs are computed at.
     """
 
     policy_loss: str = "ppo"
     agg_mode: str | None = None
-    clip_low: float | None = None
-    clip_high: float | None = None
-    clip_c: float | None = 3.0
-    kl_coef: float = 0.0
+    clip_low: Annotated[float | None, Bound(ge=0)] = None
+    clip_high: Annotated[float | None, Bound(ge=0)] = None
+    clip_c: Annotated[float | None, Bound(gt=1)] = 3.0
+    kl_coef: Annotated[float, Bound(ge=0)] = 0.0
     kl_kind: str = "k3"
     kl_turns: str = "all"
-    entropy_coef: float = 0.0
-    tis_cap: float | None = None
+    entropy_coef: Annotated[float, Bound(ge=0)] = 0.0
+    tis_cap: Annotated[float | None, Bound(gt=0)] = None
     tis_level: str = "token"
-    seq_len_norm: int | None = None
-    value_clip: float = 0.5
+    seq_len_norm: Annotated[int | None, Bound(ge=1)] = None
+    value_clip: Annotated[float, Bound(ge=0)] = 0.5
     value_agg_mode: str = "token-mean"
-    temperature: float = 1.0
+
+    #: keys that moved to another section: old key -> new dotted key (`load_config` names the new one)
+    MOVED_KEYS: ClassVar[dict[str, str]] = {"temperature": "rollout.temperature"}
 
     def __post_init__(self):
-        n = "LossConfig"
+        super().__post_init__()
+        n = type(self).__name__
         algos.get_policy_loss(self.policy_loss)  # raises naming the known losses
         for name in ("agg_mode", "value_agg_mode"):
             v = getattr(self, name)
@@ -139,20 +136,25 @@ class LossConfig:
             raise ValueError(f"{n}.kl_turns={self.kl_turns!r} places the KL loss term, which is off: set kl_coef > 0")
         if self.tis_level not in TIS_LEVELS:
             raise ValueError(f"{n}.tis_level must be one of {list(TIS_LEVELS)}, got {self.tis_level!r}")
-        for name in ("clip_low", "clip_high"):
-            positive(n, name, getattr(self, name), allow_zero=True, allow_none=True)
-        if self.clip_c is not None and not (isinstance(self.clip_c, (int, float)) and self.clip_c > 1):
-            raise ValueError(f"{n}.clip_c must be > 1 or None, got {self.clip_c!r}")
-        for name in ("kl_coef", "entropy_coef", "value_clip"):
-            positive(n, name, getattr(self, name), allow_zero=True)
-        positive(n, "tis_cap", self.tis_cap, allow_none=True)
-        positive(n, "temperature", self.temperature)
-        if self.seq_len_norm is not None and (not isinstance(self.seq_len_norm, int) or self.seq_len_norm < 1):
-            raise ValueError(f"{n}.seq_len_norm must be a positive int or None, got {self.seq_len_norm!r}")
 
 
 @dataclasses.dataclass(frozen=True)
-class StepConfig:
+class LossConfig(LossSection):
+    """The update's loss as the jitted step takes it: the `loss:` keys (`LossSection`) and
+    the temperature of its log-probs.
+
+    temperature: the temperature the update's log-probs are computed at: the sampler's,
+      so that they are those of the distribution the rollout sampled from
+      (`TrainerConfig.step_config` sets `rollout.temperature`, 1 for a greedy rollout).
+    """
+
+    temperature: Annotated[float, Bound(gt=0)] = 1.0
+
+    MOVED_KEYS: ClassVar[dict[str, str]] = {}  # a field here, not a key of the run config
+
+
+@dataclasses.dataclass(frozen=True)
+class StepConfig(Bounded):
     """Everything static about an update (hashable: a static argument of the jitted steps).
 
     loss, optim: what is minimised and how the parameters move.
@@ -168,25 +170,20 @@ class StepConfig:
     loss: LossConfig = LossConfig()
     optim: OptimizerConfig = OptimizerConfig()
     critic_optim: OptimizerConfig | None = None
-    num_micro_batches: int = 1
+    num_micro_batches: Annotated[int, Bound(ge=1)] = 1
     remat: bool | str = False
-    seq_chunk: int = 128
-    vocab_chunk: int = 8192
+    seq_chunk: Annotated[int, Bound(ge=1)] = 128
+    vocab_chunk: Annotated[int, Bound(ge=1)] = 8192
     compute_dtype: str | None = None
 
     def __post_init__(self):
+        super().__post_init__()
         if self.compute_dtype not in (None, "float32", "bfloat16"):
             raise ValueError(
                 f"StepConfig.compute_dtype must be None, 'float32' or 'bfloat16', got {self.compute_dtype!r}"
             )
-        if not isinstance(self.num_micro_batches, int) or self.num_micro_batches < 1:
-            raise ValueError(f"StepConfig.num_micro_batches must be a positive int, got {self.num_micro_batches!r}")
         if self.remat not in (False, True, "full", "dots"):
             raise ValueError(f"StepConfig.remat must be False, True, 'full' or 'dots', got {self.remat!r}")
-        for name in ("seq_chunk", "vocab_chunk"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"StepConfig.{name} must be a positive int, got {v!r}")
 
     @property
     def critic_optimizer(self) -> OptimizerConfig:

@@ -4,14 +4,15 @@ and trimming (`UpdateSection`)."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Annotated
 
-from jaxagent.train.config.bounds import check_int
+from jaxagent.dataclass_yaml import Bound, Bounded
 
 OLD_LOGPROBS = ("recompute", "sampler")
 
 
 @dataclasses.dataclass(frozen=True)
-class UpdateSection:
+class UpdateSection(Bounded):
     """How an iteration's batch updates the policy: mini-batches, micro-batches, the
     log-prob pass before the update, and whether the update and that pass are cut to the
     rows' own lengths (the run's builder chooses the update step and the log-prob pass
@@ -52,22 +53,18 @@ class UpdateSection:
       micro-batches from its copy of the batch.
     """
 
-    epochs: int = 1
-    mini_batches: int = 1
-    micro_batches: int = 1
-    logprob_rows: int | None = None
+    epochs: Annotated[int, Bound(ge=1)] = 1
+    mini_batches: Annotated[int, Bound(ge=1)] = 1
+    micro_batches: Annotated[int, Bound(ge=1)] = 1
+    logprob_rows: Annotated[int | None, Bound(ge=1)] = None
     old_logprobs: str = "recompute"
-    trim_padding: int = 0
+    trim_padding: Annotated[int, Bound(ge=0)] = 0
     trim_chunks: bool = False
 
     def __post_init__(self):
-        for name in ("epochs", "mini_batches", "micro_batches"):
-            check_int(name, getattr(self, name), 1)
-        if self.logprob_rows is not None:
-            check_int("logprob_rows", self.logprob_rows, 1)
+        super().__post_init__()
         if self.old_logprobs not in OLD_LOGPROBS:
             raise ValueError(f"old_logprobs must be one of {list(OLD_LOGPROBS)}, got {self.old_logprobs!r}")
-        check_int("update.trim_padding", self.trim_padding, 0)
         if not isinstance(self.trim_chunks, bool):
             raise ValueError(f"update.trim_chunks must be true or false, got {self.trim_chunks!r}")
         if self.trim_chunks and not self.trim_padding:
@@ -104,7 +101,7 @@ class UpdateSection:
 def check_mesh_rows(batch_size: int, mini_batches: int, shards: int) -> None:
     """`ValueError` unless a mini-batch's rows (`batch_size / mini_batches`) split over
     `shards = mesh.data * mesh.fsdp`: the one mesh divisibility check, made on the config
-    when its mesh has no -1 axis and on the mesh itself (`jaxagent.train.placement.make_mesh`)."""
+    when its mesh has no -1 axis and on the mesh itself (`jaxagent.train.placement._make_mesh`)."""
     mb = batch_size // mini_batches
     if mb % shards:
         raise ValueError(

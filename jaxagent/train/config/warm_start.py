@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
-from jaxagent.train.config.bounds import check_int
+from jaxagent.dataclass_yaml import Bound, Bounded
 from jaxagent.train.config.step import OptimizerConfig
 
 
 @dataclasses.dataclass(frozen=True)
-class WarmStartSection:
+class WarmStartSection(Bounded):
     """Supervised fine-tuning on expert demonstrations before RL (`episodes: 0` = none).
 
     episodes: demonstrations, one per seed `seed, seed + 1, ...` (played with the env's
@@ -43,13 +43,13 @@ class WarmStartSection:
       intake recipe's conclusion demonstrations are one (`envs.intake.demonstrations`).
     """
 
-    episodes: int = 0
-    seed: int = 1_000_000
-    expert_noise: float = 0.0
+    episodes: Annotated[int, Bound(ge=0)] = 0
+    seed: Annotated[int, Bound(ge=0)] = 1_000_000
+    expert_noise: Annotated[float, Bound(ge=0, le=1)] = 0.0
     expert: dict[str, Any] = dataclasses.field(default_factory=dict)
     only_successful: bool = False
-    epochs: int = 1
-    batch_size: int = 32
+    epochs: Annotated[int, Bound(ge=1)] = 1
+    batch_size: Annotated[int, Bound(ge=1)] = 32
     length_buckets: bool = False
     optim: OptimizerConfig = OptimizerConfig(lr=1e-3)
     extra: dict[str, Any] | None = None
@@ -67,14 +67,9 @@ class WarmStartSection:
     }
 
     def __post_init__(self):
-        check_int("episodes", self.episodes, 0)
+        super().__post_init__()
         if self.extra is not None:
             _ = self.source  # builds it: a bad source or option fails here, naming it
-        check_int("seed", self.seed, 0)
-        check_int("epochs", self.epochs, 1)
-        check_int("batch_size", self.batch_size, 1)
-        if not (isinstance(self.expert_noise, (int, float)) and 0.0 <= self.expert_noise <= 1.0):
-            raise ValueError(f"expert_noise must be in [0, 1], got {self.expert_noise!r}")
         if not isinstance(self.length_buckets, bool):
             raise ValueError(f"length_buckets must be true or false, got {self.length_buckets!r}")
         if not isinstance(self.expert, dict):
@@ -98,24 +93,14 @@ class WarmStartSection:
 def demonstration_source(spec: Any) -> Any:
     """The object a `warm_start.extra` mapping names: `spec["source"]` ("module:Class")
     imported and called with the mapping's other keys; errors name what is wrong."""
-    import importlib
+    from jaxagent.specs import resolve_spec
 
     if not isinstance(spec, dict) or "source" not in spec:
         raise ValueError(
             f"extra must be a mapping with a `source: module:Class` key and its options (or null), got {spec!r}"
         )
     name, options = spec["source"], {k: v for k, v in spec.items() if k != "source"}
-    if not isinstance(name, str) or name.count(":") != 1:
-        raise ValueError(f"extra.source must be 'module:Class', got {name!r}")
-    module, attr = name.split(":")
-    try:
-        obj = importlib.import_module(module)
-    except ImportError as e:
-        raise ValueError(f"extra.source {name!r}: cannot import {module!r} ({e})") from None
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ValueError(f"extra.source {name!r}: module {module!r} has no {attr!r}")
-        obj = getattr(obj, part)
+    obj = resolve_spec(name, "extra.source", form="module:Class")
     if not callable(obj):
         raise ValueError(f"extra.source {name!r} is not callable")
     try:

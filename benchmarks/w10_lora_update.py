@@ -137,9 +137,11 @@ from _jsonl import emit  # noqa: E402  (benchmarks/ is on sys.path when run as a
 from _timing import matmul_peak_gflops, median_seconds  # noqa: E402
 
 from jaxagent import models as M  # noqa: E402
-from jaxagent import train as S  # noqa: E402
 from jaxagent.models.hf import hf_tensors_from_params  # noqa: E402
-from jaxagent.train.update.state import split_trainable
+from jaxagent.train.config.step import LossConfig, OptimizerConfig, StepConfig  # noqa: E402
+from jaxagent.train.update import train_step  # noqa: E402
+from jaxagent.train.update.batch import UpdateBatch  # noqa: E402
+from jaxagent.train.update.state import init_train_state, split_trainable  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"
 RANK, ALPHA = 8, 16.0
@@ -152,10 +154,10 @@ FULL = dict(batch=8, prompt=64, completion=192, repeats=5)
 QUICK = dict(batch=2, prompt=16, completion=16, repeats=1)
 
 
-def step_config() -> S.StepConfig:
-    return S.StepConfig(
-        loss=S.LossConfig(policy_loss="ppo", clip_low=CLIP, clip_high=CLIP, clip_c=None),
-        optim=S.OptimizerConfig(lr=LR, weight_decay=0.0, max_grad_norm=MAX_NORM),
+def step_config() -> StepConfig:
+    return StepConfig(
+        loss=LossConfig(policy_loss="ppo", clip_low=CLIP, clip_high=CLIP, clip_c=None),
+        optim=OptimizerConfig(lr=LR, weight_decay=0.0, max_grad_norm=MAX_NORM),
     )
 
 
@@ -278,12 +280,12 @@ def peft_setup(base_host, lora_host, cfg: M.DecoderConfig, prompt: int, completi
 
 
 # ---------------------------------------------------------------- the systems
-def jax_system(params, cfg: M.DecoderConfig, batch: S.UpdateBatch, config: S.StepConfig) -> dict:
+def jax_system(params, cfg: M.DecoderConfig, batch: UpdateBatch, config: StepConfig) -> dict:
     """One jaxagent train_step per `run()` call, returning (loss, grad_norm)."""
-    box = {"state": S.init_train_state(jax.random.key(0), params, cfg, config)}
+    box = {"state": init_train_state(jax.random.key(0), params, cfg, config)}
 
     def run():
-        state, metrics = S.train_step(box["state"], batch, config)
+        state, metrics = train_step(box["state"], batch, config)
         metrics = jax.device_get(metrics)
         box["state"] = state
         assert float(metrics["skipped"]) == 0.0, metrics
@@ -318,7 +320,7 @@ def tree_bytes(tree) -> int:
 
 
 def step_temp_bytes(state, batch, config) -> int:
-    return S.train_step.lower(state, batch, config=config).compile().memory_analysis().temp_size_in_bytes
+    return train_step.lower(state, batch, config=config).compile().memory_analysis().temp_size_in_bytes
 
 
 def build_system(name: str, threads: int | None, base_host, lora_host, cfg, lcfg, data: dict) -> dict:
@@ -331,7 +333,7 @@ def build_system(name: str, threads: int | None, base_host, lora_host, cfg, lcfg
         mask_full[:, P:] = 1.0
         old_full = np.zeros((B, T), np.float32)
         old_full[:, P:] = data["old_logp"]
-        batch = S.UpdateBatch(
+        batch = UpdateBatch(
             tokens=jnp.asarray(data["tokens"]),
             loss_mask=jnp.asarray(mask_full),
             advantages=jnp.asarray(np.repeat(data["adv"][:, None], T, 1)),

@@ -118,9 +118,14 @@ import numpy as np  # noqa: E402
 from _jsonl import emit  # noqa: E402
 
 from jaxagent import models as M  # noqa: E402
-from jaxagent import train as T  # noqa: E402
 from jaxagent.rollout import GREEDY, Sampler, SamplingConfig  # noqa: E402
 from jaxagent.rollout.kernels import attention_windows  # noqa: E402
+from jaxagent.train.config import TrainerConfig  # noqa: E402
+from jaxagent.train.config.step import LossConfig, OptimizerConfig, StepConfig  # noqa: E402
+from jaxagent.train.trainer import Trainer  # noqa: E402
+from jaxagent.train.update import train_step  # noqa: E402
+from jaxagent.train.update.batch import UpdateBatch  # noqa: E402
+from jaxagent.train.update.state import init_train_state  # noqa: E402
 
 #: datasheet figures (dense bf16 TFLOP/s without sparsity, HBM GB/s) by a substring of
 #: `device_kind`, most specific first: labelled `nominal_*` in the records, never used for MFU
@@ -425,7 +430,7 @@ def _parse_update_configs(spec: str) -> list[tuple[bool | str, int]]:
     return out
 
 
-def _update_batch(cfg: M.DecoderConfig, B: int, Tn: int, prompt_len: int) -> T.UpdateBatch:
+def _update_batch(cfg: M.DecoderConfig, B: int, Tn: int, prompt_len: int) -> UpdateBatch:
     rng = np.random.RandomState(0)
     tokens = rng.randint(0, cfg.vocab_size, (B, Tn)).astype(np.int32)
     mask = np.broadcast_to((np.arange(Tn) >= prompt_len).astype(np.float32), (B, Tn)).copy()
@@ -433,7 +438,7 @@ def _update_batch(cfg: M.DecoderConfig, B: int, Tn: int, prompt_len: int) -> T.U
     near = -math.log(cfg.vocab_size)  # random weights: log-probs are near -log V
     old = (near + 0.05 * rng.randn(B, Tn)).astype(np.float32)
     ref = (near + 0.05 * rng.randn(B, Tn)).astype(np.float32)
-    return T.UpdateBatch(
+    return UpdateBatch(
         tokens=jnp.asarray(tokens),
         loss_mask=jnp.asarray(mask),
         advantages=jnp.asarray(adv),
@@ -454,7 +459,7 @@ def _state_builder(cfg, step_cfg, dtype):
 
     def build():
         params = M.init_params(_weights_key(0), cfg, dtype=dtype)
-        return T.init_train_state(jax.random.key(0), params, cfg, step_cfg)
+        return init_train_state(jax.random.key(0), params, cfg, step_cfg)
 
     return build
 
@@ -466,8 +471,8 @@ def part_update(args, cfg, sizes: Sizes, rec: Recorder, budget: Budget, state: d
     batch = _update_batch(cfg, B, Tn, args.prompt_len)
     limit = _device_memory_limit()
     nominal = nominal_peaks(jax.devices()[0].device_kind, args.dtype)
-    loss = T.LossConfig(policy_loss="ppo", clip_low=0.2, clip_high=0.2, kl_coef=0.04, kl_kind="k3")
-    optim = T.OptimizerConfig(lr=1e-5, max_grad_norm=1.0)
+    loss = LossConfig(policy_loss="ppo", clip_low=0.2, clip_high=0.2, kl_coef=0.04, kl_kind="k3")
+    optim = OptimizerConfig(lr=1e-5, max_grad_norm=1.0)
     for remat, micro in _parse_update_configs(args.update_configs):
         setting = {
             "remat": remat if remat else "none",
@@ -487,7 +492,7 @@ def part_update(args, cfg, sizes: Sizes, rec: Recorder, budget: Budget, state: d
         rec.log(f"update: trying remat={setting['remat']} micro_batches={micro}")
         st = compiled = None
         try:
-            step_cfg = T.StepConfig(
+            step_cfg = StepConfig(
                 loss=loss,
                 optim=optim,
                 num_micro_batches=micro,
@@ -499,7 +504,7 @@ def part_update(args, cfg, sizes: Sizes, rec: Recorder, budget: Budget, state: d
             # compile against the state's shapes first: a setting that cannot fit is dropped
             # before anything is allocated for it
             t = time.perf_counter()
-            compiled = T.train_step.lower(jax.eval_shape(build), batch, config=step_cfg).compile()
+            compiled = train_step.lower(jax.eval_shape(build), batch, config=step_cfg).compile()
             compile_s = time.perf_counter() - t
             mem = compiled.memory_analysis()
             need = None
@@ -726,9 +731,9 @@ def part_recipe(args, rec: Recorder, state: dict) -> str:
         packaged = False
     with tempfile.TemporaryDirectory(prefix="w6_recipe_") as tmp:
         overrides, weights = recipe_overrides(args, str(Path(tmp) / "run"), packaged)
-        config = load_config(T.TrainerConfig, RECIPE_CONFIG, overrides)
+        config = load_config(TrainerConfig, RECIPE_CONFIG, overrides)
         t = time.perf_counter()
-        trainer = T.Trainer(config, log=rec.log)
+        trainer = Trainer(config, log=rec.log)
         build_s = time.perf_counter() - t
         history = trainer.run()
     keys = ("time_rollout_s", "time_logprobs_s", "time_advantages_s", "time_update_s", "time_iteration_s")

@@ -10,9 +10,11 @@
   per-step timeouts; a crash, hang or error ends only that episode.
 - :mod:`envs.tasks`: question/answer task sources with exact verifiers.
 
-This package is plain Python: it does not import JAX, nor ``jaxagent`` but for
-``jaxagent.specs`` (standard library only: the JSONL task reader it shares with the
-gateway), imported when a task file is read, never by ``import envs``.
+This package is plain Python: it does not import JAX, nor ``jaxagent`` but for two
+standard-library-only modules: ``jaxagent.failures`` (the failure kinds of the pool's
+failed results, shared with the agent programs' pool; ``import envs`` loads it, and so
+the light ``jaxagent`` package), and ``jaxagent.specs`` (the JSONL task reader it
+shares with the gateway), imported when a task file is read, never by ``import envs``.
 """
 
 from envs.core import (

@@ -25,7 +25,7 @@ import threading
 import time
 
 from envs.core import TextEnv
-from envs.pool import failures
+from jaxagent import failures
 
 FAULTS = (
     "crash",

@@ -128,8 +128,8 @@ def check_bounds(obj) -> None:
 
 class Bounded:
     """Base of a config dataclass whose fields declare `Bound`s: its ``__post_init__``
-    checks them (`check_bounds`). A subclass with rules of its own (between fields)
-    defines ``__post_init__`` calling ``super().__post_init__()`` first."""
+    checks them (`check_bounds`). A subclass with rules of its own (between fields, or
+    a value's form) defines ``__post_init__`` calling ``super().__post_init__()`` first."""
 
     def __post_init__(self):
         check_bounds(self)

@@ -350,14 +350,14 @@ def append_lowered(sampler, rows: int = 8, tokens: int = 16):
 
 
 def train_step_lowered(mesh, config=None, rows: int = 16, seq: int = 16, micro_batches: int = 1):
-    """The sharded train step (`make_sharded_train_step`) on `mesh`, lowered."""
+    """The sharded train step (`make_update_step`) on `mesh`, lowered."""
     import jax
     import numpy as np
 
     from jaxagent import models as M
     from jaxagent import parallel as par
     from jaxagent.train.config.step import StepConfig
-    from jaxagent.train.update import make_sharded_train_step
+    from jaxagent.train.update import make_update_step
     from jaxagent.train.update.batch import UpdateBatch
     from jaxagent.train.update.state import init_train_state
 
@@ -365,7 +365,7 @@ def train_step_lowered(mesh, config=None, rows: int = 16, seq: int = 16, micro_b
     step_cfg = StepConfig(num_micro_batches=micro_batches)
     state = init_train_state(jax.random.key(0), M.init_params(jax.random.key(0), config), config, step_cfg)
     state = par.shard_train_state(state, mesh)
-    step = make_sharded_train_step(step_cfg, state, mesh)
+    step = make_update_step(step_cfg, state, mesh)
     z = np.zeros((rows, seq), np.float32)
     batch = par.shard_batch(
         UpdateBatch(tokens=np.zeros((rows, seq), np.int32), loss_mask=z, advantages=z, old_logp=z), mesh

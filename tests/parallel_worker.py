@@ -146,7 +146,7 @@ def train(out_dir: str, num_processes: int, process_id: int) -> None:
     from jaxagent import models as M
     from jaxagent import parallel as par
     from jaxagent.train.config.step import LossConfig, OptimizerConfig, StepConfig
-    from jaxagent.train.update import make_sharded_train_step
+    from jaxagent.train.update import make_update_step
     from jaxagent.train.update.batch import UpdateBatch
     from jaxagent.train.update.state import init_train_state
 
@@ -164,7 +164,7 @@ def train(out_dir: str, num_processes: int, process_id: int) -> None:
     mesh = par.make_mesh(par.MeshConfig(data=2, fsdp=2, tensor=2))
     state = init_train_state(jax.random.key(0), M.init_params(jax.random.key(0), cfg, std=0.2), cfg, step_cfg)
     state = par.shard_train_state(state, mesh)
-    step = make_sharded_train_step(step_cfg, state, mesh)
+    step = make_update_step(step_cfg, state, mesh)
 
     rows = par.process_rows(mesh, B)
     metrics = []

@@ -225,8 +225,7 @@ def test_the_intact_run_reads_back(run, tmp_path):
     """The control: the same readers on the undamaged run raise nothing, so each case
     above fails for its damage; a config.yaml whose only change is its last newline, or
     edited by hand, is not taken for a truncated one."""
-    from jaxagent.train import plot
-    from jaxagent.train.rundir import check_tokenizer_files
+    from jaxagent.train.rundir import check_tokenizer_files, plot
     from jaxagent.train.rundir.episodes import read_store
     from jaxagent.train.runtools import run_config
 

@@ -12,8 +12,8 @@ import threading
 
 import pytest
 
+from jaxagent.failures import PROGRAM_KINDS
 from jaxagent.gateway.program import (
-    FAILURE_KINDS,
     SessionOutcome,
     TaskSource,
     load_program,
@@ -275,22 +275,42 @@ def test_run_sessions_checks_its_arguments_and_the_failure_kinds():
         h.run(program, _tasks(1), timeout_s=0)
     with pytest.raises(ValueError, match="distinct"):
         h.run(program, [("a", 0, {}), ("a", 1, {})])
-    assert FAILURE_KINDS == ("raised", "timeout", "invalid_result", "no_calls", "crashed")
+    assert PROGRAM_KINDS == ("raised", "timeout", "invalid_result", "no_calls", "crashed", "stale")
     assert h.run(program, []) == []
 
 
-def test_both_worker_pools_name_the_failures_they_share_alike():
-    """The agent programs' pool and the env pool fail episodes in one vocabulary (the
-    trainer's `failed_<kind>` metrics): a raise, a crash, a timeout and an invalid result
-    are spelled the same in both, and no other kind is in both."""
-    from envs.pool import failures as env_pool
-    from jaxagent.gateway import program
+def test_both_worker_pools_fail_episodes_in_the_words_of_jaxagent_failures():
+    """The trainer counts failed episodes per kind (`failed_<kind>`), whichever worker pool
+    failed them: each way a program's session fails reports a kind of `PROGRAM_KINDS`,
+    each fault the env pool's chaos env injects is reported as one of `ENV_POOL_KINDS`
+    (`envs.testing.CHAOS_REPORTED_AS`, which the fault soak checks against the trainer's
+    metrics), a failure both pools can have is one word (so one metric), and every word
+    the module names is in a tuple and makes a plain metric name."""
+    from envs.testing import CHAOS_REPORTED_AS
+    from jaxagent import failures
 
-    shared = ("RAISED", "CRASHED", "TIMEOUT", "INVALID_RESULT")
-    assert [getattr(program, n) for n in shared] == ["raised", "crashed", "timeout", "invalid_result"]
-    assert [getattr(env_pool, n) for n in shared] == [getattr(program, n) for n in shared]
-    both = set(program.FAILURE_KINDS) & set(env_pool.FAILURE_KINDS)
-    assert both == {getattr(program, n) for n in shared}
+    async def program(client, task):
+        if task["i"] == 3:
+            await asyncio.sleep(2)
+        if task["i"] != 2:
+            await client.complete()
+        if task["i"] == 0:
+            raise ValueError("boom")
+        return "no number" if task["i"] == 1 else 1.0
+
+    kinds = [o.failure_kind for o in Harness().run(program, _tasks(4), timeout_s=0.3)]
+    assert kinds == [failures.RAISED, failures.INVALID_RESULT, failures.NO_CALLS, failures.TIMEOUT]
+    assert set(kinds) <= set(PROGRAM_KINDS) and failures.PROGRAM_KINDS is PROGRAM_KINDS
+    assert set(CHAOS_REPORTED_AS.values()) <= set(failures.ENV_POOL_KINDS)
+    assert set(failures.CAUGHT_KINDS) <= set(failures.ENV_POOL_KINDS)
+    shared = set(failures.PROGRAM_KINDS) & set(failures.ENV_POOL_KINDS)
+    assert shared == {failures.RAISED, failures.CRASHED, failures.TIMEOUT, failures.INVALID_RESULT}
+    every = failures.PROGRAM_KINDS + failures.ENV_POOL_KINDS
+    named = {v for n, v in vars(failures).items() if n.isupper() and isinstance(v, str)}
+    assert named == set(every)
+    for kinds_of_a_pool in (failures.PROGRAM_KINDS, failures.ENV_POOL_KINDS):
+        assert len(set(kinds_of_a_pool)) == len(kinds_of_a_pool)
+    assert all(k.isidentifier() and k == k.lower() for k in every), every
 
 
 def test_the_blocking_form_runs_on_a_worker_thread():
@@ -447,18 +467,29 @@ def test_function_tasks(modules):
 
 
 def test_the_module_imports_neither_jax_nor_openai_at_module_level():
+    """At module level `program` imports no jax, numpy or openai, and of `jaxagent` only
+    `jaxagent.failures` (the failure kinds, a module that imports nothing: the one
+    exception to "nothing of jaxagent"); `jaxagent.specs` it imports where it is used."""
     import ast
 
+    import jaxagent.failures as failures
     import jaxagent.gateway.program as program
 
-    tree = ast.parse(open(program.__file__, encoding="utf-8").read())
-    top = set()
-    for node in tree.body:
-        if isinstance(node, ast.Import):
-            top |= {a.name.split(".")[0] for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            top.add(node.module.split(".")[0])
-    assert top and not top & {"jax", "jaxlib", "flax", "numpy", "openai", "jaxagent"}, top
+    def module_level_imports(path: str) -> set[str]:
+        tree = ast.parse(open(path, encoding="utf-8").read())
+        names = set()
+        for node in tree.body:
+            if isinstance(node, ast.Import):
+                names |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names.add(node.module)
+        return names
+
+    names = module_level_imports(program.__file__)
+    top = {n.split(".")[0] for n in names}
+    assert top and not top & {"jax", "jaxlib", "flax", "numpy", "openai"}, top
+    assert [n for n in names if n.split(".")[0] == "jaxagent"] == ["jaxagent.failures"], names
+    assert module_level_imports(failures.__file__) == set()
 
 
 def test_a_real_async_openai_client_can_be_closed(tmp_path):

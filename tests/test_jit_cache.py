@@ -16,7 +16,7 @@ PROBE = """
 import json, sys, jax, jax.numpy as jnp
 from jaxagent.dataclass_yaml import load_config
 from jaxagent.train import build
-from jaxagent.train.trainer import TrainerConfig
+from jaxagent.train.config import TrainerConfig
 cfg = load_config(TrainerConfig, None, sys.argv[1:])
 chosen = build.compilation_cache(cfg)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)

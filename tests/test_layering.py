@@ -33,6 +33,12 @@ def test_a_layer_imports_only_the_layers_below_it(module, allowed):
     assert outside == [], f"importing {module} loaded {outside}"
 
 
+def test_the_failure_kinds_load_nothing_else():
+    """`jaxagent.failures` (the worker pools' failure kinds) is imported by `envs` and by
+    the gateway's `program` at module level: it loads nothing but itself and the package."""
+    assert loaded_after_import("jaxagent.failures") == ["jaxagent", "jaxagent.failures"]
+
+
 def test_tokenizers_and_their_training_stay_in_the_models_layer():
     """Building the in-memory ChatML tokenizer and training a BPE one
     (`jaxagent.models.byte_tokenizer`, `jaxagent.models.tokenizer_training`) load nothing

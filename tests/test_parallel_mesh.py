@@ -24,7 +24,7 @@ from jaxagent import models as M
 from jaxagent import parallel as par
 from jaxagent.train import memory as train_memory
 from jaxagent.train.config.step import LossConfig, OptimizerConfig, StepConfig
-from jaxagent.train.update import make_sharded_train_step, sft_step, train_step
+from jaxagent.train.update import make_update_step, sft_step, train_step
 from jaxagent.train.update.batch import SFTBatch, UpdateBatch
 from jaxagent.train.update.losses import critic_values
 from jaxagent.train.update.state import init_train_state
@@ -143,7 +143,7 @@ def test_sharded_step_equals_single_device_keeps_rule_layout_and_compiles_once(s
     mesh = par.make_mesh(par.MeshConfig(*shape))
     state = par.shard_train_state(init_train_state(jax.random.key(0), make_params(), CFG, STEP), mesh)
     want_specs = par.train_state_specs(state, mesh)
-    step = make_sharded_train_step(STEP, state, mesh)
+    step = make_update_step(STEP, state, mesh)
     metrics = []
     with CompileCounter("_train_step") as compiles:
         for b in batches:
@@ -185,7 +185,7 @@ def test_sharded_sft_step_equals_single_device():
     want = run_single_device(init_train_state(jax.random.key(0), make_params(), CFG, cfg), batches, sft_step, cfg)
     mesh = par.make_mesh(par.MeshConfig(2, 2, 2))
     state = par.shard_train_state(init_train_state(jax.random.key(0), make_params(), CFG, cfg), mesh)
-    step = make_sharded_train_step(cfg, state, mesh, kind="sft")
+    step = make_update_step(cfg, state, mesh, kind="sft")
     metrics = []
     for b in batches:
         state, m = step(state, par.shard_batch(b, mesh))
@@ -220,7 +220,7 @@ def test_sharded_ppo_step_with_critic_equals_single_device():
     mesh = par.make_mesh(par.MeshConfig(1, 2, 4))
     state = par.shard_train_state(fresh(), mesh)
     assert state.critic_params["value_head"]["kernel"].sharding.spec == P("fsdp")
-    step = make_sharded_train_step(cfg, state, mesh)
+    step = make_update_step(cfg, state, mesh)
     metrics = []
     for b in batches:
         state, m = step(state, par.shard_batch(b, mesh))
@@ -234,10 +234,10 @@ def test_sharded_step_rejects_a_state_not_on_the_rules_layout():
     mesh = par.make_mesh(par.MeshConfig(2, 2, 2))
     state = init_train_state(jax.random.key(0), make_params(), CFG, STEP)
     with pytest.raises(ValueError, match=r"shard_train_state.*|params"):
-        make_sharded_train_step(STEP, state, mesh)
+        make_update_step(STEP, state, mesh)
     other = par.make_mesh(par.MeshConfig(2, 4, 1))
     with pytest.raises(ValueError, match="laid out"):
-        make_sharded_train_step(STEP, par.shard_train_state(state, other), mesh)
+        make_update_step(STEP, par.shard_train_state(state, other), mesh)
 
 
 # ----------------------------------------------------------------------------- mesh and rules

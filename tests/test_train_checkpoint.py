@@ -142,7 +142,7 @@ import os, sys, time
 os.environ["JAX_PLATFORMS"] = "cpu"
 sys.path.insert(0, {tests!r})
 import test_train_checkpoint as t
-from jaxagent.train import CheckpointManager
+from jaxagent.train.rundir.checkpoint import CheckpointManager
 from orbax.checkpoint._src.path import async_path
 
 directory, marker, mode = sys.argv[1], sys.argv[2], sys.argv[3]

@@ -305,7 +305,11 @@ _ALLOCATOR_CHILD = r"""
 import json, sys
 import jax, jax.numpy as jnp
 from jaxagent import models as M
-from jaxagent.train import StepConfig, UpdateBatch, init_train_state, memory, train_step
+from jaxagent.train import memory
+from jaxagent.train.config.step import StepConfig
+from jaxagent.train.update import train_step
+from jaxagent.train.update.batch import UpdateBatch
+from jaxagent.train.update.state import init_train_state
 D, L, H, K, hd, F, V, B, T = json.loads(sys.argv[1])
 cfg = M.DecoderConfig(vocab_size=V, hidden_size=D, intermediate_size=F, num_layers=L, num_heads=H,
                       num_kv_heads=K, head_dim=hd, model_type="qwen2")

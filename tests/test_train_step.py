@@ -15,7 +15,7 @@ from train_testlib import host
 
 from jaxagent import models as M
 from jaxagent.train.config.step import LossConfig, OptimizerConfig, StepConfig
-from jaxagent.train.update import accumulated_grads, make_train_step, sft_step, train_step
+from jaxagent.train.update import accumulated_grads, make_update_step, sft_step, train_step
 from jaxagent.train.update.batch import SFTBatch, UpdateBatch, last_turn_mask
 from jaxagent.train.update.losses import critic_values
 from jaxagent.train.update.state import init_train_state, learning_rate_schedule
@@ -371,17 +371,20 @@ def test_config_and_batch_errors_name_the_field():
 
 @pytest.mark.slow
 def test_sharded_step_equals_unsharded_and_keeps_the_layout():
-    """Params sharded over an 'fsdp' axis, the batch over 'data' (8 CPU devices): the
-    same update as on one device, and the state keeps its shardings."""
-    from jax.sharding import AxisType, NamedSharding
+    """Params sharded over an 'fsdp' axis (a layout of its own, not the rules'), the
+    batch's rows over 'data' x 'fsdp' (8 CPU devices): the same update as on one device,
+    and the state keeps its shardings."""
+    from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
+
+    from jaxagent import parallel as par
 
     cfg = StepConfig(
         loss=LossConfig(kl_coef=0.1, entropy_coef=0.01), optim=OptimizerConfig(lr=1e-3, eps=1e-3), num_micro_batches=2
     )
     batch = make_batch(8)
     want, want_m = train_step(init_train_state(jax.random.key(0), make_params(), CFG, cfg), batch, cfg)
-    mesh = jax.make_mesh((4, 2), ("data", "fsdp"), axis_types=(AxisType.Auto, AxisType.Auto))
+    mesh = par.make_mesh(par.MeshConfig(4, 2, 1))
 
     def place(x):
         spec = P(*([None] * (x.ndim - 1) + ["fsdp"])) if x.ndim >= 2 else P()
@@ -389,10 +392,10 @@ def test_sharded_step_equals_unsharded_and_keeps_the_layout():
 
     state = init_train_state(jax.random.key(0), make_params(), CFG, cfg)
     with pytest.raises(ValueError, match="different device sets"):
-        make_train_step(cfg, state.replace(params=jax.tree.map(place, state.params)))
+        make_update_step(cfg, state.replace(params=jax.tree.map(place, state.params)), mesh)
     state = jax.tree.map(place, state)
     specs = jax.tree.map(lambda x: x.sharding.spec, state.params)
-    step = make_train_step(cfg, state, NamedSharding(mesh, P("data")))
+    step = make_update_step(cfg, state, mesh)
     got, got_m = step(state, batch)
     assert jax.tree.map(lambda x: x.sharding.spec, got.params) == specs
     for a, b in zip(jax.tree.leaves(host(got.params)), jax.tree.leaves(host(want.params)), strict=True):

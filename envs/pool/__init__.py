@@ -35,8 +35,8 @@ pickled, runs past ``step_timeout``, or kills its worker process (segfault,
 
 with KIND one of ``raised``, ``invalid_result``, ``unpicklable``, ``timeout``,
 ``crashed``, ``memory_limit``, ``cpu_limit`` (the optional per-worker resource limits),
-``replay_diverged``, ``worker_lost`` (``envs.pool.failures``, whose words for a raise, a
-crash, a timeout and an invalid result are those of the agent programs' pool too; a
+``replay_diverged``, ``worker_lost`` (``jaxagent.failures.ENV_POOL_KINDS``: one module
+names the failures of both worker pools, the env pool's and the agent programs'; a
 reset failure returns ``("", info)`` with the same info). The worker process is then
 restarted (after an env raised too, unless ``restart_on_exception=False``, which keeps
 the process and drops only the faulty env). Every other episode of that worker is rebuilt in the new
@@ -64,13 +64,12 @@ together); see ``benchmarks/w5_envpool.py`` for the measured overhead.
 
 The modules: ``pool`` (the parent side: :class:`EnvPool`, its slots, calls and fault
 handling), ``process`` (the parent's handle on one worker process), ``worker`` (what
-runs in the worker processes: the env calls, the limits, the worker's loop),
-``protocol`` (what both sides share: ops, messages, the error) and ``failures`` (the
-failure kinds).
+runs in the worker processes: the env calls, the limits, the worker's loop) and
+``protocol`` (what both sides share: ops, messages, the error). The failure kinds are
+``jaxagent.failures``'s (standard library only, shared with the agent programs' pool).
 """
 
-from envs.pool.failures import FAILURE_KINDS
 from envs.pool.pool import EnvPool, PoolCall
 from envs.pool.protocol import PARENT_POLL_S, EnvPoolError
 
-__all__ = ["EnvPool", "EnvPoolError", "PoolCall", "PARENT_POLL_S", "FAILURE_KINDS"]
+__all__ = ["EnvPool", "EnvPoolError", "PoolCall", "PARENT_POLL_S"]

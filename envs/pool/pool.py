@@ -23,10 +23,10 @@ from multiprocessing.connection import Connection
 from typing import Any, cast
 
 from envs.core import Env
-from envs.pool.failures import CAUGHT_KINDS, CPU_LIMIT, CRASHED, TIMEOUT, WORKER_LOST
 from envs.pool.process import Timeouts, WorkerProcess, shutdown
 from envs.pool.protocol import EXPERT, REPLAY, RESET, STEP
 from envs.pool.worker import SlotRunner
+from jaxagent.failures import CAUGHT_KINDS, CPU_LIMIT, CRASHED, TIMEOUT, WORKER_LOST
 
 _MAX_SILENT_DEATHS = 3
 

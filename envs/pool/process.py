@@ -18,7 +18,6 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any, NamedTuple
 
-from envs.pool.failures import UNPICKLABLE
 from envs.pool.protocol import (
     DONE,
     EXIT,
@@ -33,6 +32,7 @@ from envs.pool.protocol import (
     RUN,
 )
 from envs.pool.worker import worker_main
+from jaxagent.failures import UNPICKLABLE
 
 
 class Timeouts(NamedTuple):

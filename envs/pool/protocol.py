@@ -1,13 +1,13 @@
 """What the pool's two sides share: the item ops, the messages on the pipe, the
 progress array, the shape of an item's result, and the pool's error (the failure kinds
-are in ``envs.pool.failures``).
+are in ``jaxagent.failures``).
 
 An *item* is one env call for one slot, ``(slot, op, arg)``; a *batch* is the list of
 items the parent sends one worker at a time. The worker answers each item with::
 
     ("ok", payload, digest)            payload: the reset / step result, the expert's
                                        action, or None for a replay
-    ("fail", kind, message, traceback) kind: one of ``failures.FAILURE_KINDS``
+    ("fail", kind, message, traceback) kind: one of ``jaxagent.failures.ENV_POOL_KINDS``
 
 Messages, parent to worker: ``(RUN, seq, items)``, ``(RESEND,)`` (the batch's results
 could not be unpickled in the parent: send them one by one), ``(EXIT,)``. Worker to

@@ -24,7 +24,6 @@ import traceback
 from typing import Any
 
 from envs.core import Env
-from envs.pool.failures import INVALID_RESULT, MEMORY_LIMIT, RAISED, REPLAY_DIVERGED, UNPICKLABLE
 from envs.pool.protocol import (
     DONE,
     EXIT,
@@ -40,6 +39,7 @@ from envs.pool.protocol import (
     RESET,
     STEP,
 )
+from jaxagent.failures import INVALID_RESULT, MEMORY_LIMIT, RAISED, REPLAY_DIVERGED, UNPICKLABLE
 
 # ---------------------------------------------------------------- checking what an env returns
 

@@ -34,7 +34,7 @@ process running it died, `agent.processes`); calls past
 ends its episode truncated (`max_turns`), not failed. Episodes with a call sampled more
 than `agent.max_staleness` policy versions before the current one are failed as
 `stale` (within one `run` the params do not change, so this only drops work that
-straddled a `set_params`).
+straddled a `set_params`). These kinds are `jaxagent.failures.PROGRAM_KINDS`.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ import secrets
 import time
 from typing import Any
 
+from jaxagent.failures import NO_CALLS, STALE
 from jaxagent.gateway.engine import Engine
 from jaxagent.gateway.processes import ProgramProcesses
 from jaxagent.gateway.program import SessionOutcome, TaskSource, check_calls, run_openai_sessions
@@ -278,7 +279,7 @@ class ProgramLoop(EpisodeLoop):
             ep.rewards[-1] = 0.0
             ep.end(truncated=True, reason="max_turns")
         elif out.failure_kind is not None or not trained:
-            kind = out.failure_kind or "no_calls"
+            kind = out.failure_kind or NO_CALLS
             ep.fail({"failure": out.failure_message or kind, "failure_kind": kind, "traceback": out.traceback or ""})
             ep.end_reason = f"program_{kind}"
         elif stale:
@@ -286,7 +287,7 @@ class ProgramLoop(EpisodeLoop):
                 {
                     "failure": f"sampled by policy version {oldest}, now {version} "
                     f"(agent.max_staleness={self.settings.max_staleness})",
-                    "failure_kind": "stale",
+                    "failure_kind": STALE,
                 }
             )
         return ep

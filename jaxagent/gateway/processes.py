@@ -34,7 +34,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from jaxagent.gateway.program import CRASHED, RAISED, TIMEOUT, SessionOutcome
+from jaxagent.failures import CRASHED, RAISED, TIMEOUT
+from jaxagent.gateway.program import SessionOutcome
 from jaxagent.gateway.program_worker import read_message, write_message
 
 #: seconds a worker gets past its sessions' own time limits before it is killed

@@ -18,9 +18,10 @@ What it returns: the episode's reward, a finite number, or a dict with a finite 
 `reward` and further keys, the episode's metrics: finite numbers, or bools counted as 1 / 0
 (`{"reward": 1.0, "turns": 3, "solved": True}`).
 
-How an episode fails (`SessionOutcome.failure_kind`, one of `FAILURE_KINDS`, with the
-env pool's words for what both pools share; a failed episode is left out of the
-update, never the run, and one session's failure never touches another's):
+How an episode fails (`SessionOutcome.failure_kind`, one of `jaxagent.failures.PROGRAM_KINDS`
+but "stale", which `ProgramLoop` adds; the words are the env pool's too where both pools
+fail alike; a failed episode is left out of the update, never the run, and one
+session's failure never touches another's):
 
 - "raised": the program raised an exception (its traceback is kept);
 - "timeout": it ran longer than `agent.timeout_s`; it is cancelled, and has stopped when
@@ -40,7 +41,9 @@ update, never the run, and one session's failure never touches another's):
 wrong; `run_sessions` runs the sessions of one batch at most `agent.concurrency` at a
 time, and `run_sessions_blocking` does so on the calling thread in a fresh event loop
 (the trainer calls it from a worker thread). Pure Python: no JAX, and `openai` is the
-caller's (the client factory's) import, not this module's.
+caller's (the client factory's) import, not this module's; of `jaxagent` it imports
+only `jaxagent.failures` (standard library only) at module level, `jaxagent.specs` where
+a spec is resolved or a task file read.
 """
 
 from __future__ import annotations
@@ -60,33 +63,7 @@ import traceback
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
-# ---------------------------------------------------------------- how a session fails
-# The trainer counts an iteration's failed episodes per kind (the metric `failed_<kind>`),
-# whichever worker pool failed them: the agent programs' (these), or the env pool's
-# (`envs.pool.failures`). A failure both pools can have is spelled the same in both
-# (`tests/test_gateway_program.py` checks it). The words live in two modules, not one,
-# because neither package may import the other: the gateway plays no env
-# (`tests/test_layering.py`), and `envs` is plain Python without `jaxagent`
-# (`tests/test_envs_core.py`; its one exception, `jaxagent.specs`, the standard-library task
-# reader, holds no words); and this module imports nothing of `jaxagent` at module level
-# (`jaxagent.specs` only where a spec is resolved or a task file read).
-
-#: the program raised an exception (its traceback is kept), or could not be loaded in its
-#: worker process (a word both pools share)
-RAISED = "raised"
-#: the worker process running the program exited before its session ended (shared)
-CRASHED = "crashed"
-#: the program ran longer than `agent.timeout_s`, or held up its worker process past its
-#: sessions' time (shared)
-TIMEOUT = "timeout"
-#: the program returned something else than a finite reward, or a dict with a finite
-#: numeric `reward` and numeric metrics (shared)
-INVALID_RESULT = "invalid_result"
-#: the program returned without one call through its client
-NO_CALLS = "no_calls"
-#: the failure kinds of a session (`SessionOutcome.failure_kind`); `ProgramLoop` adds
-#: "stale" for an episode with a call sampled too many policy versions ago
-FAILURE_KINDS = (RAISED, TIMEOUT, INVALID_RESULT, NO_CALLS, CRASHED)
+from jaxagent.failures import INVALID_RESULT, NO_CALLS, RAISED, TIMEOUT
 
 Program = Callable[[Any, dict], Awaitable[Any]]
 
@@ -234,7 +211,8 @@ class SessionOutcome:
     session_id, seed: the session and its task's seed.
     reward: the reward the program returned (0.0 when it failed).
     metrics: the other numeric keys of a dict it returned (float values).
-    failure_kind: None (it succeeded) or one of `FAILURE_KINDS`.
+    failure_kind: None (it succeeded) or one of `jaxagent.failures.PROGRAM_KINDS` but
+      "stale".
     failure_message: what went wrong, one line ("" on success).
     traceback: the exception's traceback for "raised" ("" otherwise).
     seconds: how long the session ran (from its start under the concurrency bound).

@@ -70,7 +70,8 @@ class Episode:
     failed: bool = False
     end_reason: str = ""
     failure: str = ""
-    #: for a failed episode: the pool's failure kind (exception, crash, timeout ...) and traceback
+    #: for a failed episode: its failure kind (one of `jaxagent.failures`: raised, crashed,
+    #: timeout ...; or a judge's) and traceback
     failure_kind: str = ""
     failure_traceback: str = ""
     system_prompt: str | None = None

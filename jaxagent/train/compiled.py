@@ -90,7 +90,7 @@ def format_passes(passes) -> str:
 class _Compiler:
     """Compiles lowered programs once per distinct text."""
 
-    def __init__(self, log):
+    def __init__(self, log) -> None:
         self.seen: dict[str, tuple] = {}
         self.log = log
 

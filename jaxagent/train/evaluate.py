@@ -27,6 +27,7 @@ import dataclasses
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -118,14 +119,14 @@ class EvalProgress:
         import sys
 
         self.label, self.stream = label, sys.stderr if stream is None else stream
-        self._bar = None
+        self._bar: Any = None  # the tqdm bar (made on the first call)
         self.enabled = is_terminal(self.stream)
 
     def __call__(self, done: int, total: int) -> None:
         if not self.enabled:
             return
         if self._bar is None:
-            from tqdm import tqdm
+            from tqdm import tqdm  # type: ignore[import-untyped]  # no stubs installed (types-tqdm is not a dependency)
 
             self._bar = tqdm(
                 total=total, desc=self.label, unit="episode", file=self.stream, leave=False, dynamic_ncols=True

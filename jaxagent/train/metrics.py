@@ -187,17 +187,18 @@ def learning_diagnostics(traj, invalid_actions=None, noop_actions=None) -> dict:
 def _policy_similarity(tokens, loss_mask, rows) -> np.ndarray:
     """Cosine similarity (rows x rows) of the rows' bags of policy tokens and policy-token
     bigrams (consecutive policy tokens of a row)."""
-    from scipy import sparse
+    from scipy import sparse  # type: ignore[import-untyped]  # no stubs installed (scipy-stubs is not a dependency)
 
     tokens, loss_mask = np.asarray(tokens), np.asarray(loss_mask)
     width = int(tokens.max()) + 1 if tokens.size else 1
-    row_of, feat = [], []
+    row_parts: list[np.ndarray] = []
+    feat_parts: list[np.ndarray] = []
     for r, i in enumerate(rows):
         toks = tokens[i][loss_mask[i] != 0].astype(np.int64)
         f = np.concatenate([toks, (toks[:-1] + 1) * width + toks[1:]])
-        row_of.append(np.full(f.size, r))
-        feat.append(f)
-    row_of, feat = np.concatenate(row_of), np.concatenate(feat)
+        row_parts.append(np.full(f.size, r))
+        feat_parts.append(f)
+    row_of, feat = np.concatenate(row_parts), np.concatenate(feat_parts)
     cols, col = np.unique(feat, return_inverse=True)
     x = sparse.csr_matrix((np.ones(feat.size), (row_of, col.reshape(-1))), shape=(len(rows), max(cols.size, 1)))
     gram = np.asarray((x @ x.T).todense(), np.float64)
@@ -268,7 +269,8 @@ def template_collapse_warning(history: list[dict], metrics: dict, *, below: floa
     depend on the input (RAGEN-2's template collapse). None otherwise."""
     runs = [m.get("input_dependence") for m in history[-(window - 1) :]] if window > 1 else []
     runs = runs + [metrics.get("input_dependence")]
-    if len(runs) < window or any(v is None for v in runs) or max(runs) >= below:
+    values = [v for v in runs if v is not None]
+    if len(runs) < window or len(values) < len(runs) or max(values) >= below:
         return None
     return (
         f"warning: template collapse at iteration {metrics.get('iteration')}: input_dependence "

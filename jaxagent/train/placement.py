@@ -8,9 +8,8 @@ branching on the mode itself, to:
 - build the update (`update_step(step_config, state, kind)`) and run the log-prob pass
   (`logprobs`) of the update strategy it is given (`update`, chosen once by the run's
   builder, `jaxagent.train.build.make_placement`: `jaxagent.train.update.PaddedUpdate`, whole
-  padded mini-batches, `train_step` / `sft_step` on one device and
-  `make_sharded_train_step` on a mesh; or `jaxagent.train.update.trimmed.TrimmedUpdate`, chunks
-  cut to their rows' length), and place mini-batches (`to_device`: rows split over
+  padded mini-batches, `make_update_step`; or `jaxagent.train.update.trimmed.TrimmedUpdate`,
+  chunks cut to their rows' length), and place mini-batches (`to_device`: rows split over
   ("data", "fsdp"));
 - turn this process's rollout rows into the global batch (`global_batch`: every
   process also keeps a host copy of all rows for shaping, advantages and metrics);
@@ -26,8 +25,12 @@ branching on the mode itself, to:
 The run's per-device memory is checked before anything is compiled by
 `jaxagent.train.memory.check_memory`, from this placement's meshes and rows.
 
-Modes: no mesh (an all-1 `mesh` section in one process) is exactly the single-device
-loop. A mesh in one process samples on the mesh too (`Sampler(mesh=...)`). With several
+Modes: one device (an all-1 `mesh` section in one process) is a mesh of one device
+(`device_mesh`, nanodo's habit): the state, the mini-batches and the update are placed
+and jitted as on any mesh, and compile to the single-device programs (same values, bit
+for bit); there `mesh` is None, which the sampler, the memory check and the log-prob,
+entropy and value passes read as "one device" (they run the plain single-device
+functions on the state's arrays). A mesh in one process samples on the mesh too (`Sampler(mesh=...)`). With several
 processes each process plays its own whole groups of the rollout batch (`rows`;
 `row_offset` is the global index of its first row, so its sampling keys are those one
 process playing the whole batch would draw) on every one of its devices
@@ -129,10 +132,6 @@ def _cast_critic_values(critic_params, critic_config, batch, *, compute_dtype=No
 _critic_values = jax.jit(_cast_critic_values, static_argnames=("critic_config", "compute_dtype", "row_chunks"))
 
 
-#: the sampler's params in the compute dtype (jitted: a sharded state stays sharded)
-_cast_for_sampler = jax.jit(for_compute, static_argnames=("compute_dtype",))
-
-
 @functools.cache
 def _compute_cast(compute_dtype: str | None):
     """`params -> params` in `compute_dtype` (None: no cast), one object per dtype (the
@@ -156,10 +155,12 @@ class Placement:
         self.model_config = model_config
         #: the update strategy this placement runs (`update_step`, `update_input`, `logprobs`)
         self.update = PaddedUpdate() if update is None else update
-        self.mesh = _make_mesh(config)  # None = one device
+        #: the mesh the state and the update live on: always a mesh, of one device when the
+        #: config asks for none (`mesh` is None then)
+        self.device_mesh = _make_mesh(config)
         #: the global rows of each rollout batch this process plays (all of them alone)
         B = config.env.batch_size
-        self.rows = np.arange(B) if self.mesh is None else par.process_rows(self.mesh, B)
+        self.rows = par.process_rows(self.device_mesh, B)
         self.multi_process = jax.process_count() > 1
         #: this process writes the run's files and logs
         self.primary = par.is_primary()
@@ -170,13 +171,13 @@ class Placement:
         #: the mesh the sampler runs on: the run's mesh in one process; with several, a mesh
         #: of this process's devices (`par.local_mesh`; None when it has one); None on one device
         self.sampler_mesh = (
-            self.mesh if self.sampler_on_mesh else par.local_mesh(self.mesh) if self.multi_process else None
+            self.mesh if self.sampler_on_mesh else par.local_mesh(self.device_mesh) if self.multi_process else None
         )
         self._logprobs = self._values = None
         #: passes of the log-prob pass over a batch's rows (`update.logprob_rows`)
         B, logprob_rows = config.env.batch_size, config.update.logprob_rows
         self.logprob_chunks = 1 if logprob_rows is None else B // logprob_rows
-        if self.mesh is not None and logprob_rows is not None and logprob_rows % self.row_shards:
+        if logprob_rows is not None and logprob_rows % self.row_shards:
             raise ValueError(
                 f"update.logprob_rows ({logprob_rows}) must be divisible by mesh.data * mesh.fsdp = {self.row_shards}"
             )
@@ -229,30 +230,36 @@ class Placement:
         return int(self.rows[0])
 
     @property
+    def mesh(self):
+        """The run's mesh of several devices, None on one device: what the sampler
+        (`sampler_on_mesh`), the memory check, the log-prob, entropy and value passes and
+        `Trainer.mesh` read as "one device" (`device_mesh` is the mesh the state is on)."""
+        return None if self.device_mesh.devices.size == 1 else self.device_mesh
+
+    @property
     def row_shards(self) -> int:
         """How many ways a batch's rows are split (data * fsdp; 1 on one device)."""
-        return 1 if self.mesh is None else self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        return self.device_mesh.shape["data"] * self.device_mesh.shape["fsdp"]
 
     # ------------------------------------------------------------------ params and state
     def place_state(self, state):
-        """The `TrainState` laid out for the update (by the logical-axis rules on a mesh)."""
-        return state if self.mesh is None else par.shard_train_state(state, self.mesh)
+        """The `TrainState` laid out for the update on `device_mesh`, by the logical-axis
+        rules (on one device: the same buffers)."""
+        return par.shard_train_state(state, self.device_mesh)
 
     def place_params(self, params):
         """Params laid out like the state's (the KL reference)."""
-        if self.mesh is None:
-            return params
-        return _place(params, par.param_shardings(params, self.mesh))
+        return _place(params, par.param_shardings(params, self.device_mesh))
 
     def update_step(self, step_config, state, kind: str = "rl"):
-        """`step(state, batch) -> (state, metrics)` of the update strategy (`update.step`)
-        on this placement's mesh, for a state placed by `place_state`, taking mini-batches
-        from `update_input`; state donated."""
-        return self.update.step(step_config, state, self.mesh, kind)
+        """`step(state, batch) -> (state, metrics)` of the update strategy (`update.step`:
+        `make_update_step`, or the trimmed step) on `device_mesh`, for a state placed by
+        `place_state`, taking mini-batches from `update_input`; state donated."""
+        return self.update.step(step_config, state, self.device_mesh, kind=kind)
 
     def replicated(self, x):
-        """`x` (a small array: the PRNG key) replicated over the mesh."""
-        return x if self.mesh is None else jax.device_put(x, jax.NamedSharding(self.mesh, jax.P()))
+        """`x` (a small array: the PRNG key) replicated over `device_mesh`."""
+        return jax.device_put(x, jax.NamedSharding(self.device_mesh, jax.P()))
 
     def check_batch_rows(self, rows: int, what: str) -> None:
         """`ConfigError` when a batch of `rows` rows cannot be split over the mesh."""
@@ -275,13 +282,10 @@ class Placement:
         params = state.params
         compute = self.config.model.compute_dtype
         cast = compute if compute is not None and compute != self.config.model.dtype else None
-        if self.mesh is None:
-            if cast is not None:  # a cast copy: never the state's buffers
-                return _cast_for_sampler(params, cast)
-            return jax.tree.map(jnp.copy, params) if copy else params
         if self.multi_process:
-            return par.to_local(params, self.mesh, self.sampler_mesh, prepare=_compute_cast(cast))
-        target = par.rollout_shardings(params, self.mesh)
+            return par.to_local(params, self.device_mesh, self.sampler_mesh, prepare=_compute_cast(cast))
+        # one process: on one device the sampler's layout is the state's (the same buffers)
+        target = par.rollout_shardings(params, self.device_mesh)
         if (
             cast is None
             and not copy
@@ -295,16 +299,13 @@ class Placement:
         """Whether `sampler_params` (without a cast or `copy`) is the state's own buffers:
         on one device, or on a mesh whose fsdp axis is 1 (the sampler's layout is the
         update's), in one process. Otherwise the sampler holds a copy of its own."""
-        if self.mesh is None:
-            return True
-        return not self.multi_process and self.mesh.shape["fsdp"] == 1
+        return not self.multi_process and self.device_mesh.shape["fsdp"] == 1
 
     # ------------------------------------------------------------------ batches
     def to_device(self, batch):
-        """A host batch holding every row, placed for the update (rows split on a mesh)."""
-        if self.mesh is None:
-            return jax.tree.map(jnp.asarray, batch)
-        return par.place_batch(batch, self.mesh)
+        """A host batch holding every row, placed for the update on `device_mesh` (rows
+        split over ("data", "fsdp"))."""
+        return par.place_batch(batch, self.device_mesh)
 
     def update_input(self, batch):
         """What the update step takes for a host mini-batch holding every row (the update
@@ -314,9 +315,7 @@ class Placement:
 
     def host_rows(self, tree):
         """Every row of `tree` (arrays from `global_batch` or a pass's output) as host
-        NumPy arrays on every process (all-gathered on a mesh)."""
-        if self.mesh is None:
-            return jax.tree.map(np.asarray, tree)
+        NumPy arrays on every process (all-gathered over processes)."""
         return par.to_host(tree)
 
     def gathered(self, tree):
@@ -431,11 +430,10 @@ class Placement:
 
 
 def _make_mesh(cfg):
-    """The config's mesh, or None for one device (an all-1 mesh, one process)."""
+    """The config's mesh; an all-1 mesh section is a mesh of the first device in one
+    process, of every device with several."""
     mc = cfg.mesh
-    if all(v == 1 for v in mc.shape.values()):
-        if jax.process_count() == 1:
-            return None
+    if all(v == 1 for v in mc.shape.values()) and jax.process_count() > 1:
         mc = MeshConfig(data=-1)
     devices = None
     if -1 not in mc.shape.values() and mc.num_devices < jax.device_count() and jax.process_count() == 1:
@@ -444,8 +442,6 @@ def _make_mesh(cfg):
         mesh = par.make_mesh(mc, devices)
     except ValueError as e:
         raise ConfigError(f"mesh: {e}") from None
-    if mesh.devices.size == 1:
-        return None
     try:
         check_mesh_rows(cfg.env.batch_size, cfg.update.mini_batches, mesh.shape["data"] * mesh.shape["fsdp"])
     except ValueError as e:

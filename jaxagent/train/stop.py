@@ -14,6 +14,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+from collections.abc import Callable
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -33,12 +34,12 @@ class StopRequests:
     (set by the trainer around each iteration) makes the first signal a request that
     `requested` reports, instead of an immediate `Interrupted`."""
 
-    def __init__(self, log=print):
+    def __init__(self, log=print) -> None:
         self.log = log
         self.graceful = False
         self.signum: int | None = None
         self._previous: dict = {}
-        self._unraisable = None
+        self._unraisable: Callable[[sys.UnraisableHookArgs], object] | None = None
 
     @property
     def requested(self) -> bool:
@@ -60,8 +61,9 @@ class StopRequests:
         for s, handler in self._previous.items():
             signal.signal(s, handler)
         self._previous.clear()
-        if getattr(self, "_unraisable", None) is not None:
-            sys.unraisablehook = self._unraisable
+        previous = getattr(self, "_unraisable", None)
+        if previous is not None:
+            sys.unraisablehook = previous
             self._unraisable = None
 
     def _hook(self, unraisable) -> None:

@@ -64,6 +64,7 @@ from jaxagent.train.evaluate import EvalProgress, evaluate, flat_env_summary
 from jaxagent.train.metrics import eval_line, eval_metrics, iteration_line, iteration_metrics, run_warnings
 from jaxagent.train.rundir import DiskFullError, Progress, RunDir, disk_full
 from jaxagent.train.rundir.episodes import EpisodeStore, select_for_store
+from jaxagent.train.rundir.runlog import RunLogger
 from jaxagent.train.sources.collect import collect_batch
 from jaxagent.train.sources.overlap import OffPolicyRollouts
 from jaxagent.train.stop import Interrupted, StopRequests
@@ -119,7 +120,7 @@ class RunningState:
     report) and the iterations in a row in which every episode failed (the first failure
     of each)."""
 
-    run_log: object | None = None  # a `jaxagent.train.rundir.runlog.RunLogger`
+    run_log: RunLogger | None = None
     last_episodes: list | None = None
     failed_streak: list[dict] = dataclasses.field(default_factory=list)
 
@@ -266,8 +267,6 @@ class Trainer:
         cfg = self.config
         if not self.primary or self.iteration >= cfg.iterations:
             return None
-        from jaxagent.train.rundir.runlog import RunLogger
-
         lc = cfg.logging
         return RunLogger(
             self.run_dir,
@@ -333,9 +332,10 @@ class Trainer:
             self._checked(ckpt.wait_until_finished, path=ckpt.directory)
             raise full
         self._stops.graceful = False
-        if self._stops.requested:
+        signum = self._stops.signum
+        if signum is not None:  # a stop was requested
             ckpt.wait_until_finished()
-            raise Interrupted(self._stops.signum, saved_iteration=self.iteration)
+            raise Interrupted(signum, saved_iteration=self.iteration)
         self._stop_on_failures()
 
     def _check_failures(self, metrics: dict) -> None:
@@ -389,7 +389,8 @@ class Trainer:
         """This process's rows (played now, or by the overlap thread during the last update),
         trimmed when `update.trim_padding`, then the global batch."""
         self._phase("rollout")
-        cfg, place, times = self.config, self.placement, {}
+        cfg, place = self.config, self.placement
+        times: dict[str, float] = {}
         t0 = time.perf_counter()
         collected, staleness = self._rollout(loop, pool, key, times)
         if cfg.update.trim_padding:  # the passes below then pay for the longest episode, not max_context
@@ -533,7 +534,8 @@ class Trainer:
         episode store (`jaxagent.train.rundir.episodes`). The primary process writes its own
         rows (the arrays are whole host-side batches on every process, so no collective
         is needed); a write that fails switches the store off with one warning."""
-        if not self.primary or self.iteration % self._store.stride:
+        store = self._store
+        if store is None or not self.primary or self.iteration % store.stride:
             return
         signals = {
             "advantage": adv,
@@ -542,22 +544,22 @@ class Trainer:
             "entropy": entropy,
             "loss_mask": loss_mask,
         }
-        stride = self._store.stride
+        stride = store.stride
         try:
-            self._store.write(self.iteration, episodes, self.tokenizer, signals, rows=self.placement.rows)
+            store.write(self.iteration, episodes, self.tokenizer, signals, rows=self.placement.rows)
         except Exception as err:  # logging never stops training
             warnings.warn(
-                f"episode store: writing iteration {self.iteration} to {self._store.dir} failed "
+                f"episode store: writing iteration {self.iteration} to {store.dir} failed "
                 f"({type(err).__name__}: {err}); the store is off for this run",
                 RuntimeWarning,
                 stacklevel=2,
             )
             self._store = None
             return
-        if self._store.stride != stride:
+        if store.stride != stride:
             self.log(
-                f"episode store: {self._store.dir} reached logging.episodes_max_mb="
-                f"{self.config.logging.episodes_max_mb:g} MiB; it now keeps every {self._store.stride}th "
+                f"episode store: {store.dir} reached logging.episodes_max_mb="
+                f"{self.config.logging.episodes_max_mb:g} MiB; it now keeps every {store.stride}th "
                 "iteration (the others are deleted)"
             )
 
@@ -605,6 +607,8 @@ class Trainer:
         """SFT on the demonstrations, then a fresh RL state (optimizer, critic) and KL
         reference from the SFT weights."""
         cfg = self.config
+        if self.demonstrations is None:
+            raise RuntimeError("the warm start has no demonstrations: the run was built without them (resumed)")
         params, lines, summary = sft_warm_start(
             cfg, self.state.params, self.model_config, self.tokenizer, self.demonstrations, self.placement, self.log
         )

@@ -26,6 +26,7 @@ import json
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import jax
 
@@ -49,10 +50,10 @@ class DiskFullError(OSError):
 def disk_full(err: BaseException, path) -> DiskFullError | None:
     """`err` as a `DiskFullError` naming `path` and the free space on its file system, or
     None when `err` is not a full disk (nor wraps one, as a checkpoint writer's error may)."""
-    cause = err
+    cause: BaseException | None = err
     while cause is not None and not (isinstance(cause, OSError) and cause.errno in DISK_FULL_ERRNOS):
         cause = cause.__cause__ or cause.__context__
-    if cause is None:
+    if not isinstance(cause, OSError):  # None: the loop stops only there or at an OSError
         return None
     path = Path(path)
     where = next((p for p in (path, *path.parents) if p.exists()), Path("."))
@@ -369,7 +370,7 @@ class RunDir:
     # ------------------------------------------------------------------ the KL reference
     def save_reference(self, params) -> None:
         """The KL reference after a warm start, for resumed runs (orbax, atomic)."""
-        import orbax.checkpoint as ocp
+        import orbax.checkpoint as ocp  # type: ignore[import-untyped]  # orbax ships no py.typed marker
 
         with ocp.StandardCheckpointer() as ckptr:
             ckptr.save(self.reference_dir, params, force=True)
@@ -395,7 +396,9 @@ def check_resumable(saved: dict | None, current: dict, where) -> None:
     defaults = to_dict(TrainerConfig())
     diffs = []
     for key in RESUME_FIXED:
-        a, b, d = saved, current, defaults
+        a: Any = saved  # a nested dict, a value at the key's end, or None where it is absent
+        b: Any = current
+        d: Any = defaults
         for part in key.split("."):
             a, b, d = (a or {}).get(part), (b or {}).get(part), (d or {}).get(part)
         if isinstance(a, dict) and isinstance(b, dict):

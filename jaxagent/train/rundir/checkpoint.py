@@ -36,7 +36,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import orbax.checkpoint as ocp
+import orbax.checkpoint as ocp  # type: ignore[import-untyped]  # orbax ships no py.typed marker
 
 from jaxagent.models import Model, save_pretrained
 from jaxagent.train.update.state import TrainState

@@ -24,6 +24,7 @@ import functools
 import json
 import math
 from pathlib import Path
+from typing import TypeGuard
 
 from jaxagent.dataclass_yaml import flatten
 from jaxagent.train.rundir import RunFileError, read_config, read_json, read_text
@@ -72,7 +73,7 @@ class Panel:
     band: tuple[list[float], list[float], list[float]] | None = None  # x, low, high
 
 
-def _is_number(v) -> bool:
+def _is_number(v) -> TypeGuard[float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
@@ -275,7 +276,9 @@ def read_run(run_dir, metric: str = "success_rate") -> RunCurves:
     group = int(group)
     records = read_metrics(run_dir / "metrics.jsonl")
     summary = _summary(run_dir / "summary.json")
-    episodes, train, held = [], [], {"sampled": [], "greedy": []}
+    episodes: list[float] = []
+    train: list[float] = []
+    held: dict[str, list[tuple[float, float]]] = {"sampled": [], "greedy": []}
     iterations: list[int] = []
     held_iters: dict[str, list[int]] = {"sampled": [], "greedy": []}
     if metric == "success_rate":

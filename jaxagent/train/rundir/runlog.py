@@ -41,9 +41,12 @@ import time
 import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from jaxagent.train.rundir import DiskFullError
 
 TRANSCRIPT_RULE = "=" * 78
 
@@ -100,7 +103,7 @@ def format_progress(metrics: dict, total_iterations: int, eta_s: float | None = 
     for key in ("kl", "approx_kl"):
         v = metrics.get(key)
         if _is_number(v):
-            parts.append(f"{key} {_fmt_kl(float(v))}")
+            parts.append(f"{key} {_fmt_kl(float(metrics[key]))}")
             break
     else:
         parts.append("kl -")
@@ -169,7 +172,9 @@ def format_transcript(episode, tokenizer=None) -> str:
 def select_episodes(episodes: Sequence, n: int) -> list:
     """Up to `n` episodes for transcripts: the first of each task group in order, then
     the rest in order (so a handful of samples covers several tasks)."""
-    firsts, rest, seen = [], [], set()
+    firsts: list = []
+    rest: list = []
+    seen: set = set()
     for ep in episodes:
         (rest if ep.group_id in seen else firsts).append(ep)
         seen.add(ep.group_id)
@@ -238,9 +243,9 @@ class RunLogger:
         self._warned: set[str] = set()
         #: a transcript write that found no room (`rundir.DiskFullError`): the trainer stops
         #: at the end of the iteration instead of training on without its record
-        self.disk_full = None
+        self.disk_full: DiskFullError | None = None
         self._tty = is_terminal(self.stream)
-        self._bar = None  # the tqdm display on a terminal (made on the first draw)
+        self._bar: Any = None  # the tqdm display on a terminal (made on the first draw)
         self._line = ""  # the last progress line drawn
         self._t_last = time.monotonic()
         self._durations: list[float] = []
@@ -361,7 +366,7 @@ class RunLogger:
         """The live line on a terminal, drawn in place by tqdm (which also keeps it below
         the messages `message` prints)."""
         if self._bar is None:
-            from tqdm import tqdm
+            from tqdm import tqdm  # type: ignore[import-untyped]  # no stubs installed (types-tqdm is not a dependency)
 
             self._bar = tqdm(
                 total=self.total_iterations, file=self.stream, bar_format="{desc}", leave=True, dynamic_ncols=True

@@ -44,8 +44,13 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
+    from wandb import Run
 
 KNOWN = ("tensorboard", "wandb", "mlflow")
 EXTRAS = {"wandb": ("wandb", "jaxagent[wandb]"), "mlflow": ("mlflow", "jaxagent[mlflow]")}
@@ -59,14 +64,14 @@ class TensorBoardTracker:
         self._writer = None
 
     def _event(self, step: int, **fields):
-        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.proto.event_pb2 import Event  # type: ignore[import-untyped]  # tensorboardX ships no py.typed marker
 
         self._writer.write_event(Event(wall_time=time.time(), step=int(step), **fields))
 
     def scalars(self, step: int, items: Iterable[tuple[str, float]]) -> None:
-        from tensorboardX.event_file_writer import EventsWriter
+        from tensorboardX.event_file_writer import EventsWriter  # type: ignore[import-untyped]  # tensorboardX ships no py.typed marker
         from tensorboardX.proto.event_pb2 import SessionLog
-        from tensorboardX.proto.summary_pb2 import Summary
+        from tensorboardX.proto.summary_pb2 import Summary  # type: ignore[import-untyped]  # tensorboardX ships no py.typed marker
 
         if self._writer is None:
             existing = self.dir.is_dir() and any(self.dir.glob("*tfevents*"))
@@ -102,7 +107,13 @@ class WandbTracker:
     name = "wandb"
 
     def __init__(
-        self, run_dir, *, config: dict, project: str = "jaxagent", mode: str = "offline", run_name: str | None = None
+        self,
+        run_dir,
+        *,
+        config: dict,
+        project: str = "jaxagent",
+        mode: Literal["offline", "online"] = "offline",
+        run_name: str | None = None,
     ):
         import wandb
 
@@ -110,7 +121,7 @@ class WandbTracker:
         id_path = run_dir / "wandb_run_id"
         run_id = _saved_id(id_path) or uuid.uuid4().hex[:8]  # W&B's ids: 8 lowercase alphanumerics
         run_dir.mkdir(parents=True, exist_ok=True)
-        self._run = wandb.init(
+        self._run: Run | None = wandb.init(
             project=project,
             dir=str(run_dir),
             mode=mode,
@@ -124,6 +135,8 @@ class WandbTracker:
         self.run_id = run_id
 
     def scalars(self, step: int, items: Iterable[tuple[str, float]]) -> None:
+        if self._run is None:
+            raise RuntimeError("the W&B tracker is closed")
         self._run.log(dict(items), step=int(step))
 
     def close(self, failed: bool = False) -> None:
@@ -155,7 +168,7 @@ class MlflowTracker:
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         from mlflow.tracking import MlflowClient
 
-        self._client = MlflowClient(tracking_uri=tracking_uri)
+        self._client: MlflowClient | None = MlflowClient(tracking_uri=tracking_uri)
         id_path = run_dir / "mlflow_run_id"
         run_id = _saved_id(id_path)
         if run_id is None:
@@ -177,6 +190,8 @@ class MlflowTracker:
     def scalars(self, step: int, items: Iterable[tuple[str, float]]) -> None:
         from mlflow.entities import Metric
 
+        if self._client is None:
+            raise RuntimeError("the MLflow tracker is closed")
         now = int(time.time() * 1000)
         metrics = [Metric(_mlflow_key(tag), float(v), now, int(step)) for tag, v in items]
         for i in range(0, len(metrics), 1000):
@@ -186,6 +201,10 @@ class MlflowTracker:
         if self._client is not None:
             self._client.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")
             self._client = None
+
+
+#: what `make_trackers` makes
+Tracker = TensorBoardTracker | WandbTracker | MlflowTracker
 
 
 def check_available(names: Iterable[str]) -> None:
@@ -208,12 +227,12 @@ def make_trackers(names: Iterable[str], run_dir, *, config: dict, options: dict 
     names = list(names)
     check_available(names)
     options = options or {}
-    makers = {
+    makers: dict[str, Callable[[dict], Tracker]] = {
         "tensorboard": lambda kw: TensorBoardTracker(run_dir),
         "wandb": lambda kw: WandbTracker(run_dir, config=config, **kw),
         "mlflow": lambda kw: MlflowTracker(run_dir, config=config, **kw),
     }
-    out = []
+    out: list[Tracker] = []
     for name in names:
         try:
             out.append(makers[name](dict(options.get(name, {}))))

@@ -52,8 +52,12 @@ def collect_batch(config, loop, pool, rows: np.ndarray, key: jax.Array, position
     K = config.rollout.max_turns
     rounds = config.algo.max_sampling_rounds if config.algo.dynamic_sampling else 1
     row_offset = int(rows[0])
-    groups_signal, groups_flat = [], []  # rows of each group in the concatenated rounds
-    round_trajs, round_baselines, all_episodes = [], [], []
+    # rows of each group in the concatenated rounds
+    groups_signal: list[list[int]] = []
+    groups_flat: list[list[int]] = []
+    round_trajs: list[Any] = []
+    round_baselines: list[np.ndarray | None] = []
+    all_episodes: list = []
     played = 0
     for r in range(rounds):
         task_seeds = [config.env.seed + position + played * n_tasks + j for j in range(n_tasks)]
@@ -105,5 +109,8 @@ def collect_batch(config, loop, pool, rows: np.ndarray, key: jax.Array, position
         "groups_with_signal": min(len(groups_signal), n_tasks),
         "groups_with_signal_frac": len(groups_signal) / (played * n_tasks),
     }
-    baselines = None if round_baselines[0] is None else np.concatenate(round_baselines)[keep]
+    # every round has its baselines or none has (`algo.uses_greedy_baseline`)
+    baselines = (
+        None if round_baselines[0] is None else np.concatenate([b for b in round_baselines if b is not None])[keep]
+    )
     return Collected(traj, episodes, stats, played * n_tasks, baselines)

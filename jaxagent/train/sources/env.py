@@ -16,7 +16,7 @@ class EnvSource(RolloutSource):
     expert's episodes (`jaxagent.train.warmstart.warm_start_demonstrations`), played before
     the tokenizer exists so that a "bpe" tokenizer can be trained on their text."""
 
-    def __init__(self, config):
+    def __init__(self, config) -> None:
         super().__init__(config)
         self._demonstrations: list | None = None
 

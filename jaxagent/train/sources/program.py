@@ -8,6 +8,7 @@ conversations."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 from jaxagent.dataclass_yaml import ConfigError
 from jaxagent.gateway.tools import TOOL_CHATML_TEMPLATE
@@ -25,7 +26,7 @@ class ProgramSource(RolloutSource):
     partial_rounds = True
     chat_template = TOOL_CHATML_TEMPLATE
 
-    def __init__(self, config):
+    def __init__(self, config) -> None:
         super().__init__(config)
         self._demonstrations: list | None = None
 
@@ -124,7 +125,7 @@ def _recorded(config, tokenizer, seeds, noise: float, *, max_context: int | None
     )
 
 
-def load_program_function(spec: str, imports) -> object:
+def load_program_function(spec: str, imports) -> Callable[..., str]:
     """`agent.expert`: a plain function, imported as `agent.program` is."""
     from jaxagent.gateway.program import resolve
 

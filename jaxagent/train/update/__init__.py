@@ -1,6 +1,6 @@
 """The jitted update: exact micro-batch accumulation, clipping, AdamW, the skip rule, and
-the steps built from them (`train_step`, `sft_step`, `make_train_step`, the sharded
-`make_sharded_train_step`).
+the steps built from them (the plain `train_step` and `sft_step`, and `make_update_step`,
+the update step of a run: jitted with explicit shardings on its mesh).
 
 One update on a mini-batch of `B` rows (`B = M * b`, `M = num_micro_batches`), with the
 losses of `jaxagent.train.update.losses` and the denominators `N`, `S`, `T'` of the whole
@@ -27,8 +27,8 @@ returned unchanged (bitwise) and `skipped` counts up; the metrics say `skipped =
 
 `train_step` and `sft_step` are jitted once (`config` is static, the state donated):
 call them with a fixed batch shape and they never recompile. Shardings are those of
-the arguments (shard the state once, e.g. FSDP over the params, and the batch over the
-data axis; the step keeps the layout). Metrics come back as device scalars: the loop
+the arguments; `make_update_step` pins them (the state's layout in and out, the batch's
+rows over ("data", "fsdp")) on a mesh, of one device or several. Metrics come back as device scalars: the loop
 dispatches step N before reading step N-1's metrics, so the device never waits on logging.
 
 Optimizer changes that keep the state's shapes (learning rate, schedule, betas, clipping)
@@ -47,12 +47,7 @@ import optax
 from jaxagent import algos
 from jaxagent.models import combine_lora, has_lora, split_lora
 from jaxagent.models import decoder as _decoder
-from jaxagent.parallel.mesh import (
-    LOGICAL_AXIS_RULES,
-    activation_constraint,
-    batch_sharding,
-    train_state_shardings,
-)
+from jaxagent.parallel.mesh import LOGICAL_AXIS_RULES, activation_constraint, batch_sharding
 from jaxagent.train.config.step import OptimizerConfig, StepConfig
 from jaxagent.train.update.batch import (
     Denominators,
@@ -217,7 +212,7 @@ def train_step(state: TrainState, batch: UpdateBatch, config: StepConfig) -> tup
     `critic_lr`. `state` is donated: do not use it after the call.
 
     Output shardings are the compiler's choice; for a sharded state use
-    `make_train_step`, which pins them to the input layout.
+    `make_update_step`, which pins them to the input layout.
     """
     return _train_step(state, batch, config)
 
@@ -239,92 +234,70 @@ def accumulated_grads(state: TrainState, batch: UpdateBatch, config: StepConfig)
     return accumulate(policy_loss_and_grads, state, batch, config, denominators)
 
 
-# ----------------------------------------------------------------------------- explicit shardings
-def within(context, fn):
-    """`fn` run inside `context()` (a context-manager factory) while it is traced; the
-    same signature (for `jax.jit`'s argument names)."""
+# ----------------------------------------------------------------------------- the update step
+#: the unjitted steps, by `make_update_step`'s `kind`
+_STEPS = {"rl": _train_step, "sft": _sft_step}
+
+
+def on_mesh(fn, mesh: jax.sharding.Mesh, rules=LOGICAL_AXIS_RULES):
+    """`fn` traced with the decoder's activations laid out on `mesh` by `rules` (the
+    residual stream's rows over ("data", "fsdp"):
+    `jaxagent.models.decoder.activation_constraint`), under `fn`'s name and signature (the
+    compilation logs and `jax.jit`'s argument names see `fn`). On a mesh of one device
+    the constraints compile to nothing: the program is the unconstrained one."""
+    layout = activation_constraint(mesh, rules)
 
     @functools.wraps(fn)
-    def inner(*args, **kwargs):
-        with context():
+    def traced(*args, **kwargs):
+        with _decoder.activation_constraint(layout):
             return fn(*args, **kwargs)
 
-    return inner
+    return traced
 
 
-def make_train_step(
-    config: StepConfig, state: TrainState, batch_sharding=None, *, kind: str = "rl", trace_context=None
-):
-    """`step(state, batch) -> (state, metrics)` jitted once with explicit shardings
-    (nanodo's shape): the state in and out with the layout `state` has now (so a sharded
-    state keeps its layout and the step never recompiles), the batch with
-    `batch_sharding` (a sharding or a tree of them; None = as given), metrics
-    replicated. `kind`: "rl" (`train_step`) or "sft" (`sft_step`). State donated.
-    `trace_context`: a zero-argument context-manager factory entered while the step is
-    traced (e.g. the decoder's activation-layout hook for a mesh).
-    """
-    fns = {"rl": _train_step, "sft": _sft_step}
-    if kind not in fns:
-        raise ValueError(f"make_train_step: kind must be 'rl' or 'sft', got {kind!r}")
-    shardings = state_shardings(state)
-    device_sets = {frozenset(d.id for d in sh.device_set) for sh in jax.tree.leaves(shardings)}
-    if len(device_sets) > 1:
-        raise ValueError(
-            "make_train_step: the state's leaves live on different device sets "
-            f"({sorted(len(d) for d in device_sets)} devices); place the whole state on the mesh "
-            "(step, skipped, rng and optimizer counters replicated)"
-        )
-    first = jax.tree.leaves(shardings)[0]
-    mesh = getattr(first, "mesh", None)
-    replicated = jax.NamedSharding(mesh, jax.P()) if mesh is not None else first
-    fn = functools.partial(fns[kind], config=config)
-    if trace_context is not None:
-        fn = within(trace_context, fn)
-        fn.__name__ = fn.__qualname__ = fns[kind].__name__  # compilation logs name the step
-    return jax.jit(
-        fn, in_shardings=(shardings, batch_sharding), out_shardings=(shardings, replicated), donate_argnames=("state",)
-    )
-
-
-def make_sharded_train_step(
-    config: StepConfig, state: TrainState, mesh: jax.sharding.Mesh, *, kind: str = "rl", rules=None
-):
-    """`step(state, batch) -> (state, metrics)`: `make_train_step` with
-    the state's shardings from the rules (in and out, donated), the batch's rows split
-    over ("data", "fsdp") and metrics replicated; jitted once, so a fixed batch shape
-    never recompiles. `state` must already be placed by `shard_train_state(state, mesh,
-    rules)` (checked: a leaf laid out otherwise is named). `kind`: "rl" (`UpdateBatch`,
-    with a critic when the state has one) or "sft" (`SFTBatch`)."""
-    rules = LOGICAL_AXIS_RULES if rules is None else rules
-    want = train_state_shardings(state, mesh, rules)
-    for (path, x), s in zip(jax.tree_util.tree_leaves_with_path(state), jax.tree.leaves(want), strict=True):
+def make_update_step(config: StepConfig, state: TrainState, mesh: jax.sharding.Mesh, *, kind: str = "rl", rules=None):
+    """The update step `step(state, batch) -> (state, metrics)` on whole (padded)
+    mini-batches: `train_step` (`kind` "rl") or `sft_step` ("sft") jitted once with
+    explicit shardings (nanodo's shape): the state in and out with the layout it has now
+    on `mesh` (so it keeps its layout and the step never recompiles; donated), the
+    batch's rows split over ("data", "fsdp") (`place_batch`, `shard_batch`), metrics
+    replicated, the activations laid out by `rules` (`on_mesh`). Every leaf of `state`
+    must be on `mesh` (`shard_train_state(state, mesh, rules)`: checked, a leaf laid out
+    otherwise is named). One device is a mesh of one device (`jaxagent.train.placement`),
+    compiled to `train_step`'s own program; `train_step` and `sft_step` stay the plain
+    functions for a state that is on no mesh. Steps of one `kind`, `config`, mesh,
+    `rules` and state layout are one jitted function (a resumed or warm-started state
+    placed alike compiles nothing new)."""
+    if kind not in _STEPS:
+        raise ValueError(f"make_update_step: kind must be 'rl' or 'sft', got {kind!r}")
+    for path, x in jax.tree_util.tree_leaves_with_path(state):
         have = getattr(x, "sharding", None)
-        if not (isinstance(have, jax.NamedSharding) and have.mesh == mesh and have.spec == s.spec):
+        if not (isinstance(have, jax.NamedSharding) and have.mesh == mesh):
             raise ValueError(
-                f"make_sharded_train_step: state leaf {jax.tree_util.keystr(path)} is laid out as {have}, "
-                f"not {s.spec} on this mesh; place the state with shard_train_state(state, mesh) first"
+                f"make_update_step: state leaf {jax.tree_util.keystr(path)} is laid out as {have}, not on "
+                f"the step's mesh of {mesh.devices.size} devices {dict(mesh.shape)} (the state's leaves live "
+                "on different device sets or meshes); place the whole state with shard_train_state(state, mesh) "
+                "first (step, skipped, rng and optimizer counters too)"
             )
-    layout = activation_constraint(mesh, rules)
-    return make_train_step(
-        config,
-        state,
-        batch_sharding(mesh, rules),
-        kind=kind,
-        trace_context=lambda: _decoder.activation_constraint(layout),
+    leaves, treedef = jax.tree.flatten(state_shardings(state))
+    rules = LOGICAL_AXIS_RULES if rules is None else tuple(rules)
+    return _jitted_step(kind, config, mesh, rules, treedef, tuple(leaves))
+
+
+@functools.lru_cache(maxsize=32)
+def _jitted_step(kind, config, mesh, rules, treedef, leaves):
+    """`make_update_step`'s jitted function, one per step and layout."""
+    shardings = jax.tree.unflatten(treedef, leaves)
+    fn = functools.partial(on_mesh(_STEPS[kind], mesh, rules), config=config)
+    return jax.jit(
+        fn,
+        in_shardings=(shardings, batch_sharding(mesh, rules)),
+        out_shardings=(shardings, jax.NamedSharding(mesh, jax.P())),
+        donate_argnames=("state",),
     )
 
 
 # ----------------------------------------------------------------------------- the padded strategy
-def make_update_step(config: StepConfig, state: TrainState, mesh: jax.sharding.Mesh | None = None, *, kind: str = "rl"):
-    """`step(state, batch) -> (state, metrics)` on whole (padded) mini-batches: `train_step`
-    (`kind` "rl") or `sft_step` ("sft") on one device (`mesh` None); on a mesh
-    `make_sharded_train_step`, for a state placed by `shard_train_state` and batches by
-    `place_batch`. Jitted once, state donated."""
-    if mesh is None:
-        return functools.partial(train_step if kind == "rl" else sft_step, config=config)
-    return make_sharded_train_step(config, state, mesh, kind=kind)
-
-
 class PaddedUpdate:
     """The update strategy of a run that does not cut its chunks (`update.trim_chunks`
     off): every mini-batch whole at its padded length, and the log-prob pass over the
@@ -332,15 +305,14 @@ class PaddedUpdate:
     run's builder (`jaxagent.train.build.make_placement`), and `Placement` runs it; it has
     three parts (`jaxagent.train.update.trimmed.TrimmedUpdate` is the other one):
 
-        step(config, state, mesh, kind)   the update step `step(state, batch) -> (state, metrics)`
+        step(config, state, mesh, kind=)  the update step `step(state, batch) -> (state, metrics)`
         input(place, batch)               what that step takes for a host mini-batch
         logprobs(place, params, placed, with_entropy)   the log-prob pass over a batch
                                           from `Placement.global_batch`, host-side
     """
 
-    def step(self, config: StepConfig, state: TrainState, mesh=None, kind: str = "rl"):
-        """`make_update_step`."""
-        return make_update_step(config, state, mesh, kind=kind)
+    #: the update step (`make_update_step` itself)
+    step = staticmethod(make_update_step)
 
     def input(self, place, batch):
         """The mini-batch placed for the step (`Placement.to_device`: rows split on a mesh)."""

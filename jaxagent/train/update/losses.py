@@ -27,6 +27,7 @@ parameters and the loss parts and statistics, grouped by how the update reports 
 from __future__ import annotations
 
 import inspect
+from typing import TYPE_CHECKING, Any, Self
 
 import flax.struct
 import jax
@@ -70,6 +71,10 @@ class LossSums:
     token_sums: dict
     value_stats: dict | None = None
     objective: str = flax.struct.field(pytree_node=False, default="policy_loss")
+
+    if TYPE_CHECKING:  # added by `flax.struct.dataclass` at runtime (`dataclasses.replace`)
+
+        def replace(self, **updates: Any) -> Self: ...
 
     @property
     def loss(self) -> jax.Array:

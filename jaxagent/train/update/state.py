@@ -10,7 +10,7 @@ the optimizer state cover them alone.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self
 
 import flax.struct
 import jax
@@ -55,6 +55,10 @@ class TrainState:
     critic_params: Any = None
     critic_opt_state: Any = None
     critic_config: DecoderConfig | None = flax.struct.field(pytree_node=False, default=None)
+
+    if TYPE_CHECKING:  # added by `flax.struct.dataclass` at runtime (`dataclasses.replace`)
+
+        def replace(self, **updates: Any) -> Self: ...
 
     @property
     def has_critic(self) -> bool:

@@ -15,16 +15,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxagent.models import decoder as _decoder
 from jaxagent.parallel.distributed import place_batch, to_host
-from jaxagent.parallel.mesh import activation_constraint
+from jaxagent.parallel.mesh import MeshConfig, make_mesh
 from jaxagent.train.config.step import StepConfig
 from jaxagent.train.update import (
     accumulate,
     apply_gradients,
     has_signal,
     make_update_step,
-    within,
+    on_mesh,
     zero_accumulator,
 )
 from jaxagent.train.update.batch import UpdateBatch, batch_denominators, check_batch, required_fields
@@ -122,11 +121,12 @@ class TrimmedTrainStep:
     `train_step`'s), compiled once per length and run length, then the optimizer step
     (state donated).
 
-    `mesh`: `make_sharded_train_step`'s mesh, in one process or several: the state is
-    placed by `shard_train_state`, each cut micro-batch's rows are split over ("data",
+    `mesh`: `make_update_step`'s mesh, in one process or several (default: a mesh of
+    one device, `jax.devices()[0]`): each cut micro-batch's rows are split over ("data",
     "fsdp") (the micro-batch's rows must divide by data * fsdp), the activations are
-    laid out by the same rules, and the state keeps its layout. The batch holds every
-    row: host arrays (each process passing the same ones) or global arrays on the mesh
+    laid out by the same rules, and the state keeps the layout it has at the first call
+    (on a mesh of several devices, `shard_train_state`'s). The batch holds every row:
+    host arrays (each process passing the same ones) or global arrays on the mesh
     (all-gathered to every host), so every process cuts the same micro-batches.
     `last_lengths`: the micro-batch lengths of the last call.
     """
@@ -134,26 +134,19 @@ class TrimmedTrainStep:
     def __init__(self, config: StepConfig, multiple: int, mesh: jax.sharding.Mesh | None = None):
         if not isinstance(multiple, int) or multiple < 1:
             raise ValueError(f"TrimmedTrainStep: multiple must be an int >= 1, got {multiple!r}")
+        if mesh is None:
+            mesh = make_mesh(MeshConfig(), jax.devices()[:1])
         self.config, self.multiple, self.mesh = config, multiple, mesh
         self.last_lengths: list[int] = []
         self.lengths_seen: set[int] = set()
-        #: the jitted parts, built on the first call (on a mesh they pin the state's layout)
+        #: the jitted parts, built on the first call (they pin the state's layout then)
         self._add = self._prepare = self._finish = None
 
     def _build(self, state: TrainState):
         config, mesh = self.config, self.mesh
-        add = functools.partial(_micro_add, config=config)
-        prepare = functools.partial(_trimmed_prepare, config=config)
+        add = functools.partial(on_mesh(_micro_add, mesh), config=config)
+        prepare = functools.partial(on_mesh(_trimmed_prepare, mesh), config=config)
         finish = functools.partial(_trimmed_finish, config=config)
-        if mesh is None:
-            return (
-                jax.jit(add, static_argnames=("n",), donate_argnums=(3,)),
-                jax.jit(prepare, static_argnames=("rows",)),
-                jax.jit(finish, donate_argnums=(0,)),
-            )
-        layout = activation_constraint(mesh)
-        traced = functools.partial(within, lambda: _decoder.activation_constraint(layout))
-
         replicated = jax.NamedSharding(mesh, jax.P())
         trainable, _ = split_trainable(state.params)
         grads = Grads(
@@ -162,13 +155,10 @@ class TrimmedTrainStep:
         )
         acc = (grads, replicated)  # the accumulated gradients laid out as their params; the sums replicated
         return (
-            jax.jit(traced(add), static_argnames=("n",), donate_argnums=(3,), out_shardings=acc),
-            jax.jit(traced(prepare), static_argnames=("rows",), out_shardings=(replicated, replicated, acc)),
+            jax.jit(add, static_argnames=("n",), donate_argnums=(3,), out_shardings=acc),
+            jax.jit(prepare, static_argnames=("rows",), out_shardings=(replicated, replicated, acc)),
             jax.jit(finish, donate_argnums=(0,), out_shardings=(state_shardings(state), replicated)),
         )
-
-    def _place(self, micro):
-        return micro if self.mesh is None else place_batch(micro, self.mesh)
 
     def accumulate(self, state: TrainState, batch: UpdateBatch):
         """`((grads, sums), denominators, has_signal)`: the accumulated mini-batch gradient
@@ -177,14 +167,13 @@ class TrimmedTrainStep:
         check_batch(batch, required_fields(config, state.has_critic), M)
         if self._add is None:
             self._add, self._prepare, self._finish = self._build(state)
-        if self.mesh is not None:
-            batch = _whole_on_host(batch)  # each micro-batch is cut on the host, then placed
+        batch = _whole_on_host(batch)  # each micro-batch is cut on the host, then placed
         B, T = batch.tokens.shape
         groups = length_groups(row_lengths(batch.loss_mask, batch.attention_mask), M, self.multiple, T)
-        denominators, signal, acc = self._prepare(state, self._place(batch), rows=B // M)
+        denominators, signal, acc = self._prepare(state, place_batch(batch, self.mesh), rows=B // M)
         for run, L in length_runs(groups):  # micro-batches of one length: one call, a scan over them
             rows = np.concatenate(run)
-            micro = self._place(jax.tree.map(lambda x, rows=rows, L=L: x[rows, :L], batch))
+            micro = place_batch(jax.tree.map(lambda x, rows=rows, L=L: x[rows, :L], batch), self.mesh)
             acc = self._add(state, micro, denominators, acc, n=len(run))
         self.last_lengths = [L for _, L in groups]
         self.lengths_seen.update(self.last_lengths)
@@ -265,8 +254,9 @@ class TrimmedUpdate:
             raise ValueError(f"TrimmedUpdate: multiple must be an int >= 1, got {multiple!r}")
         self.multiple, self.logprob_rows, self.micro_batches = multiple, logprob_rows, micro_batches
 
-    def step(self, config: StepConfig, state: TrainState, mesh=None, kind: str = "rl"):
-        """A `TrimmedTrainStep` (kind "rl"), else `make_update_step`."""
+    def step(self, config: StepConfig, state: TrainState, mesh: jax.sharding.Mesh, *, kind: str = "rl"):
+        """A `TrimmedTrainStep` on `mesh` (kind "rl"); the SFT step is the padded one,
+        `make_update_step`."""
         if kind != "rl":
             return make_update_step(config, state, mesh, kind=kind)
         return TrimmedTrainStep(config, self.multiple, mesh=mesh)

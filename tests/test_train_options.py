@@ -304,6 +304,7 @@ def test_trim_chunks_trains_as_the_trimmed_batch(tmp_path):
         tokens=jnp.asarray(r.randint(0, 200, (8, 40)), jnp.int32),
         attention_mask=jnp.asarray(am),
         loss_mask=jnp.asarray(am.astype(np.float32)),
+        segment_ids=None,
     )
     params = trainer.state.params
     got = np.asarray(trainer.placement.logprobs(params, placed))

@@ -9,7 +9,7 @@ sampler's mesh of one process's devices), `to_local`, `relayout`. `distributed`:
 `initialize`, `global_batch`, `process_rows`, `is_primary`, `barrier`, `to_host`.
 
 This layer knows the models (their logical axis names) and nothing of training: the
-sharded update is `jaxagent.train.update.make_sharded_train_step`, the memory estimate of a run
+sharded update is `jaxagent.train.update.make_update_step`, the memory estimate of a run
 `jaxagent.train.memory`.
 """
 

@@ -40,14 +40,14 @@ Optimizer state (AdamW `mu`, `nu`) is sharded like its parameters (matched by th
 parameter path at the end of each optimizer-state leaf's path, and its shape);
 scalars (counts, `step`, `skipped`, the PRNG key) are replicated.
 
-The update is `jaxagent.train.update.make_sharded_train_step`: jitted once with the state's shardings
+The update is `jaxagent.train.update.make_update_step`: jitted once with the state's shardings
 in and out, the batch split over ("data", "fsdp"), metrics replicated, state donated.
 Axis types are `Auto`: the compiler propagates shardings through the model from the
 pinned inputs and outputs (what `pjit` did). Left to itself, on an fsdp axis
 propagation tends to split activations along "embed" like the weights (all-to-alls,
 activations not split by rows): correct, but measured on 8 CPU devices (D=256, L=4,
 B=32, T=128) 6x the temporary memory and 5x the step time of the same step with the
-residual stream pinned to rows over ("data", "fsdp"). So `make_sharded_train_step`
+residual stream pinned to rows over ("data", "fsdp"). So `make_update_step`
 traces the step inside the decoder's layout hook with `activation_constraint`. The hook
 also pins the embedding table of the token lookup to ("vocab", None): split over "fsdp"
 while the looked-up rows are over ("data", "fsdp"), the lookup made XLA replicate it
@@ -331,7 +331,7 @@ def activation_constraint(mesh: jax.sharding.Mesh, rules: Rules = LOGICAL_AXIS_R
     function by the same rules (`jax.lax.with_sharding_constraint`). The residual
     stream ("batch", "seq", "embed") becomes rows over ("data", "fsdp") with "embed"
     whole, because a mesh axis is used once per array: the FSDP layout. For a model
-    hook (`jaxagent.models.decoder.activation_constraint`, which `make_sharded_train_step`
+    hook (`jaxagent.models.decoder.activation_constraint`, which `make_update_step`
     sets while the step is traced)."""
 
     def constrain(x, logical_axes):

@@ -30,12 +30,13 @@ Modes: one device (an all-1 `mesh` section in one process) is a mesh of one devi
 and jitted as on any mesh, and compile to the single-device programs (same values, bit
 for bit); there `mesh` is None, which the sampler, the memory check and the log-prob,
 entropy and value passes read as "one device" (they run the plain single-device
-functions on the state's arrays). A mesh in one process samples on the mesh too (`Sampler(mesh=...)`). With several
-processes each process plays its own whole groups of the rollout batch (`rows`;
-`row_offset` is the global index of its first row, so its sampling keys are those one
-process playing the whole batch would draw) on every one of its devices
-(`sampler_mesh`: its rows split over them, the weights split over "tensor" where the
-process holds the whole tensor axis, else whole); a process with one device samples on it.
+functions on the state's arrays). A mesh in one process samples on the mesh too
+(`Sampler(mesh=...)`). With several processes each process plays its own whole groups of
+the rollout batch (`rows`; `row_offset` is the global index of its first row, so its
+sampling keys are those one process playing the whole batch would draw) on every one of
+its devices (`sampler_mesh`: its rows split over them, the weights split over "tensor"
+where the process holds the whole tensor axis, else whole); a process with one device
+samples on it.
 """
 
 from __future__ import annotations

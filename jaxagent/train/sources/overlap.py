@@ -32,7 +32,7 @@ class Pending:
 class OffPolicyRollouts:
     """The rollout thread (module docstring); `close()` waits for it and shuts it down."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._future: concurrent.futures.Future | None = None
 

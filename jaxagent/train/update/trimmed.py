@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxagent.parallel.distributed import place_batch, to_host
-from jaxagent.parallel.mesh import MeshConfig, make_mesh
+from jaxagent.parallel.mesh import MeshConfig, make_mesh, shard_train_state
 from jaxagent.train.config.step import StepConfig
 from jaxagent.train.update import (
     accumulate,
@@ -124,10 +125,11 @@ class TrimmedTrainStep:
     `mesh`: `make_update_step`'s mesh, in one process or several (default: a mesh of
     one device, `jax.devices()[0]`): each cut micro-batch's rows are split over ("data",
     "fsdp") (the micro-batch's rows must divide by data * fsdp), the activations are
-    laid out by the same rules, and the state keeps the layout it has at the first call
-    (on a mesh of several devices, `shard_train_state`'s). The batch holds every row:
-    host arrays (each process passing the same ones) or global arrays on the mesh
-    (all-gathered to every host), so every process cuts the same micro-batches.
+    laid out by the same rules, and the state keeps its layout: `shard_train_state`'s (a
+    state not on `mesh` is placed there first; on one device, in the same buffers). The
+    batch holds every row: host arrays (each process passing the same ones) or global
+    arrays on the mesh (all-gathered to every host), so every process cuts the same
+    micro-batches.
     `last_lengths`: the micro-batch lengths of the last call.
     """
 
@@ -140,7 +142,9 @@ class TrimmedTrainStep:
         self.last_lengths: list[int] = []
         self.lengths_seen: set[int] = set()
         #: the jitted parts, built on the first call (they pin the state's layout then)
-        self._add = self._prepare = self._finish = None
+        self._add: Any = None
+        self._prepare: Any = None
+        self._finish: Any = None
 
     def _build(self, state: TrainState):
         config, mesh = self.config, self.mesh
@@ -160,10 +164,20 @@ class TrimmedTrainStep:
             jax.jit(finish, donate_argnums=(0,), out_shardings=(state_shardings(state), replicated)),
         )
 
+    def placed(self, state: TrainState) -> TrainState:
+        """`state` on the step's mesh: as it is when every leaf is there, else laid out by
+        the rules (`shard_train_state`)."""
+        on = all(
+            isinstance(s := getattr(x, "sharding", None), jax.NamedSharding) and s.mesh == self.mesh
+            for x in jax.tree.leaves(state)
+        )
+        return state if on else shard_train_state(state, self.mesh)
+
     def accumulate(self, state: TrainState, batch: UpdateBatch):
         """`((grads, sums), denominators, has_signal)`: the accumulated mini-batch gradient
         (before clipping) and loss parts the step applies (`accumulated_grads`'s, trimmed)."""
         config, M = self.config, self.config.num_micro_batches
+        state = self.placed(state)
         check_batch(batch, required_fields(config, state.has_critic), M)
         if self._add is None:
             self._add, self._prepare, self._finish = self._build(state)
@@ -180,6 +194,7 @@ class TrimmedTrainStep:
         return acc, denominators, signal
 
     def __call__(self, state: TrainState, batch: UpdateBatch) -> tuple[TrainState, dict]:
+        state = self.placed(state)
         acc, denominators, signal = self.accumulate(state, batch)
         return self._finish(state, acc, denominators, signal)
 

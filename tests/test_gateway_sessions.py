@@ -361,4 +361,6 @@ def test_the_sessions_and_the_program_workers_import_no_jax():
     assert out.returncode == 0, out.stderr
     loaded = json.loads(out.stdout.strip().splitlines()[-1])
     assert "jaxagent.gateway.store" in loaded
-    assert [m for m in loaded if m != "jaxagent" and not m.startswith("jaxagent.gateway")] == []
+    # of the rest of jaxagent only the stdlib-only failure kinds (`jaxagent.failures`)
+    outside = [m for m in loaded if m not in ("jaxagent", "jaxagent.failures") and not m.startswith("jaxagent.gateway")]
+    assert outside == []

@@ -59,7 +59,7 @@ def test_a_run_whose_episodes_all_fail_stops_with_the_first_failure(tmp_path):
     with pytest.raises(
         EnvFailureError,
         match=r"(?s)every episode of the last 2 iterations failed.*"
-        r"the first failure: exception: .*Traceback",
+        r"the first failure: raised: .*Traceback",
     ):
         Trainer(config(run, *broken), log=lambda *_: None).run()
     lines = read_jsonl(run / "metrics.jsonl")

@@ -29,10 +29,16 @@ class ProgramSource(RolloutSource):
     def __init__(self, config) -> None:
         super().__init__(config)
         self._demonstrations: list | None = None
+        self._sources: tuple | None = None
 
     def _task_sources(self):
-        """`(training tasks, held-out tasks or None)`; a source that cannot be read is a
-        ConfigError naming its key."""
+        """`(training tasks, held-out tasks or None)`, read once (`check`, then `open_pools`);
+        a source that cannot be read is a ConfigError naming its key."""
+        if self._sources is None:
+            self._sources = self._read_task_sources()
+        return self._sources
+
+    def _read_task_sources(self):
         from jaxagent.gateway.program import TaskSource
 
         a, ev = self.config.agent, self.config.eval
